@@ -1,0 +1,59 @@
+#include "log.h"
+
+#include "status.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static int ra_log_level_now = -1; /* -1: not yet read from the environment */
+static char ra_log_name[32] = "ra";
+static pthread_mutex_t ra_log_lock = PTHREAD_MUTEX_INITIALIZER;
+
+int ra_log_parse_level(const char *name, enum ra_log_level *out) {
+  static const char *names[] = {"debug", "info", "warn", "error"};
+  for (int i = 0; i < 4; i++) {
+    if (strcmp(name, names[i]) == 0) {
+      *out = (enum ra_log_level)i;
+      return RA_OK;
+    }
+  }
+  return RA_EINVAL;
+}
+
+void ra_log_set_level(enum ra_log_level level) { ra_log_level_now = (int)level; }
+
+void ra_log_set_name(const char *name) {
+  pthread_mutex_lock(&ra_log_lock);
+  snprintf(ra_log_name, sizeof ra_log_name, "%s", name);
+  pthread_mutex_unlock(&ra_log_lock);
+}
+
+void ra_log(enum ra_log_level level, const char *fmt, ...) {
+  if (ra_log_level_now < 0) {
+    enum ra_log_level l = RA_LOG_INFO;
+    const char *env = getenv("RA_LOG_LEVEL");
+    if (env) ra_log_parse_level(env, &l);
+    ra_log_level_now = (int)l;
+  }
+  if ((int)level < ra_log_level_now) return;
+
+  struct timespec ts;
+  struct tm tm;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  gmtime_r(&ts.tv_sec, &tm);
+  char line[1024];
+  int n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %c %s: ",
+                   tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
+                   tm.tm_sec, ts.tv_nsec / 1000000, "DIWE"[level], ra_log_name);
+  va_list ap;
+  va_start(ap, fmt);
+  if (n > 0 && (size_t)n < sizeof line) vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
+  va_end(ap);
+  pthread_mutex_lock(&ra_log_lock);
+  fprintf(stderr, "%s\n", line);
+  pthread_mutex_unlock(&ra_log_lock);
+}

@@ -1,0 +1,97 @@
+/* A thin RPC layer over the gRPC core C API. This module is the only place that includes
+ * <grpc/grpc.h>: gRPC's maintainers call the core API unstable, so the rest of the project
+ * sees only these types.
+ *
+ * Model: every call, on either side, is driven synchronously by one thread through a private
+ * completion queue. A server runs a fixed pool of call slots; each slot waits for a call,
+ * runs the method's handler in its thread, and sends the status the handler returns. That
+ * makes unary, client-streaming and bidirectional-streaming handlers plain sequential code:
+ *
+ *     static int handle_put(ra_rpc_call *call, void *ctx, ra_error *err) {
+ *       ra_buf msg = {0};
+ *       int rc;
+ *       while ((rc = ra_rpc_call_recv(call, &msg, -1, err)) == RA_OK) { ...store chunk... }
+ *       if (rc != RA_EOF) return rc;
+ *       ... serialize reply ...
+ *       return ra_rpc_call_send(call, reply, reply_len, err);
+ *     }
+ *
+ * Messages are opaque bytes (serialized protobuf-c). Status codes map to gRPC's:
+ *   RA_EINVAL/RA_EFORMAT -> INVALID_ARGUMENT, RA_ENOTFOUND -> NOT_FOUND,
+ *   RA_ENOMEM -> RESOURCE_EXHAUSTED, RA_EEXIST -> ALREADY_EXISTS, RA_ESTATE -> FAILED_PRECONDITION,
+ *   RA_EUNSUPPORTED -> UNIMPLEMENTED, RA_ETIMEDOUT -> DEADLINE_EXCEEDED,
+ *   RA_EUNAVAIL -> UNAVAILABLE, RA_ECANCELED -> CANCELLED, others -> INTERNAL; and back. */
+#ifndef RA_RPC_H
+#define RA_RPC_H
+
+#include "buf.h"
+#include "status.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ra_rpc_server ra_rpc_server;
+typedef struct ra_rpc_channel ra_rpc_channel;
+typedef struct ra_rpc_call ra_rpc_call;
+
+/* ---- server ---- */
+
+/* A method handler. It may recv/send any number of messages; its return value (with err->msg
+ * when not RA_OK) becomes the call's status. `ctx` is the pointer given at registration. */
+typedef int (*ra_rpc_handler)(ra_rpc_call *call, void *ctx, ra_error *err);
+
+typedef struct ra_rpc_server_config {
+  const char *listen;       /* "HOST:PORT"; port 0 picks a free port */
+  int max_calls;            /* calls served at once (slot threads); default 64 */
+  size_t max_message_bytes; /* receive limit per message; default 64 MiB */
+} ra_rpc_server_config;
+
+int ra_rpc_server_create(const ra_rpc_server_config *cfg, ra_rpc_server **out, ra_error *err);
+/* Registers a handler for a full method path, e.g. "/rakv.KvStore/Attend". Before start only. */
+int ra_rpc_server_add_method(ra_rpc_server *s, const char *path, ra_rpc_handler fn, void *ctx);
+/* Binds and starts serving; fails with RA_EIO when the address cannot be bound. */
+int ra_rpc_server_start(ra_rpc_server *s, ra_error *err);
+/* The bound port (after start). */
+int ra_rpc_server_port(const ra_rpc_server *s);
+/* Stops taking calls, lets running calls finish for up to grace_ms, cancels the rest, and joins
+ * the slot threads. Handlers blocked in recv see RA_ECANCELED. */
+void ra_rpc_server_shutdown(ra_rpc_server *s, int grace_ms);
+void ra_rpc_server_destroy(ra_rpc_server *s);
+
+/* The peer's address of a server call, e.g. "ipv4:127.0.0.1:53412" (for logs). */
+const char *ra_rpc_call_peer(const ra_rpc_call *call);
+
+/* ---- client ---- */
+
+/* Opens a channel to "HOST:PORT". Connection is lazy: an unreachable peer shows up as
+ * RA_EUNAVAIL on the first call. */
+int ra_rpc_channel_open(const char *target, size_t max_message_bytes, ra_rpc_channel **out,
+                        ra_error *err);
+const char *ra_rpc_channel_target(const ra_rpc_channel *ch);
+void ra_rpc_channel_close(ra_rpc_channel *ch);
+
+/* Starts a call of any kind. deadline_ms bounds the whole call (0: none); streams meant to live
+ * for a session use 0 and give each recv a timeout instead. */
+int ra_rpc_call_start(ra_rpc_channel *ch, const char *method, int64_t deadline_ms,
+                      ra_rpc_call **out, ra_error *err);
+/* Half-closes the client's side of the stream (no more sends). */
+int ra_rpc_call_close_send(ra_rpc_call *call, ra_error *err);
+/* Waits for the call's final status (after the last recv); returns it as an RA code. */
+int ra_rpc_call_finish(ra_rpc_call *call, ra_error *err);
+/* Cancels (if still running) and frees a client call. */
+void ra_rpc_call_destroy(ra_rpc_call *call);
+
+/* One request, one reply. */
+int ra_rpc_unary(ra_rpc_channel *ch, const char *method, const void *req, size_t req_len,
+                 ra_buf *reply, int timeout_ms, ra_error *err);
+
+/* ---- both sides ---- */
+
+/* Sends one message; blocks until gRPC has taken it (flow control gives back-pressure). */
+int ra_rpc_call_send(ra_rpc_call *call, const void *data, size_t len, ra_error *err);
+/* Receives one message into `msg` (replacing its contents). Returns RA_OK, RA_EOF at the end of
+ * the peer's stream, or an error: for a client, the status the server ended the call with;
+ * RA_ETIMEDOUT when timeout_ms (>= 0) passes first, after which the call is cancelled. */
+int ra_rpc_call_recv(ra_rpc_call *call, ra_buf *msg, int timeout_ms, ra_error *err);
+
+#endif

