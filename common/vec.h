@@ -1,0 +1,29 @@
+/* The inner loops of attention and of every index: an fp32 query against stored key rows in
+ * f32, f16 or bf16, and value accumulation. AVX2 + FMA (+ F16C) are picked once at run time, so
+ * one binary runs anywhere; other CPUs take the portable path. Rows are row-major [n, dim]. */
+#ifndef RA_VEC_H
+#define RA_VEC_H
+
+#include "half.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* q · row, where row is `dim` elements of dtype t. */
+float ra_vec_dot(const float *q, const void *row, ra_dtype t, int dim);
+
+/* scores[i] = q · rows[ids ? ids[i] : i] for i < n. Gathers prefetch rows a few ahead, since a
+ * graph walk's rows are scattered and memory latency, not arithmetic, is the cost. */
+void ra_vec_dot_rows(const float *q, const void *rows, ra_dtype t, int dim, const uint32_t *ids,
+                     size_t n, float *scores);
+
+/* acc[0..dim) += w * row. */
+void ra_vec_axpy(float *acc, float w, const void *row, ra_dtype t, int dim);
+
+/* Issues a prefetch of one row (all its cache lines). */
+void ra_vec_prefetch_row(const void *rows, ra_dtype t, int dim, uint32_t id);
+
+/* Name of the kernel set chosen on this CPU ("avx2" or "portable"), for benchmark reports. */
+const char *ra_vec_kernel_name(void);
+
+#endif
