@@ -276,8 +276,8 @@ static int demo_attend_layer(demo *d, uint32_t layer, ra_kvclient_mode mode, con
 }
 
 /* Queries of one layer, q: [n_q_heads, head_dim]. Real attention is peaked: a query points at a
- * few keys. Each head's query is the sum of 8 of its kv head's keys, spread over the context,
- * plus noise, so most of the softmax mass sits on those keys wherever they are. */
+ * few keys. Each head's query is 2.5 x the sum of 2 of its kv head's keys, anywhere in the
+ * context, plus a little noise, so most of the softmax mass sits on those keys. */
 static void demo_make_queries(const demo *d, uint32_t layer, float *q, uint64_t *s) {
   const demo_opts *o = &d->o;
   uint32_t hd = o->head_dim, group = o->n_q_heads / o->n_kv_heads;
