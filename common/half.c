@@ -1,5 +1,6 @@
 #include "half.h"
 
+#include "cpu.h"
 #include "status.h"
 
 #include <math.h>
@@ -107,19 +108,11 @@ __attribute__((target("avx2,f16c"))) static void fp32_to_fp16_f16c(const float *
   for (; i < n; i++) dst[i] = ra_fp32_to_fp16(src[i]);
 }
 
-static int have_f16c(void) {
-  static int cached = -1;
-  if (cached < 0) {
-    __builtin_cpu_init();
-    cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-  }
-  return cached;
-}
 #endif
 
 void ra_fp16_to_fp32_n(const ra_fp16 *src, float *dst, size_t n) {
 #ifdef RA_X86
-  if (have_f16c()) {
+  if (ra_cpu_has_avx2()) {
     fp16_to_fp32_f16c(src, dst, n);
     return;
   }
@@ -129,7 +122,7 @@ void ra_fp16_to_fp32_n(const ra_fp16 *src, float *dst, size_t n) {
 
 void ra_fp32_to_fp16_n(const float *src, ra_fp16 *dst, size_t n) {
 #ifdef RA_X86
-  if (have_f16c()) {
+  if (ra_cpu_has_avx2()) {
     fp32_to_fp16_f16c(src, dst, n);
     return;
   }

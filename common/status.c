@@ -61,8 +61,16 @@ int ra_error_wrap(ra_error *err, const char *fmt, ...) {
   int n = vsnprintf(err->msg, sizeof err->msg, fmt, ap);
   va_end(ap);
   /* Truncation is acceptable here: a message is for people, and the code stays exact. */
-  if (n >= 0 && (size_t)n < sizeof err->msg)
-    snprintf(err->msg + n, sizeof err->msg - (size_t)n, ": %s", old);
+  if (n < 0) n = 0;
+  size_t used = (size_t)n < sizeof err->msg ? (size_t)n : sizeof err->msg - 1;
+  const char *parts[2] = {": ", old};
+  for (int p = 0; p < 2; p++) {
+    size_t len = strlen(parts[p]), room = sizeof err->msg - 1 - used;
+    if (len > room) len = room;
+    memcpy(err->msg + used, parts[p], len);
+    used += len;
+  }
+  err->msg[used] = '\0';
   return err->code;
 }
 

@@ -1,5 +1,7 @@
 #include "vec.h"
 
+#include "cpu.h"
+
 #include <string.h>
 
 #if defined(__x86_64__)
@@ -101,24 +103,13 @@ RA_AVX2 static void axpy_avx2(float *acc, float w, const void *row, ra_dtype t, 
   if (i < dim) axpy_portable(acc + i, w, (const char *)row + (size_t)i * ra_dtype_size(t), t, dim - i);
 }
 
-static int have_avx2(void) {
-  static int cached = -1;
-  if (cached < 0) {
-    __builtin_cpu_init();
-    cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
-  }
-  return cached;
-}
-#else
-static int have_avx2(void) { return 0; }
 #endif
 
-const char *ra_vec_kernel_name(void) { return have_avx2() ? "avx2" : "portable"; }
+const char *ra_vec_kernel_name(void) { return ra_cpu_has_avx2() ? "avx2" : "portable"; }
 
 float ra_vec_dot(const float *q, const void *row, ra_dtype t, int dim) {
 #ifdef RA_X86
-  if (have_avx2()) return dot_avx2(q, row, t, dim);
+  if (ra_cpu_has_avx2()) return dot_avx2(q, row, t, dim);
 #endif
   return dot_portable(q, row, t, dim);
 }
@@ -149,7 +140,7 @@ void ra_vec_dot_rows(const float *q, const void *rows, ra_dtype t, int dim, cons
 
 void ra_vec_axpy(float *acc, float w, const void *row, ra_dtype t, int dim) {
 #ifdef RA_X86
-  if (have_avx2()) {
+  if (ra_cpu_has_avx2()) {
     axpy_avx2(acc, w, row, t, dim);
     return;
   }

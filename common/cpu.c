@@ -1,0 +1,23 @@
+#include "cpu.h"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+
+static int detect(void) {
+  __builtin_cpu_init();
+  /* __builtin_cpu_supports knows avx2 and fma on gcc and clang, but clang 14 lacks "f16c":
+   * read it from CPUID leaf 1, ECX bit 29. AVX2 implies the OS saves the ymm state. */
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+  int f16c = (c >> 29) & 1;
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
+}
+#else
+static int detect(void) { return 0; }
+#endif
+
+int ra_cpu_has_avx2(void) {
+  static int cached = -1;
+  if (cached < 0) cached = detect();
+  return cached;
+}

@@ -1,0 +1,8 @@
+/* What the CPU can do, checked once at run time so one binary runs on any x86-64. */
+#ifndef RA_CPU_H
+#define RA_CPU_H
+
+/* 1 when AVX2, FMA and F16C are all usable (the kernels in vec.c and half.c need all three). */
+int ra_cpu_has_avx2(void);
+
+#endif

@@ -1,0 +1,612 @@
+/* The one module that speaks the gRPC core C API (see rpc.h for the model).
+ *
+ * Every call owns a completion queue that only its driving thread polls, so "start a batch,
+ * then wait for its tag" is all the machinery there is. A client call additionally keeps a
+ * RECV_STATUS_ON_CLIENT batch outstanding from the start, because that is how gRPC reports a
+ * failed call; waits therefore note the status tag whenever it shows up. */
+#include "rpc.h"
+
+#include "log.h"
+
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/slice.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define RA_RPC_DEFAULT_MAX_CALLS 64
+#define RA_RPC_DEFAULT_MAX_MESSAGE (64u << 20)
+
+/* Completion tags. A call has at most one batch of each kind in flight. */
+enum { TAG_NEW_CALL = 1, TAG_OP, TAG_STATUS, TAG_SHUTDOWN };
+#define TAG(t) ((void *)(intptr_t)(t))
+
+struct ra_rpc_call {
+  grpc_call *call;
+  grpc_completion_queue *cq;
+  bool is_client;
+  bool md_sent;     /* initial metadata goes out with the first op */
+  bool md_received; /* client: initial metadata comes in with the first recv */
+  bool dead;        /* no more ops: cancelled, timed out or finished */
+  grpc_metadata_array md_in;
+  /* client status, filled by the RECV_STATUS_ON_CLIENT batch */
+  bool status_pending;
+  bool status_done;
+  grpc_status_code status;
+  grpc_slice status_details;
+  grpc_metadata_array trailing;
+  char *peer; /* gpr_malloc'd, server calls only */
+  const char *target;
+};
+
+/* ---------------------------------------------------------------- status mapping */
+
+static grpc_status_code code_to_grpc(int code) {
+  switch (code) {
+    case RA_OK: return GRPC_STATUS_OK;
+    case RA_EINVAL:
+    case RA_EFORMAT: return GRPC_STATUS_INVALID_ARGUMENT;
+    case RA_ENOTFOUND: return GRPC_STATUS_NOT_FOUND;
+    case RA_ENOMEM: return GRPC_STATUS_RESOURCE_EXHAUSTED;
+    case RA_EEXIST: return GRPC_STATUS_ALREADY_EXISTS;
+    case RA_ESTATE: return GRPC_STATUS_FAILED_PRECONDITION;
+    case RA_EUNSUPPORTED: return GRPC_STATUS_UNIMPLEMENTED;
+    case RA_ETIMEDOUT: return GRPC_STATUS_DEADLINE_EXCEEDED;
+    case RA_EUNAVAIL: return GRPC_STATUS_UNAVAILABLE;
+    case RA_ECANCELED: return GRPC_STATUS_CANCELLED;
+    default: return GRPC_STATUS_INTERNAL;
+  }
+}
+
+static int code_from_grpc(grpc_status_code s) {
+  switch (s) {
+    case GRPC_STATUS_OK: return RA_OK;
+    case GRPC_STATUS_INVALID_ARGUMENT:
+    case GRPC_STATUS_OUT_OF_RANGE: return RA_EINVAL;
+    case GRPC_STATUS_NOT_FOUND: return RA_ENOTFOUND;
+    case GRPC_STATUS_RESOURCE_EXHAUSTED: return RA_ENOMEM;
+    case GRPC_STATUS_ALREADY_EXISTS: return RA_EEXIST;
+    case GRPC_STATUS_FAILED_PRECONDITION: return RA_ESTATE;
+    case GRPC_STATUS_UNIMPLEMENTED: return RA_EUNSUPPORTED;
+    case GRPC_STATUS_DEADLINE_EXCEEDED: return RA_ETIMEDOUT;
+    case GRPC_STATUS_UNAVAILABLE: return RA_EUNAVAIL;
+    case GRPC_STATUS_CANCELLED: return RA_ECANCELED;
+    default: return RA_EINTERNAL;
+  }
+}
+
+static const char *grpc_code_name(grpc_status_code s) {
+  static const char *names[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT",
+                                "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
+                                "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+                                "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
+                                "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
+  return (unsigned)s < sizeof names / sizeof names[0] ? names[s] : "UNKNOWN";
+}
+
+/* ---------------------------------------------------------------- helpers */
+
+static gpr_timespec deadline_after_ms(int64_t ms) {
+  if (ms < 0) return gpr_inf_future(GPR_CLOCK_MONOTONIC);
+  return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(ms, GPR_TIMESPAN));
+}
+
+static grpc_byte_buffer *buffer_from(const void *data, size_t len) {
+  grpc_slice s = grpc_slice_from_copied_buffer(data, len);
+  grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+  grpc_slice_unref(s);
+  return bb;
+}
+
+/* Copies a received byte buffer into msg (which it replaces). */
+static int buffer_to(grpc_byte_buffer *bb, ra_buf *msg) {
+  size_t len = grpc_byte_buffer_length(bb);
+  if (ra_buf_reserve(msg, len ? len : 1) != RA_OK) return RA_ENOMEM;
+  grpc_byte_buffer_reader reader;
+  if (!grpc_byte_buffer_reader_init(&reader, bb)) return RA_EFORMAT;
+  size_t off = 0;
+  grpc_slice s;
+  while (grpc_byte_buffer_reader_next(&reader, &s)) {
+    size_t n = GRPC_SLICE_LENGTH(s);
+    if (off + n <= msg->cap) memcpy(msg->data + off, GRPC_SLICE_START_PTR(s), n);
+    off += n;
+    grpc_slice_unref(s);
+  }
+  grpc_byte_buffer_reader_destroy(&reader);
+  if (off > msg->cap) return RA_EINTERNAL; /* decompressed larger than announced */
+  msg->len = off;
+  return RA_OK;
+}
+
+/* Waits until the batch tagged `tag` completes, noting the client status batch on the way.
+ * Returns 1 on success, 0 on failure, -1 on timeout. */
+static int call_wait(ra_rpc_call *c, int tag, gpr_timespec deadline) {
+  for (;;) {
+    grpc_event ev = grpc_completion_queue_next(c->cq, deadline, NULL);
+    if (ev.type == GRPC_QUEUE_TIMEOUT) return -1;
+    if (ev.type != GRPC_OP_COMPLETE) return 0;
+    if (ev.tag == TAG(TAG_STATUS)) {
+      c->status_pending = false;
+      c->status_done = true;
+      if (tag == TAG_STATUS) return 1;
+      continue;
+    }
+    if (ev.tag == TAG(tag)) return ev.success ? 1 : 0;
+  }
+}
+
+/* Client: the call failed; fill err from the status the call ended with. */
+static int call_status_error(ra_rpc_call *c, ra_error *err) {
+  c->dead = true;
+  if (!c->status_done && c->status_pending) call_wait(c, TAG_STATUS, gpr_inf_future(GPR_CLOCK_MONOTONIC));
+  if (!c->status_done) return ra_errorf(err, RA_EINTERNAL, "%s: call ended without a status", c->target);
+  int code = code_from_grpc(c->status);
+  if (code == RA_OK) return ra_errorf(err, RA_EFORMAT, "%s: call ended early without an error", c->target);
+  int n = (int)GRPC_SLICE_LENGTH(c->status_details);
+  return ra_errorf(err, code, "%s: %s: %.*s", c->target, grpc_code_name(c->status), n,
+                   (const char *)GRPC_SLICE_START_PTR(c->status_details));
+}
+
+static void call_free(ra_rpc_call *c) {
+  if (c->call) grpc_call_unref(c->call);
+  if (c->cq) {
+    grpc_completion_queue_shutdown(c->cq);
+    while (grpc_completion_queue_next(c->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN) {
+    }
+    grpc_completion_queue_destroy(c->cq);
+  }
+  grpc_metadata_array_destroy(&c->md_in);
+  grpc_metadata_array_destroy(&c->trailing);
+  grpc_slice_unref(c->status_details);
+  if (c->peer) gpr_free(c->peer);
+  free(c);
+}
+
+static ra_rpc_call *call_new(bool is_client) {
+  ra_rpc_call *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
+  c->is_client = is_client;
+  grpc_metadata_array_init(&c->md_in);
+  grpc_metadata_array_init(&c->trailing);
+  c->status_details = grpc_empty_slice();
+  return c;
+}
+
+/* ---------------------------------------------------------------- both sides */
+
+int ra_rpc_call_send(ra_rpc_call *c, const void *data, size_t len, ra_error *err) {
+  if (c->dead) return ra_errorf(err, RA_ECANCELED, "%s: send on a finished call", c->target);
+  grpc_op ops[2];
+  memset(ops, 0, sizeof ops);
+  size_t n = 0;
+  if (!c->md_sent) ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+  ops[n].op = GRPC_OP_SEND_MESSAGE;
+  grpc_byte_buffer *bb = buffer_from(data, len);
+  ops[n++].data.send_message.send_message = bb;
+  grpc_call_error e = grpc_call_start_batch(c->call, ops, n, TAG(TAG_OP), NULL);
+  int ok = e == GRPC_CALL_OK ? call_wait(c, TAG_OP, gpr_inf_future(GPR_CLOCK_MONOTONIC)) : 0;
+  grpc_byte_buffer_destroy(bb);
+  c->md_sent = true;
+  if (e != GRPC_CALL_OK) return ra_errorf(err, RA_EINTERNAL, "%s: start send: grpc error %d", c->target, e);
+  if (ok == 1) return RA_OK;
+  if (c->is_client) return call_status_error(c, err);
+  c->dead = true;
+  return ra_errorf(err, RA_ECANCELED, "send to %s failed: call cancelled", c->peer ? c->peer : "peer");
+}
+
+int ra_rpc_call_recv(ra_rpc_call *c, ra_buf *msg, int timeout_ms, ra_error *err) {
+  if (c->dead) return ra_errorf(err, RA_ECANCELED, "%s: recv on a finished call", c->target);
+  grpc_op ops[2];
+  memset(ops, 0, sizeof ops);
+  size_t n = 0;
+  grpc_byte_buffer *bb = NULL;
+  if (c->is_client && !c->md_received) {
+    ops[n].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[n++].data.recv_initial_metadata.recv_initial_metadata = &c->md_in;
+  }
+  ops[n].op = GRPC_OP_RECV_MESSAGE;
+  ops[n++].data.recv_message.recv_message = &bb;
+  grpc_call_error e = grpc_call_start_batch(c->call, ops, n, TAG(TAG_OP), NULL);
+  if (e != GRPC_CALL_OK) return ra_errorf(err, RA_EINTERNAL, "%s: start recv: grpc error %d", c->target, e);
+  c->md_received = true;
+  int ok = call_wait(c, TAG_OP, deadline_after_ms(timeout_ms));
+  if (ok < 0) {
+    /* Cancel, then collect the recv batch so that no op is left referencing `bb`. */
+    grpc_call_cancel_with_status(c->call, GRPC_STATUS_DEADLINE_EXCEEDED, "client timeout", NULL);
+    call_wait(c, TAG_OP, gpr_inf_future(GPR_CLOCK_MONOTONIC));
+    if (bb) grpc_byte_buffer_destroy(bb);
+    c->dead = true;
+    return ra_errorf(err, RA_ETIMEDOUT, "%s: no reply within %d ms", c->target, timeout_ms);
+  }
+  if (ok == 1 && bb) {
+    int rc = buffer_to(bb, msg);
+    grpc_byte_buffer_destroy(bb);
+    if (rc != RA_OK) return ra_errorf(err, rc, "%s: cannot read message: %s", c->target, ra_strerror(rc));
+    return RA_OK;
+  }
+  if (bb) grpc_byte_buffer_destroy(bb);
+  if (c->is_client) {
+    /* No message: the server has ended the call; its status says whether that was an error. */
+    if (!c->status_done) call_wait(c, TAG_STATUS, gpr_inf_future(GPR_CLOCK_MONOTONIC));
+    if (c->status_done && c->status == GRPC_STATUS_OK) return RA_EOF;
+    return call_status_error(c, err);
+  }
+  if (ok == 1 && !grpc_call_failed_before_recv_message(c->call)) return RA_EOF;
+  c->dead = true;
+  return ra_errorf(err, RA_ECANCELED, "call from %s cancelled", c->peer ? c->peer : "peer");
+}
+
+/* ---------------------------------------------------------------- server */
+
+typedef struct rpc_method {
+  char *path;
+  ra_rpc_handler fn;
+  void *ctx;
+} rpc_method;
+
+typedef struct slot {
+  ra_rpc_server *server;
+  grpc_completion_queue *cq;
+  pthread_t thread;
+  bool started;
+} slot;
+
+struct ra_rpc_server {
+  grpc_server *server;
+  grpc_completion_queue *shutdown_cq;
+  char *listen;
+  int port;
+  size_t max_message;
+  rpc_method *methods;
+  size_t n_methods;
+  slot *slots;
+  int n_slots;
+  bool running;
+};
+
+static const rpc_method *find_method(const ra_rpc_server *s, grpc_slice path) {
+  size_t len = GRPC_SLICE_LENGTH(path);
+  for (size_t i = 0; i < s->n_methods; i++)
+    if (strlen(s->methods[i].path) == len && memcmp(s->methods[i].path, GRPC_SLICE_START_PTR(path), len) == 0)
+      return &s->methods[i];
+  return NULL;
+}
+
+/* Sends the final status of a server call (and its initial metadata, if no message went out). */
+static void server_finish(ra_rpc_call *c, int code, const char *message) {
+  grpc_op ops[3];
+  memset(ops, 0, sizeof ops);
+  size_t n = 0;
+  int cancelled = 0;
+  if (!c->md_sent) ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+  grpc_slice details = grpc_slice_from_copied_string(message ? message : "");
+  ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+  ops[n].data.send_status_from_server.status = code_to_grpc(code);
+  ops[n++].data.send_status_from_server.status_details = &details;
+  ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+  ops[n++].data.recv_close_on_server.cancelled = &cancelled;
+  if (grpc_call_start_batch(c->call, ops, n, TAG(TAG_OP), NULL) == GRPC_CALL_OK)
+    call_wait(c, TAG_OP, gpr_inf_future(GPR_CLOCK_MONOTONIC));
+  grpc_slice_unref(details);
+}
+
+static void serve_call(ra_rpc_server *s, grpc_completion_queue *cq, grpc_call *gcall,
+                       const grpc_call_details *details) {
+  ra_rpc_call *c = call_new(false);
+  if (!c) {
+    grpc_call_cancel_with_status(gcall, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory", NULL);
+    grpc_call_unref(gcall);
+    return;
+  }
+  c->call = gcall;
+  c->cq = cq; /* the slot's queue: not owned by the call */
+  c->peer = grpc_call_get_peer(gcall);
+  c->target = c->peer;
+  ra_error err;
+  ra_error_clear(&err);
+  int code;
+  const rpc_method *m = find_method(s, details->method);
+  if (!m) {
+    int len = (int)GRPC_SLICE_LENGTH(details->method);
+    code = ra_errorf(&err, RA_EUNSUPPORTED, "unknown method %.*s", len,
+                     (const char *)GRPC_SLICE_START_PTR(details->method));
+  } else {
+    code = m->fn(c, m->ctx, &err);
+    if (code == RA_EOF) code = RA_OK;
+    if (code != RA_OK && err.msg[0] == '\0')
+      snprintf(err.msg, sizeof err.msg, "%s", ra_strerror(code));
+  }
+  if (code != RA_OK && code != RA_ECANCELED)
+    ra_log_debug("%s from %s: %s: %s", m ? m->path : "call", c->peer, ra_status_name(code), err.msg);
+  server_finish(c, code, code == RA_OK ? "" : err.msg);
+  c->cq = NULL;
+  call_free(c);
+}
+
+static void *slot_main(void *arg) {
+  slot *sl = arg;
+  ra_rpc_server *s = sl->server;
+  for (;;) {
+    grpc_call *gcall = NULL;
+    grpc_call_details details;
+    grpc_metadata_array md;
+    grpc_call_details_init(&details);
+    grpc_metadata_array_init(&md);
+    grpc_call_error e = grpc_server_request_call(s->server, &gcall, &details, &md, sl->cq, sl->cq,
+                                                 TAG(TAG_NEW_CALL));
+    bool got = false;
+    if (e == GRPC_CALL_OK) {
+      grpc_event ev;
+      do {
+        ev = grpc_completion_queue_next(sl->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+      } while (ev.type == GRPC_OP_COMPLETE && ev.tag != TAG(TAG_NEW_CALL));
+      got = ev.type == GRPC_OP_COMPLETE && ev.success;
+    }
+    if (got) serve_call(s, sl->cq, gcall, &details);
+    else if (gcall) grpc_call_unref(gcall);
+    grpc_call_details_destroy(&details);
+    grpc_metadata_array_destroy(&md);
+    if (!got) break; /* the server is shutting down */
+  }
+  return NULL;
+}
+
+int ra_rpc_server_create(const ra_rpc_server_config *cfg, ra_rpc_server **out, ra_error *err) {
+  *out = NULL;
+  if (!cfg->listen || !strchr(cfg->listen, ':'))
+    return ra_errorf(err, RA_EINVAL, "listen address '%s' is not HOST:PORT", cfg->listen ? cfg->listen : "");
+  ra_rpc_server *s = calloc(1, sizeof *s);
+  if (!s || !(s->listen = strdup(cfg->listen))) {
+    free(s);
+    return ra_errorf(err, RA_ENOMEM, "out of memory");
+  }
+  s->n_slots = cfg->max_calls > 0 ? cfg->max_calls : RA_RPC_DEFAULT_MAX_CALLS;
+  s->max_message = cfg->max_message_bytes ? cfg->max_message_bytes : RA_RPC_DEFAULT_MAX_MESSAGE;
+  grpc_init();
+  *out = s;
+  return RA_OK;
+}
+
+int ra_rpc_server_add_method(ra_rpc_server *s, const char *path, ra_rpc_handler fn, void *ctx) {
+  if (s->running) return RA_ESTATE;
+  rpc_method *m = realloc(s->methods, (s->n_methods + 1) * sizeof *m);
+  if (!m) return RA_ENOMEM;
+  s->methods = m;
+  if (!(m[s->n_methods].path = strdup(path))) return RA_ENOMEM;
+  m[s->n_methods].fn = fn;
+  m[s->n_methods].ctx = ctx;
+  s->n_methods++;
+  return RA_OK;
+}
+
+int ra_rpc_server_start(ra_rpc_server *s, ra_error *err) {
+  if (s->running) return ra_errorf(err, RA_ESTATE, "server already started");
+  int max = s->max_message > INT32_MAX ? INT32_MAX : (int)s->max_message;
+  /* SO_REUSEPORT is on by default in gRPC: two stores would then share one port silently. */
+  grpc_arg args[3] = {
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, .value.integer = max},
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, .value.integer = max},
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_ALLOW_REUSEPORT, .value.integer = 0},
+  };
+  grpc_channel_args cargs = {.num_args = 3, .args = args};
+  s->server = grpc_server_create(&cargs, NULL);
+  s->slots = calloc((size_t)s->n_slots, sizeof *s->slots);
+  if (!s->server || !s->slots) return ra_errorf(err, RA_ENOMEM, "out of memory");
+  s->shutdown_cq = grpc_completion_queue_create_for_next(NULL);
+  grpc_server_register_completion_queue(s->server, s->shutdown_cq, NULL);
+  for (int i = 0; i < s->n_slots; i++) {
+    s->slots[i].server = s;
+    s->slots[i].cq = grpc_completion_queue_create_for_next(NULL);
+    grpc_server_register_completion_queue(s->server, s->slots[i].cq, NULL);
+  }
+  grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+  s->port = grpc_server_add_http2_port(s->server, s->listen, creds);
+  grpc_server_credentials_release(creds);
+  if (s->port <= 0) return ra_errorf(err, RA_EIO, "cannot listen on %s (address in use or invalid)", s->listen);
+  grpc_server_start(s->server);
+  s->running = true;
+  for (int i = 0; i < s->n_slots; i++) {
+    if (pthread_create(&s->slots[i].thread, NULL, slot_main, &s->slots[i]) != 0) {
+      ra_rpc_server_shutdown(s, 0);
+      return ra_errorf(err, RA_ENOMEM, "cannot start server thread %d", i);
+    }
+    s->slots[i].started = true;
+  }
+  return RA_OK;
+}
+
+int ra_rpc_server_port(const ra_rpc_server *s) { return s->port; }
+
+const char *ra_rpc_call_peer(const ra_rpc_call *c) { return c->peer ? c->peer : ""; }
+
+void ra_rpc_server_shutdown(ra_rpc_server *s, int grace_ms) {
+  if (!s->running) return;
+  s->running = false;
+  grpc_server_shutdown_and_notify(s->server, s->shutdown_cq, TAG(TAG_SHUTDOWN));
+  grpc_event ev = grpc_completion_queue_next(s->shutdown_cq, deadline_after_ms(grace_ms), NULL);
+  if (ev.type == GRPC_QUEUE_TIMEOUT) {
+    grpc_server_cancel_all_calls(s->server);
+    grpc_completion_queue_next(s->shutdown_cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+  }
+  for (int i = 0; i < s->n_slots; i++)
+    if (s->slots[i].started) pthread_join(s->slots[i].thread, NULL);
+}
+
+static void cq_drain_destroy(grpc_completion_queue *cq) {
+  grpc_completion_queue_shutdown(cq);
+  while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type != GRPC_QUEUE_SHUTDOWN) {
+  }
+  grpc_completion_queue_destroy(cq);
+}
+
+void ra_rpc_server_destroy(ra_rpc_server *s) {
+  if (!s) return;
+  if (s->running) ra_rpc_server_shutdown(s, 0);
+  if (s->server) {
+    if (!s->shutdown_cq) s->shutdown_cq = grpc_completion_queue_create_for_next(NULL);
+    grpc_server_destroy(s->server);
+  }
+  for (int i = 0; s->slots && i < s->n_slots; i++)
+    if (s->slots[i].cq) cq_drain_destroy(s->slots[i].cq);
+  if (s->shutdown_cq) cq_drain_destroy(s->shutdown_cq);
+  for (size_t i = 0; i < s->n_methods; i++) free(s->methods[i].path);
+  free(s->methods);
+  free(s->slots);
+  free(s->listen);
+  free(s);
+  grpc_shutdown();
+}
+
+/* ---------------------------------------------------------------- client */
+
+struct ra_rpc_channel {
+  grpc_channel *channel;
+  char *target;
+};
+
+int ra_rpc_channel_open(const char *target, size_t max_message_bytes, ra_rpc_channel **out,
+                        ra_error *err) {
+  *out = NULL;
+  if (!target || !strchr(target, ':'))
+    return ra_errorf(err, RA_EINVAL, "store address '%s' is not HOST:PORT", target ? target : "");
+  ra_rpc_channel *ch = calloc(1, sizeof *ch);
+  if (!ch || !(ch->target = strdup(target))) {
+    free(ch);
+    return ra_errorf(err, RA_ENOMEM, "out of memory");
+  }
+  size_t mm = max_message_bytes ? max_message_bytes : RA_RPC_DEFAULT_MAX_MESSAGE;
+  int max = mm > INT32_MAX ? INT32_MAX : (int)mm;
+  grpc_arg args[2] = {
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, .value.integer = max},
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, .value.integer = max},
+  };
+  grpc_channel_args cargs = {.num_args = 2, .args = args};
+  grpc_init();
+  grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+  ch->channel = grpc_channel_create(target, creds, &cargs);
+  grpc_channel_credentials_release(creds);
+  if (!ch->channel) {
+    free(ch->target);
+    free(ch);
+    grpc_shutdown();
+    return ra_errorf(err, RA_EINVAL, "cannot create a channel to '%s'", target);
+  }
+  *out = ch;
+  return RA_OK;
+}
+
+const char *ra_rpc_channel_target(const ra_rpc_channel *ch) { return ch->target; }
+
+void ra_rpc_channel_close(ra_rpc_channel *ch) {
+  if (!ch) return;
+  grpc_channel_destroy(ch->channel);
+  free(ch->target);
+  free(ch);
+  grpc_shutdown();
+}
+
+int ra_rpc_call_start(ra_rpc_channel *ch, const char *method, int64_t deadline_ms,
+                      ra_rpc_call **out, ra_error *err) {
+  *out = NULL;
+  ra_rpc_call *c = call_new(true);
+  if (!c) return ra_errorf(err, RA_ENOMEM, "out of memory");
+  c->target = ch->target;
+  c->cq = grpc_completion_queue_create_for_next(NULL);
+  grpc_slice path = grpc_slice_from_copied_string(method);
+  c->call = grpc_channel_create_call(ch->channel, NULL, GRPC_PROPAGATE_DEFAULTS, c->cq, path, NULL,
+                                     deadline_after_ms(deadline_ms > 0 ? deadline_ms : -1), NULL);
+  grpc_slice_unref(path);
+  if (!c->call) {
+    call_free(c);
+    return ra_errorf(err, RA_EINTERNAL, "%s: cannot create call %s", ch->target, method);
+  }
+  grpc_op op;
+  memset(&op, 0, sizeof op);
+  op.op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+  op.data.recv_status_on_client.trailing_metadata = &c->trailing;
+  op.data.recv_status_on_client.status = &c->status;
+  op.data.recv_status_on_client.status_details = &c->status_details;
+  if (grpc_call_start_batch(c->call, &op, 1, TAG(TAG_STATUS), NULL) != GRPC_CALL_OK) {
+    call_free(c);
+    return ra_errorf(err, RA_EINTERNAL, "%s: cannot start call %s", ch->target, method);
+  }
+  c->status_pending = true;
+  *out = c;
+  return RA_OK;
+}
+
+int ra_rpc_call_close_send(ra_rpc_call *c, ra_error *err) {
+  if (c->dead) return ra_errorf(err, RA_ECANCELED, "%s: close on a finished call", c->target);
+  grpc_op ops[2];
+  memset(ops, 0, sizeof ops);
+  size_t n = 0;
+  if (!c->md_sent) ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+  ops[n++].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  if (grpc_call_start_batch(c->call, ops, n, TAG(TAG_OP), NULL) != GRPC_CALL_OK)
+    return ra_errorf(err, RA_EINTERNAL, "%s: cannot half-close", c->target);
+  c->md_sent = true;
+  if (call_wait(c, TAG_OP, gpr_inf_future(GPR_CLOCK_MONOTONIC)) != 1) return call_status_error(c, err);
+  return RA_OK;
+}
+
+int ra_rpc_call_finish(ra_rpc_call *c, ra_error *err) {
+  if (!c->status_done && c->status_pending)
+    call_wait(c, TAG_STATUS, gpr_inf_future(GPR_CLOCK_MONOTONIC));
+  c->dead = true;
+  if (c->status_done && c->status == GRPC_STATUS_OK) return RA_OK;
+  return call_status_error(c, err);
+}
+
+void ra_rpc_call_destroy(ra_rpc_call *c) {
+  if (!c) return;
+  if (c->status_pending) {
+    grpc_call_cancel(c->call, NULL);
+    call_wait(c, TAG_STATUS, gpr_inf_future(GPR_CLOCK_MONOTONIC));
+  }
+  call_free(c);
+}
+
+int ra_rpc_unary(ra_rpc_channel *ch, const char *method, const void *req, size_t req_len,
+                 ra_buf *reply, int timeout_ms, ra_error *err) {
+  ra_rpc_call *c;
+  int rc = ra_rpc_call_start(ch, method, timeout_ms > 0 ? timeout_ms : 0, &c, err);
+  if (rc != RA_OK) return rc;
+  /* One batch for the whole exchange: a unary call costs a single wake-up. */
+  grpc_byte_buffer *out_bb = buffer_from(req, req_len), *in_bb = NULL;
+  grpc_op ops[5];
+  memset(ops, 0, sizeof ops);
+  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  ops[1].op = GRPC_OP_SEND_MESSAGE;
+  ops[1].data.send_message.send_message = out_bb;
+  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+  ops[3].data.recv_initial_metadata.recv_initial_metadata = &c->md_in;
+  ops[4].op = GRPC_OP_RECV_MESSAGE;
+  ops[4].data.recv_message.recv_message = &in_bb;
+  if (grpc_call_start_batch(c->call, ops, 5, TAG(TAG_OP), NULL) != GRPC_CALL_OK) {
+    rc = ra_errorf(err, RA_EINTERNAL, "%s: cannot start %s", ch->target, method);
+  } else {
+    c->md_sent = c->md_received = true;
+    int ok = call_wait(c, TAG_OP, gpr_inf_future(GPR_CLOCK_MONOTONIC));
+    rc = ra_rpc_call_finish(c, err);
+    if (rc == RA_OK && (ok != 1 || !in_bb))
+      rc = ra_errorf(err, RA_EFORMAT, "%s: %s returned no reply", ch->target, method);
+    if (rc == RA_OK) {
+      rc = buffer_to(in_bb, reply);
+      if (rc != RA_OK) ra_errorf(err, rc, "%s: cannot read reply", ch->target);
+    }
+  }
+  grpc_byte_buffer_destroy(out_bb);
+  if (in_bb) grpc_byte_buffer_destroy(in_bb);
+  ra_rpc_call_destroy(c);
+  return rc;
+}
