@@ -418,6 +418,12 @@ static int shard_reserve(kvs_session *s, kvs_shard *sh, ra_error *err) {
                      (unsigned long long)cap, rb);
   uint64_t delta = (cap - sh->cap) * rb * 2;
   int rc = kvs_store_charge(s->store, delta, err);
+  if (rc && cap > need) {
+    /* Near the budget the growth slack is what does not fit: take exactly what is needed. */
+    cap = need;
+    delta = (cap - sh->cap) * rb * 2;
+    rc = kvs_store_charge(s->store, delta, err);
+  }
   if (rc) return rc;
   void *k = realloc(sh->keys, cap * rb);
   if (!k) {
