@@ -1,0 +1,501 @@
+#include "attend.h"
+
+#include "merge.h"
+#include "topk.h"
+#include "vec.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Rows per dot-product strip: a strip of keys (64 x head_dim x 2 bytes = 16 KiB for head_dim
+ * 128, fp16) stays in L1 while every q head of the group reads it. */
+#define KVS_STRIP_ROWS 64
+/* Row-block bounds of one task: large enough to amortize scheduling, small enough that a
+ * single head over 32K tokens still spreads over 16 threads. */
+#define KVS_BLOCK_MIN 1024
+#define KVS_BLOCK_MAX 16384
+
+const char *kvs_mode_name(kvs_mode m) {
+  switch (m) {
+    case KVS_MODE_FULL: return "full";
+    case KVS_MODE_FLAT: return "flat";
+    case KVS_MODE_IVF: return "ivf";
+    case KVS_MODE_KGRAPH: return "kgraph";
+    case KVS_MODE_ROAR: return "roar";
+  }
+  return "?";
+}
+
+/* The request heads reading one kv head. */
+typedef struct group {
+  uint32_t kv_head;
+  size_t first; /* into the members array (request head indices) */
+  size_t count;
+  uint64_t n_keys;
+} group;
+
+/* Rows [r0, r1) of one shard for one group; `row_base` numbers r0 within the kv head. */
+typedef struct task {
+  uint32_t group;
+  const kvs_shard *shard;
+  uint64_t r0, r1;
+  uint64_t row_base;
+  size_t slot; /* first per-(task, member) result slot */
+} task;
+
+typedef struct plan {
+  const kvs_session *s;
+  const kvs_attend_args *a;
+  int dim;
+  size_t rb; /* bytes per stored row */
+  float scale;
+  size_t *members; /* [n_heads] request head indices, grouped by kv head */
+  group *groups;
+  size_t n_groups;
+  task *tasks;
+  size_t n_tasks;
+  size_t n_slots;
+  size_t max_block;
+  size_t max_group;
+} plan;
+
+static int check_args(const kvs_session *s, const kvs_attend_args *a, ra_error *err) {
+  const kvs_geometry *g = &s->geo;
+  if (a->layer >= g->n_layers)
+    return ra_errorf(err, RA_EINVAL, "layer %u out of range [0, %u)", a->layer, g->n_layers);
+  if (a->n_heads == 0) return ra_errorf(err, RA_EINVAL, "no q heads asked for");
+  if (a->n_heads > g->n_q_heads)
+    return ra_errorf(err, RA_EINVAL, "%zu q heads asked for, the model has %u", a->n_heads,
+                     g->n_q_heads);
+  switch (a->mode) {
+    case KVS_MODE_FULL: break;
+    case KVS_MODE_FLAT:
+      if (a->top_k == 0) return ra_errorf(err, RA_EINVAL, "mode flat needs top_k > 0");
+      break;
+    case KVS_MODE_IVF:
+    case KVS_MODE_KGRAPH:
+    case KVS_MODE_ROAR:
+      if (a->top_k == 0)
+        return ra_errorf(err, RA_EINVAL, "mode %s needs top_k > 0", kvs_mode_name(a->mode));
+      break;
+    default: return ra_errorf(err, RA_EINVAL, "attend mode %d is unknown", (int)a->mode);
+  }
+  uint32_t group_size = g->n_q_heads / g->n_kv_heads;
+  for (size_t i = 0; i < a->n_heads; i++) {
+    uint32_t h = a->q_heads[i];
+    if (h >= g->n_q_heads)
+      return ra_errorf(err, RA_EINVAL, "q head %u out of range [0, %u)", h, g->n_q_heads);
+    size_t count;
+    kvs_session_head(s, a->layer, h / group_size, &count);
+    if (count == 0)
+      return ra_errorf(err, RA_EINVAL, "q head %u (kv head %u) of layer %u is not stored here", h,
+                       h / group_size, a->layer);
+    for (size_t j = 0; j < i; j++)
+      if (a->q_heads[j] == h) return ra_errorf(err, RA_EINVAL, "q head %u asked for twice", h);
+  }
+  return RA_OK;
+}
+
+static uint64_t kv_head_rows(const kvs_session *s, uint32_t layer, uint32_t kv_head) {
+  size_t count;
+  const kvs_shard *sh = kvs_session_head(s, layer, kv_head, &count);
+  uint64_t n = 0;
+  for (size_t i = 0; i < count; i++) n += sh[i].n;
+  return n;
+}
+
+static void plan_free(plan *p) {
+  free(p->members);
+  free(p->groups);
+  free(p->tasks);
+}
+
+/* Groups the request heads by kv head and cuts every group's rows into tasks. */
+static int plan_build(const kvs_session *s, const kvs_attend_args *a, int n_threads, plan *p,
+                      ra_error *err) {
+  memset(p, 0, sizeof *p);
+  p->s = s;
+  p->a = a;
+  p->dim = (int)s->geo.head_dim;
+  p->rb = kvs_row_bytes(&s->geo);
+  p->scale = 1.0f / sqrtf((float)s->geo.head_dim);
+  uint32_t group_size = s->geo.n_q_heads / s->geo.n_kv_heads;
+  p->members = malloc(a->n_heads * sizeof *p->members);
+  p->groups = malloc(a->n_heads * sizeof *p->groups);
+  if (!p->members || !p->groups) goto oom;
+
+  /* Groups in order of first appearance; members of a group in request order. */
+  for (size_t i = 0; i < a->n_heads; i++) {
+    uint32_t kv = a->q_heads[i] / group_size;
+    size_t gi = 0;
+    while (gi < p->n_groups && p->groups[gi].kv_head != kv) gi++;
+    if (gi == p->n_groups) {
+      p->groups[gi] = (group){.kv_head = kv, .n_keys = kv_head_rows(s, a->layer, kv)};
+      p->n_groups++;
+    }
+    p->groups[gi].count++;
+  }
+  size_t at = 0;
+  uint64_t total_rows = 0;
+  for (size_t gi = 0; gi < p->n_groups; gi++) {
+    p->groups[gi].first = at;
+    at += p->groups[gi].count;
+    p->groups[gi].count = 0;
+    total_rows += p->groups[gi].n_keys;
+  }
+  /* Second pass: place each head in its group's range (counts refilled as we go). */
+  for (size_t i = 0; i < a->n_heads; i++) {
+    uint32_t kv = a->q_heads[i] / group_size;
+    size_t gi = 0;
+    while (p->groups[gi].kv_head != kv) gi++;
+    group *g = &p->groups[gi];
+    p->members[g->first + g->count++] = i;
+    if (g->count > p->max_group) p->max_group = g->count;
+  }
+
+  uint64_t block = total_rows / ((uint64_t)n_threads * 4 + 1);
+  if (block < KVS_BLOCK_MIN) block = KVS_BLOCK_MIN;
+  if (block > KVS_BLOCK_MAX) block = KVS_BLOCK_MAX;
+  size_t n_tasks = 0;
+  for (size_t gi = 0; gi < p->n_groups; gi++) {
+    size_t count;
+    const kvs_shard *sh = kvs_session_head(s, a->layer, p->groups[gi].kv_head, &count);
+    for (size_t k = 0; k < count; k++) n_tasks += (size_t)((sh[k].n + block - 1) / block);
+  }
+  p->tasks = malloc((n_tasks ? n_tasks : 1) * sizeof *p->tasks);
+  if (!p->tasks) goto oom;
+  for (size_t gi = 0; gi < p->n_groups; gi++) {
+    size_t count;
+    const kvs_shard *sh = kvs_session_head(s, a->layer, p->groups[gi].kv_head, &count);
+    uint64_t base = 0;
+    for (size_t k = 0; k < count; k++) {
+      for (uint64_t r0 = 0; r0 < sh[k].n; r0 += block) {
+        uint64_t r1 = r0 + block < sh[k].n ? r0 + block : sh[k].n;
+        p->tasks[p->n_tasks++] = (task){.group = (uint32_t)gi, .shard = &sh[k], .r0 = r0,
+                                        .r1 = r1, .row_base = base + r0, .slot = p->n_slots};
+        p->n_slots += p->groups[gi].count;
+        if (r1 - r0 > p->max_block) p->max_block = (size_t)(r1 - r0);
+      }
+      base += sh[k].n;
+    }
+  }
+  return RA_OK;
+oom:
+  plan_free(p);
+  return ra_errorf(err, RA_ENOMEM, "out of memory planning an attend over %zu heads", a->n_heads);
+}
+
+/* scores[j * rows + r] = q_j · k_(r0 + r) for every member j of the task's group.
+ * scores: [G, rows]. */
+static void task_scores(const plan *p, const task *t, float *scores) {
+  const group *g = &p->groups[t->group];
+  size_t rows = (size_t)(t->r1 - t->r0);
+  const char *keys = (const char *)t->shard->keys + t->r0 * p->rb;
+  ra_dtype dt = p->s->geo.dtype;
+  for (size_t r = 0; r < rows; r += KVS_STRIP_ROWS) {
+    size_t nb = rows - r < KVS_STRIP_ROWS ? rows - r : KVS_STRIP_ROWS;
+    for (size_t j = 0; j < g->count; j++) {
+      const float *q = p->a->q + p->members[g->first + j] * (size_t)p->dim;
+      ra_vec_dot_rows(q, keys + r * p->rb, dt, p->dim, NULL, nb, scores + j * rows + r);
+    }
+  }
+}
+
+/* The exact partial of each member over the task's rows. o: [G, dim], m, l: [G]. */
+static void task_full(const plan *p, const task *t, float *scores, float *o, float *m, float *l) {
+  const group *g = &p->groups[t->group];
+  size_t rows = (size_t)(t->r1 - t->r0);
+  int dim = p->dim;
+  task_scores(p, t, scores);
+  for (size_t j = 0; j < g->count; j++) {
+    float *sc = scores + j * rows;
+    float mx = -INFINITY;
+    for (size_t r = 0; r < rows; r++) {
+      sc[r] *= p->scale;
+      if (sc[r] > mx) mx = sc[r];
+    }
+    m[j] = mx;
+    l[j] = 0.0f;
+    memset(o + j * (size_t)dim, 0, (size_t)dim * sizeof(float));
+  }
+  const char *values = (const char *)t->shard->values + t->r0 * p->rb;
+  ra_dtype dt = p->s->geo.dtype;
+  for (size_t r = 0; r < rows; r++) {
+    const void *v = values + r * p->rb;
+    for (size_t j = 0; j < g->count; j++) {
+      float w = expf(scores[j * rows + r] - m[j]);
+      l[j] += w;
+      ra_vec_axpy(o + j * (size_t)dim, w, v, dt, dim);
+    }
+  }
+  for (size_t j = 0; j < g->count; j++) {
+    float inv = 1.0f / l[j];
+    for (int d = 0; d < dim; d++) o[j * (size_t)dim + d] *= inv;
+  }
+}
+
+/* Pushes each member's scores for the task's rows into its own heap. */
+static void task_flat(const plan *p, const task *t, float *scores, ra_topk *heaps) {
+  const group *g = &p->groups[t->group];
+  size_t rows = (size_t)(t->r1 - t->r0);
+  task_scores(p, t, scores);
+  for (size_t j = 0; j < g->count; j++) {
+    ra_topk *h = &heaps[j];
+    const float *sc = scores + j * rows;
+    for (size_t r = 0; r < rows; r++) ra_topk_push(h, sc[r], (uint32_t)(t->row_base + r));
+  }
+}
+
+/* Resolves a row number of (layer, kv head) to its shard and row within it. */
+static const kvs_shard *row_locate(const kvs_shard *sh, size_t count, uint32_t row,
+                                   uint64_t *local) {
+  uint64_t base = 0;
+  for (size_t k = 0; k < count; k++) {
+    if (row < base + sh[k].n) {
+      *local = row - base;
+      return &sh[k];
+    }
+    base += sh[k].n;
+  }
+  return NULL;
+}
+
+/* Exact partial of q over the selected rows ids[0..n) of (layer, kv head); the step every
+ * selecting mode (flat, and the index modes) ends with. dots: [n] the q·k already known for
+ * each id (flat has them from the scan). Also turns ids into token positions when pos != NULL. */
+static void partial_over_rows(const plan *p, uint32_t kv_head, const uint32_t *ids,
+                              const float *dots, size_t n, float *o, float *m, float *l,
+                              uint64_t *pos) {
+  size_t count;
+  const kvs_shard *sh = kvs_session_head(p->s, p->a->layer, kv_head, &count);
+  ra_dtype dt = p->s->geo.dtype;
+  float mx = -INFINITY;
+  for (size_t i = 0; i < n; i++)
+    if (dots[i] * p->scale > mx) mx = dots[i] * p->scale;
+  memset(o, 0, (size_t)p->dim * sizeof(float));
+  float sum = 0.0f;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t local = 0;
+    const kvs_shard *k = row_locate(sh, count, ids[i], &local);
+    float w = expf(dots[i] * p->scale - mx);
+    sum += w;
+    ra_vec_axpy(o, w, (const char *)k->values + local * p->rb, dt, p->dim);
+    if (pos) pos[i] = k->spec.token_begin + local;
+  }
+  if (n > 0) {
+    for (int d = 0; d < p->dim; d++) o[d] /= sum;
+  }
+  *m = mx;
+  *l = sum;
+}
+
+static int result_alloc(const plan *p, kvs_attend_result *out) {
+  const kvs_attend_args *a = p->a;
+  memset(out, 0, sizeof *out);
+  out->n_heads = a->n_heads;
+  out->heads = calloc(a->n_heads, sizeof *out->heads);
+  out->o = calloc(a->n_heads * (size_t)p->dim, sizeof *out->o);
+  if (!out->heads || !out->o) return RA_ENOMEM;
+  size_t n_ids = 0;
+  if (a->want_ids) {
+    for (size_t gi = 0; gi < p->n_groups; gi++) {
+      uint64_t per = p->groups[gi].n_keys;
+      if (a->mode != KVS_MODE_FULL && per > a->top_k) per = a->top_k;
+      n_ids += (size_t)per * p->groups[gi].count;
+    }
+    out->ids = malloc((n_ids ? n_ids : 1) * sizeof *out->ids);
+    if (!out->ids) return RA_ENOMEM;
+  }
+  for (size_t i = 0; i < a->n_heads; i++) {
+    out->heads[i].q_head = a->q_heads[i];
+    out->heads[i].o = out->o + i * (size_t)p->dim;
+    out->heads[i].m = -INFINITY;
+  }
+  return RA_OK;
+}
+
+/* Token positions of every row of (layer, kv head), in row order. */
+static void all_positions(const plan *p, uint32_t kv_head, uint64_t *pos) {
+  size_t count;
+  const kvs_shard *sh = kvs_session_head(p->s, p->a->layer, kv_head, &count);
+  for (size_t k = 0; k < count; k++)
+    for (uint64_t r = 0; r < sh[k].n; r++) *pos++ = sh[k].spec.token_begin + r;
+}
+
+static int run_full(const plan *p, int nt, kvs_attend_result *out, ra_error *err) {
+  int dim = p->dim;
+  float *o = malloc((p->n_slots ? p->n_slots : 1) * (size_t)dim * sizeof *o);
+  float *ml = malloc((p->n_slots ? p->n_slots : 1) * 2 * sizeof *ml);
+  if (!o || !ml) {
+    free(o);
+    free(ml);
+    return ra_errorf(err, RA_ENOMEM, "out of memory for %zu partials", p->n_slots);
+  }
+  atomic_int failed = 0;
+#pragma omp parallel num_threads(nt) if (p->n_tasks > 1)
+  {
+    float *scores = malloc((p->max_block * p->max_group + 1) * sizeof *scores);
+    if (!scores) atomic_store(&failed, 1);
+#pragma omp for schedule(dynamic, 1)
+    for (size_t ti = 0; ti < p->n_tasks; ti++) {
+      if (!scores) continue;
+      const task *t = &p->tasks[ti];
+      task_full(p, t, scores, o + t->slot * (size_t)dim, ml + t->slot, ml + p->n_slots + t->slot);
+    }
+    free(scores);
+  }
+  if (atomic_load(&failed)) {
+    free(o);
+    free(ml);
+    return ra_errorf(err, RA_ENOMEM, "out of memory for attention scratch");
+  }
+  /* Merge each head's block partials in task order (deterministic). */
+  for (size_t ti = 0; ti < p->n_tasks; ti++) {
+    const task *t = &p->tasks[ti];
+    const group *g = &p->groups[t->group];
+    for (size_t j = 0; j < g->count; j++) {
+      kvs_head_partial *h = &out->heads[p->members[g->first + j]];
+      ra_partial acc = {.o = h->o, .m = h->m, .l = h->l};
+      size_t slot = t->slot + j;
+      ra_partial_merge(&acc, o + slot * (size_t)dim, ml[slot], ml[p->n_slots + slot], dim);
+      h->m = acc.m;
+      h->l = acc.l;
+    }
+  }
+  uint64_t *ids = out->ids;
+  for (size_t gi = 0; gi < p->n_groups; gi++) {
+    const group *g = &p->groups[gi];
+    for (size_t j = 0; j < g->count; j++) {
+      kvs_head_partial *h = &out->heads[p->members[g->first + j]];
+      h->n_scanned = h->n_keys = g->n_keys;
+      if (ids) {
+        h->ids = ids;
+        h->n_ids = (size_t)g->n_keys;
+        all_positions(p, g->kv_head, ids);
+        ids += g->n_keys;
+      }
+    }
+  }
+  free(o);
+  free(ml);
+  return RA_OK;
+}
+
+static int run_flat(const plan *p, int nt, kvs_attend_result *out, ra_error *err) {
+  uint32_t k = p->a->top_k;
+  ra_topk *heaps = calloc(p->n_slots ? p->n_slots : 1, sizeof *heaps);
+  ra_topk *final = calloc(p->a->n_heads, sizeof *final);
+  int rc = RA_OK;
+  if (!heaps || !final) {
+    rc = RA_ENOMEM;
+    goto done;
+  }
+  for (size_t ti = 0; ti < p->n_tasks && rc == RA_OK; ti++) {
+    const task *t = &p->tasks[ti];
+    size_t cap = t->r1 - t->r0 < k ? (size_t)(t->r1 - t->r0) : k;
+    for (size_t j = 0; j < p->groups[t->group].count && rc == RA_OK; j++)
+      rc = ra_topk_init(&heaps[t->slot + j], cap);
+  }
+  for (size_t gi = 0; gi < p->n_groups && rc == RA_OK; gi++) {
+    const group *g = &p->groups[gi];
+    size_t cap = g->n_keys < k ? (size_t)g->n_keys : k;
+    for (size_t j = 0; j < g->count && rc == RA_OK; j++)
+      rc = ra_topk_init(&final[p->members[g->first + j]], cap);
+  }
+  if (rc) goto done;
+
+  atomic_int failed = 0;
+#pragma omp parallel num_threads(nt) if (p->n_tasks > 1)
+  {
+    float *scores = malloc((p->max_block * p->max_group + 1) * sizeof *scores);
+    if (!scores) atomic_store(&failed, 1);
+#pragma omp for schedule(dynamic, 1)
+    for (size_t ti = 0; ti < p->n_tasks; ti++) {
+      if (scores) task_flat(p, &p->tasks[ti], scores, &heaps[p->tasks[ti].slot]);
+    }
+    free(scores);
+  }
+  if (atomic_load(&failed)) {
+    rc = RA_ENOMEM;
+    goto done;
+  }
+  for (size_t ti = 0; ti < p->n_tasks; ti++) {
+    const task *t = &p->tasks[ti];
+    const group *g = &p->groups[t->group];
+    for (size_t j = 0; j < g->count; j++) {
+      ra_topk *src = &heaps[t->slot + j];
+      ra_topk *dst = &final[p->members[g->first + j]];
+      for (size_t i = 0; i < src->n; i++) ra_topk_push(dst, src->score[i], src->id[i]);
+    }
+  }
+  uint64_t *ids = out->ids;
+  for (size_t gi = 0; gi < p->n_groups; gi++) {
+    const group *g = &p->groups[gi];
+    for (size_t j = 0; j < g->count; j++) {
+      size_t hi = p->members[g->first + j];
+      kvs_head_partial *h = &out->heads[hi];
+      ra_topk *sel = &final[hi];
+      ra_topk_sort(sel);
+      h->n_scanned = h->n_keys = g->n_keys;
+      if (ids) {
+        h->ids = ids;
+        h->n_ids = sel->n;
+        ids += sel->n;
+      }
+      partial_over_rows(p, g->kv_head, sel->id, sel->score, sel->n, h->o, &h->m, &h->l, h->ids);
+    }
+  }
+done:
+  for (size_t i = 0; heaps && i < p->n_slots; i++) ra_topk_free(&heaps[i]);
+  for (size_t i = 0; final && i < p->a->n_heads; i++) ra_topk_free(&final[i]);
+  free(heaps);
+  free(final);
+  if (rc) return ra_errorf(err, rc, "out of memory for top-%u heaps", k);
+  return RA_OK;
+}
+
+int kvs_attend(kvs_session *s, const kvs_attend_args *a, kvs_attend_result *out, ra_error *err) {
+  memset(out, 0, sizeof *out);
+  int nt = a->n_threads > 0 ? a->n_threads : omp_get_max_threads();
+  pthread_rwlock_rdlock(&s->lock);
+  int rc = check_args(s, a, err);
+  if (rc) {
+    pthread_rwlock_unlock(&s->lock);
+    return rc;
+  }
+  if (a->mode != KVS_MODE_FULL && a->mode != KVS_MODE_FLAT) {
+    uint32_t h = a->q_heads[0];
+    rc = ra_errorf(err, RA_EUNSUPPORTED, "mode %s needs an index: not built for layer %u head %u",
+                   kvs_mode_name(a->mode), a->layer, h);
+    pthread_rwlock_unlock(&s->lock);
+    return rc;
+  }
+  plan p;
+  rc = plan_build(s, a, nt, &p, err);
+  if (rc) {
+    pthread_rwlock_unlock(&s->lock);
+    return rc;
+  }
+  if (result_alloc(&p, out) != RA_OK) {
+    rc = ra_errorf(err, RA_ENOMEM, "out of memory for the attend result");
+  } else if (a->mode == KVS_MODE_FULL) {
+    rc = run_full(&p, nt, out, err);
+  } else {
+    rc = run_flat(&p, nt, out, err);
+  }
+  pthread_rwlock_unlock(&s->lock);
+  plan_free(&p);
+  if (rc) kvs_attend_result_free(out);
+  return rc;
+}
+
+void kvs_attend_result_free(kvs_attend_result *r) {
+  if (!r) return;
+  free(r->heads);
+  free(r->o);
+  free(r->ids);
+  memset(r, 0, sizeof *r);
+}

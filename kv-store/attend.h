@@ -1,0 +1,68 @@
+/* Partial attention over a session's stored KV for one layer.
+ *
+ * For each requested query head h (GQA: it reads kv head h / (n_q_heads / n_kv_heads)) the
+ * result is the partial triple over the keys the mode selects, with z_i = q·k_i / sqrt(head_dim):
+ *   m = max_i z_i,  l = sum_i exp(z_i - m),  o = sum_i exp(z_i - m) v_i / l      (o: [head_dim])
+ * which the worker merges exactly with ra_partial_merge (common/merge.h).
+ *
+ * Modes: full scans every stored key; flat computes every q·k and keeps the exact top-k, then
+ * attends over those k. Index modes (ivf, kgraph, roar) select candidate rows through an index
+ * and attend over them with the same gather step as flat; until an index is built they fail
+ * with RA_EUNSUPPORTED.
+ *
+ * Work is split into (kv head, row block) tasks run by OpenMP, the q heads of one GQA group
+ * sharing each block's key and value loads; per-block partials merge exactly, so even one head
+ * over many tokens uses every thread. */
+#ifndef KVS_ATTEND_H
+#define KVS_ATTEND_H
+
+#include "store.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Numbered as proto/kvstore.proto's AttendMode. */
+typedef enum kvs_mode {
+  KVS_MODE_FULL = 0,
+  KVS_MODE_FLAT = 1,
+  KVS_MODE_IVF = 2,
+  KVS_MODE_KGRAPH = 3,
+  KVS_MODE_ROAR = 4,
+} kvs_mode;
+
+const char *kvs_mode_name(kvs_mode m); /* "full", "flat", ...; "?" when unknown */
+
+typedef struct kvs_attend_args {
+  uint32_t layer;
+  const uint32_t *q_heads; /* [n_heads], distinct, each of a kv head this session stores */
+  size_t n_heads;
+  const float *q;          /* [n_heads, head_dim] */
+  kvs_mode mode;
+  uint32_t top_k;          /* keys per head for every mode but full */
+  int want_ids;            /* fill ids with the token positions attended over */
+  int n_threads;           /* OpenMP threads; 0: the OpenMP default */
+} kvs_attend_args;
+
+typedef struct kvs_head_partial {
+  uint32_t q_head;
+  float *o; /* [head_dim], inside kvs_attend_result.o */
+  float m;
+  float l;
+  uint64_t n_scanned; /* keys whose q·k was computed */
+  uint64_t n_keys;    /* keys stored for this head's kv head */
+  uint64_t *ids;      /* [n_ids] token positions, ascending by score rank (flat) or position */
+  size_t n_ids;
+} kvs_head_partial;
+
+typedef struct kvs_attend_result {
+  size_t n_heads;
+  kvs_head_partial *heads; /* [n_heads], in request order */
+  float *o;                /* [n_heads, head_dim] */
+  uint64_t *ids;           /* backing store of every head's ids */
+} kvs_attend_result;
+
+/* Computes the partials; takes the session's read lock. On failure `out` holds nothing. */
+int kvs_attend(kvs_session *s, const kvs_attend_args *a, kvs_attend_result *out, ra_error *err);
+void kvs_attend_result_free(kvs_attend_result *r);
+
+#endif

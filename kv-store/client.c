@@ -1,0 +1,416 @@
+#include "client.h"
+
+#include "buf.h"
+#include "kvstore.pb-c.h"
+#include "rpc.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define KVC_DEFAULT_CHUNK (4u << 20)
+#define KVC_DEFAULT_TIMEOUT_MS 30000
+
+struct ra_kvclient {
+  ra_rpc_channel *ch;
+  size_t chunk_bytes;
+  int timeout_ms;
+  ra_buf tx, rx;
+};
+
+struct ra_kvclient_put {
+  ra_kvclient *c;
+  ra_rpc_call *call;
+  ra_kvclient_session s;
+  ra_buf tx;
+  int failed; /* the stream already ended with an error */
+};
+
+struct ra_kvclient_stream {
+  ra_kvclient *c;
+  ra_rpc_call *call; /* NULL after an error: reopened by the next attend */
+  ra_kvclient_session s;
+  uint64_t seq;
+  ra_buf tx, rx;
+};
+
+static int pack(const ProtobufCMessage *m, ra_buf *b, ra_error *err) {
+  size_t n = protobuf_c_message_get_packed_size(m);
+  if (ra_buf_reserve(b, n ? n : 1) != RA_OK)
+    return ra_errorf(err, RA_ENOMEM, "out of memory for a %zu-byte request", n);
+  b->len = protobuf_c_message_pack(m, b->data);
+  return RA_OK;
+}
+
+static int bad_reply(const ra_kvclient *c, const char *what, ra_error *err) {
+  return ra_errorf(err, RA_EFORMAT, "%s: malformed %s from the store", ra_kvclient_addr(c), what);
+}
+
+int ra_kvclient_connect(const char *addr, const ra_kvclient_options *opt, ra_kvclient **out,
+                        ra_error *err) {
+  ra_kvclient_options o = {0};
+  if (opt) o = *opt;
+  ra_kvclient *c = calloc(1, sizeof *c);
+  if (!c) return ra_errorf(err, RA_ENOMEM, "out of memory");
+  int rc = ra_rpc_channel_open(addr, o.max_message_bytes, &c->ch, err);
+  if (rc) {
+    free(c);
+    return rc;
+  }
+  c->chunk_bytes = o.chunk_bytes ? o.chunk_bytes : KVC_DEFAULT_CHUNK;
+  c->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : KVC_DEFAULT_TIMEOUT_MS;
+  *out = c;
+  return RA_OK;
+}
+
+void ra_kvclient_close(ra_kvclient *c) {
+  if (!c) return;
+  ra_rpc_channel_close(c->ch);
+  ra_buf_free(&c->tx);
+  ra_buf_free(&c->rx);
+  free(c);
+}
+
+const char *ra_kvclient_addr(const ra_kvclient *c) { return ra_rpc_channel_target(c->ch); }
+
+static int unary(ra_kvclient *c, const char *method, const ProtobufCMessage *req, ra_error *err) {
+  int rc = pack(req, &c->tx, err);
+  if (rc) return rc;
+  return ra_rpc_unary(c->ch, method, c->tx.data, c->tx.len, &c->rx, c->timeout_ms, err);
+}
+
+int ra_kvclient_health(ra_kvclient *c, int *serving, ra_error *err) {
+  Rakv__HealthRequest req = RAKV__HEALTH_REQUEST__INIT;
+  int rc = unary(c, "/rakv.KvStore/Health", &req.base, err);
+  if (rc) return rc;
+  Rakv__HealthReply *r = rakv__health_reply__unpack(NULL, c->rx.len, c->rx.data);
+  if (!r) return bad_reply(c, "HealthReply", err);
+  *serving = r->serving;
+  rakv__health_reply__free_unpacked(r, NULL);
+  return RA_OK;
+}
+
+int ra_kvclient_stats(ra_kvclient *c, ra_kvclient_store_stats *out, ra_error *err) {
+  Rakv__StatsRequest req = RAKV__STATS_REQUEST__INIT;
+  int rc = unary(c, "/rakv.KvStore/Stats", &req.base, err);
+  if (rc) return rc;
+  Rakv__StatsReply *r = rakv__stats_reply__unpack(NULL, c->rx.len, c->rx.data);
+  if (!r) return bad_reply(c, "StatsReply", err);
+  *out = (ra_kvclient_store_stats){.sessions = r->sessions,
+                             .tokens = r->tokens,
+                             .bytes_used = r->bytes_used,
+                             .bytes_budget = r->bytes_budget,
+                             .requests = r->requests,
+                             .errors = r->errors,
+                             .attend_requests = r->attend_requests};
+  rakv__stats_reply__free_unpacked(r, NULL);
+  return RA_OK;
+}
+
+int ra_kvclient_open_session(ra_kvclient *c, const ra_kvclient_geometry *geo,
+                             const ra_kvclient_shard *shards, size_t n_shards, const char *name,
+                             ra_kvclient_session *out, ra_error *err) {
+  Rakv__Geometry g = RAKV__GEOMETRY__INIT;
+  g.n_layers = geo->n_layers;
+  g.n_q_heads = geo->n_q_heads;
+  g.n_kv_heads = geo->n_kv_heads;
+  g.head_dim = geo->head_dim;
+  g.dtype = (Rakv__DType)geo->dtype;
+  Rakv__Shard *sh = calloc(n_shards ? n_shards : 1, sizeof *sh);
+  Rakv__Shard **ptrs = calloc(n_shards ? n_shards : 1, sizeof *ptrs);
+  if (!sh || !ptrs) {
+    free(sh);
+    free(ptrs);
+    return ra_errorf(err, RA_ENOMEM, "out of memory for %zu shards", n_shards);
+  }
+  for (size_t i = 0; i < n_shards; i++) {
+    rakv__shard__init(&sh[i]);
+    sh[i].layer = shards[i].layer;
+    sh[i].kv_head = shards[i].kv_head;
+    sh[i].token_begin = shards[i].token_begin;
+    sh[i].token_end = shards[i].token_end == RA_TOKEN_END_OPEN ? 0 : shards[i].token_end;
+    ptrs[i] = &sh[i];
+  }
+  Rakv__OpenSessionRequest req = RAKV__OPEN_SESSION_REQUEST__INIT;
+  req.geometry = &g;
+  req.n_shards = n_shards;
+  req.shards = ptrs;
+  req.client = (char *)(name ? name : "");
+  int rc = unary(c, "/rakv.KvStore/OpenSession", &req.base, err);
+  free(sh);
+  free(ptrs);
+  if (rc) return rc;
+  Rakv__OpenSessionReply *r = rakv__open_session_reply__unpack(NULL, c->rx.len, c->rx.data);
+  if (!r || r->session_id.len != sizeof out->id) {
+    if (r) rakv__open_session_reply__free_unpacked(r, NULL);
+    return bad_reply(c, "OpenSessionReply", err);
+  }
+  memcpy(out->id, r->session_id.data, sizeof out->id);
+  out->geo = *geo;
+  rakv__open_session_reply__free_unpacked(r, NULL);
+  return RA_OK;
+}
+
+int ra_kvclient_close_session(ra_kvclient *c, const ra_kvclient_session *s,
+                              uint64_t *bytes_freed, ra_error *err) {
+  Rakv__CloseSessionRequest req = RAKV__CLOSE_SESSION_REQUEST__INIT;
+  req.session_id.data = (uint8_t *)s->id;
+  req.session_id.len = sizeof s->id;
+  int rc = unary(c, "/rakv.KvStore/CloseSession", &req.base, err);
+  if (rc) return rc;
+  Rakv__CloseSessionReply *r = rakv__close_session_reply__unpack(NULL, c->rx.len, c->rx.data);
+  if (!r) return bad_reply(c, "CloseSessionReply", err);
+  if (bytes_freed) *bytes_freed = r->bytes_freed;
+  rakv__close_session_reply__free_unpacked(r, NULL);
+  return RA_OK;
+}
+
+static size_t row_bytes(const ra_kvclient_geometry *g) {
+  return ra_dtype_size(g->dtype) * g->head_dim;
+}
+
+static void chunk_fill(Rakv__KvChunk *m, const ra_kvclient_session *s, const ra_kvclient_rows *r,
+                       uint64_t first, uint64_t n, int with_id) {
+  size_t rb = row_bytes(&s->geo);
+  rakv__kv_chunk__init(m);
+  if (with_id) {
+    m->session_id.data = (uint8_t *)s->id;
+    m->session_id.len = sizeof s->id;
+  }
+  m->layer = r->layer;
+  m->kv_head = r->kv_head;
+  m->token_begin = r->token_begin + first;
+  m->n_tokens = (uint32_t)n;
+  m->keys.data = (uint8_t *)r->keys + first * rb;
+  m->values.data = (uint8_t *)r->values + first * rb;
+  m->keys.len = m->values.len = (size_t)n * rb;
+}
+
+/* ---- PutKv ---- */
+
+int ra_kvclient_put_begin(ra_kvclient *c, const ra_kvclient_session *s, ra_kvclient_put **out,
+                          ra_error *err) {
+  ra_kvclient_put *p = calloc(1, sizeof *p);
+  if (!p) return ra_errorf(err, RA_ENOMEM, "out of memory");
+  int rc = ra_rpc_call_start(c->ch, "/rakv.KvStore/PutKv", 0, &p->call, err);
+  if (rc) {
+    free(p);
+    return rc;
+  }
+  p->c = c;
+  p->s = *s;
+  *out = p;
+  return RA_OK;
+}
+
+int ra_kvclient_put_rows(ra_kvclient_put *p, const ra_kvclient_rows *rows, ra_error *err) {
+  if (p->failed) return ra_errorf(err, RA_ESTATE, "put stream already failed");
+  size_t rb = row_bytes(&p->s.geo);
+  if (rb == 0) return ra_errorf(err, RA_EINVAL, "session geometry has no row size");
+  uint64_t per = p->c->chunk_bytes / (2 * rb);
+  if (per == 0) per = 1;
+  if (per > UINT32_MAX) per = UINT32_MAX;
+  for (uint64_t first = 0; first < rows->n_tokens; first += per) {
+    uint64_t n = rows->n_tokens - first < per ? rows->n_tokens - first : per;
+    Rakv__KvChunk m;
+    chunk_fill(&m, &p->s, rows, first, n, 1);
+    int rc = pack(&m.base, &p->tx, err);
+    if (rc == RA_OK) rc = ra_rpc_call_send(p->call, p->tx.data, p->tx.len, err);
+    if (rc) {
+      p->failed = 1;
+      return rc;
+    }
+  }
+  return RA_OK;
+}
+
+void ra_kvclient_put_abort(ra_kvclient_put *p) {
+  if (!p) return;
+  ra_rpc_call_destroy(p->call);
+  ra_buf_free(&p->tx);
+  free(p);
+}
+
+int ra_kvclient_put_end(ra_kvclient_put *p, uint64_t *tokens_stored, uint64_t *bytes_stored,
+                        ra_error *err) {
+  ra_kvclient *c = p->c;
+  int rc = RA_OK;
+  if (p->failed) {
+    /* The store ended the call; its status is the error (already in err from the send). */
+    rc = err && err->code ? err->code : RA_EINTERNAL;
+    ra_kvclient_put_abort(p);
+    return rc;
+  }
+  rc = ra_rpc_call_close_send(p->call, err);
+  if (rc == RA_OK) rc = ra_rpc_call_recv(p->call, &c->rx, c->timeout_ms, err);
+  if (rc == RA_EOF) rc = ra_errorf(err, RA_EFORMAT, "%s: PutKv ended without a reply",
+                                   ra_kvclient_addr(c));
+  if (rc == RA_OK) rc = ra_rpc_call_finish(p->call, err);
+  if (rc == RA_OK) {
+    Rakv__PutKvReply *r = rakv__put_kv_reply__unpack(NULL, c->rx.len, c->rx.data);
+    if (!r) {
+      rc = bad_reply(c, "PutKvReply", err);
+    } else {
+      if (tokens_stored) *tokens_stored = r->tokens_stored;
+      if (bytes_stored) *bytes_stored = r->bytes_stored;
+      rakv__put_kv_reply__free_unpacked(r, NULL);
+    }
+  }
+  ra_kvclient_put_abort(p);
+  return rc;
+}
+
+int ra_kvclient_put_kv(ra_kvclient *c, const ra_kvclient_session *s, const ra_kvclient_rows *rows,
+                       size_t n_rows, uint64_t *tokens_stored, ra_error *err) {
+  ra_kvclient_put *p;
+  int rc = ra_kvclient_put_begin(c, s, &p, err);
+  if (rc) return rc;
+  for (size_t i = 0; i < n_rows; i++) {
+    rc = ra_kvclient_put_rows(p, &rows[i], err);
+    if (rc) break;
+  }
+  /* After a failed send, end collects the store's status, which says what was wrong. */
+  int end = ra_kvclient_put_end(p, tokens_stored, NULL, err);
+  return rc ? (end ? end : rc) : end;
+}
+
+/* ---- Append ---- */
+
+int ra_kvclient_append(ra_kvclient *c, const ra_kvclient_session *s, const ra_kvclient_rows *rows,
+                       size_t n_rows, ra_error *err) {
+  Rakv__KvChunk *chunks = calloc(n_rows ? n_rows : 1, sizeof *chunks);
+  Rakv__KvChunk **ptrs = calloc(n_rows ? n_rows : 1, sizeof *ptrs);
+  if (!chunks || !ptrs) {
+    free(chunks);
+    free(ptrs);
+    return ra_errorf(err, RA_ENOMEM, "out of memory for %zu chunks", n_rows);
+  }
+  int rc = RA_OK;
+  for (size_t i = 0; i < n_rows; i++) {
+    if (rows[i].n_tokens > UINT32_MAX) {
+      rc = ra_errorf(err, RA_EINVAL, "append of %llu tokens: at most %u per block",
+                     (unsigned long long)rows[i].n_tokens, UINT32_MAX);
+      break;
+    }
+    chunk_fill(&chunks[i], s, &rows[i], 0, rows[i].n_tokens, 0);
+    ptrs[i] = &chunks[i];
+  }
+  if (rc == RA_OK) {
+    Rakv__AppendRequest req = RAKV__APPEND_REQUEST__INIT;
+    req.session_id.data = (uint8_t *)s->id;
+    req.session_id.len = sizeof s->id;
+    req.n_chunks = n_rows;
+    req.chunks = ptrs;
+    rc = unary(c, "/rakv.KvStore/Append", &req.base, err);
+  }
+  free(chunks);
+  free(ptrs);
+  return rc;
+}
+
+/* ---- Attend ---- */
+
+int ra_kvclient_attend_open(ra_kvclient *c, const ra_kvclient_session *s,
+                            ra_kvclient_stream **out, ra_error *err) {
+  ra_kvclient_stream *st = calloc(1, sizeof *st);
+  if (!st) return ra_errorf(err, RA_ENOMEM, "out of memory");
+  int rc = ra_rpc_call_start(c->ch, "/rakv.KvStore/Attend", 0, &st->call, err);
+  if (rc) {
+    free(st);
+    return rc;
+  }
+  st->c = c;
+  st->s = *s;
+  *out = st;
+  return RA_OK;
+}
+
+void ra_kvclient_attend_close(ra_kvclient_stream *st) {
+  if (!st) return;
+  if (st->call) {
+    ra_error ignored;
+    /* A polite end: half-close and collect the OK status; destroy cancels if that fails. */
+    if (ra_rpc_call_close_send(st->call, &ignored) == RA_OK &&
+        ra_rpc_call_recv(st->call, &st->rx, 1000, &ignored) == RA_EOF)
+      ra_rpc_call_finish(st->call, &ignored);
+    ra_rpc_call_destroy(st->call);
+  }
+  ra_buf_free(&st->tx);
+  ra_buf_free(&st->rx);
+  free(st);
+}
+
+static void stream_break(ra_kvclient_stream *st) {
+  ra_rpc_call_destroy(st->call);
+  st->call = NULL;
+}
+
+/* Copies a reply into the caller's partials after checking it answers the request. */
+static int attend_unpack(ra_kvclient_stream *st, const ra_kvclient_attend_req *req,
+                         ra_kvclient_partial *out, uint64_t *compute_us, ra_error *err) {
+  Rakv__AttendReply *r = rakv__attend_reply__unpack(NULL, st->rx.len, st->rx.data);
+  if (!r) return bad_reply(st->c, "AttendReply", err);
+  size_t o_bytes = (size_t)st->s.geo.head_dim * sizeof(float);
+  int rc = RA_OK;
+  if (r->seq != st->seq || r->n_heads != req->n_heads) {
+    rc = ra_errorf(err, RA_EFORMAT, "%s: AttendReply seq %llu with %zu heads answers no request",
+                   ra_kvclient_addr(st->c), (unsigned long long)r->seq, r->n_heads);
+  }
+  for (size_t i = 0; rc == RA_OK && i < r->n_heads; i++) {
+    const Rakv__HeadPartial *h = r->heads[i];
+    if (h->q_head != req->q_heads[i] || h->o.len != o_bytes) {
+      rc = bad_reply(st->c, "HeadPartial", err);
+      break;
+    }
+    ra_kvclient_partial *p = &out[i];
+    p->q_head = h->q_head;
+    memcpy(p->o, h->o.data, o_bytes);
+    p->m = h->m;
+    p->l = h->l;
+    p->n_scanned = h->n_scanned;
+    p->n_keys = h->n_keys;
+    p->n_ids = h->n_ids;
+    if (p->ids)
+      memcpy(p->ids, h->ids, (h->n_ids < p->ids_cap ? h->n_ids : p->ids_cap) * sizeof *p->ids);
+  }
+  if (rc == RA_OK && compute_us) *compute_us = r->compute_us;
+  rakv__attend_reply__free_unpacked(r, NULL);
+  return rc;
+}
+
+int ra_kvclient_attend(ra_kvclient_stream *st, const ra_kvclient_attend_req *req,
+                       ra_kvclient_partial *out, int timeout_ms, uint64_t *compute_us,
+                       ra_error *err) {
+  int rc;
+  if (!st->call) {
+    rc = ra_rpc_call_start(st->c->ch, "/rakv.KvStore/Attend", 0, &st->call, err);
+    if (rc) {
+      st->call = NULL;
+      return rc;
+    }
+  }
+  Rakv__SearchParams sp = RAKV__SEARCH_PARAMS__INIT;
+  sp.ef = req->ef;
+  sp.nprobe = req->nprobe;
+  Rakv__AttendRequest m = RAKV__ATTEND_REQUEST__INIT;
+  m.session_id.data = st->s.id;
+  m.session_id.len = sizeof st->s.id;
+  m.layer = req->layer;
+  m.n_q_heads = req->n_heads;
+  m.q_heads = (uint32_t *)req->q_heads;
+  m.q.data = (uint8_t *)req->q;
+  m.q.len = req->n_heads * (size_t)st->s.geo.head_dim * sizeof(float);
+  m.mode = (Rakv__AttendMode)req->mode;
+  m.top_k = req->top_k;
+  m.search = (req->ef || req->nprobe) ? &sp : NULL;
+  m.seq = ++st->seq;
+  m.return_ids = req->want_ids != 0;
+  rc = pack(&m.base, &st->tx, err);
+  if (rc == RA_OK) rc = ra_rpc_call_send(st->call, st->tx.data, st->tx.len, err);
+  if (rc == RA_OK) rc = ra_rpc_call_recv(st->call, &st->rx, timeout_ms, err);
+  if (rc == RA_EOF)
+    rc = ra_errorf(err, RA_EUNAVAIL, "%s: the store ended the Attend stream",
+                   ra_kvclient_addr(st->c));
+  if (rc == RA_OK) rc = attend_unpack(st, req, out, compute_us, err);
+  if (rc) stream_break(st);
+  return rc;
+}

@@ -1,0 +1,144 @@
+/* ra_kvclient: a typed client of one kv-store (proto/kvstore.proto) over common/rpc.h, used by
+ * the gpu-worker, the tests and the benchmark.
+ *
+ *   ra_kvclient *c;  ra_kvclient_connect("10.0.0.7:7000", NULL, &c, &err);
+ *   ra_kvclient_session s;  ra_kvclient_open_session(c, &geo, shards, n, "worker-0", &s, &err);
+ *   ra_kvclient_put_kv(c, &s, rows, n_rows, NULL, &err);           // prefill, chunked stream
+ *   ra_kvclient_stream *st;  ra_kvclient_attend_open(c, &s, &st, &err);
+ *   per layer:  ra_kvclient_attend(st, &req, partials, 50, &err);  // one long-lived stream
+ *   ra_kvclient_append(c, &s, &row, 1, &err);                      // window eviction
+ *   ra_kvclient_attend_close(st);  ra_kvclient_close_session(c, &s, NULL, &err);
+ *   ra_kvclient_close(c);
+ *
+ * Vectors are row-major: KV [n_tokens, head_dim] in the session dtype, q and o float32. Errors
+ * are RA codes carrying the store's status message (e.g. RA_ENOMEM for RESOURCE_EXHAUSTED). A
+ * client is used by one thread at a time; open one per thread, or one stream per thread. */
+#ifndef RA_KVCLIENT_H
+#define RA_KVCLIENT_H
+
+#include "half.h"
+#include "shardmap.h"
+#include "status.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ra_kvclient ra_kvclient;
+typedef struct ra_kvclient_put ra_kvclient_put;
+typedef struct ra_kvclient_stream ra_kvclient_stream;
+
+typedef struct ra_kvclient_options {
+  size_t max_message_bytes; /* channel limit; 0: 64 MiB (the store's default) */
+  size_t chunk_bytes;       /* PutKv chunk size, keys + values; 0: 4 MiB */
+  int timeout_ms;           /* unary calls; 0: 30 s */
+} ra_kvclient_options;
+
+typedef struct ra_kvclient_geometry {
+  uint32_t n_layers;
+  uint32_t n_q_heads;
+  uint32_t n_kv_heads;
+  uint32_t head_dim;
+  ra_dtype dtype;
+} ra_kvclient_geometry;
+
+typedef struct ra_kvclient_shard {
+  uint32_t layer;
+  uint32_t kv_head;
+  uint64_t token_begin;
+  uint64_t token_end; /* exclusive; RA_TOKEN_END_OPEN: also takes appended tokens */
+} ra_kvclient_shard;
+
+typedef struct ra_kvclient_session {
+  uint8_t id[16];
+  ra_kvclient_geometry geo;
+} ra_kvclient_session;
+
+/* Tokens [token_begin, token_begin + n_tokens) of one (layer, kv head). */
+typedef struct ra_kvclient_rows {
+  uint32_t layer;
+  uint32_t kv_head;
+  uint64_t token_begin;
+  uint64_t n_tokens;
+  const void *keys;   /* [n_tokens, head_dim] session dtype */
+  const void *values; /* [n_tokens, head_dim] session dtype */
+} ra_kvclient_rows;
+
+typedef struct ra_kvclient_stats {
+  uint64_t sessions, tokens, bytes_used, bytes_budget, requests, errors, attend_requests;
+} ra_kvclient_store_stats;
+
+/* Numbered as the proto's AttendMode. */
+typedef enum ra_kvclient_mode {
+  RA_KVCLIENT_FULL = 0,
+  RA_KVCLIENT_FLAT = 1,
+  RA_KVCLIENT_IVF = 2,
+  RA_KVCLIENT_KGRAPH = 3,
+  RA_KVCLIENT_ROAR = 4,
+} ra_kvclient_mode;
+
+typedef struct ra_kvclient_attend_req {
+  uint32_t layer;
+  const uint32_t *q_heads; /* [n_heads] */
+  size_t n_heads;
+  const float *q;          /* [n_heads, head_dim], RoPE applied */
+  ra_kvclient_mode mode;
+  uint32_t top_k;          /* every mode but full */
+  uint32_t ef, nprobe;     /* index search parameters; 0: store defaults */
+  int want_ids;
+} ra_kvclient_attend_req;
+
+/* One head's partial; o and ids are the caller's buffers. */
+typedef struct ra_kvclient_partial {
+  uint32_t q_head;
+  float *o;        /* in: room for head_dim floats */
+  float m, l;
+  uint64_t n_scanned, n_keys;
+  uint64_t *ids;   /* in: room for ids_cap positions (or NULL); out: n_ids written */
+  size_t ids_cap;
+  size_t n_ids;    /* ids the store returned (may exceed ids_cap; only ids_cap are kept) */
+} ra_kvclient_partial;
+
+int ra_kvclient_connect(const char *addr, const ra_kvclient_options *opt, ra_kvclient **out,
+                        ra_error *err);
+void ra_kvclient_close(ra_kvclient *c);
+const char *ra_kvclient_addr(const ra_kvclient *c);
+
+int ra_kvclient_health(ra_kvclient *c, int *serving, ra_error *err);
+int ra_kvclient_stats(ra_kvclient *c, ra_kvclient_store_stats *out, ra_error *err);
+
+int ra_kvclient_open_session(ra_kvclient *c, const ra_kvclient_geometry *geo,
+                             const ra_kvclient_shard *shards, size_t n_shards, const char *name,
+                             ra_kvclient_session *out, ra_error *err);
+int ra_kvclient_close_session(ra_kvclient *c, const ra_kvclient_session *s,
+                              uint64_t *bytes_freed, ra_error *err);
+
+/* PutKv as a stream: begin, any number of put_rows (each split into chunks of at most
+ * chunk_bytes; every send waits until gRPC has taken the previous one, which is the stream's
+ * back-pressure), then end, which returns the store's counts and frees the stream whatever
+ * happened. abort frees a stream without finishing it. */
+int ra_kvclient_put_begin(ra_kvclient *c, const ra_kvclient_session *s, ra_kvclient_put **out,
+                          ra_error *err);
+int ra_kvclient_put_rows(ra_kvclient_put *p, const ra_kvclient_rows *rows, ra_error *err);
+int ra_kvclient_put_end(ra_kvclient_put *p, uint64_t *tokens_stored, uint64_t *bytes_stored,
+                        ra_error *err);
+void ra_kvclient_put_abort(ra_kvclient_put *p);
+/* begin + put_rows for each + end. */
+int ra_kvclient_put_kv(ra_kvclient *c, const ra_kvclient_session *s, const ra_kvclient_rows *rows,
+                       size_t n_rows, uint64_t *tokens_stored, ra_error *err);
+
+/* Appends tokens (each block continues its shard); all blocks are stored or none. */
+int ra_kvclient_append(ra_kvclient *c, const ra_kvclient_session *s, const ra_kvclient_rows *rows,
+                       size_t n_rows, ra_error *err);
+
+/* A long-lived Attend stream. attend sends one request and waits up to timeout_ms (< 0: no
+ * limit) for its reply; out: [n_heads] in request order. When the store ends the stream with an
+ * error (a bad request, a timeout, a restart) that error is returned and the next attend opens
+ * a fresh stream. *compute_us (optional) gets the store's compute time. */
+int ra_kvclient_attend_open(ra_kvclient *c, const ra_kvclient_session *s,
+                            ra_kvclient_stream **out, ra_error *err);
+int ra_kvclient_attend(ra_kvclient_stream *st, const ra_kvclient_attend_req *req,
+                       ra_kvclient_partial *out, int timeout_ms, uint64_t *compute_us,
+                       ra_error *err);
+void ra_kvclient_attend_close(ra_kvclient_stream *st);
+
+#endif

@@ -1,0 +1,113 @@
+#include "server.h"
+
+#include <stdlib.h>
+
+typedef int (*unary_fn)(kvs_service *, const uint8_t *, size_t, ra_buf *, ra_error *);
+
+/* Counts transport failures (a peer that went away mid-call) as errors, like bad requests. */
+static int transport_failed(kvs_service *svc, int rc) {
+  kvs_service_count_error(svc);
+  return rc;
+}
+
+static int serve_unary(ra_rpc_call *call, kvs_service *svc, unary_fn fn, ra_error *err) {
+  ra_buf in = {0}, out = {0};
+  int rc = ra_rpc_call_recv(call, &in, -1, err);
+  if (rc == RA_EOF) {
+    rc = ra_errorf(err, RA_EINVAL, "the call carried no request message");
+    kvs_service_count_error(svc);
+  } else if (rc != RA_OK) {
+    transport_failed(svc, rc);
+  } else {
+    rc = fn(svc, in.data, in.len, &out, err);
+    if (rc == RA_OK) {
+      rc = ra_rpc_call_send(call, out.data, out.len, err);
+      if (rc) transport_failed(svc, rc);
+    }
+  }
+  ra_buf_free(&in);
+  ra_buf_free(&out);
+  return rc;
+}
+
+static int handle_open_session(ra_rpc_call *call, void *ctx, ra_error *err) {
+  return serve_unary(call, ctx, kvs_service_open_session, err);
+}
+static int handle_append(ra_rpc_call *call, void *ctx, ra_error *err) {
+  return serve_unary(call, ctx, kvs_service_append, err);
+}
+static int handle_close_session(ra_rpc_call *call, void *ctx, ra_error *err) {
+  return serve_unary(call, ctx, kvs_service_close_session, err);
+}
+static int handle_stats(ra_rpc_call *call, void *ctx, ra_error *err) {
+  return serve_unary(call, ctx, kvs_service_stats, err);
+}
+static int handle_health(ra_rpc_call *call, void *ctx, ra_error *err) {
+  return serve_unary(call, ctx, kvs_service_health, err);
+}
+
+static int handle_put_kv(ra_rpc_call *call, void *ctx, ra_error *err) {
+  kvs_service *svc = ctx;
+  kvs_put_state st;
+  ra_buf in = {0}, out = {0};
+  kvs_service_put_begin(svc, &st);
+  int rc, chunk_failed = 0;
+  while ((rc = ra_rpc_call_recv(call, &in, -1, err)) == RA_OK) {
+    rc = kvs_service_put_chunk(svc, &st, in.data, in.len, err);
+    if (rc) {
+      chunk_failed = 1; /* counted by the service */
+      break;
+    }
+  }
+  if (rc == RA_EOF) {
+    rc = kvs_service_put_finish(svc, &st, &out, err);
+    if (rc == RA_OK) {
+      rc = ra_rpc_call_send(call, out.data, out.len, err);
+      if (rc) transport_failed(svc, rc);
+    }
+  } else if (!chunk_failed) {
+    transport_failed(svc, rc);
+  }
+  ra_buf_free(&in);
+  ra_buf_free(&out);
+  return rc;
+}
+
+static int handle_attend(ra_rpc_call *call, void *ctx, ra_error *err) {
+  kvs_service *svc = ctx;
+  ra_buf in = {0}, out = {0};
+  int rc;
+  while ((rc = ra_rpc_call_recv(call, &in, -1, err)) == RA_OK) {
+    rc = kvs_service_attend(svc, in.data, in.len, &out, err);
+    if (rc) break;
+    rc = ra_rpc_call_send(call, out.data, out.len, err);
+    if (rc) {
+      transport_failed(svc, rc);
+      break;
+    }
+  }
+  if (rc == RA_EOF) rc = RA_OK;
+  ra_buf_free(&in);
+  ra_buf_free(&out);
+  return rc;
+}
+
+int kvs_server_register(ra_rpc_server *s, kvs_service *svc, ra_error *err) {
+  static const struct {
+    const char *path;
+    ra_rpc_handler fn;
+  } methods[] = {
+      {KVS_METHOD_OPEN_SESSION, handle_open_session},
+      {KVS_METHOD_PUT_KV, handle_put_kv},
+      {KVS_METHOD_APPEND, handle_append},
+      {KVS_METHOD_ATTEND, handle_attend},
+      {KVS_METHOD_CLOSE_SESSION, handle_close_session},
+      {KVS_METHOD_STATS, handle_stats},
+      {KVS_METHOD_HEALTH, handle_health},
+  };
+  for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++) {
+    int rc = ra_rpc_server_add_method(s, methods[i].path, methods[i].fn, svc);
+    if (rc) return ra_errorf(err, rc, "cannot register %s: %s", methods[i].path, ra_strerror(rc));
+  }
+  return RA_OK;
+}

@@ -1,0 +1,402 @@
+#include "service.h"
+
+#include "attend.h"
+#include "kvstore.pb-c.h"
+#include "log.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* Vectors travel as little-endian bytes and are used in place. */
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "kv-store needs a little-endian host");
+
+#ifndef RA_VERSION
+#define RA_VERSION "dev"
+#endif
+
+struct kvs_service {
+  kvs_store *store;
+  int attend_threads;
+  atomic_int draining;
+  atomic_uint_fast64_t requests;
+  atomic_uint_fast64_t errors;
+  atomic_uint_fast64_t attend_requests;
+};
+
+int kvs_service_create(const kvs_service_config *cfg, kvs_service **out, ra_error *err) {
+  if (cfg->attend_threads < 0)
+    return ra_errorf(err, RA_EINVAL, "attend threads %d must be >= 0", cfg->attend_threads);
+  kvs_service *svc = calloc(1, sizeof *svc);
+  if (!svc) return ra_errorf(err, RA_ENOMEM, "out of memory creating the service");
+  int rc = kvs_store_create(cfg->memory_budget, &svc->store, err);
+  if (rc) {
+    free(svc);
+    return rc;
+  }
+  svc->attend_threads = cfg->attend_threads;
+  *out = svc;
+  return RA_OK;
+}
+
+void kvs_service_destroy(kvs_service *svc) {
+  if (!svc) return;
+  kvs_store_destroy(svc->store);
+  free(svc);
+}
+
+kvs_store *kvs_service_store(kvs_service *svc) { return svc->store; }
+void kvs_service_set_draining(kvs_service *svc) { atomic_store(&svc->draining, 1); }
+void kvs_service_count_error(kvs_service *svc) { atomic_fetch_add(&svc->errors, 1); }
+
+/* Counts a finished request and passes its code through. */
+static int counted(kvs_service *svc, int rc) {
+  atomic_fetch_add(&svc->requests, 1);
+  if (rc < 0) atomic_fetch_add(&svc->errors, 1);
+  return rc;
+}
+
+static int malformed(ra_error *err, const char *what, size_t len) {
+  return ra_errorf(err, RA_EFORMAT, "%s: malformed protobuf (%zu bytes)", what, len);
+}
+
+static int pack_reply(const ProtobufCMessage *m, ra_buf *out, ra_error *err) {
+  size_t n = protobuf_c_message_get_packed_size(m);
+  if (ra_buf_reserve(out, n ? n : 1) != RA_OK)
+    return ra_errorf(err, RA_ENOMEM, "out of memory for a %zu-byte reply", n);
+  out->len = protobuf_c_message_pack(m, out->data);
+  return RA_OK;
+}
+
+static void id_hex(const uint8_t *id, char out[2 * KVS_SESSION_ID_BYTES + 1]) {
+  for (int i = 0; i < KVS_SESSION_ID_BYTES; i++) snprintf(out + 2 * i, 3, "%02x", id[i]);
+}
+
+/* ---- OpenSession ---- */
+
+static int open_session(kvs_service *svc, const Rakv__OpenSessionRequest *r, ra_buf *reply,
+                        ra_error *err) {
+  if (!r->geometry) return ra_errorf(err, RA_EINVAL, "geometry missing");
+  kvs_geometry g = {
+      .n_layers = r->geometry->n_layers,
+      .n_q_heads = r->geometry->n_q_heads,
+      .n_kv_heads = r->geometry->n_kv_heads,
+      .head_dim = r->geometry->head_dim,
+      .dtype = (ra_dtype)r->geometry->dtype,
+  };
+  int rc = kvs_geometry_check(&g, err);
+  if (rc) return rc;
+  if (r->n_shards == 0) return ra_errorf(err, RA_EINVAL, "a session needs at least one shard");
+  kvs_shard_spec *specs = malloc(r->n_shards * sizeof *specs);
+  if (!specs) return ra_errorf(err, RA_ENOMEM, "out of memory for %zu shards", r->n_shards);
+  for (size_t i = 0; i < r->n_shards; i++) {
+    const Rakv__Shard *s = r->shards[i];
+    specs[i] = (kvs_shard_spec){
+        .layer = s->layer,
+        .kv_head = s->kv_head,
+        .token_begin = s->token_begin,
+        .token_end = s->token_end == 0 ? RA_TOKEN_END_OPEN : s->token_end,
+    };
+  }
+  kvs_session *s = NULL;
+  rc = kvs_store_open(svc->store, &g, specs, r->n_shards, r->client, &s, err);
+  free(specs);
+  if (rc) return rc;
+  Rakv__OpenSessionReply out = RAKV__OPEN_SESSION_REPLY__INIT;
+  out.session_id.data = s->id;
+  out.session_id.len = KVS_SESSION_ID_BYTES;
+  rc = pack_reply(&out.base, reply, err);
+  char hex[2 * KVS_SESSION_ID_BYTES + 1];
+  id_hex(s->id, hex);
+  if (rc) {
+    kvs_store_close(svc->store, s->id, KVS_SESSION_ID_BYTES, NULL, NULL);
+  } else {
+    ra_log_info("session %s opened by '%s': %u layers, %u/%u q/kv heads, head_dim %u, %s, %zu "
+                "shards",
+                hex, s->client, g.n_layers, g.n_q_heads, g.n_kv_heads, g.head_dim,
+                ra_dtype_name(g.dtype), r->n_shards);
+  }
+  kvs_session_release(s);
+  return rc;
+}
+
+int kvs_service_open_session(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
+                             ra_error *err) {
+  Rakv__OpenSessionRequest *r = rakv__open_session_request__unpack(NULL, len, req);
+  if (!r) return counted(svc, malformed(err, "OpenSessionRequest", len));
+  int rc = open_session(svc, r, reply, err);
+  rakv__open_session_request__free_unpacked(r, NULL);
+  return counted(svc, rc);
+}
+
+/* ---- PutKv and Append ---- */
+
+/* Checks a chunk's sizes against the session and describes it as a row block. */
+static int chunk_rows(const kvs_session *s, const Rakv__KvChunk *c, size_t i, kvs_rows *out,
+                      ra_error *err) {
+  uint64_t want = (uint64_t)c->n_tokens * kvs_row_bytes(&s->geo);
+  if (c->n_tokens == 0) return ra_errorf(err, RA_EINVAL, "chunk %zu: n_tokens is 0", i);
+  if (c->keys.len != want)
+    return ra_errorf(err, RA_EINVAL,
+                     "chunk %zu: keys are %zu bytes, want %llu (%u tokens x head_dim %u x %s)", i,
+                     c->keys.len, (unsigned long long)want, c->n_tokens, s->geo.head_dim,
+                     ra_dtype_name(s->geo.dtype));
+  if (c->values.len != want)
+    return ra_errorf(err, RA_EINVAL,
+                     "chunk %zu: values are %zu bytes, want %llu (%u tokens x head_dim %u x %s)",
+                     i, c->values.len, (unsigned long long)want, c->n_tokens, s->geo.head_dim,
+                     ra_dtype_name(s->geo.dtype));
+  *out = (kvs_rows){
+      .layer = c->layer,
+      .kv_head = c->kv_head,
+      .token_begin = c->token_begin,
+      .n = c->n_tokens,
+      .keys = c->keys.data,
+      .values = c->values.data,
+  };
+  return RA_OK;
+}
+
+void kvs_service_put_begin(kvs_service *svc, kvs_put_state *st) {
+  (void)svc;
+  memset(st, 0, sizeof *st);
+}
+
+static int put_chunk(kvs_service *svc, kvs_put_state *st, const Rakv__KvChunk *c,
+                     ra_error *err) {
+  kvs_session *s;
+  int rc = kvs_store_get(svc->store, c->session_id.data, c->session_id.len, &s, err);
+  if (rc) return rc;
+  kvs_rows rows;
+  uint64_t bytes = 0;
+  rc = chunk_rows(s, c, (size_t)st->chunks, &rows, err);
+  if (rc == RA_OK) rc = kvs_session_write(s, &rows, 1, &bytes, err);
+  kvs_session_release(s);
+  if (rc) return rc;
+  st->tokens_stored += rows.n;
+  st->bytes_stored += bytes;
+  return RA_OK;
+}
+
+int kvs_service_put_chunk(kvs_service *svc, kvs_put_state *st, const uint8_t *chunk, size_t len,
+                          ra_error *err) {
+  Rakv__KvChunk *c = rakv__kv_chunk__unpack(NULL, len, chunk);
+  int rc;
+  if (!c) {
+    rc = ra_errorf(err, RA_EFORMAT, "chunk %llu: KvChunk: malformed protobuf (%zu bytes)",
+                   (unsigned long long)st->chunks, len);
+  } else {
+    rc = put_chunk(svc, st, c, err);
+    rakv__kv_chunk__free_unpacked(c, NULL);
+  }
+  st->chunks++;
+  if (rc) counted(svc, rc);
+  return rc;
+}
+
+int kvs_service_put_finish(kvs_service *svc, kvs_put_state *st, ra_buf *reply, ra_error *err) {
+  Rakv__PutKvReply out = RAKV__PUT_KV_REPLY__INIT;
+  out.tokens_stored = st->tokens_stored;
+  out.bytes_stored = st->bytes_stored;
+  return counted(svc, pack_reply(&out.base, reply, err));
+}
+
+static int append(kvs_service *svc, const Rakv__AppendRequest *r, ra_buf *reply, ra_error *err) {
+  kvs_session *s;
+  int rc = kvs_store_get(svc->store, r->session_id.data, r->session_id.len, &s, err);
+  if (rc) return rc;
+  kvs_rows *rows = NULL;
+  if (r->n_chunks == 0) {
+    rc = ra_errorf(err, RA_EINVAL, "append has no chunks");
+    goto out;
+  }
+  rows = malloc(r->n_chunks * sizeof *rows);
+  if (!rows) {
+    rc = ra_errorf(err, RA_ENOMEM, "out of memory for %zu chunks", r->n_chunks);
+    goto out;
+  }
+  uint64_t tokens = 0;
+  for (size_t i = 0; i < r->n_chunks; i++) {
+    const Rakv__KvChunk *c = r->chunks[i];
+    if (c->session_id.len != 0 &&
+        (c->session_id.len != KVS_SESSION_ID_BYTES ||
+         memcmp(c->session_id.data, s->id, KVS_SESSION_ID_BYTES) != 0)) {
+      rc = ra_errorf(err, RA_EINVAL, "chunk %zu: session id differs from the request's", i);
+      goto out;
+    }
+    rc = chunk_rows(s, c, i, &rows[i], err);
+    if (rc) goto out;
+    tokens += rows[i].n;
+  }
+  rc = kvs_session_write(s, rows, r->n_chunks, NULL, err);
+  if (rc == RA_OK) {
+    Rakv__AppendReply out = RAKV__APPEND_REPLY__INIT;
+    out.tokens_stored = tokens;
+    rc = pack_reply(&out.base, reply, err);
+  }
+out:
+  free(rows);
+  kvs_session_release(s);
+  return rc;
+}
+
+int kvs_service_append(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
+                       ra_error *err) {
+  Rakv__AppendRequest *r = rakv__append_request__unpack(NULL, len, req);
+  if (!r) return counted(svc, malformed(err, "AppendRequest", len));
+  int rc = append(svc, r, reply, err);
+  rakv__append_request__free_unpacked(r, NULL);
+  return counted(svc, rc);
+}
+
+/* ---- Attend ---- */
+
+static int attend_reply(const Rakv__AttendRequest *r, const kvs_session *s,
+                        const kvs_attend_result *res, uint64_t compute_us, ra_buf *reply,
+                        ra_error *err) {
+  size_t n = res->n_heads;
+  Rakv__HeadPartial *heads = malloc(n * sizeof *heads);
+  Rakv__HeadPartial **ptrs = malloc(n * sizeof *ptrs);
+  int rc = RA_OK;
+  if (!heads || !ptrs) {
+    rc = ra_errorf(err, RA_ENOMEM, "out of memory for %zu head partials", n);
+    goto out;
+  }
+  for (size_t i = 0; i < n; i++) {
+    const kvs_head_partial *h = &res->heads[i];
+    rakv__head_partial__init(&heads[i]);
+    heads[i].q_head = h->q_head;
+    heads[i].o.data = (uint8_t *)h->o;
+    heads[i].o.len = (size_t)s->geo.head_dim * sizeof(float);
+    heads[i].m = h->m;
+    heads[i].l = h->l;
+    heads[i].n_scanned = h->n_scanned;
+    heads[i].n_keys = h->n_keys;
+    heads[i].n_ids = h->n_ids;
+    heads[i].ids = h->ids;
+    ptrs[i] = &heads[i];
+  }
+  Rakv__AttendReply out = RAKV__ATTEND_REPLY__INIT;
+  out.seq = r->seq;
+  out.n_heads = n;
+  out.heads = ptrs;
+  out.compute_us = compute_us;
+  rc = pack_reply(&out.base, reply, err);
+out:
+  free(heads);
+  free(ptrs);
+  return rc;
+}
+
+static uint64_t now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static int attend(kvs_service *svc, const Rakv__AttendRequest *r, ra_buf *reply, ra_error *err) {
+  kvs_session *s;
+  int rc = kvs_store_get(svc->store, r->session_id.data, r->session_id.len, &s, err);
+  if (rc) return rc;
+  float *q = NULL;
+  kvs_attend_result res = {0};
+  uint64_t t0 = now_us();
+  size_t want = r->n_q_heads * (size_t)s->geo.head_dim * sizeof(float);
+  if (r->n_q_heads > s->geo.n_q_heads) {
+    rc = ra_errorf(err, RA_EINVAL, "%zu q heads asked for, the model has %u", r->n_q_heads,
+                   s->geo.n_q_heads);
+    goto out;
+  }
+  if (r->q.len != want) {
+    rc = ra_errorf(err, RA_EINVAL, "q is %zu bytes, want %zu (%zu heads x head_dim %u x 4)",
+                   r->q.len, want, r->n_q_heads, s->geo.head_dim);
+    goto out;
+  }
+  /* protobuf-c gives no alignment promise for bytes fields. */
+  q = malloc(want ? want : 1);
+  if (!q) {
+    rc = ra_errorf(err, RA_ENOMEM, "out of memory for q");
+    goto out;
+  }
+  if (want) memcpy(q, r->q.data, want);
+  kvs_attend_args a = {
+      .layer = r->layer,
+      .q_heads = r->q_heads,
+      .n_heads = r->n_q_heads,
+      .q = q,
+      .mode = (kvs_mode)r->mode,
+      .top_k = r->top_k,
+      .want_ids = r->return_ids,
+      .n_threads = svc->attend_threads,
+  };
+  rc = kvs_attend(s, &a, &res, err);
+  if (rc == RA_OK) rc = attend_reply(r, s, &res, now_us() - t0, reply, err);
+out:
+  kvs_attend_result_free(&res);
+  free(q);
+  kvs_session_release(s);
+  return rc;
+}
+
+int kvs_service_attend(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
+                       ra_error *err) {
+  atomic_fetch_add(&svc->attend_requests, 1);
+  Rakv__AttendRequest *r = rakv__attend_request__unpack(NULL, len, req);
+  if (!r) return counted(svc, malformed(err, "AttendRequest", len));
+  int rc = attend(svc, r, reply, err);
+  rakv__attend_request__free_unpacked(r, NULL);
+  return counted(svc, rc);
+}
+
+/* ---- CloseSession, Stats, Health ---- */
+
+int kvs_service_close_session(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
+                              ra_error *err) {
+  Rakv__CloseSessionRequest *r = rakv__close_session_request__unpack(NULL, len, req);
+  if (!r) return counted(svc, malformed(err, "CloseSessionRequest", len));
+  uint64_t freed = 0;
+  int rc = kvs_store_close(svc->store, r->session_id.data, r->session_id.len, &freed, err);
+  if (rc == RA_OK) {
+    char hex[2 * KVS_SESSION_ID_BYTES + 1];
+    id_hex(r->session_id.data, hex);
+    ra_log_info("session %s closed: %llu bytes freed", hex, (unsigned long long)freed);
+    Rakv__CloseSessionReply out = RAKV__CLOSE_SESSION_REPLY__INIT;
+    out.bytes_freed = freed;
+    rc = pack_reply(&out.base, reply, err);
+  }
+  rakv__close_session_request__free_unpacked(r, NULL);
+  return counted(svc, rc);
+}
+
+int kvs_service_stats(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
+                      ra_error *err) {
+  Rakv__StatsRequest *r = rakv__stats_request__unpack(NULL, len, req);
+  if (!r) return counted(svc, malformed(err, "StatsRequest", len));
+  rakv__stats_request__free_unpacked(r, NULL);
+  /* This request counts itself, so a client sees its own Stats call. */
+  atomic_fetch_add(&svc->requests, 1);
+  Rakv__StatsReply out = RAKV__STATS_REPLY__INIT;
+  out.sessions = kvs_store_sessions(svc->store);
+  out.tokens = kvs_store_tokens(svc->store);
+  out.bytes_used = kvs_store_bytes_used(svc->store);
+  out.bytes_budget = kvs_store_budget(svc->store);
+  out.requests = atomic_load(&svc->requests);
+  out.errors = atomic_load(&svc->errors);
+  out.attend_requests = atomic_load(&svc->attend_requests);
+  int rc = pack_reply(&out.base, reply, err);
+  if (rc) atomic_fetch_add(&svc->errors, 1);
+  return rc;
+}
+
+int kvs_service_health(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
+                       ra_error *err) {
+  Rakv__HealthRequest *r = rakv__health_request__unpack(NULL, len, req);
+  if (!r) return counted(svc, malformed(err, "HealthRequest", len));
+  rakv__health_request__free_unpacked(r, NULL);
+  Rakv__HealthReply out = RAKV__HEALTH_REPLY__INIT;
+  out.serving = !atomic_load(&svc->draining);
+  out.version = (char *)RA_VERSION;
+  return counted(svc, pack_reply(&out.base, reply, err));
+}

@@ -1,0 +1,63 @@
+/* The kv-store's API as plain functions over serialized protobuf (proto/kvstore.proto):
+ * request bytes in, reply bytes or an RA code + message out. Transport-independent, so the gRPC
+ * server, the unit tests and the fuzz target all drive the same code. Every field of every
+ * request is validated here; a bad request leaves every session as it was.
+ *
+ * RA codes become gRPC statuses in common/rpc.c: RA_EINVAL/RA_EFORMAT -> INVALID_ARGUMENT,
+ * RA_ENOTFOUND -> NOT_FOUND, RA_ENOMEM -> RESOURCE_EXHAUSTED, RA_EUNSUPPORTED -> UNIMPLEMENTED. */
+#ifndef KVS_SERVICE_H
+#define KVS_SERVICE_H
+
+#include "buf.h"
+#include "status.h"
+#include "store.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kvs_service kvs_service;
+
+typedef struct kvs_service_config {
+  uint64_t memory_budget; /* bytes of KV + session metadata the store may hold */
+  int attend_threads;     /* OpenMP threads per attend; 0: the OpenMP default */
+} kvs_service_config;
+
+int kvs_service_create(const kvs_service_config *cfg, kvs_service **out, ra_error *err);
+/* Frees every session; no call may be running. */
+void kvs_service_destroy(kvs_service *svc);
+kvs_store *kvs_service_store(kvs_service *svc);
+/* Health reports serving = false once draining (shutdown has begun). */
+void kvs_service_set_draining(kvs_service *svc);
+
+/* Unary methods: `req` is one serialized request, `reply` receives the serialized reply. */
+int kvs_service_open_session(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
+                             ra_error *err);
+int kvs_service_append(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
+                       ra_error *err);
+int kvs_service_attend(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
+                       ra_error *err);
+int kvs_service_close_session(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
+                              ra_error *err);
+int kvs_service_stats(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
+                      ra_error *err);
+int kvs_service_health(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
+                       ra_error *err);
+
+/* PutKv is a client stream of KvChunk messages and one PutKvReply at the end. Each chunk is
+ * stored whole or not at all; the chunks before a failing one stay stored, and the reply's
+ * counts tell the client how far it got. */
+typedef struct kvs_put_state {
+  uint64_t tokens_stored;
+  uint64_t bytes_stored;
+  uint64_t chunks;
+} kvs_put_state;
+
+void kvs_service_put_begin(kvs_service *svc, kvs_put_state *st);
+int kvs_service_put_chunk(kvs_service *svc, kvs_put_state *st, const uint8_t *chunk, size_t len,
+                          ra_error *err);
+int kvs_service_put_finish(kvs_service *svc, kvs_put_state *st, ra_buf *reply, ra_error *err);
+
+/* Counts a failure that happened outside the service (a transport error mid-stream). */
+void kvs_service_count_error(kvs_service *svc);
+
+#endif

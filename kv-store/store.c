@@ -1,0 +1,489 @@
+#include "store.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+struct kvs_store {
+  pthread_mutex_t mu;      /* guards sessions[] and every session's registry reference */
+  kvs_session **sessions;  /* sorted by id */
+  size_t n_sessions;
+  size_t cap_sessions;
+  uint64_t budget;
+  atomic_uint_fast64_t used;
+  atomic_uint_fast64_t tokens;
+};
+
+/* Shards grow by 1/8 of their capacity (at least this many rows), so an open shard's slack is
+ * bounded by ~12% of what it holds; large blocks are mremap'ed by realloc, so growth is cheap. */
+#define KVS_GROW_MIN_ROWS 64u
+/* A session's shard list is indexed by uint32. */
+#define KVS_MAX_SHARDS (1u << 24)
+
+int kvs_store_create(uint64_t budget_bytes, kvs_store **out, ra_error *err) {
+  kvs_store *st = calloc(1, sizeof *st);
+  if (!st) return ra_errorf(err, RA_ENOMEM, "out of memory creating the store");
+  if (pthread_mutex_init(&st->mu, NULL) != 0) {
+    free(st);
+    return ra_errorf(err, RA_EINTERNAL, "pthread_mutex_init failed");
+  }
+  st->budget = budget_bytes;
+  atomic_init(&st->used, 0);
+  atomic_init(&st->tokens, 0);
+  *out = st;
+  return RA_OK;
+}
+
+static void session_free(kvs_session *s) {
+  kvs_store *st = s->store;
+  for (size_t i = 0; i < s->n_shards; i++) {
+    free(s->shards[i].keys);
+    free(s->shards[i].values);
+  }
+  free(s->shards);
+  free(s->heads);
+  pthread_rwlock_destroy(&s->lock);
+  atomic_fetch_sub(&st->tokens, atomic_load(&s->tokens));
+  kvs_store_uncharge(st, atomic_load(&s->bytes));
+  free(s);
+}
+
+void kvs_store_destroy(kvs_store *st) {
+  if (!st) return;
+  for (size_t i = 0; i < st->n_sessions; i++) kvs_session_release(st->sessions[i]);
+  free(st->sessions);
+  pthread_mutex_destroy(&st->mu);
+  free(st);
+}
+
+uint64_t kvs_store_budget(const kvs_store *st) { return st->budget; }
+uint64_t kvs_store_bytes_used(const kvs_store *st) {
+  return atomic_load(&((kvs_store *)st)->used);
+}
+uint64_t kvs_store_tokens(const kvs_store *st) { return atomic_load(&((kvs_store *)st)->tokens); }
+
+uint64_t kvs_store_sessions(kvs_store *st) {
+  pthread_mutex_lock(&st->mu);
+  uint64_t n = st->n_sessions;
+  pthread_mutex_unlock(&st->mu);
+  return n;
+}
+
+int kvs_store_charge(kvs_store *st, uint64_t n, ra_error *err) {
+  uint_fast64_t cur = atomic_load(&st->used);
+  for (;;) {
+    if (n > st->budget || cur > st->budget - n)
+      return ra_errorf(err, RA_ENOMEM,
+                       "memory budget exceeded: %llu more bytes would use %llu of budget %llu",
+                       (unsigned long long)n, (unsigned long long)(cur + n),
+                       (unsigned long long)st->budget);
+    if (atomic_compare_exchange_weak(&st->used, &cur, cur + n)) return RA_OK;
+  }
+}
+
+void kvs_store_uncharge(kvs_store *st, uint64_t n) { atomic_fetch_sub(&st->used, n); }
+
+int kvs_geometry_check(const kvs_geometry *g, ra_error *err) {
+  if (g->n_layers == 0 || g->n_layers > KVS_MAX_LAYERS)
+    return ra_errorf(err, RA_EINVAL, "n_layers %u out of range [1, %u]", g->n_layers,
+                     KVS_MAX_LAYERS);
+  if (g->n_kv_heads == 0 || g->n_kv_heads > KVS_MAX_KV_HEADS)
+    return ra_errorf(err, RA_EINVAL, "n_kv_heads %u out of range [1, %u]", g->n_kv_heads,
+                     KVS_MAX_KV_HEADS);
+  if (g->n_q_heads == 0 || g->n_q_heads > KVS_MAX_Q_HEADS)
+    return ra_errorf(err, RA_EINVAL, "n_q_heads %u out of range [1, %u]", g->n_q_heads,
+                     KVS_MAX_Q_HEADS);
+  if (g->n_q_heads % g->n_kv_heads != 0)
+    return ra_errorf(err, RA_EINVAL, "n_q_heads %u is not a multiple of n_kv_heads %u",
+                     g->n_q_heads, g->n_kv_heads);
+  if (g->head_dim == 0 || g->head_dim > KVS_MAX_HEAD_DIM)
+    return ra_errorf(err, RA_EINVAL, "head_dim %u out of range [1, %u]", g->head_dim,
+                     KVS_MAX_HEAD_DIM);
+  if (ra_dtype_size(g->dtype) == 0)
+    return ra_errorf(err, RA_EINVAL, "dtype %d is not f32, f16 or bf16", (int)g->dtype);
+  return RA_OK;
+}
+
+static int spec_cmp(const void *a, const void *b) {
+  const kvs_shard_spec *x = a, *y = b;
+  if (x->layer != y->layer) return x->layer < y->layer ? -1 : 1;
+  if (x->kv_head != y->kv_head) return x->kv_head < y->kv_head ? -1 : 1;
+  if (x->token_begin != y->token_begin) return x->token_begin < y->token_begin ? -1 : 1;
+  return 0;
+}
+
+static void format_range(char *buf, size_t len, uint64_t begin, uint64_t end) {
+  if (end == RA_TOKEN_END_OPEN)
+    snprintf(buf, len, "[%llu, open)", (unsigned long long)begin);
+  else
+    snprintf(buf, len, "[%llu, %llu)", (unsigned long long)begin, (unsigned long long)end);
+}
+
+/* Checks a sorted shard list for overlaps within each (layer, kv head). */
+static int shards_check_sorted(const kvs_shard_spec *s, size_t n, ra_error *err) {
+  for (size_t i = 1; i < n; i++) {
+    const kvs_shard_spec *a = &s[i - 1], *b = &s[i];
+    if (a->layer != b->layer || a->kv_head != b->kv_head) continue;
+    if (a->token_end == RA_TOKEN_END_OPEN || a->token_end > b->token_begin) {
+      char ra[64], rb[64];
+      format_range(ra, sizeof ra, a->token_begin, a->token_end);
+      format_range(rb, sizeof rb, b->token_begin, b->token_end);
+      return ra_errorf(err, RA_EINVAL, "shards %s and %s of layer %u kv head %u overlap", ra, rb,
+                       a->layer, a->kv_head);
+    }
+  }
+  return RA_OK;
+}
+
+int kvs_shards_check(const kvs_geometry *g, const kvs_shard_spec *shards, size_t n,
+                     ra_error *err) {
+  if (n == 0) return ra_errorf(err, RA_EINVAL, "a session needs at least one shard");
+  if (n > KVS_MAX_SHARDS)
+    return ra_errorf(err, RA_EINVAL, "%zu shards is more than the limit %u", n, KVS_MAX_SHARDS);
+  for (size_t i = 0; i < n; i++) {
+    const kvs_shard_spec *s = &shards[i];
+    if (s->layer >= g->n_layers)
+      return ra_errorf(err, RA_EINVAL, "shard %zu: layer %u out of range [0, %u)", i, s->layer,
+                       g->n_layers);
+    if (s->kv_head >= g->n_kv_heads)
+      return ra_errorf(err, RA_EINVAL, "shard %zu: kv head %u out of range [0, %u)", i,
+                       s->kv_head, g->n_kv_heads);
+    if (s->token_end != RA_TOKEN_END_OPEN && s->token_end <= s->token_begin)
+      return ra_errorf(err, RA_EINVAL, "shard %zu: token range [%llu, %llu) is empty", i,
+                       (unsigned long long)s->token_begin, (unsigned long long)s->token_end);
+  }
+  kvs_shard_spec *sorted = malloc(n * sizeof *sorted);
+  if (!sorted) return ra_errorf(err, RA_ENOMEM, "out of memory checking %zu shards", n);
+  memcpy(sorted, shards, n * sizeof *sorted);
+  qsort(sorted, n, sizeof *sorted, spec_cmp);
+  int rc = shards_check_sorted(sorted, n, err);
+  free(sorted);
+  return rc;
+}
+
+/* Index of the first session whose id is >= id. */
+static size_t registry_lower_bound(const kvs_store *st, const uint8_t *id) {
+  size_t lo = 0, hi = st->n_sessions;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (memcmp(st->sessions[mid]->id, id, KVS_SESSION_ID_BYTES) < 0)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+static int registry_find(const kvs_store *st, const uint8_t *id, size_t *at) {
+  size_t i = registry_lower_bound(st, id);
+  *at = i;
+  return i < st->n_sessions && memcmp(st->sessions[i]->id, id, KVS_SESSION_ID_BYTES) == 0;
+}
+
+static int random_id(uint8_t id[KVS_SESSION_ID_BYTES], ra_error *err) {
+  size_t got = 0;
+  while (got < KVS_SESSION_ID_BYTES) {
+    ssize_t r = getrandom(id + got, KVS_SESSION_ID_BYTES - got, 0);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return ra_errorf(err, RA_EINTERNAL, "getrandom: %s", strerror(errno));
+    }
+    got += (size_t)r;
+  }
+  return RA_OK;
+}
+
+/* Inserts s with a fresh id not already in the registry. Registry mutex held. */
+static int registry_insert(kvs_store *st, kvs_session *s, ra_error *err) {
+  if (st->n_sessions == st->cap_sessions) {
+    size_t cap = st->cap_sessions ? st->cap_sessions * 2 : 16;
+    kvs_session **a = realloc(st->sessions, cap * sizeof *a);
+    if (!a) return ra_errorf(err, RA_ENOMEM, "out of memory growing the session registry");
+    st->sessions = a;
+    st->cap_sessions = cap;
+  }
+  size_t at;
+  do {
+    int rc = random_id(s->id, err);
+    if (rc) return rc;
+  } while (registry_find(st, s->id, &at));
+  memmove(&st->sessions[at + 1], &st->sessions[at], (st->n_sessions - at) * sizeof *st->sessions);
+  st->sessions[at] = s;
+  st->n_sessions++;
+  return RA_OK;
+}
+
+int kvs_store_open(kvs_store *st, const kvs_geometry *g, const kvs_shard_spec *shards, size_t n,
+                   const char *client, kvs_session **out, ra_error *err) {
+  int rc = kvs_geometry_check(g, err);
+  if (rc) return rc;
+  rc = kvs_shards_check(g, shards, n, err);
+  if (rc) return rc;
+
+  size_t n_heads = (size_t)g->n_layers * g->n_kv_heads;
+  uint64_t meta = sizeof(kvs_session) + n * sizeof(kvs_shard) + n_heads * sizeof(kvs_head_shards);
+  rc = kvs_store_charge(st, meta, err);
+  if (rc) return ra_error_wrap(err, "opening a session");
+
+  kvs_session *s = calloc(1, sizeof *s);
+  kvs_shard *sh = calloc(n, sizeof *sh);
+  kvs_head_shards *heads = calloc(n_heads, sizeof *heads);
+  if (!s || !sh || !heads) {
+    free(s);
+    free(sh);
+    free(heads);
+    kvs_store_uncharge(st, meta);
+    return ra_errorf(err, RA_ENOMEM, "out of memory opening a session");
+  }
+  if (pthread_rwlock_init(&s->lock, NULL) != 0) {
+    free(s);
+    free(sh);
+    free(heads);
+    kvs_store_uncharge(st, meta);
+    return ra_errorf(err, RA_EINTERNAL, "pthread_rwlock_init failed");
+  }
+  for (size_t i = 0; i < n; i++) sh[i].spec = shards[i];
+  /* kvs_shard starts with its spec, so the spec order sorts shards. */
+  qsort(sh, n, sizeof *sh, spec_cmp);
+  for (size_t i = 0; i < n; i++) {
+    kvs_head_shards *h = &heads[(size_t)sh[i].spec.layer * g->n_kv_heads + sh[i].spec.kv_head];
+    if (h->count == 0) h->first = (uint32_t)i;
+    h->count++;
+  }
+  s->geo = *g;
+  s->store = st;
+  s->shards = sh;
+  s->n_shards = n;
+  s->heads = heads;
+  atomic_init(&s->refs, 2); /* the registry's and the caller's */
+  atomic_init(&s->bytes, meta);
+  atomic_init(&s->tokens, 0);
+  snprintf(s->client, sizeof s->client, "%s", client ? client : "");
+
+  pthread_mutex_lock(&st->mu);
+  rc = registry_insert(st, s, err);
+  pthread_mutex_unlock(&st->mu);
+  if (rc) {
+    atomic_store(&s->refs, 1);
+    kvs_session_release(s);
+    return rc;
+  }
+  *out = s;
+  return RA_OK;
+}
+
+static int check_id_len(size_t id_len, ra_error *err) {
+  if (id_len != KVS_SESSION_ID_BYTES)
+    return ra_errorf(err, RA_EINVAL, "session id is %zu bytes, want %d", id_len,
+                     KVS_SESSION_ID_BYTES);
+  return RA_OK;
+}
+
+int kvs_store_get(kvs_store *st, const uint8_t *id, size_t id_len, kvs_session **out,
+                  ra_error *err) {
+  int rc = check_id_len(id_len, err);
+  if (rc) return rc;
+  size_t at;
+  pthread_mutex_lock(&st->mu);
+  int found = registry_find(st, id, &at);
+  if (found) {
+    *out = st->sessions[at];
+    atomic_fetch_add(&(*out)->refs, 1);
+  }
+  pthread_mutex_unlock(&st->mu);
+  if (!found) return ra_errorf(err, RA_ENOTFOUND, "no session with that id (closed or never opened)");
+  return RA_OK;
+}
+
+void kvs_session_release(kvs_session *s) {
+  if (s && atomic_fetch_sub(&s->refs, 1) == 1) session_free(s);
+}
+
+int kvs_store_close(kvs_store *st, const uint8_t *id, size_t id_len, uint64_t *bytes_freed,
+                    ra_error *err) {
+  int rc = check_id_len(id_len, err);
+  if (rc) return rc;
+  size_t at;
+  kvs_session *s = NULL;
+  pthread_mutex_lock(&st->mu);
+  if (registry_find(st, id, &at)) {
+    s = st->sessions[at];
+    memmove(&st->sessions[at], &st->sessions[at + 1],
+            (st->n_sessions - at - 1) * sizeof *st->sessions);
+    st->n_sessions--;
+  }
+  pthread_mutex_unlock(&st->mu);
+  if (!s) return ra_errorf(err, RA_ENOTFOUND, "no session with that id (closed or never opened)");
+  if (bytes_freed) *bytes_freed = atomic_load(&s->bytes);
+  kvs_session_release(s);
+  return RA_OK;
+}
+
+/* ---- writes ---- */
+
+/* The shard of (layer, kv_head) whose range contains token, or NULL. */
+static kvs_shard *shard_containing(kvs_session *s, uint32_t layer, uint32_t kv_head,
+                                   uint64_t token) {
+  size_t count;
+  kvs_shard *sh = (kvs_shard *)kvs_session_head(s, layer, kv_head, &count);
+  size_t lo = 0, hi = count; /* first shard with token_begin > token */
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (sh[mid].spec.token_begin <= token)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  if (lo == 0) return NULL;
+  kvs_shard *c = &sh[lo - 1];
+  if (c->spec.token_end != RA_TOKEN_END_OPEN && token >= c->spec.token_end) return NULL;
+  return c;
+}
+
+static uint64_t head_rows(kvs_session *s, uint32_t layer, uint32_t kv_head) {
+  size_t count;
+  const kvs_shard *sh = kvs_session_head(s, layer, kv_head, &count);
+  uint64_t total = 0;
+  for (size_t i = 0; i < count; i++) total += sh[i].n + sh[i].pending;
+  return total;
+}
+
+/* Checks one block against the session as it will be after the blocks before it. */
+static int rows_check(kvs_session *s, const kvs_rows *r, size_t i, kvs_shard **out,
+                      ra_error *err) {
+  const kvs_geometry *g = &s->geo;
+  if (r->layer >= g->n_layers)
+    return ra_errorf(err, RA_EINVAL, "chunk %zu: layer %u out of range [0, %u)", i, r->layer,
+                     g->n_layers);
+  if (r->kv_head >= g->n_kv_heads)
+    return ra_errorf(err, RA_EINVAL, "chunk %zu: kv head %u out of range [0, %u)", i, r->kv_head,
+                     g->n_kv_heads);
+  if (r->n == 0) return ra_errorf(err, RA_EINVAL, "chunk %zu: n_tokens is 0", i);
+  if (r->n >= UINT64_MAX || r->token_begin > UINT64_MAX - 1 - r->n)
+    return ra_errorf(err, RA_EINVAL, "chunk %zu: token range overflows", i);
+  uint64_t b = r->token_begin, e = r->token_begin + r->n;
+  size_t count;
+  kvs_session_head(s, r->layer, r->kv_head, &count);
+  if (count == 0)
+    return ra_errorf(err, RA_EINVAL, "chunk %zu: layer %u kv head %u has no shard in this session",
+                     i, r->layer, r->kv_head);
+  kvs_shard *sh = shard_containing(s, r->layer, r->kv_head, b);
+  if (!sh)
+    return ra_errorf(err, RA_EINVAL,
+                     "chunk %zu: tokens [%llu, %llu) of layer %u kv head %u are not in a shard of "
+                     "this session",
+                     i, (unsigned long long)b, (unsigned long long)e, r->layer, r->kv_head);
+  uint64_t filled = sh->spec.token_begin + sh->n + sh->pending;
+  if (b < filled)
+    return ra_errorf(err, RA_EINVAL,
+                     "chunk %zu: overlap: tokens [%llu, %llu) of layer %u kv head %u overlap "
+                     "tokens [%llu, %llu) already stored",
+                     i, (unsigned long long)b, (unsigned long long)e, r->layer, r->kv_head,
+                     (unsigned long long)sh->spec.token_begin, (unsigned long long)filled);
+  if (b > filled)
+    return ra_errorf(err, RA_EINVAL,
+                     "chunk %zu: hole: tokens [%llu, %llu) of layer %u kv head %u start at %llu "
+                     "but the shard is filled up to %llu",
+                     i, (unsigned long long)b, (unsigned long long)e, r->layer, r->kv_head,
+                     (unsigned long long)b, (unsigned long long)filled);
+  if (sh->spec.token_end != RA_TOKEN_END_OPEN && e > sh->spec.token_end)
+    return ra_errorf(err, RA_EINVAL,
+                     "chunk %zu: tokens [%llu, %llu) of layer %u kv head %u run past the shard's "
+                     "end %llu",
+                     i, (unsigned long long)b, (unsigned long long)e, r->layer, r->kv_head,
+                     (unsigned long long)sh->spec.token_end);
+  if (head_rows(s, r->layer, r->kv_head) + r->n > KVS_MAX_ROWS_PER_HEAD)
+    return ra_errorf(err, RA_EINVAL, "chunk %zu: layer %u kv head %u would hold more than %llu tokens",
+                     i, r->layer, r->kv_head, (unsigned long long)KVS_MAX_ROWS_PER_HEAD);
+  *out = sh;
+  return RA_OK;
+}
+
+/* Makes room for sh->n + sh->pending rows, charging the budget first. */
+static int shard_reserve(kvs_session *s, kvs_shard *sh, ra_error *err) {
+  uint64_t need = sh->n + sh->pending;
+  if (need <= sh->cap) return RA_OK;
+  uint64_t cap = sh->cap + sh->cap / 8;
+  if (cap < sh->cap + KVS_GROW_MIN_ROWS) cap = sh->cap + KVS_GROW_MIN_ROWS;
+  if (cap < need) cap = need;
+  if (sh->spec.token_end != RA_TOKEN_END_OPEN) {
+    uint64_t bound = sh->spec.token_end - sh->spec.token_begin;
+    if (cap > bound) cap = bound;
+  }
+  size_t rb = kvs_row_bytes(&s->geo);
+  if (cap > SIZE_MAX / 2 / rb)
+    return ra_errorf(err, RA_ENOMEM, "%llu rows of %zu bytes do not fit in memory",
+                     (unsigned long long)cap, rb);
+  uint64_t delta = (cap - sh->cap) * rb * 2;
+  int rc = kvs_store_charge(s->store, delta, err);
+  if (rc && cap > need) {
+    /* Near the budget the growth slack is what does not fit: take exactly what is needed. */
+    cap = need;
+    delta = (cap - sh->cap) * rb * 2;
+    rc = kvs_store_charge(s->store, delta, err);
+  }
+  if (rc) return rc;
+  void *k = realloc(sh->keys, cap * rb);
+  if (!k) {
+    kvs_store_uncharge(s->store, delta);
+    return ra_errorf(err, RA_ENOMEM, "out of memory growing a shard to %llu rows",
+                     (unsigned long long)cap);
+  }
+  sh->keys = k;
+  void *v = realloc(sh->values, cap * rb);
+  if (!v) {
+    /* Give the keys' extra room back so the charge stays exact; shrinking cannot fail in
+     * practice, and if it does the larger block is merely kept. */
+    void *shrunk = realloc(sh->keys, sh->cap ? sh->cap * rb : 1);
+    if (shrunk) sh->keys = shrunk;
+    kvs_store_uncharge(s->store, delta);
+    return ra_errorf(err, RA_ENOMEM, "out of memory growing a shard to %llu rows",
+                     (unsigned long long)cap);
+  }
+  sh->values = v;
+  sh->cap = cap;
+  atomic_fetch_add(&s->bytes, delta);
+  return RA_OK;
+}
+
+int kvs_session_write(kvs_session *s, const kvs_rows *rows, size_t n_rows, uint64_t *bytes_stored,
+                      ra_error *err) {
+  if (n_rows == 0) return ra_errorf(err, RA_EINVAL, "no chunks to store");
+  kvs_shard **target = malloc(n_rows * sizeof *target);
+  if (!target) return ra_errorf(err, RA_ENOMEM, "out of memory planning %zu chunks", n_rows);
+  size_t rb = kvs_row_bytes(&s->geo);
+  int rc = RA_OK;
+  size_t checked = 0;
+
+  pthread_rwlock_wrlock(&s->lock);
+  for (; checked < n_rows; checked++) {
+    rc = rows_check(s, &rows[checked], checked, &target[checked], err);
+    if (rc) break;
+    target[checked]->pending += rows[checked].n;
+  }
+  for (size_t i = 0; rc == RA_OK && i < n_rows; i++) rc = shard_reserve(s, target[i], err);
+  if (rc) {
+    for (size_t i = 0; i < checked; i++) target[i]->pending = 0;
+    pthread_rwlock_unlock(&s->lock);
+    free(target);
+    return rc;
+  }
+  uint64_t total = 0;
+  for (size_t i = 0; i < n_rows; i++) {
+    kvs_shard *sh = target[i];
+    size_t bytes = rows[i].n * rb;
+    memcpy((char *)sh->keys + sh->n * rb, rows[i].keys, bytes);
+    memcpy((char *)sh->values + sh->n * rb, rows[i].values, bytes);
+    sh->n += rows[i].n;
+    sh->pending -= rows[i].n;
+    total += rows[i].n;
+  }
+  atomic_fetch_add(&s->tokens, total);
+  atomic_fetch_add(&s->store->tokens, total);
+  pthread_rwlock_unlock(&s->lock);
+  free(target);
+  if (bytes_stored) *bytes_stored = total * rb * 2;
+  return RA_OK;
+}
