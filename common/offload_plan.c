@@ -77,7 +77,8 @@ int ra_offload_plan_build(const ra_shard_map *map, uint32_t n_layers, uint32_t n
     return ra_errorf(err, RA_ENOMEM, "offload plan: out of memory");
   }
   for (size_t s = 0; s < out->n_stores; s++)
-    qsort(out->stores[s].shards, out->stores[s].n_shards, sizeof(ra_plan_shard), cmp_shard);
+    if (out->stores[s].n_shards > 1) /* a store may own nothing offloaded: shards is NULL */
+      qsort(out->stores[s].shards, out->stores[s].n_shards, sizeof(ra_plan_shard), cmp_shard);
   return RA_OK;
 }
 
