@@ -377,9 +377,8 @@ static int attend_unpack(ra_kvclient_stream *st, const ra_kvclient_attend_req *r
   return rc;
 }
 
-int ra_kvclient_attend(ra_kvclient_stream *st, const ra_kvclient_attend_req *req,
-                       ra_kvclient_partial *out, int timeout_ms, uint64_t *compute_us,
-                       ra_error *err) {
+int ra_kvclient_attend_send(ra_kvclient_stream *st, const ra_kvclient_attend_req *req,
+                            ra_error *err) {
   int rc;
   if (!st->call) {
     rc = ra_rpc_call_start(st->c->ch, "/rakv.KvStore/Attend", 0, &st->call, err);
@@ -406,11 +405,27 @@ int ra_kvclient_attend(ra_kvclient_stream *st, const ra_kvclient_attend_req *req
   m.return_ids = req->want_ids != 0;
   rc = pack(&m.base, &st->tx, err);
   if (rc == RA_OK) rc = ra_rpc_call_send(st->call, st->tx.data, st->tx.len, err);
-  if (rc == RA_OK) rc = ra_rpc_call_recv(st->call, &st->rx, timeout_ms, err);
+  if (rc) stream_break(st);
+  return rc;
+}
+
+int ra_kvclient_attend_recv(ra_kvclient_stream *st, const ra_kvclient_attend_req *req,
+                            ra_kvclient_partial *out, int timeout_ms, uint64_t *compute_us,
+                            ra_error *err) {
+  if (!st->call)
+    return ra_errorf(err, RA_ESTATE, "%s: no attend request in flight", ra_kvclient_addr(st->c));
+  int rc = ra_rpc_call_recv(st->call, &st->rx, timeout_ms, err);
   if (rc == RA_EOF)
     rc = ra_errorf(err, RA_EUNAVAIL, "%s: the store ended the Attend stream",
                    ra_kvclient_addr(st->c));
   if (rc == RA_OK) rc = attend_unpack(st, req, out, compute_us, err);
   if (rc) stream_break(st);
   return rc;
+}
+
+int ra_kvclient_attend(ra_kvclient_stream *st, const ra_kvclient_attend_req *req,
+                       ra_kvclient_partial *out, int timeout_ms, uint64_t *compute_us,
+                       ra_error *err) {
+  int rc = ra_kvclient_attend_send(st, req, err);
+  return rc ? rc : ra_kvclient_attend_recv(st, req, out, timeout_ms, compute_us, err);
 }

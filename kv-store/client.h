@@ -141,4 +141,12 @@ int ra_kvclient_attend(ra_kvclient_stream *st, const ra_kvclient_attend_req *req
                        ra_error *err);
 void ra_kvclient_attend_close(ra_kvclient_stream *st);
 
+/* attend in two halves, so that one thread can have a request in flight at every store of a
+ * layer before it waits for any reply: send, then recv with the same req (for its q heads). */
+int ra_kvclient_attend_send(ra_kvclient_stream *st, const ra_kvclient_attend_req *req,
+                            ra_error *err);
+int ra_kvclient_attend_recv(ra_kvclient_stream *st, const ra_kvclient_attend_req *req,
+                            ra_kvclient_partial *out, int timeout_ms, uint64_t *compute_us,
+                            ra_error *err);
+
 #endif

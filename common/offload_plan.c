@@ -1,0 +1,98 @@
+#include "offload_plan.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void ra_offload_plan_free(ra_offload_plan *p) {
+  for (size_t s = 0; s < p->n_stores; s++) {
+    free(p->stores[s].shards);
+    free(p->stores[s].q_heads);
+    free(p->stores[s].n_asked);
+  }
+  free(p->stores);
+  memset(p, 0, sizeof *p);
+}
+
+static int cmp_shard(const void *a, const void *b) {
+  const ra_plan_shard *x = a, *y = b;
+  if (x->layer != y->layer) return x->layer < y->layer ? -1 : 1;
+  if (x->kv_head != y->kv_head) return x->kv_head < y->kv_head ? -1 : 1;
+  return x->token_begin < y->token_begin ? -1 : x->token_begin > y->token_begin;
+}
+
+/* Clips [begin, end) to the offloadable positions [S, inf): positions below S are sink tokens
+ * and never leave the device. Returns 0 when nothing is left. */
+static int clip_to_offload(uint64_t *begin, uint64_t end, uint32_t n_sink) {
+  if (*begin < n_sink) *begin = n_sink;
+  return end == RA_TOKEN_END_OPEN || *begin < end;
+}
+
+static int store_add_rule(ra_offload_plan *p, ra_plan_store *st, const ra_shard_rule *r) {
+  uint32_t lhi = r->layer_hi < p->n_layers ? r->layer_hi : p->n_layers - 1;
+  uint32_t hhi = r->head_hi < p->n_kv_heads ? r->head_hi : p->n_kv_heads - 1;
+  uint32_t group = p->n_q_heads / p->n_kv_heads;
+  for (uint32_t l = r->layer_lo; l <= lhi; l++) {
+    for (uint32_t g = r->head_lo; g <= hhi; g++) {
+      uint64_t begin = r->token_begin;
+      if (!clip_to_offload(&begin, r->token_end, p->n_sink)) continue;
+      ra_plan_shard *sh = realloc(st->shards, (st->n_shards + 1) * sizeof *sh);
+      if (!sh) return RA_ENOMEM;
+      st->shards = sh;
+      sh[st->n_shards++] = (ra_plan_shard){l, g, begin, r->token_end};
+      for (uint32_t h = g * group; h < (g + 1) * group; h++) {
+        uint32_t *asked = &st->q_heads[(size_t)l * p->n_q_heads + h];
+        if (!*asked) st->n_asked[l]++;
+        *asked = 1;
+      }
+    }
+  }
+  return RA_OK;
+}
+
+int ra_offload_plan_build(const ra_shard_map *map, uint32_t n_layers, uint32_t n_q_heads,
+                          uint32_t n_kv_heads, uint32_t n_sink, uint32_t n_window,
+                          ra_offload_plan *out, ra_error *err) {
+  memset(out, 0, sizeof *out);
+  if (n_layers == 0 || n_kv_heads == 0 || n_q_heads % n_kv_heads != 0)
+    return ra_errorf(err, RA_EINVAL, "geometry: %u layers, %u q heads, %u kv heads is not a GQA model",
+                     n_layers, n_q_heads, n_kv_heads);
+  int rc = ra_shard_map_validate(map, n_layers, n_kv_heads, err);
+  if (rc != RA_OK) return rc;
+  *out = (ra_offload_plan){.n_layers = n_layers, .n_q_heads = n_q_heads, .n_kv_heads = n_kv_heads,
+                           .n_sink = n_sink, .n_window = n_window, .map = map};
+  out->stores = calloc(map->n_stores, sizeof *out->stores);
+  if (!out->stores) return ra_errorf(err, RA_ENOMEM, "offload plan: out of memory");
+  out->n_stores = map->n_stores;
+  for (size_t s = 0; s < map->n_stores; s++) {
+    ra_plan_store *st = &out->stores[s];
+    st->addr = map->stores[s];
+    st->q_heads = calloc((size_t)n_layers * n_q_heads, sizeof *st->q_heads);
+    st->n_asked = calloc(n_layers, sizeof *st->n_asked);
+    if (!st->q_heads || !st->n_asked) rc = RA_ENOMEM;
+  }
+  for (size_t i = 0; i < map->n_rules && rc == RA_OK; i++)
+    rc = store_add_rule(out, &out->stores[map->rules[i].store], &map->rules[i]);
+  if (rc != RA_OK) {
+    ra_offload_plan_free(out);
+    return ra_errorf(err, RA_ENOMEM, "offload plan: out of memory");
+  }
+  for (size_t s = 0; s < out->n_stores; s++)
+    qsort(out->stores[s].shards, out->stores[s].n_shards, sizeof(ra_plan_shard), cmp_shard);
+  return RA_OK;
+}
+
+void ra_offload_plan_range(const ra_offload_plan *p, uint64_t n, uint64_t *begin, uint64_t *end) {
+  *begin = p->n_sink;
+  *end = n > (uint64_t)p->n_sink + p->n_window ? n - p->n_window : p->n_sink;
+}
+
+int64_t ra_offload_plan_evicted(const ra_offload_plan *p, uint64_t n) {
+  /* Growing to n + 1 tokens moves position n + 1 - W - 1 = n - W out of the window. */
+  if (n < (uint64_t)p->n_window || n - p->n_window < p->n_sink) return -1;
+  return (int64_t)(n - p->n_window);
+}
+
+int ra_offload_plan_owner(const ra_offload_plan *p, uint32_t layer, uint32_t kv_head, uint64_t pos) {
+  const ra_shard_rule *r = ra_shard_map_find(p->map, layer, kv_head, pos);
+  return r ? (int)r->store : -1;
+}

@@ -1,0 +1,269 @@
+#include "remote.h"
+
+#include "merge.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+/* What the remote keeps per store: the connection, the session, the Attend stream and the
+ * buffers of one request (its asked q heads, their q, the partials coming back). */
+typedef struct remote_store {
+  const ra_plan_store *plan;
+  ra_kvclient *client;
+  ra_kvclient_session session;
+  int session_open;
+  ra_kvclient_stream *stream;
+  uint32_t *heads;             /* [n_q_heads] */
+  float *q;                    /* [n_q_heads, head_dim] */
+  float *o;                    /* [n_q_heads, head_dim] */
+  ra_kvclient_partial *parts;  /* [n_q_heads] */
+  ra_kvclient_attend_req req;  /* the request in flight */
+  ra_kvclient_rows *rows;      /* [n_shards + n_layers * n_kv_heads]: put / append blocks */
+  size_t n_rows;               /* blocks staged in rows */
+} remote_store;
+
+struct ra_remote {
+  const ra_offload_plan *plan;
+  ra_remote_config cfg;
+  uint32_t head_dim;
+  remote_store *stores;
+  size_t n_stores;
+  uint8_t *pack;   /* put / append staging in the session dtype */
+  size_t pack_cap; /* bytes */
+  int failed;      /* a store failed: no more steps (see remote.h) */
+  ra_error failure;
+};
+
+/* Records the first failure and returns its code; later calls report it. */
+static int remote_fail(ra_remote *r, int rc, const ra_error *err) {
+  if (!r->failed) {
+    r->failed = 1;
+    r->failure = *err;
+  }
+  return rc;
+}
+
+static int remote_check(const ra_remote *r, ra_error *err) {
+  if (!r->failed) return RA_OK;
+  return ra_errorf(err, RA_ESTATE, "remote attention stopped after an earlier failure: %s", r->failure.msg);
+}
+
+static int reserve_pack(ra_remote *r, size_t bytes, ra_error *err) {
+  if (bytes <= r->pack_cap) return RA_OK;
+  uint8_t *p = realloc(r->pack, bytes);
+  if (!p) return ra_errorf(err, RA_ENOMEM, "remote: out of memory for %zu bytes of KV", bytes);
+  r->pack = p;
+  r->pack_cap = bytes;
+  return RA_OK;
+}
+
+static int store_open(ra_remote *r, remote_store *s, ra_error *err) {
+  const ra_offload_plan *p = r->plan;
+  size_t nq = p->n_q_heads, hd = r->head_dim;
+  size_t n_rows = s->plan->n_shards + (size_t)p->n_layers * p->n_kv_heads;
+  s->heads = calloc(nq, sizeof *s->heads);
+  s->q = calloc(nq * hd, sizeof *s->q);
+  s->o = calloc(nq * hd, sizeof *s->o);
+  s->parts = calloc(nq, sizeof *s->parts);
+  s->rows = calloc(n_rows, sizeof *s->rows);
+  ra_kvclient_shard *shards = calloc(s->plan->n_shards + 1, sizeof *shards);
+  if (!s->heads || !s->q || !s->o || !s->parts || !s->rows || !shards) {
+    free(shards);
+    return ra_errorf(err, RA_ENOMEM, "remote: out of memory");
+  }
+  for (size_t i = 0; i < s->plan->n_shards; i++) {
+    const ra_plan_shard *sh = &s->plan->shards[i];
+    shards[i] = (ra_kvclient_shard){sh->layer, sh->kv_head, sh->token_begin, sh->token_end};
+  }
+  ra_kvclient_geometry geo = {p->n_layers, p->n_q_heads, p->n_kv_heads, r->head_dim, r->cfg.dtype};
+  int serving = 0;
+  int rc = ra_kvclient_connect(s->plan->addr, NULL, &s->client, err);
+  if (rc == RA_OK) rc = ra_kvclient_health(s->client, &serving, err);
+  if (rc == RA_OK && !serving) rc = ra_errorf(err, RA_EUNAVAIL, "%s: store is not serving", s->plan->addr);
+  if (rc == RA_OK)
+    rc = ra_kvclient_open_session(s->client, &geo, shards, s->plan->n_shards,
+                                  r->cfg.client_name ? r->cfg.client_name : "gpu-worker", &s->session, err);
+  if (rc == RA_OK) s->session_open = 1;
+  if (rc == RA_OK) rc = ra_kvclient_attend_open(s->client, &s->session, &s->stream, err);
+  free(shards);
+  return rc;
+}
+
+static void store_close(remote_store *s) {
+  ra_error err;
+  if (s->stream) ra_kvclient_attend_close(s->stream);
+  if (s->session_open) ra_kvclient_close_session(s->client, &s->session, NULL, &err);
+  if (s->client) ra_kvclient_close(s->client);
+  free(s->heads);
+  free(s->q);
+  free(s->o);
+  free(s->parts);
+  free(s->rows);
+}
+
+void ra_remote_close(ra_remote *r) {
+  if (!r) return;
+  for (size_t i = 0; i < r->n_stores; i++) store_close(&r->stores[i]);
+  free(r->stores);
+  free(r->pack);
+  free(r);
+}
+
+int ra_remote_open(const ra_offload_plan *plan, uint32_t head_dim, const ra_remote_config *cfg,
+                   ra_remote **out, ra_error *err) {
+  *out = NULL;
+  if (head_dim == 0 || ra_dtype_size(cfg->dtype) == 0)
+    return ra_errorf(err, RA_EINVAL, "remote: bad head_dim %u or dtype", head_dim);
+  ra_remote *r = calloc(1, sizeof *r);
+  if (!r) return ra_errorf(err, RA_ENOMEM, "remote: out of memory");
+  r->plan = plan;
+  r->cfg = *cfg;
+  if (r->cfg.timeout_ms <= 0) r->cfg.timeout_ms = 10000;
+  r->head_dim = head_dim;
+  r->n_stores = plan->n_stores;
+  r->stores = calloc(plan->n_stores, sizeof *r->stores);
+  if (!r->stores) {
+    free(r);
+    return ra_errorf(err, RA_ENOMEM, "remote: out of memory");
+  }
+  int rc = RA_OK;
+  for (size_t i = 0; i < plan->n_stores && rc == RA_OK; i++) {
+    r->stores[i].plan = &plan->stores[i];
+    if (plan->stores[i].n_shards > 0) rc = store_open(r, &r->stores[i], err);
+  }
+  if (rc != RA_OK) {
+    ra_remote_close(r);
+    return rc;
+  }
+  *out = r;
+  return RA_OK;
+}
+
+/* Gathers rows [b, e) of kv head g from x: [n, n_kv_heads, head_dim] (first row = position
+ * pos0) into dst as [e - b, head_dim] in the session dtype. */
+static void pack_head(const ra_remote *r, const float *x, uint64_t pos0, uint32_t g, uint64_t b,
+                      uint64_t e, uint8_t *dst) {
+  size_t hd = r->head_dim, es = ra_dtype_size(r->cfg.dtype), nkv = r->plan->n_kv_heads;
+  for (uint64_t t = b; t < e; t++)
+    ra_dtype_from_fp32_n(r->cfg.dtype, x + ((t - pos0) * nkv + g) * hd, dst + (t - b) * hd * es, hd);
+}
+
+int ra_remote_put(ra_remote *r, uint32_t layer, const float *k, const float *v, uint64_t pos0,
+                  uint64_t n, ra_error *err) {
+  int rc = remote_check(r, err);
+  if (rc) return rc;
+  if (layer >= r->plan->n_layers) return ra_errorf(err, RA_EINVAL, "remote: layer %u out of range", layer);
+  size_t row_bytes = ra_dtype_size(r->cfg.dtype) * r->head_dim;
+  if ((rc = reserve_pack(r, 2 * n * r->plan->n_kv_heads * row_bytes, err)) != RA_OK) return rc;
+  uint64_t end = pos0 + n;
+  /* Each store's blocks are packed into a slice of the staging buffer that the next store
+   * reuses: a store's put completes before the next one starts. */
+  for (size_t i = 0; i < r->n_stores && rc == RA_OK; i++) {
+    remote_store *s = &r->stores[i];
+    s->n_rows = 0;
+    uint8_t *dst = r->pack;
+    for (size_t j = 0; j < s->plan->n_shards; j++) {
+      const ra_plan_shard *sh = &s->plan->shards[j];
+      if (sh->layer != layer) continue;
+      uint64_t b = sh->token_begin > pos0 ? sh->token_begin : pos0;
+      uint64_t e = sh->token_end < end ? sh->token_end : end;
+      if (b >= e) continue;
+      uint8_t *kd = dst, *vd = dst + (e - b) * row_bytes;
+      pack_head(r, k, pos0, sh->kv_head, b, e, kd);
+      pack_head(r, v, pos0, sh->kv_head, b, e, vd);
+      dst = vd + (e - b) * row_bytes;
+      s->rows[s->n_rows++] = (ra_kvclient_rows){layer, sh->kv_head, b, e - b, kd, vd};
+    }
+    if (s->n_rows) rc = ra_kvclient_put_kv(s->client, &s->session, s->rows, s->n_rows, NULL, err);
+  }
+  return rc ? remote_fail(r, rc, err) : RA_OK;
+}
+
+int ra_remote_append(ra_remote *r, uint64_t pos, const float *k, const float *v, ra_error *err) {
+  int rc = remote_check(r, err);
+  if (rc) return rc;
+  const ra_offload_plan *p = r->plan;
+  size_t hd = r->head_dim, row_bytes = ra_dtype_size(r->cfg.dtype) * hd;
+  size_t n_heads = (size_t)p->n_layers * p->n_kv_heads;
+  if ((rc = reserve_pack(r, 2 * n_heads * row_bytes, err)) != RA_OK) return rc;
+  for (size_t i = 0; i < r->n_stores; i++) r->stores[i].n_rows = 0;
+  for (uint32_t l = 0; l < p->n_layers && rc == RA_OK; l++) {
+    for (uint32_t g = 0; g < p->n_kv_heads; g++) {
+      int owner = ra_offload_plan_owner(p, l, g, pos);
+      if (owner < 0) return ra_errorf(err, RA_EINTERNAL, "remote: position %llu of layer %u kv head %u has no owner",
+                                      (unsigned long long)pos, l, g);
+      size_t at = (size_t)l * p->n_kv_heads + g;
+      uint8_t *kd = r->pack + 2 * at * row_bytes, *vd = kd + row_bytes;
+      ra_dtype_from_fp32_n(r->cfg.dtype, k + at * hd, kd, hd);
+      ra_dtype_from_fp32_n(r->cfg.dtype, v + at * hd, vd, hd);
+      remote_store *s = &r->stores[owner];
+      s->rows[s->n_rows++] = (ra_kvclient_rows){l, g, pos, 1, kd, vd};
+    }
+  }
+  for (size_t i = 0; i < r->n_stores && rc == RA_OK; i++) {
+    remote_store *s = &r->stores[i];
+    if (s->n_rows) rc = ra_kvclient_append(s->client, &s->session, s->rows, s->n_rows, err);
+  }
+  return rc ? remote_fail(r, rc, err) : RA_OK;
+}
+
+int ra_remote_attend(ra_remote *r, uint32_t layer, const float *q, float *o, float *m, float *l,
+                     ra_remote_stats *stats, ra_error *err) {
+  int rc = remote_check(r, err);
+  if (rc) return rc;
+  const ra_offload_plan *p = r->plan;
+  if (layer >= p->n_layers) return ra_errorf(err, RA_EINVAL, "remote: layer %u out of range", layer);
+  size_t hd = r->head_dim;
+  ra_partial *acc = malloc(p->n_q_heads * sizeof *acc);
+  if (!acc) return ra_errorf(err, RA_ENOMEM, "remote: out of memory");
+  for (uint32_t h = 0; h < p->n_q_heads; h++) {
+    acc[h].o = o + h * hd;
+    ra_partial_reset(&acc[h], (int)hd);
+  }
+  ra_remote_stats st = {0};
+  uint64_t t0 = uv_hrtime();
+  /* Every store of the layer gets its request before any reply is awaited: the stores work
+   * in parallel and the step waits for the slowest, not the sum. */
+  for (size_t i = 0; i < r->n_stores && rc == RA_OK; i++) {
+    remote_store *s = &r->stores[i];
+    s->req.n_heads = 0;
+    if (!s->plan->n_asked[layer]) continue;
+    size_t n = 0;
+    for (uint32_t h = 0; h < p->n_q_heads; h++) {
+      if (!ra_offload_plan_asks(p, i, layer, h)) continue;
+      s->heads[n] = h;
+      memcpy(s->q + n * hd, q + (size_t)h * hd, hd * sizeof(float));
+      s->parts[n] = (ra_kvclient_partial){.o = s->o + n * hd};
+      n++;
+    }
+    s->req = (ra_kvclient_attend_req){.layer = layer, .q_heads = s->heads, .n_heads = n, .q = s->q,
+                                      .mode = r->cfg.mode, .top_k = r->cfg.top_k, .ef = r->cfg.ef,
+                                      .nprobe = r->cfg.nprobe};
+    rc = ra_kvclient_attend_send(s->stream, &s->req, err);
+  }
+  for (size_t i = 0; i < r->n_stores && rc == RA_OK; i++) {
+    remote_store *s = &r->stores[i];
+    if (!s->req.n_heads) continue;
+    uint64_t compute_us = 0;
+    rc = ra_kvclient_attend_recv(s->stream, &s->req, s->parts, r->cfg.timeout_ms, &compute_us, err);
+    if (rc) break;
+    if ((double)compute_us > st.store_us) st.store_us = (double)compute_us;
+    for (size_t j = 0; j < s->req.n_heads; j++) {
+      const ra_kvclient_partial *pt = &s->parts[j];
+      ra_partial_merge(&acc[s->heads[j]], pt->o, pt->m, pt->l, (int)hd);
+      st.n_scanned += pt->n_scanned;
+      st.n_keys += pt->n_keys;
+    }
+  }
+  st.wait_us = (double)(uv_hrtime() - t0) / 1e3;
+  for (uint32_t h = 0; h < p->n_q_heads; h++) {
+    m[h] = acc[h].m;
+    l[h] = acc[h].l;
+  }
+  free(acc);
+  if (rc) return remote_fail(r, rc, err);
+  if (stats) *stats = st;
+  return RA_OK;
+}

@@ -1,0 +1,65 @@
+/* Remote attention: the worker's side of the kv-store tier.
+ *
+ * Given an offload plan (common/offload_plan.h), it opens a session on every store with the
+ * shards the plan gives it, sends each offloaded (layer, kv head, position) to its owner during
+ * prefill, appends the token that leaves the window at every decode step, and, per decode step
+ * and layer, sends one attend request to every store that owns part of the layer — all of them
+ * before waiting for any — and merges their partials into one per q head (common/merge.h), which
+ * the caller merges with its own sink + window partial.
+ *
+ * Failure: every reply has a deadline; the first store that fails or stays silent fails the call
+ * with its address in the message, and the remote refuses further steps (RA_ESTATE) so a
+ * generation stops instead of decoding on half the context. ra_remote_close still closes the
+ * sessions on the stores that answer, so they free the memory. */
+#ifndef RA_REMOTE_H
+#define RA_REMOTE_H
+
+#include "client.h"
+#include "half.h"
+#include "offload_plan.h"
+#include "status.h"
+
+#include <stdint.h>
+
+typedef struct ra_remote ra_remote;
+
+typedef struct ra_remote_config {
+  ra_dtype dtype;          /* KV storage dtype at the stores */
+  ra_kvclient_mode mode;   /* how stores choose keys (full, flat, ivf, kgraph, roar) */
+  uint32_t top_k;          /* keys per q head for every mode but full */
+  uint32_t ef, nprobe;     /* index search parameters; 0: store defaults */
+  int timeout_ms;          /* deadline of each attend reply; 0: 10 s */
+  const char *client_name; /* for the stores' logs */
+} ra_remote_config;
+
+typedef struct ra_remote_stats {
+  uint64_t n_scanned;  /* keys whose dot product the stores computed, all heads */
+  uint64_t n_keys;     /* keys the stores hold for the asked heads' kv heads */
+  double wait_us;      /* from the first send to the last reply */
+  double store_us;     /* the slowest store's own compute time */
+} ra_remote_stats;
+
+/* Connects to every store of the plan and opens the sessions. Geometry: the plan's, head_dim. */
+int ra_remote_open(const ra_offload_plan *plan, uint32_t head_dim, const ra_remote_config *cfg,
+                   ra_remote **out, ra_error *err);
+
+/* Prefill: positions [pos0, pos0 + n) of one layer, all offloaded (inside [S, n_ctx - W)).
+ * k, v: [n, n_kv_heads, head_dim] fp32 (the cache layout); each (kv head, position) goes to its
+ * owner in the session dtype. */
+int ra_remote_put(ra_remote *r, uint32_t layer, const float *k, const float *v, uint64_t pos0,
+                  uint64_t n, ra_error *err);
+
+/* Decode: the position that left the window, for every layer. k, v: [n_layers, n_kv_heads,
+ * head_dim] fp32. One Append call per store. */
+int ra_remote_append(ra_remote *r, uint64_t pos, const float *k, const float *v, ra_error *err);
+
+/* The merged partial over the offloaded tokens of `layer` for every q head.
+ * q: [n_q_heads, head_dim] (RoPE applied); o: [n_q_heads, head_dim]; m, l: [n_q_heads].
+ * A head no store holds tokens for gets the empty partial (m = -inf, l = 0, o = 0). */
+int ra_remote_attend(ra_remote *r, uint32_t layer, const float *q, float *o, float *m, float *l,
+                     ra_remote_stats *stats, ra_error *err);
+
+/* Closes the sessions (stores free their memory) and frees everything. */
+void ra_remote_close(ra_remote *r);
+
+#endif

@@ -1,0 +1,214 @@
+/* The worker's remote attention against real kv-store processes: prefill put, decode-time
+ * appends of evicted tokens, per-layer fan-out and merge, with one kv head split across two
+ * stores by token range; merged with the local sink + window partial it equals direct attention.
+ * A store killed mid-decode fails the step with its address, fast, and stops the remote. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <math.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include "harness.h"
+#include "kvdata.h"
+#include "merge.h"
+#include "offload_plan.h"
+#include "remote.h"
+
+enum { N_LAYERS = 3, N_Q = 6, N_KV = 3, HD = 64, N_TOKENS = 3000, SINK = 64, WINDOW = 256, STEPS = 12 };
+
+static void ok(int rc, const ra_error *err) {
+  if (rc != RA_OK) fail_msg("%s: %s", ra_status_name(rc), err->msg);
+}
+
+typedef struct fixture {
+  harness_store st[3];
+  ra_shard_map map;
+  ra_offload_plan plan;
+  kvdata d;
+} fixture;
+
+/* Store 0 has layer 0 and kv head 2's tokens from 1500 on; store 1 kv heads 0-1 of layers 1-2;
+ * store 2 kv head 2 of layers 1-2 up to token 1499. */
+static void fixture_start(fixture *f) {
+  for (int i = 0; i < 3; i++) assert_int_equal(harness_store_start(&f->st[i], NULL), 0);
+  char text[512];
+  snprintf(text, sizeof text, "%s 0 * *\n%s 1-2 0-1 *\n%s 1-2 2 0-1499\n%s 1-2 2 1500-\n", f->st[0].addr,
+           f->st[1].addr, f->st[2].addr, f->st[0].addr);
+  ra_error err;
+  ok(ra_shard_map_parse(text, &f->map, &err), &err);
+  ok(ra_offload_plan_build(&f->map, N_LAYERS, N_Q, N_KV, SINK, WINDOW, &f->plan, &err), &err);
+  ra_kvclient_geometry g = {N_LAYERS, N_Q, N_KV, HD, RA_DTYPE_F16};
+  kvdata_make(&f->d, &g, N_TOKENS, 7);
+}
+
+static void fixture_stop(fixture *f) {
+  for (int i = 0; i < 3; i++)
+    if (f->st[i].pid > 0) assert_int_equal(harness_store_stop(&f->st[i], 5000), 0);
+  kvdata_free(&f->d);
+  ra_offload_plan_free(&f->plan);
+  ra_shard_map_free(&f->map);
+}
+
+/* Positions [b, e) of a layer in the worker's cache layout [n, n_kv_heads, head_dim]. */
+static void layer_rows(const kvdata *d, uint32_t layer, uint64_t b, uint64_t e, float *k, float *v) {
+  for (uint64_t t = b; t < e; t++)
+    for (uint32_t g = 0; g < N_KV; g++) {
+      memcpy(k + ((t - b) * N_KV + g) * HD, kvdata_k(d, layer, g) + t * HD, HD * sizeof(float));
+      memcpy(v + ((t - b) * N_KV + g) * HD, kvdata_v(d, layer, g) + t * HD, HD * sizeof(float));
+    }
+}
+
+/* Prefills n0 tokens: every layer's offloaded positions go to their stores. */
+static void prefill(ra_remote *r, const fixture *f, uint64_t n0) {
+  uint64_t b, e;
+  ra_offload_plan_range(&f->plan, n0, &b, &e);
+  float *k = malloc((e - b) * N_KV * HD * sizeof(float)), *v = malloc((e - b) * N_KV * HD * sizeof(float));
+  ra_error err;
+  for (uint32_t l = 0; l < N_LAYERS; l++) {
+    layer_rows(&f->d, l, b, e, k, v);
+    ok(ra_remote_put(r, l, k, v, b, e - b, &err), &err);
+  }
+  free(k);
+  free(v);
+}
+
+/* Remote partial (+ local sink and window) vs direct attention over [0, n) for every layer. */
+static double check_context(ra_remote *r, const fixture *f, uint64_t n, uint64_t seed) {
+  float q[N_Q * HD], o[N_Q * HD], m[N_Q], l[N_Q], o_loc[HD], o_ref[HD];
+  uint64_t b, e;
+  ra_offload_plan_range(&f->plan, n, &b, &e);
+  double worst = 0;
+  ra_error err;
+  for (uint32_t layer = 0; layer < N_LAYERS; layer++) {
+    for (int i = 0; i < N_Q * HD; i++) q[i] = (float)sin((double)(seed * 31 + layer * 7 + (uint64_t)i)) * 0.7f;
+    ra_remote_stats stats;
+    ok(ra_remote_attend(r, layer, q, o, m, l, &stats, &err), &err);
+    assert_int_equal(stats.n_keys, (e - b) * N_Q); /* every offloaded token, once per q head */
+    for (uint32_t h = 0; h < N_Q; h++) {
+      const float *k = kvdata_k(&f->d, layer, h / (N_Q / N_KV)), *v = kvdata_v(&f->d, layer, h / (N_Q / N_KV));
+      float scale = 1.0f / sqrtf((float)HD);
+      ra_partial acc = {.o = o + h * HD, .m = m[h], .l = l[h]}, loc = {.o = o_loc}, ref = {.o = o_ref};
+      ra_partial_attend_f32(q + h * HD, k, v, SINK, HD, scale, &loc);
+      ra_partial_merge(&acc, loc.o, loc.m, loc.l, HD);
+      ra_partial_attend_f32(q + h * HD, k + e * HD, v + e * HD, n - e, HD, scale, &loc);
+      ra_partial_merge(&acc, loc.o, loc.m, loc.l, HD);
+      ra_partial_attend_f32(q + h * HD, k, v, n, HD, scale, &ref);
+      for (int j = 0; j < HD; j++) worst = fmax(worst, fabs((double)acc.o[j] - ref.o[j]));
+    }
+  }
+  return worst;
+}
+
+static void decode_steps(ra_remote *r, const fixture *f, uint64_t n0, int steps) {
+  float k[N_LAYERS * N_KV * HD], v[N_LAYERS * N_KV * HD];
+  ra_error err;
+  for (uint64_t n = n0; n < n0 + (uint64_t)steps; n++) {
+    int64_t ev = ra_offload_plan_evicted(&f->plan, n);
+    assert_true(ev >= SINK);
+    for (uint32_t l = 0; l < N_LAYERS; l++) layer_rows(&f->d, l, (uint64_t)ev, (uint64_t)ev + 1, k + l * N_KV * HD,
+                                                       v + l * N_KV * HD);
+    ok(ra_remote_append(r, (uint64_t)ev, k, v, &err), &err);
+    assert_true(check_context(r, f, n + 1, n) < 1e-4);
+  }
+}
+
+static void test_full_mode_matches_direct_attention_through_decode(void **state) {
+  fixture f;
+  memset(&f, 0, sizeof f);
+  fixture_start(&f);
+  ra_remote *r;
+  ra_error err;
+  ra_remote_config cfg = {.dtype = RA_DTYPE_F16, .mode = RA_KVCLIENT_FULL, .timeout_ms = 10000};
+  ok(ra_remote_open(&f.plan, HD, &cfg, &r, &err), &err);
+  uint64_t n0 = N_TOKENS - STEPS;
+  prefill(r, &f, n0);
+  double e = check_context(r, &f, n0, 1);
+  print_message("full mode after prefill: max |err| %.2e\n", e);
+  assert_true(e < 1e-4);
+  decode_steps(r, &f, n0, STEPS);
+  ra_remote_close(r);
+  fixture_stop(&f);
+}
+
+/* With k at least the offloaded count, exact top-k keeps every token: flat equals full. */
+static void test_flat_with_k_covering_everything_equals_full(void **state) {
+  fixture f;
+  memset(&f, 0, sizeof f);
+  fixture_start(&f);
+  ra_remote *r;
+  ra_error err;
+  ra_remote_config cfg = {.dtype = RA_DTYPE_F16, .mode = RA_KVCLIENT_FLAT, .top_k = N_TOKENS};
+  ok(ra_remote_open(&f.plan, HD, &cfg, &r, &err), &err);
+  prefill(r, &f, N_TOKENS);
+  double e = check_context(r, &f, N_TOKENS, 2);
+  print_message("flat k=%d: max |err| %.2e\n", N_TOKENS, e);
+  assert_true(e < 1e-4);
+  ra_remote_close(r);
+  fixture_stop(&f);
+}
+
+static void test_store_killed_mid_decode_fails_fast_and_names_it(void **state) {
+  fixture f;
+  memset(&f, 0, sizeof f);
+  fixture_start(&f);
+  ra_remote *r;
+  ra_error err;
+  ra_remote_config cfg = {.dtype = RA_DTYPE_F16, .mode = RA_KVCLIENT_FULL, .timeout_ms = 3000};
+  ok(ra_remote_open(&f.plan, HD, &cfg, &r, &err), &err);
+  prefill(r, &f, N_TOKENS);
+  assert_true(check_context(r, &f, N_TOKENS, 3) < 1e-4);
+  kill(f.st[1].pid, SIGKILL);
+  waitpid(f.st[1].pid, NULL, 0);
+  f.st[1].pid = 0;
+  float q[N_Q * HD] = {0}, o[N_Q * HD], m[N_Q], l[N_Q];
+  int rc = ra_remote_attend(r, 1, q, o, m, l, NULL, &err);
+  assert_true(rc == RA_EUNAVAIL || rc == RA_ETIMEDOUT || rc == RA_ECANCELED);
+  print_message("after kill: %s\n", err.msg);
+  assert_non_null(strstr(err.msg, f.st[1].addr));
+  /* The remote stops: no step runs on half the context. */
+  assert_int_equal(ra_remote_attend(r, 0, q, o, m, l, NULL, &err), RA_ESTATE);
+  assert_non_null(strstr(err.msg, f.st[1].addr));
+  ra_remote_close(r);
+  /* The surviving stores dropped the session's memory on close. */
+  for (int i = 0; i < 3; i += 2) {
+    ra_kvclient *c;
+    ra_kvclient_store_stats s;
+    ok(ra_kvclient_connect(f.st[i].addr, NULL, &c, &err), &err);
+    ok(ra_kvclient_stats(c, &s, &err), &err);
+    assert_int_equal(s.sessions, 0);
+    assert_int_equal(s.bytes_used, 0);
+    ra_kvclient_close(c);
+  }
+  fixture_stop(&f);
+}
+
+static void test_unreachable_store_is_named_at_open(void **state) {
+  ra_shard_map map;
+  ra_offload_plan plan;
+  ra_error err;
+  ok(ra_shard_map_parse("127.0.0.1:1 * * *\n", &map, &err), &err);
+  ok(ra_offload_plan_build(&map, 1, 2, 1, 4, 4, &plan, &err), &err);
+  ra_remote *r;
+  ra_remote_config cfg = {.dtype = RA_DTYPE_F32, .mode = RA_KVCLIENT_FULL};
+  assert_int_equal(ra_remote_open(&plan, 8, &cfg, &r, &err), RA_EUNAVAIL);
+  assert_non_null(strstr(err.msg, "127.0.0.1:1"));
+  ra_offload_plan_free(&plan);
+  ra_shard_map_free(&map);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_full_mode_matches_direct_attention_through_decode),
+      cmocka_unit_test(test_flat_with_k_covering_everything_equals_full),
+      cmocka_unit_test(test_store_killed_mid_decode_fails_fast_and_names_it),
+      cmocka_unit_test(test_unreachable_store_is_named_at_open),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
