@@ -84,6 +84,7 @@ static int check_args(const kvs_session *s, const kvs_attend_args *a, ra_error *
     default: return ra_errorf(err, RA_EINVAL, "attend mode %d is unknown", (int)a->mode);
   }
   uint32_t group_size = g->n_q_heads / g->n_kv_heads;
+  uint8_t seen[KVS_MAX_Q_HEADS / 8] = {0};
   for (size_t i = 0; i < a->n_heads; i++) {
     uint32_t h = a->q_heads[i];
     if (h >= g->n_q_heads)
@@ -93,8 +94,9 @@ static int check_args(const kvs_session *s, const kvs_attend_args *a, ra_error *
     if (count == 0)
       return ra_errorf(err, RA_EINVAL, "q head %u (kv head %u) of layer %u is not stored here", h,
                        h / group_size, a->layer);
-    for (size_t j = 0; j < i; j++)
-      if (a->q_heads[j] == h) return ra_errorf(err, RA_EINVAL, "q head %u asked for twice", h);
+    if (seen[h / 8] & (1u << (h % 8)))
+      return ra_errorf(err, RA_EINVAL, "q head %u asked for twice", h);
+    seen[h / 8] |= (uint8_t)(1u << (h % 8));
   }
   return RA_OK;
 }

@@ -1,0 +1,261 @@
+/* kvstore-bench: one kv-store over loopback with Llama-3-8B attention geometry (32 q heads,
+ * 8 kv heads, head_dim 128, fp16): PutKv ingest rate for `tokens` tokens of every kv head of
+ * `layers` layers, then the attend round trip of one layer (all 32 q heads, one request on a
+ * long-lived stream) in full and in flat (k = 100) mode.
+ *
+ *   kvstore-bench [--json FILE] [--tokens 32768] [--layers 1] [--iters 200]
+ *                 [--addr HOST:PORT | --threads N]
+ * Without --addr it spawns its own store (build/bin/kv-store next to this binary) with
+ * --threads N and stops it at the end. Prints JSON (and writes it to FILE). */
+#include "client.h"
+#include "vec.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+#define N_Q 32
+#define N_KV 8
+#define DIM 128
+
+typedef struct opts {
+  const char *json;
+  const char *addr;
+  size_t tokens;
+  uint32_t layers;
+  int iters;
+  int threads;
+} opts;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int usage(const char *msg) {
+  fprintf(stderr,
+          "kvstore-bench: %s\nusage: kvstore-bench [--json FILE] [--tokens N] [--layers N] "
+          "[--iters N] [--addr HOST:PORT | --threads N]\n",
+          msg);
+  return 2;
+}
+
+static int parse_opts(int argc, char **argv, opts *o) {
+  *o = (opts){.tokens = 32768, .layers = 1, .iters = 200};
+  for (int i = 1; i < argc; i++) {
+    if (i + 1 >= argc) return usage("every flag takes a value");
+    const char *f = argv[i], *v = argv[++i];
+    char *end;
+    long n = strtol(v, &end, 10);
+    int num = *v && !*end && n > 0;
+    if (strcmp(f, "--json") == 0) o->json = v;
+    else if (strcmp(f, "--addr") == 0) o->addr = v;
+    else if (strcmp(f, "--tokens") == 0 && num) o->tokens = (size_t)n;
+    else if (strcmp(f, "--layers") == 0 && num && n <= 32) o->layers = (uint32_t)n;
+    else if (strcmp(f, "--iters") == 0 && num) o->iters = (int)n;
+    else if (strcmp(f, "--threads") == 0 && num) o->threads = (int)n;
+    else return usage("unknown flag or bad value");
+  }
+  return 0;
+}
+
+/* Spawns ./kv-store next to this binary on a free loopback port; fills addr. */
+static pid_t spawn_store(const opts *o, char *addr, size_t len) {
+  char self[PATH_MAX], bin[PATH_MAX + 16], ready[64], threads[16];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return -1;
+  self[n] = '\0';
+  *strrchr(self, '/') = '\0';
+  snprintf(bin, sizeof bin, "%s/kv-store", self);
+  snprintf(ready, sizeof ready, "/tmp/kvstore-bench-%d.ready", (int)getpid());
+  snprintf(threads, sizeof threads, "%d", o->threads);
+  unlink(ready);
+  const char *argv[16] = {bin, "--listen", "127.0.0.1:0", "--ready-file", ready, "--log-level",
+                          "warn", "--memory-budget", "16G"};
+  int a = 9;
+  if (o->threads > 0) {
+    argv[a++] = "--threads";
+    argv[a++] = threads;
+  }
+  argv[a] = NULL;
+  pid_t pid;
+  if (posix_spawn(&pid, bin, NULL, NULL, (char *const *)argv, environ) != 0) return -1;
+  for (int i = 0; i < 1000; i++) {
+    FILE *f = fopen(ready, "r");
+    if (f) {
+      int ok = fgets(addr, (int)len, f) != NULL;
+      fclose(f);
+      if (ok) {
+        addr[strcspn(addr, "\n")] = '\0';
+        unlink(ready);
+        return pid;
+      }
+    }
+    struct timespec ts = {0, 10000000};
+    nanosleep(&ts, NULL);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  return -1;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+typedef struct lat {
+  double p50_us, p99_us, mean_us, compute_p50_us;
+} lat;
+
+static lat summarize(double *us, double *compute, int n) {
+  double sum = 0;
+  for (int i = 0; i < n; i++) sum += us[i];
+  qsort(us, (size_t)n, sizeof *us, cmp_double);
+  qsort(compute, (size_t)n, sizeof *compute, cmp_double);
+  return (lat){us[n / 2], us[(int)(0.99 * (n - 1))], sum / n, compute[n / 2]};
+}
+
+static int run_attend(ra_kvclient_stream *st, ra_kvclient_mode mode, int iters, float *q,
+                      float (*o)[DIM], lat *out, ra_error *err) {
+  uint32_t heads[N_Q];
+  ra_kvclient_partial p[N_Q];
+  for (uint32_t h = 0; h < N_Q; h++) {
+    heads[h] = h;
+    p[h] = (ra_kvclient_partial){.o = o[h]};
+  }
+  ra_kvclient_attend_req req = {.layer = 0, .q_heads = heads, .n_heads = N_Q, .q = q,
+                                .mode = mode, .top_k = mode == RA_KVCLIENT_FLAT ? 100 : 0};
+  double *us = malloc((size_t)iters * sizeof *us), *cu = malloc((size_t)iters * sizeof *cu);
+  int rc = RA_OK;
+  for (int i = -5; i < iters && rc == RA_OK; i++) { /* 5 warm-up requests */
+    uint64_t compute = 0;
+    q[i & 127] += 1e-3f; /* a different query each time */
+    double t0 = now_s();
+    rc = ra_kvclient_attend(st, &req, p, 60000, &compute, err);
+    double dt = (now_s() - t0) * 1e6;
+    if (i >= 0) {
+      us[i] = dt;
+      cu[i] = (double)compute;
+    }
+  }
+  if (rc == RA_OK) *out = summarize(us, cu, iters);
+  free(us);
+  free(cu);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  opts o;
+  if (parse_opts(argc, argv, &o)) return 2;
+  char addr[128];
+  pid_t pid = -1;
+  if (o.addr) {
+    snprintf(addr, sizeof addr, "%s", o.addr);
+  } else if ((pid = spawn_store(&o, addr, sizeof addr)) < 0) {
+    fprintf(stderr, "kvstore-bench: cannot start kv-store\n");
+    return 1;
+  }
+  ra_error err;
+  ra_error_clear(&err);
+  ra_kvclient *c = NULL;
+  ra_kvclient_stream *st = NULL;
+  int rc = ra_kvclient_connect(addr, NULL, &c, &err);
+
+  /* One K and one V block [tokens, 128] fp16 per kv head, reused for every layer. */
+  size_t n = o.tokens, elems = n * DIM;
+  uint16_t *kv = malloc(2 * N_KV * elems * sizeof *kv);
+  float *tmp = malloc(elems * sizeof *tmp);
+  uint32_t s = 12345;
+  for (size_t b = 0; b < 2 * N_KV; b++) {
+    for (size_t i = 0; i < elems; i++) {
+      s = s * 1664525u + 1013904223u;
+      tmp[i] = ((float)(s >> 8) / (float)(1 << 24) - 0.5f) * 4.0f;
+    }
+    ra_fp32_to_fp16_n(tmp, kv + b * elems, elems);
+  }
+  free(tmp);
+
+  ra_kvclient_geometry g = {.n_layers = 32, .n_q_heads = N_Q, .n_kv_heads = N_KV,
+                            .head_dim = DIM, .dtype = RA_DTYPE_F16};
+  ra_kvclient_shard shards[32 * N_KV];
+  ra_kvclient_rows rows[32 * N_KV];
+  size_t ns = 0;
+  for (uint32_t l = 0; l < o.layers; l++)
+    for (uint32_t h = 0; h < N_KV; h++) {
+      shards[ns] = (ra_kvclient_shard){.layer = l, .kv_head = h, .token_begin = 0,
+                                       .token_end = RA_TOKEN_END_OPEN};
+      rows[ns++] = (ra_kvclient_rows){.layer = l, .kv_head = h, .token_begin = 0, .n_tokens = n,
+                                      .keys = kv + (2 * h) * elems,
+                                      .values = kv + (2 * h + 1) * elems};
+    }
+  ra_kvclient_session sess;
+  double ingest_s = 0, ingest_bytes = (double)ns * (double)elems * 2 * 2;
+  if (rc == RA_OK) rc = ra_kvclient_open_session(c, &g, shards, ns, "kvstore-bench", &sess, &err);
+  if (rc == RA_OK) {
+    double t0 = now_s();
+    rc = ra_kvclient_put_kv(c, &sess, rows, ns, NULL, &err);
+    ingest_s = now_s() - t0;
+  }
+  float q[N_Q * DIM], o_buf[N_Q][DIM];
+  for (int i = 0; i < N_Q * DIM; i++) {
+    s = s * 1664525u + 1013904223u;
+    q[i] = ((float)(s >> 8) / (float)(1 << 24) - 0.5f) * 2.0f;
+  }
+  lat full = {0}, flat = {0};
+  if (rc == RA_OK) rc = ra_kvclient_attend_open(c, &sess, &st, &err);
+  if (rc == RA_OK) rc = run_attend(st, RA_KVCLIENT_FULL, o.iters, q, o_buf, &full, &err);
+  if (rc == RA_OK) rc = run_attend(st, RA_KVCLIENT_FLAT, o.iters, q, o_buf, &flat, &err);
+  ra_kvclient_attend_close(st);
+  if (rc == RA_OK) rc = ra_kvclient_close_session(c, &sess, NULL, &err);
+  ra_kvclient_close(c);
+  free(kv);
+  int store_status = 0;
+  if (pid > 0) {
+    kill(pid, SIGTERM);
+    waitpid(pid, &store_status, 0);
+  }
+  if (rc != RA_OK) {
+    fprintf(stderr, "kvstore-bench: %s: %s\n", ra_status_name(rc), err.msg);
+    return 1;
+  }
+
+  char json[2048];
+  snprintf(json, sizeof json,
+           "{\n"
+           "  \"machine\": {\"cpus\": %ld, \"vec_kernel\": \"%s\", \"store_threads\": %d},\n"
+           "  \"geometry\": {\"n_q_heads\": %d, \"n_kv_heads\": %d, \"head_dim\": %d, "
+           "\"dtype\": \"f16\", \"tokens_per_kv_head\": %zu, \"layers_put\": %u},\n"
+           "  \"store\": \"%s\",\n"
+           "  \"ingest\": {\"bytes\": %.0f, \"seconds\": %.3f, \"gb_per_s\": %.3f},\n"
+           "  \"attend_full\": {\"iters\": %d, \"p50_us\": %.1f, \"p99_us\": %.1f, "
+           "\"mean_us\": %.1f, \"store_compute_p50_us\": %.1f},\n"
+           "  \"attend_flat_k100\": {\"iters\": %d, \"p50_us\": %.1f, \"p99_us\": %.1f, "
+           "\"mean_us\": %.1f, \"store_compute_p50_us\": %.1f}\n"
+           "}\n",
+           sysconf(_SC_NPROCESSORS_ONLN), ra_vec_kernel_name(), o.threads, N_Q, N_KV, DIM, n,
+           o.layers, o.addr ? o.addr : "spawned", ingest_bytes, ingest_s,
+           ingest_bytes / ingest_s / 1e9, o.iters, full.p50_us, full.p99_us, full.mean_us,
+           full.compute_p50_us, o.iters, flat.p50_us, flat.p99_us, flat.mean_us,
+           flat.compute_p50_us);
+  fputs(json, stdout);
+  if (o.json) {
+    FILE *f = fopen(o.json, "w");
+    if (!f || fputs(json, f) < 0 || fclose(f) != 0) {
+      fprintf(stderr, "kvstore-bench: cannot write %s: %s\n", o.json, strerror(errno));
+      return 1;
+    }
+  }
+  return WIFEXITED(store_status) && WEXITSTATUS(store_status) == 0 ? 0 : 1;
+}

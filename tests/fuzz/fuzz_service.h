@@ -1,0 +1,31 @@
+/* Shared by the fuzz target and its seed-corpus generator: the input format and the session
+ * every input can reach.
+ *
+ * Input = 1 selector byte (which service call, see fuzz_call) + serialized request bytes. Any
+ * 16-byte run of FUZZ_ID_PLACEHOLDER bytes in the request is replaced with the live session's
+ * random id before the call, so mutations of valid requests reach the put/append/attend paths
+ * instead of stopping at "no session". */
+#ifndef RA_FUZZ_SERVICE_H
+#define RA_FUZZ_SERVICE_H
+
+#define FUZZ_ID_PLACEHOLDER 0xA5
+
+enum fuzz_call {
+  FUZZ_OPEN = 0,
+  FUZZ_PUT = 1,        /* the request bytes are split into up to 3 chunks of one stream */
+  FUZZ_APPEND = 2,
+  FUZZ_ATTEND = 3,
+  FUZZ_CLOSE = 4,
+  FUZZ_STATS = 5,
+  FUZZ_HEALTH = 6,
+  FUZZ_N_CALLS = 7,
+};
+
+/* The live session: f16, 2 layers, 4 q heads, 2 kv heads, head_dim 8; shards layer 0 kv 0
+ * [0, open), layer 1 kv 1 [0, 64) and [100, open). It holds tokens [0, 16) of the first. */
+#define FUZZ_N_LAYERS 2
+#define FUZZ_N_Q 4
+#define FUZZ_N_KV 2
+#define FUZZ_DIM 8
+
+#endif
