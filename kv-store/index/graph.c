@@ -22,7 +22,8 @@ int ra_graph_init(ra_graph *g, uint32_t M, uint32_t n, uint32_t cap) {
   g->adj = malloc((size_t)cap * M * sizeof *g->adj);
   g->deg = calloc(cap, sizeof *g->deg);
   g->npin = calloc(cap, sizeof *g->npin);
-  if (!g->adj || !g->deg || !g->npin) {
+  g->hn = calloc(cap, sizeof *g->hn);
+  if (!g->adj || !g->deg || !g->npin || !g->hn) {
     ra_graph_free(g);
     return RA_ENOMEM;
   }
@@ -35,6 +36,8 @@ void ra_graph_free(ra_graph *g) {
   free(g->adj);
   free(g->deg);
   free(g->npin);
+  free(g->hn);
+  free(g->qm);
   memset(g, 0, sizeof *g);
 }
 
@@ -49,6 +52,9 @@ int ra_graph_reserve(ra_graph *g, uint32_t cap) {
   uint16_t *npin = realloc(g->npin, (size_t)cap * sizeof *npin);
   if (!npin) return RA_ENOMEM;
   g->npin = npin;
+  float *hn = realloc(g->hn, (size_t)cap * sizeof *hn);
+  if (!hn) return RA_ENOMEM;
+  g->hn = hn;
   memset(g->deg + g->cap, 0, (size_t)(cap - g->cap) * sizeof *deg);
   memset(g->npin + g->cap, 0, (size_t)(cap - g->cap) * sizeof *npin);
   g->cap = cap;
@@ -56,7 +62,49 @@ int ra_graph_reserve(ra_graph *g, uint32_t cap) {
 }
 
 size_t ra_graph_bytes(const ra_graph *g) {
-  return sizeof *g + (size_t)g->cap * (g->M * sizeof *g->adj + sizeof *g->deg + sizeof *g->npin);
+  return sizeof *g + (size_t)g->cap * (g->M * sizeof *g->adj + sizeof *g->deg + sizeof *g->npin +
+                                       sizeof *g->hn) +
+         (g->qm ? (size_t)g->dim * g->dim * sizeof *g->qm : 0);
+}
+
+int ra_graph_set_metric(ra_graph *g, const float *C, int dim) {
+  g->dim = dim;
+  free(g->qm);
+  g->qm = NULL;
+  if (!C) return RA_OK;
+  g->qm = malloc((size_t)dim * dim * sizeof *g->qm);
+  if (!g->qm) return RA_ENOMEM;
+  memcpy(g->qm, C, (size_t)dim * dim * sizeof *g->qm);
+  return RA_OK;
+}
+
+void ra_graph_work_bind(ra_graph_work *w, const ra_graph *g) {
+  w->hn = g->hn;
+  w->qm = g->qm;
+}
+
+void ra_graph_key_to_metric(const ra_keys *keys, uint32_t id, const ra_graph_work *w, float *out) {
+  if (!w->qm) {
+    ra_graph_key_to_f32(keys, id, out);
+    return;
+  }
+  const int d = keys->dim;
+  ra_graph_key_to_f32(keys, id, w->tmp);
+  for (int i = 0; i < d; i++) out[i] = ra_vec_dot(w->qm + (size_t)i * d, w->tmp, RA_DTYPE_F32, d);
+}
+
+void ra_graph_set_norms(ra_graph *g, const ra_keys *keys, uint32_t from, uint32_t to) {
+  ra_graph_work w;
+  memset(&w, 0, sizeof w);
+  ra_graph_work_bind(&w, g);
+  size_t rb = ra_dtype_size(keys->dtype) * (size_t)keys->dim;
+  float tmp[4096], v[4096]; /* dim <= 4096 (index.c's bound) */
+  w.tmp = tmp;
+  for (uint32_t u = from; u < to; u++) {
+    ra_graph_key_to_metric(keys, u, &w, v);
+    g->hn[u] = 0.5f * ra_vec_dot(v, (const char *)keys->rows + (size_t)u * rb, keys->dtype,
+                                 keys->dim);
+  }
 }
 
 int ra_graph_work_init(ra_graph_work *w, int dim, uint32_t M) {
@@ -65,8 +113,9 @@ int ra_graph_work_init(ra_graph_work *w, int dim, uint32_t M) {
   w->M = M;
   w->vec = malloc((size_t)dim * sizeof *w->vec);
   w->qvec = malloc((size_t)dim * sizeof *w->qvec);
+  w->tmp = malloc((size_t)dim * sizeof *w->tmp);
   w->sel = malloc((size_t)M * sizeof *w->sel);
-  if (!w->vec || !w->qvec || !w->sel) {
+  if (!w->vec || !w->qvec || !w->tmp || !w->sel) {
     ra_graph_work_free(w);
     return RA_ENOMEM;
   }
@@ -77,6 +126,7 @@ void ra_graph_work_free(ra_graph_work *w) {
   ra_index_scratch_free(&w->sc);
   free(w->vec);
   free(w->qvec);
+  free(w->tmp);
   free(w->sel);
   free(w->cand);
   free(w->ids);
@@ -244,10 +294,10 @@ uint32_t ra_graph_prune(const ra_keys *keys, const ra_cand *cand, uint32_t n_can
     uint32_t p = cand[i].id;
     int keep = 1;
     if (ns > 0) {
-      ra_graph_key_to_f32(keys, p, w->vec);
+      ra_graph_key_to_metric(keys, p, w, w->vec);
       ra_vec_dot_rows(w->vec, keys->rows, keys->dtype, keys->dim, w->sel, ns, w->dots);
       for (uint32_t j = 0; j < ns; j++)
-        if (w->dots[j] > cand[i].sim) {
+        if (w->dots[j] - w->hn[w->sel[j]] - w->hn[p] > cand[i].sim) {
           keep = 0;
           break;
         }
@@ -271,11 +321,11 @@ void ra_graph_set_row(ra_graph *g, uint32_t u, const uint32_t *sel, uint32_t n_s
 }
 
 void ra_graph_rank_cands(const ra_keys *keys, uint32_t pivot, uint32_t n, ra_graph_work *w) {
-  ra_graph_key_to_f32(keys, pivot, w->qvec);
+  ra_graph_key_to_metric(keys, pivot, w, w->qvec);
   ra_vec_dot_rows(w->qvec, keys->rows, keys->dtype, keys->dim, w->ids, n, w->dots);
   for (uint32_t i = 0; i < n; i++) {
     w->cand[i].id = w->ids[i];
-    w->cand[i].sim = w->dots[i];
+    w->cand[i].sim = w->dots[i] - w->hn[pivot] - w->hn[w->ids[i]];
   }
   ra_graph_sort_cands(w->cand, n);
 }
@@ -330,6 +380,8 @@ int ra_graph_add_reverse_edges(ra_graph *g, const ra_keys *keys, int n_threads, 
     if (ra_graph_work_init(&works[t], keys->dim, g->M) ||
         ra_graph_work_reserve(&works[t], g->M + max_in, n, 1))
       goto nomem;
+    else
+      ra_graph_work_bind(&works[t], g);
 
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 64)
   for (uint32_t v = 0; v < n; v++) {
@@ -393,9 +445,10 @@ static void attach_pinned(ra_graph *g, const ra_keys *keys, uint32_t p, uint32_t
     pin_edge(g, p, d);
     return;
   }
-  ra_graph_key_to_f32(keys, p, w->vec);
+  ra_graph_key_to_metric(keys, p, w, w->vec);
   ra_vec_dot_rows(w->vec, keys->rows, keys->dtype, keys->dim, row + np, d - np, w->dots);
   uint32_t worst = 0;
+  for (uint32_t j = 0; j < d - np; j++) w->dots[j] -= w->hn[row[np + j]];
   for (uint32_t j = 1; j < d - np; j++)
     if (w->dots[j] < w->dots[worst]) worst = j;
   row[np + worst] = u;
@@ -458,6 +511,8 @@ int ra_graph_connect(ra_graph *g, const ra_keys *keys, uint32_t L, int n_threads
     if (ra_graph_work_init(&works[t], keys->dim, g->M) ||
         ra_graph_work_reserve(&works[t], g->M + L + 1, n, L))
       goto nomem;
+    else
+      ra_graph_work_bind(&works[t], g);
   if (n == 0) goto done;
 
   /* BFS from the entry pins a spanning tree of what the edges already reach. */
@@ -489,7 +544,7 @@ int ra_graph_connect(ra_graph *g, const ra_keys *keys, uint32_t L, int n_threads
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 4)
     for (uint32_t i = 0; i < nb; i++) {
       ra_graph_work *w = &works[omp_get_thread_num()];
-      ra_graph_key_to_f32(keys, queue[b0 + i], w->vec);
+      ra_graph_key_to_metric(keys, queue[b0 + i], w, w->vec);
       ra_graph_search(g, keys, w->vec, L, L, &w->sc, res + (size_t)i * L, w->res_sc, &res_n[i],
                       NULL);
     }
@@ -516,13 +571,15 @@ done:
 void ra_graph_insert(ra_graph *g, const ra_keys *keys, uint32_t id, uint32_t L, ra_graph_work *w) {
   g->deg[id] = 0;
   g->npin[id] = 0;
+  ra_graph_set_norms(g, keys, id, id + 1);
   g->n = id + 1;
+  ra_graph_work_bind(w, g);
   if (id == 0) {
     g->entry = 0;
     return;
   }
   uint32_t n_res = 0;
-  ra_graph_key_to_f32(keys, id, w->vec);
+  ra_graph_key_to_metric(keys, id, w, w->vec);
   ra_graph_search(g, keys, w->vec, L, L, &w->sc, w->res_id, w->res_sc, &n_res, NULL);
   /* link_node reads res_id before it reuses that buffer for the new row. */
   link_node(g, keys, id, w->res_id, n_res, NULL, w);

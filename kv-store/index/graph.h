@@ -23,6 +23,9 @@ typedef struct ra_graph {
   uint32_t *adj;  /* [cap, M]: row u = out-neighbors of u, pinned ones first */
   uint16_t *deg;  /* [cap] */
   uint16_t *npin; /* [cap] pinned (spanning-tree) edges at the front of the row */
+  float *hn;      /* [cap] |key|_C^2 / 2: pruning's key-key similarity is -|a - b|_C^2 / 2 */
+  float *qm;      /* [dim, dim] C, the metric of key-key closeness; NULL = identity (plain L2) */
+  int dim;
   uint32_t n_repaired;
 } ra_graph;
 
@@ -36,6 +39,9 @@ typedef struct ra_graph_work {
   ra_index_scratch sc; /* beam search state */
   int dim;
   uint32_t M;
+  const float *hn; /* the graph's half squared norms and metric (ra_graph_work_bind) */
+  const float *qm;
+  float *tmp;      /* [dim] */
   float *vec;      /* [dim] a key widened to fp32, used as a query */
   float *qvec;     /* [dim] the key being linked, kept while vec is reused by pruning */
   uint32_t *sel;   /* [M] the pruned selection */
@@ -55,6 +61,16 @@ typedef struct ra_graph_work {
 
 int ra_graph_init(ra_graph *g, uint32_t M, uint32_t n, uint32_t cap);
 void ra_graph_free(ra_graph *g);
+/* Sets the metric C [dim, dim] (copied; NULL = identity). Key-key closeness for pruning is
+ * |a - b|_C^2 = (a - b)^T C (a - b); roar passes the prefill queries' second moment E[q q^T], so
+ * that |a - b|_C^2 = E_q[(q·a - q·b)^2]: two keys are close when queries score them alike. */
+int ra_graph_set_metric(ra_graph *g, const float *C, int dim);
+/* hn[u] for nodes [from, to) from their keys. */
+void ra_graph_set_norms(ra_graph *g, const ra_keys *keys, uint32_t from, uint32_t to);
+/* Points w at g's norms and metric (again after g grows). */
+void ra_graph_work_bind(ra_graph_work *w, const ra_graph *g);
+/* Key row id mapped to C·key (fp32) into out[dim]: its similarity-side form. */
+void ra_graph_key_to_metric(const ra_keys *keys, uint32_t id, const ra_graph_work *w, float *out);
 int ra_graph_reserve(ra_graph *g, uint32_t cap); /* 0 or RA_ENOMEM, g unchanged on failure */
 size_t ra_graph_bytes(const ra_graph *g);
 
@@ -73,13 +89,14 @@ void ra_graph_search(const ra_graph *g, const ra_keys *keys, const float *q, uin
 /* Sorts cand[0..n) by descending similarity, ties by ascending id. */
 void ra_graph_sort_cands(ra_cand *cand, uint32_t n);
 
-/* w->cand[0..n) = (id, pivot·id) for the ids w->ids[0..n), sorted (uses w->qvec). */
+/* w->cand[0..n) = (id, s(pivot, id)) for the ids w->ids[0..n), sorted (uses w->qvec). */
 void ra_graph_rank_cands(const ra_keys *keys, uint32_t pivot, uint32_t n, ra_graph_work *w);
 
-/* Occlusion pruning (HNSW heuristic / NSG's MRNG rule with inner product as the similarity):
- * walking cand (sorted, similarity to `pivot`, pivot itself and duplicates absent), accept p unless
- * an already accepted r has r·p > pivot·p, i.e. r is closer to p than the pivot is, so a walk
- * reaches p through r anyway. Stops at `budget`; with fill, the most similar rejected candidates
+/* Occlusion pruning (HNSW heuristic / NSG's MRNG rule) with the similarity s(a, b) =
+ * -|a - b|_C^2 / 2 = a^T C b - hn[a] - hn[b]: walking cand (sorted by similarity to the pivot,
+ * pivot itself and duplicates absent), accept p unless an already accepted r has s(r, p) >
+ * s(pivot, p), i.e. r is closer to p than the pivot is, so a walk reaches p through r anyway.
+ * (Inner product as the similarity measured far worse: high-norm keys occlude everything.) Stops at `budget`; with fill, the most similar rejected candidates
  * top the selection up to budget (RoarGraph keeps rows full). Writes w->sel, returns the count. */
 uint32_t ra_graph_prune(const ra_keys *keys, const ra_cand *cand, uint32_t n_cand, uint32_t budget,
                         int fill, ra_graph_work *w);

@@ -45,6 +45,7 @@ void ra_index_params_default(ra_index_kind kind, ra_index_params *p) {
   p->n_lists = 0;
   p->max_iters = 10;
   p->query_sample = 1.0f;
+  p->pivots = 4;
   p->seed = 0x5241494E44455831ull;
   p->n_threads = 0;
 }
@@ -79,6 +80,7 @@ static int check_params(const ra_index_params *p, ra_error *err) {
   if (p->kind == RA_INDEX_ROAR) {
     if (p->knn_nq < 2 || p->knn_nq > 65536)
       return ra_errorf(err, RA_EINVAL, "index: knn_nq %u out of range [2, 65536]", p->knn_nq);
+    if (p->pivots < 1) return ra_errorf(err, RA_EINVAL, "index: pivots must be >= 1");
     if (!(p->query_sample > 0.0f && p->query_sample <= 1.0f))
       return ra_errorf(err, RA_EINVAL, "index: query_sample %g not in (0, 1]",
                        (double)p->query_sample);
@@ -104,9 +106,9 @@ size_t ra_index_estimate_bytes(const ra_index_params *p, uint32_t n_keys, int di
     total += n * d * 4 + n * 4 + blocks + (size_t)512 * 8; /* fp32 copy, assignment, knn */
   } else if (is_graph(p->kind)) {
     const size_t M = p->degree, L = p->build_ef;
-    size_t graph = n * (M * 4 + 4);
+    size_t graph = n * (M * 4 + 8) + d * d * 4;
     /* Per-thread work: marks and visited (n each, 1/8 headroom), candidates, beam. */
-    size_t work = n * 4 * 9 / 4 + 64 + (M + L + 1 + n) * 16 + (L + 1) * 8 + d * 8;
+    size_t work = n * 4 * 9 / 4 + 64 + (M + L + 1 + n) * 16 + (L + 1) * 8 + d * 16;
     size_t peak;
     if (p->kind == RA_INDEX_KGRAPH) {
       size_t lc = L < n ? L : n;

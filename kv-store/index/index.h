@@ -58,11 +58,13 @@ typedef struct {
   uint32_t n_lists;   /* ivf: clusters; 0 = about 4*sqrt(n) */
   uint32_t max_iters; /* ivf: k-means Lloyd iterations */
   float query_sample; /* roar: fraction in (0, 1] of the given prefill queries used */
+  uint32_t pivots;    /* roar: the first `pivots` keys of each query's list are pivots of the
+                         projection (RoarGraph: 1) */
   uint64_t seed;      /* every random choice; a fixed seed gives a bit-identical index */
   int n_threads;      /* build threads; 0 = OpenMP's default */
 } ra_index_params;
 
-/* Defaults measured on synthetic Q/K (bench/results/index-synthetic; see ra_index.c's comment). */
+/* Defaults measured on synthetic Q/K (bench/results/index-synthetic; see index.c's comment). */
 void ra_index_params_default(ra_index_kind kind, ra_index_params *p);
 
 /* Search parameters: ef = L_search (graphs; raised to k when smaller), nprobe (ivf). */
@@ -74,8 +76,10 @@ void ra_search_params_default(ra_index_kind kind, ra_search_params *sp);
 
 /* Prefill queries for roar: vectors q [n, dim] (fp32), and/or knn [n, knn_k]: each query's exact
  * top-knn_k key ids by inner product, best first (computed on the GPU during prefill). With knn
- * given, q may be NULL and no brute force runs; without it the build computes the lists from q
- * over the keys (blocked sgemm). knn_k >= 2 is needed; min(knn_k, knn_nq) ids per query are used. */
+ * given, no brute force runs; without it the build computes the lists from q over the keys
+ * (blocked sgemm). knn_k >= 2 is needed; min(knn_k, knn_nq) ids per query are used. The vectors
+ * also give the pruning metric (the queries' second moment, graph.h); with knn lists alone (q
+ * NULL) pruning falls back to plain L2 between keys, which measured worse: send both. */
 typedef struct {
   const float *q;
   uint32_t n;

@@ -1,6 +1,7 @@
 /* kgraph: the key-key baseline. Each key's candidates are its exact top-L_build keys by inner
  * product (an idealized HNSW/NSG: exact instead of approximate neighbor lists), occlusion-pruned
- * to M, plus reverse edges, entry at the key nearest the keys' centroid, connectivity repaired.
+ * to M by plain L2 between keys, plus reverse edges, entry at the key nearest the keys' centroid,
+ * connectivity repaired.
  * Nothing in it knows where queries live, which is what the paper shows failing. */
 #include "index_internal.h"
 #include "knn.h"
@@ -42,7 +43,7 @@ int ra_kgraph_build(ra_index *ix, const ra_keys *keys, ra_error *err) {
     free(g);
     return ra_errorf(err, RA_ENOMEM, "kgraph: out of memory for %u keys", n);
   }
-  float *x = NULL, *sims = NULL, *mean = NULL;
+  float *x = NULL, *mean = NULL;
   uint32_t *lists = NULL;
   ra_graph_work *works = NULL;
   if (n <= 1) goto done_ok;
@@ -50,22 +51,22 @@ int ra_kgraph_build(ra_index *ix, const ra_keys *keys, ra_error *err) {
   x = malloc((size_t)n * dim * sizeof *x);
   mean = malloc((size_t)dim * sizeof *mean);
   lists = malloc((size_t)n * lc * sizeof *lists);
-  sims = malloc((size_t)n * lc * sizeof *sims);
   works = calloc((size_t)nt, sizeof *works);
-  if (!x || !mean || !lists || !sims || !works) goto nomem;
+  if (!x || !mean || !lists || !works) goto nomem;
   for (int t = 0; t < nt; t++)
     if (ra_graph_work_init(&works[t], dim, M) || ra_graph_work_reserve(&works[t], lc, n, 1))
       goto nomem;
+    else
+      ra_graph_work_bind(&works[t], g);
+  ra_graph_set_norms(g, keys, 0, n);
   ra_dtype_to_fp32_n(keys->dtype, keys->rows, x, (size_t)n * dim);
-  if ((rc = ra_knn_ip(x, n, dim, NULL, x, n, lc, 1, nt, lists, sims, err))) goto fail;
+  if ((rc = ra_knn_ip(x, n, dim, NULL, x, n, lc, 1, nt, lists, NULL, err))) goto fail;
 
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 64)
   for (uint32_t u = 0; u < n; u++) {
     ra_graph_work *w = &works[omp_get_thread_num()];
-    for (uint32_t i = 0; i < lc; i++) {
-      w->cand[i].id = lists[(size_t)u * lc + i];
-      w->cand[i].sim = sims[(size_t)u * lc + i];
-    }
+    memcpy(w->ids, lists + (size_t)u * lc, (size_t)lc * sizeof *w->ids);
+    ra_graph_rank_cands(keys, u, lc, w);
     uint32_t ns = ra_graph_prune(keys, w->cand, lc, M, 1, w);
     ra_graph_set_row(g, u, w->sel, ns);
   }
@@ -74,10 +75,8 @@ int ra_kgraph_build(ra_index *ix, const ra_keys *keys, ra_error *err) {
   free(works);
   works = NULL;
   free(lists);
-  free(sims);
   free(x);
   lists = NULL;
-  sims = NULL;
   x = NULL;
   if ((rc = ra_graph_add_reverse_edges(g, keys, nt, err))) goto fail;
   if ((rc = ra_graph_connect(g, keys, ix->params.build_ef, nt, err))) goto fail;
@@ -92,7 +91,6 @@ fail:
     for (int t = 0; t < nt; t++) ra_graph_work_free(&works[t]);
   free(works);
   free(lists);
-  free(sims);
   free(x);
   free(mean);
   ra_graph_free(g);

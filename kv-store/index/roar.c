@@ -5,7 +5,11 @@
  *   1. each (sampled) prefill query's exact top-Nq keys by inner product;
  *   2. projection: the query's top-1 key is its pivot; the rest of its list are candidates of the
  *      pivot (union over all queries sharing a pivot), ranked by similarity to the pivot and
- *      occlusion-pruned to M, filled up with the most similar leftovers;
+ *      occlusion-pruned to M, filled up with the most similar leftovers. Two departures from
+ *      RoarGraph, both measured on synthetic Q/K (index.c): the top `pivots` keys of each list
+ *      are pivots, not only the top-1 (queries pile onto a few heavy-hitter keys, so top-1
+ *      pivots alone cover few keys); and key-key similarity is measured in the queries' metric
+ *      C = E[q q^T] (graph.h), not raw inner product;
  *   3. reverse edges, re-pruning rows that overflow M;
  *   4. entry: the key with the largest inner product with the mean query (where a decode query's
  *      walk should start), then every key not reachable from it is linked by a beam search with
@@ -13,6 +17,8 @@
 #include "index_internal.h"
 #include "knn.h"
 #include "vec.h"
+
+#include <cblas.h>
 
 #include <math.h>
 #include <omp.h>
@@ -87,19 +93,34 @@ int ra_roar_build(ra_index *ix, const ra_keys *keys, const ra_queries *qs, ra_er
     if (!own) goto nomem;
     for (uint32_t i = 0; i < m; i++)
       memcpy(own + (size_t)i * nq, qs->knn + (size_t)sel[i] * qs->knn_k, (size_t)nq * sizeof *own);
-  } else {
-    x = malloc((size_t)n * dim * sizeof *x);
+  }
+  if (qs->q) {
     qv = malloc((size_t)m * dim * sizeof *qv);
-    own = malloc((size_t)m * nq * sizeof *own);
-    if (!x || !qv || !own) goto nomem;
-    ra_dtype_to_fp32_n(keys->dtype, keys->rows, x, (size_t)n * dim);
+    float *C = malloc((size_t)dim * dim * sizeof *C);
+    if (!qv || !C) {
+      free(C);
+      goto nomem;
+    }
     for (uint32_t i = 0; i < m; i++)
       memcpy(qv + (size_t)i * dim, qs->q + (size_t)sel[i] * dim, (size_t)dim * sizeof *qv);
+    /* C = Q^T Q / m [dim, dim], the queries' second moment: the pruning metric. */
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, dim, dim, (int)m, 1.0f / (float)m, qv,
+                dim, qv, dim, 0.0f, C, dim);
+    rc = ra_graph_set_metric(g, C, dim);
+    free(C);
+    if (rc) goto nomem;
+  }
+  if (!qs->knn) {
+    x = malloc((size_t)n * dim * sizeof *x);
+    own = malloc((size_t)m * nq * sizeof *own);
+    if (!x || !own) goto nomem;
+    ra_dtype_to_fp32_n(keys->dtype, keys->rows, x, (size_t)n * dim);
     if ((rc = ra_knn_ip(x, n, dim, NULL, qv, m, nq, 0, nt, own, NULL, err))) goto fail;
     free(x);
-    free(qv);
-    x = qv = NULL;
+    x = NULL;
   }
+  free(qv);
+  qv = NULL;
   lists = own;
   stride = nq;
 
@@ -107,7 +128,11 @@ int ra_roar_build(ra_index *ix, const ra_keys *keys, const ra_queries *qs, ra_er
   off = calloc((size_t)n + 1, sizeof *off);
   byp = malloc((size_t)m * sizeof *byp);
   if (!off || !byp) goto nomem;
-  for (uint32_t i = 0; i < m; i++) off[lists[(size_t)i * stride] + 1]++;
+  uint32_t ppq = ix->params.pivots < nq ? ix->params.pivots : nq;
+  byp = realloc(byp, (size_t)m * ppq * sizeof *byp);
+  if (!byp) goto nomem;
+  for (uint32_t i = 0; i < m; i++)
+    for (uint32_t j = 0; j < ppq; j++) off[lists[(size_t)i * stride + j] + 1]++;
   uint32_t max_group = 0, n_pivots = 0;
   for (uint32_t v = 0; v < n; v++) {
     if (off[v + 1] > max_group) max_group = off[v + 1];
@@ -118,17 +143,21 @@ int ra_roar_build(ra_index *ix, const ra_keys *keys, const ra_queries *qs, ra_er
     uint32_t *fillp = malloc((size_t)n * sizeof *fillp);
     if (!fillp) goto nomem;
     memcpy(fillp, off, (size_t)n * sizeof *fillp);
-    for (uint32_t i = 0; i < m; i++) byp[fillp[lists[(size_t)i * stride]]++] = i;
+    for (uint32_t i = 0; i < m; i++)
+      for (uint32_t j = 0; j < ppq; j++) byp[fillp[lists[(size_t)i * stride + j]]++] = i;
     free(fillp);
   }
   works = calloc((size_t)nt, sizeof *works);
   if (!works) goto nomem;
-  uint64_t cand_max = (uint64_t)max_group * (nq - 1);
+  uint64_t cand_max = (uint64_t)max_group * nq;
   if (cand_max > n) cand_max = n;
   for (int t = 0; t < nt; t++)
     if (ra_graph_work_init(&works[t], dim, M) ||
         ra_graph_work_reserve(&works[t], (uint32_t)cand_max, n, 1))
       goto nomem;
+    else
+      ra_graph_work_bind(&works[t], g);
+  ra_graph_set_norms(g, keys, 0, n);
 
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 16)
   for (uint32_t p = 0; p < n; p++) {
@@ -138,7 +167,7 @@ int ra_roar_build(ra_index *ix, const ra_keys *keys, const ra_queries *qs, ra_er
     w->mark[p] = ep;
     for (uint32_t e = off[p]; e < off[p + 1]; e++) {
       const uint32_t *l = lists + (size_t)byp[e] * stride;
-      for (uint32_t j = 1; j < nq; j++)
+      for (uint32_t j = 0; j < nq; j++)
         if (w->mark[l[j]] != ep) {
           w->mark[l[j]] = ep;
           w->ids[c++] = l[j];
