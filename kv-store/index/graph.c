@@ -1,0 +1,649 @@
+#include "graph.h"
+
+#include "index_internal.h"
+#include "vec.h"
+
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A beam entry's id carries "already expanded" in its top bit (ids stay below 2^31). */
+#define EXPANDED 0x80000000u
+#define ID_MASK 0x7fffffffu
+
+static inline uint32_t pin_cap(const ra_graph *g) { return g->M / 2 ? g->M / 2 : 1; }
+static inline uint32_t *row_of(const ra_graph *g, uint32_t u) { return g->adj + (size_t)u * g->M; }
+
+int ra_graph_init(ra_graph *g, uint32_t M, uint32_t n, uint32_t cap) {
+  memset(g, 0, sizeof *g);
+  g->M = M;
+  if (cap < n) cap = n;
+  if (cap == 0) cap = 1;
+  g->adj = malloc((size_t)cap * M * sizeof *g->adj);
+  g->deg = calloc(cap, sizeof *g->deg);
+  g->npin = calloc(cap, sizeof *g->npin);
+  g->hn = calloc(cap, sizeof *g->hn);
+  if (!g->adj || !g->deg || !g->npin || !g->hn) {
+    ra_graph_free(g);
+    return RA_ENOMEM;
+  }
+  g->cap = cap;
+  g->n = n;
+  return RA_OK;
+}
+
+void ra_graph_free(ra_graph *g) {
+  free(g->adj);
+  free(g->deg);
+  free(g->npin);
+  free(g->hn);
+  free(g->qm);
+  memset(g, 0, sizeof *g);
+}
+
+int ra_graph_reserve(ra_graph *g, uint32_t cap) {
+  if (cap <= g->cap) return RA_OK;
+  uint32_t *adj = realloc(g->adj, (size_t)cap * g->M * sizeof *adj);
+  if (!adj) return RA_ENOMEM;
+  g->adj = adj;
+  uint16_t *deg = realloc(g->deg, (size_t)cap * sizeof *deg);
+  if (!deg) return RA_ENOMEM;
+  g->deg = deg;
+  uint16_t *npin = realloc(g->npin, (size_t)cap * sizeof *npin);
+  if (!npin) return RA_ENOMEM;
+  g->npin = npin;
+  float *hn = realloc(g->hn, (size_t)cap * sizeof *hn);
+  if (!hn) return RA_ENOMEM;
+  g->hn = hn;
+  memset(g->deg + g->cap, 0, (size_t)(cap - g->cap) * sizeof *deg);
+  memset(g->npin + g->cap, 0, (size_t)(cap - g->cap) * sizeof *npin);
+  g->cap = cap;
+  return RA_OK;
+}
+
+size_t ra_graph_bytes(const ra_graph *g) {
+  return sizeof *g + (size_t)g->cap * (g->M * sizeof *g->adj + sizeof *g->deg + sizeof *g->npin +
+                                       sizeof *g->hn) +
+         (g->qm ? (size_t)g->dim * g->dim * sizeof *g->qm : 0);
+}
+
+int ra_graph_set_metric(ra_graph *g, const float *C, int dim) {
+  g->dim = dim;
+  free(g->qm);
+  g->qm = NULL;
+  if (!C) return RA_OK;
+  g->qm = malloc((size_t)dim * dim * sizeof *g->qm);
+  if (!g->qm) return RA_ENOMEM;
+  memcpy(g->qm, C, (size_t)dim * dim * sizeof *g->qm);
+  return RA_OK;
+}
+
+void ra_graph_work_bind(ra_graph_work *w, const ra_graph *g) {
+  w->hn = g->hn;
+  w->qm = g->qm;
+}
+
+void ra_graph_key_to_metric(const ra_keys *keys, uint32_t id, const ra_graph_work *w, float *out) {
+  if (!w->qm) {
+    ra_graph_key_to_f32(keys, id, out);
+    return;
+  }
+  const int d = keys->dim;
+  ra_graph_key_to_f32(keys, id, w->tmp);
+  for (int i = 0; i < d; i++) out[i] = ra_vec_dot(w->qm + (size_t)i * d, w->tmp, RA_DTYPE_F32, d);
+}
+
+void ra_graph_set_norms(ra_graph *g, const ra_keys *keys, uint32_t from, uint32_t to) {
+  ra_graph_work w;
+  memset(&w, 0, sizeof w);
+  ra_graph_work_bind(&w, g);
+  size_t rb = ra_dtype_size(keys->dtype) * (size_t)keys->dim;
+  float tmp[4096], v[4096]; /* dim <= 4096 (index.c's bound) */
+  w.tmp = tmp;
+  for (uint32_t u = from; u < to; u++) {
+    ra_graph_key_to_metric(keys, u, &w, v);
+    g->hn[u] = 0.5f * ra_vec_dot(v, (const char *)keys->rows + (size_t)u * rb, keys->dtype,
+                                 keys->dim);
+  }
+}
+
+int ra_graph_work_init(ra_graph_work *w, int dim, uint32_t M) {
+  memset(w, 0, sizeof *w);
+  w->dim = dim;
+  w->M = M;
+  w->vec = malloc((size_t)dim * sizeof *w->vec);
+  w->qvec = malloc((size_t)dim * sizeof *w->qvec);
+  w->tmp = malloc((size_t)dim * sizeof *w->tmp);
+  w->sel = malloc((size_t)M * sizeof *w->sel);
+  if (!w->vec || !w->qvec || !w->tmp || !w->sel) {
+    ra_graph_work_free(w);
+    return RA_ENOMEM;
+  }
+  return RA_OK;
+}
+
+void ra_graph_work_free(ra_graph_work *w) {
+  ra_index_scratch_free(&w->sc);
+  free(w->vec);
+  free(w->qvec);
+  free(w->tmp);
+  free(w->sel);
+  free(w->cand);
+  free(w->ids);
+  free(w->dots);
+  free(w->res_id);
+  free(w->res_sc);
+  free(w->mark);
+  memset(w, 0, sizeof *w);
+}
+
+/* realloc that leaves *p untouched on failure. */
+static int grow(void **p, size_t bytes) {
+  void *q = realloc(*p, bytes ? bytes : 1);
+  if (!q) return RA_ENOMEM;
+  *p = q;
+  return RA_OK;
+}
+
+int ra_graph_work_reserve(ra_graph_work *w, uint32_t cand_cap, uint32_t n, uint32_t L) {
+  if (cand_cap < w->M + 1) cand_cap = w->M + 1;
+  if (cand_cap > w->cand_cap) {
+    if (grow((void **)&w->cand, (size_t)cand_cap * sizeof *w->cand) ||
+        grow((void **)&w->ids, (size_t)cand_cap * sizeof *w->ids) ||
+        grow((void **)&w->dots, (size_t)cand_cap * sizeof *w->dots))
+      return RA_ENOMEM;
+    w->cand_cap = cand_cap;
+  }
+  if (n > w->mark_cap) {
+    uint32_t cap = n + n / 8 + 16;
+    if (grow((void **)&w->mark, (size_t)cap * sizeof *w->mark)) return RA_ENOMEM;
+    memset(w->mark, 0, (size_t)cap * sizeof *w->mark);
+    w->mark_cap = cap;
+    w->mark_epoch = 0;
+  }
+  if (L > w->res_cap) {
+    if (grow((void **)&w->res_id, (size_t)L * sizeof *w->res_id) ||
+        grow((void **)&w->res_sc, (size_t)L * sizeof *w->res_sc))
+      return RA_ENOMEM;
+    w->res_cap = L;
+  }
+  return ra_index_scratch_reserve(&w->sc, n, L + 1, w->M, 0);
+}
+
+/* A fresh de-duplication round over w->mark. */
+static uint32_t mark_begin(ra_graph_work *w) {
+  if (++w->mark_epoch == 0) {
+    memset(w->mark, 0, (size_t)w->mark_cap * sizeof *w->mark);
+    w->mark_epoch = 1;
+  }
+  return w->mark_epoch;
+}
+
+void ra_graph_key_to_f32(const ra_keys *keys, uint32_t id, float *out) {
+  size_t bytes = ra_dtype_size(keys->dtype) * (size_t)keys->dim;
+  ra_dtype_to_fp32_n(keys->dtype, (const char *)keys->rows + (size_t)id * bytes, out,
+                     (size_t)keys->dim);
+}
+
+/* ---- beam search ---- */
+
+/* Inserts (id, sc) into the beam pid/psc [*pn <= L], kept by descending score then ascending id;
+ * returns its position, or L when it does not make the beam. */
+static uint32_t beam_insert(uint32_t *pid, float *psc, uint32_t *pn, uint32_t L, uint32_t id,
+                            float sc) {
+  uint32_t lo = 0, hi = *pn;
+  while (lo < hi) {
+    uint32_t mid = (lo + hi) / 2;
+    if (psc[mid] > sc || (psc[mid] == sc && (pid[mid] & ID_MASK) < id))
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  if (lo >= L) return L;
+  uint32_t last = *pn < L ? *pn : L - 1; /* entries [lo, last) shift right by one */
+  memmove(pid + lo + 1, pid + lo, (size_t)(last - lo) * sizeof *pid);
+  memmove(psc + lo + 1, psc + lo, (size_t)(last - lo) * sizeof *psc);
+  pid[lo] = id;
+  psc[lo] = sc;
+  if (*pn < L) (*pn)++;
+  return lo;
+}
+
+void ra_graph_search(const ra_graph *g, const ra_keys *keys, const float *q, uint32_t L, uint32_t k,
+                     ra_index_scratch *s, uint32_t *ids, float *scores, uint32_t *n_out,
+                     uint64_t *n_scanned) {
+  uint64_t scanned = 0;
+  uint32_t pn = 0;
+  if (g->n == 0 || L == 0) {
+    *n_out = 0;
+    if (n_scanned) *n_scanned = 0;
+    return;
+  }
+  if (++s->epoch == 0) { /* wrapped: old marks could alias the new epoch */
+    memset(s->visited, 0, (size_t)s->visited_cap * sizeof *s->visited);
+    s->epoch = 1;
+  }
+  const uint32_t ep = s->epoch;
+  uint32_t *vis = s->visited, *pid = s->pool_id, *nbr = s->nbr_id;
+  float *psc = s->pool_score, *nsc = s->nbr_score;
+  const uint32_t M = g->M;
+
+  vis[g->entry] = ep;
+  beam_insert(pid, psc, &pn, L, g->entry, ra_vec_dot(q, (const char *)keys->rows +
+                                                              (size_t)g->entry * keys->dim *
+                                                                  ra_dtype_size(keys->dtype),
+                                                          keys->dtype, keys->dim));
+  scanned = 1;
+  uint32_t cur = 0;
+  while (cur < pn) {
+    if (pid[cur] & EXPANDED) {
+      cur++;
+      continue;
+    }
+    uint32_t u = pid[cur];
+    pid[cur] |= EXPANDED;
+    const uint32_t *row = g->adj + (size_t)u * M;
+    uint32_t d = g->deg[u], m = 0;
+    for (uint32_t j = 0; j < d; j++) {
+      uint32_t v = row[j];
+      if (vis[v] != ep) {
+        vis[v] = ep;
+        nbr[m++] = v;
+      }
+    }
+    if (m == 0) {
+      cur++;
+      continue;
+    }
+    /* One gather over all unvisited neighbors: their rows are prefetched ahead of the dots. */
+    ra_vec_dot_rows(q, keys->rows, keys->dtype, keys->dim, nbr, m, nsc);
+    scanned += m;
+    uint32_t best = L;
+    for (uint32_t i = 0; i < m; i++) {
+      if (pn == L && nsc[i] < psc[L - 1]) continue;
+      uint32_t pos = beam_insert(pid, psc, &pn, L, nbr[i], nsc[i]);
+      if (pos < best) best = pos;
+    }
+    /* Resume at the best new entry if it landed above the one just expanded. */
+    cur = best <= cur ? best : cur + 1;
+  }
+  uint32_t n = pn < k ? pn : k;
+  for (uint32_t i = 0; i < n; i++) {
+    ids[i] = pid[i] & ID_MASK;
+    if (scores) scores[i] = psc[i];
+  }
+  *n_out = n;
+  if (n_scanned) *n_scanned = scanned;
+}
+
+/* ---- pruning ---- */
+
+static int cand_cmp(const void *a, const void *b) {
+  const ra_cand *x = a, *y = b;
+  if (x->sim != y->sim) return x->sim > y->sim ? -1 : 1;
+  return x->id < y->id ? -1 : x->id > y->id;
+}
+
+void ra_graph_sort_cands(ra_cand *cand, uint32_t n) { qsort(cand, n, sizeof *cand, cand_cmp); }
+
+uint32_t ra_graph_prune(const ra_keys *keys, const ra_cand *cand, uint32_t n_cand, uint32_t budget,
+                        int fill, ra_graph_work *w) {
+  uint32_t ns = 0;
+  if (budget > w->M) budget = w->M;
+  for (uint32_t i = 0; i < n_cand && ns < budget; i++) {
+    uint32_t p = cand[i].id;
+    int keep = 1;
+    if (ns > 0) {
+      ra_graph_key_to_metric(keys, p, w, w->vec);
+      ra_vec_dot_rows(w->vec, keys->rows, keys->dtype, keys->dim, w->sel, ns, w->dots);
+      for (uint32_t j = 0; j < ns; j++)
+        if (w->dots[j] - w->hn[w->sel[j]] - w->hn[p] > cand[i].sim) {
+          keep = 0;
+          break;
+        }
+    }
+    if (keep) w->sel[ns++] = p;
+  }
+  if (fill) {
+    for (uint32_t i = 0; i < n_cand && ns < budget; i++) {
+      uint32_t p = cand[i].id, j = 0;
+      while (j < ns && w->sel[j] != p) j++;
+      if (j == ns) w->sel[ns++] = p;
+    }
+  }
+  return ns;
+}
+
+void ra_graph_set_row(ra_graph *g, uint32_t u, const uint32_t *sel, uint32_t n_sel) {
+  uint32_t np = g->npin[u];
+  memcpy(row_of(g, u) + np, sel, (size_t)n_sel * sizeof *sel);
+  g->deg[u] = (uint16_t)(np + n_sel);
+}
+
+void ra_graph_rank_cands(const ra_keys *keys, uint32_t pivot, uint32_t n, ra_graph_work *w) {
+  ra_graph_key_to_metric(keys, pivot, w, w->qvec);
+  ra_vec_dot_rows(w->qvec, keys->rows, keys->dtype, keys->dim, w->ids, n, w->dots);
+  for (uint32_t i = 0; i < n; i++) {
+    w->cand[i].id = w->ids[i];
+    w->cand[i].sim = w->dots[i] - w->hn[pivot] - w->hn[w->ids[i]];
+  }
+  ra_graph_sort_cands(w->cand, n);
+}
+
+void ra_graph_add_edge(ra_graph *g, const ra_keys *keys, uint32_t u, uint32_t v, ra_graph_work *w) {
+  if (u == v) return;
+  uint32_t *row = row_of(g, u);
+  uint32_t d = g->deg[u];
+  for (uint32_t j = 0; j < d; j++)
+    if (row[j] == v) return;
+  if (d < g->M) {
+    row[d] = v;
+    g->deg[u] = (uint16_t)(d + 1);
+    return;
+  }
+  uint32_t np = g->npin[u], n = 0;
+  for (uint32_t j = np; j < d; j++) w->ids[n++] = row[j];
+  w->ids[n++] = v;
+  ra_graph_rank_cands(keys, u, n, w);
+  uint32_t ns = ra_graph_prune(keys, w->cand, n, g->M - np, 1, w);
+  ra_graph_set_row(g, u, w->sel, ns);
+}
+
+int ra_graph_add_reverse_edges(ra_graph *g, const ra_keys *keys, int n_threads, ra_error *err) {
+  const uint32_t n = g->n;
+  int rc = RA_OK;
+  size_t *off = calloc((size_t)n + 1, sizeof *off);
+  uint32_t *src = NULL;
+  ra_graph_work *works = NULL;
+  int nt = n_threads > 0 ? n_threads : omp_get_max_threads();
+  if (!off) goto nomem;
+  /* In-edge lists in CSR form, sources ascending (the fill loop walks u in order). */
+  for (uint32_t u = 0; u < n; u++)
+    for (uint32_t j = 0; j < g->deg[u]; j++) off[row_of(g, u)[j] + 1]++;
+  uint32_t max_in = 0;
+  for (uint32_t v = 0; v < n; v++) {
+    if (off[v + 1] > max_in) max_in = (uint32_t)off[v + 1];
+    off[v + 1] += off[v];
+  }
+  src = malloc((off[n] ? off[n] : 1) * sizeof *src);
+  works = calloc((size_t)nt, sizeof *works);
+  if (!src || !works) goto nomem;
+  {
+    size_t *fillp = malloc((size_t)n * sizeof *fillp);
+    if (!fillp) goto nomem;
+    memcpy(fillp, off, (size_t)n * sizeof *fillp);
+    for (uint32_t u = 0; u < n; u++)
+      for (uint32_t j = 0; j < g->deg[u]; j++) src[fillp[row_of(g, u)[j]]++] = u;
+    free(fillp);
+  }
+  for (int t = 0; t < nt; t++)
+    if (ra_graph_work_init(&works[t], keys->dim, g->M) ||
+        ra_graph_work_reserve(&works[t], g->M + max_in, n, 1))
+      goto nomem;
+    else
+      ra_graph_work_bind(&works[t], g);
+
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 64)
+  for (uint32_t v = 0; v < n; v++) {
+    ra_graph_work *w = &works[omp_get_thread_num()];
+    uint32_t *row = row_of(g, v);
+    uint32_t ep = mark_begin(w), np = g->npin[v], m = 0;
+    w->mark[v] = ep;
+    for (uint32_t j = 0; j < g->deg[v]; j++) w->mark[row[j]] = ep;
+    for (uint32_t j = np; j < g->deg[v]; j++) w->ids[m++] = row[j];
+    uint32_t own = m;
+    for (size_t e = off[v]; e < off[v + 1]; e++)
+      if (w->mark[src[e]] != ep) {
+        w->mark[src[e]] = ep;
+        w->ids[m++] = src[e];
+      }
+    if (m == own) continue;
+    if (np + m <= g->M) {
+      ra_graph_set_row(g, v, w->ids, m);
+      continue;
+    }
+    ra_graph_rank_cands(keys, v, m, w);
+    uint32_t ns = ra_graph_prune(keys, w->cand, m, g->M - np, 1, w);
+    ra_graph_set_row(g, v, w->sel, ns);
+  }
+  goto done;
+nomem:
+  rc = ra_errorf(err, RA_ENOMEM, "graph: out of memory adding reverse edges (%u nodes)", n);
+done:
+  if (works)
+    for (int t = 0; t < nt; t++) ra_graph_work_free(&works[t]);
+  free(works);
+  free(src);
+  free(off);
+  return rc;
+}
+
+/* ---- connectivity ---- */
+
+/* Makes u's j-th edge pinned: it moves to the end of the pinned prefix. */
+static void pin_edge(ra_graph *g, uint32_t u, uint32_t j) {
+  uint32_t *row = row_of(g, u), np = g->npin[u];
+  uint32_t t = row[np];
+  row[np] = row[j];
+  row[j] = t;
+  g->npin[u] = (uint16_t)(np + 1);
+}
+
+/* Adds the pinned edge p -> u (p has pin room; u is not in the tree, so not pinned anywhere). A
+ * full row drops its unpinned neighbor least similar to p. */
+static void attach_pinned(ra_graph *g, const ra_keys *keys, uint32_t p, uint32_t u,
+                          ra_graph_work *w) {
+  uint32_t *row = row_of(g, p), d = g->deg[p], np = g->npin[p];
+  for (uint32_t j = np; j < d; j++)
+    if (row[j] == u) {
+      pin_edge(g, p, j);
+      return;
+    }
+  if (d < g->M) {
+    row[d] = u;
+    g->deg[p] = (uint16_t)(d + 1);
+    pin_edge(g, p, d);
+    return;
+  }
+  ra_graph_key_to_metric(keys, p, w, w->vec);
+  ra_vec_dot_rows(w->vec, keys->rows, keys->dtype, keys->dim, row + np, d - np, w->dots);
+  uint32_t worst = 0;
+  for (uint32_t j = 0; j < d - np; j++) w->dots[j] -= w->hn[row[np + j]];
+  for (uint32_t j = 1; j < d - np; j++)
+    if (w->dots[j] < w->dots[worst]) worst = j;
+  row[np + worst] = u;
+  pin_edge(g, p, np + worst);
+}
+
+/* Links u given its beam-search results res (reachable nodes, best first): pinned parent, pruned
+ * out-edges (u's current unpinned edges plus res), reverse edges. in_tree NULL = every node other
+ * than u is in the tree. */
+static void link_node(ra_graph *g, const ra_keys *keys, uint32_t u, const uint32_t *res,
+                      uint32_t n_res, const uint8_t *in_tree, ra_graph_work *w) {
+  const uint32_t pc = pin_cap(g);
+  uint32_t parent = UINT32_MAX;
+  for (uint32_t i = 0; i < n_res && parent == UINT32_MAX; i++) {
+    uint32_t v = res[i];
+    if (v != u && (!in_tree || in_tree[v]) && g->npin[v] < pc) parent = v;
+  }
+  /* Every result can be out of pin room; the tree then still has some node with room: n - 1
+   * pinned edges over n nodes of room pc >= 1 each. */
+  for (uint32_t v = 0; v < g->n && parent == UINT32_MAX; v++)
+    if (v != u && (!in_tree || in_tree[v]) && g->npin[v] < pc) parent = v;
+  if (parent != UINT32_MAX) attach_pinned(g, keys, parent, u, w);
+
+  uint32_t ep = mark_begin(w), m = 0, *row = row_of(g, u), np = g->npin[u];
+  w->mark[u] = ep;
+  for (uint32_t j = 0; j < np; j++) w->mark[row[j]] = ep;
+  for (uint32_t j = np; j < g->deg[u]; j++)
+    if (w->mark[row[j]] != ep) {
+      w->mark[row[j]] = ep;
+      w->ids[m++] = row[j];
+    }
+  for (uint32_t i = 0; i < n_res; i++)
+    if (w->mark[res[i]] != ep) {
+      w->mark[res[i]] = ep;
+      w->ids[m++] = res[i];
+    }
+  ra_graph_rank_cands(keys, u, m, w);
+  uint32_t ns = ra_graph_prune(keys, w->cand, m, g->M - np, 1, w);
+  ra_graph_set_row(g, u, w->sel, ns);
+  /* add_edge reuses w->sel: walk a copy of the new row. */
+  uint32_t d = g->deg[u];
+  memcpy(w->res_id, row, (size_t)d * sizeof *row);
+  for (uint32_t j = 0; j < d; j++) ra_graph_add_edge(g, keys, w->res_id[j], u, w);
+}
+
+int ra_graph_connect(ra_graph *g, const ra_keys *keys, uint32_t L, int n_threads, ra_error *err) {
+  const uint32_t n = g->n, pc = pin_cap(g);
+  int nt = n_threads > 0 ? n_threads : omp_get_max_threads();
+  int rc = RA_OK;
+  uint8_t *in_tree = calloc(n ? n : 1, 1);
+  uint32_t *queue = malloc((size_t)(n ? n : 1) * sizeof *queue);
+  ra_graph_work *works = calloc((size_t)nt, sizeof *works);
+  /* A fixed batch (not per thread) keeps the graph independent of the thread count. */
+  const uint32_t batch = 64;
+  if (L < g->M) L = g->M;
+  uint32_t *res = malloc((size_t)batch * L * sizeof *res);
+  uint32_t *res_n = malloc((size_t)batch * sizeof *res_n);
+  if (!in_tree || !queue || !works || !res || !res_n) goto nomem;
+  for (int t = 0; t < nt; t++)
+    if (ra_graph_work_init(&works[t], keys->dim, g->M) ||
+        ra_graph_work_reserve(&works[t], g->M + L + 1, n, L))
+      goto nomem;
+    else
+      ra_graph_work_bind(&works[t], g);
+  if (n == 0) goto done;
+
+  /* BFS from the entry pins a spanning tree of what the edges already reach. */
+  memset(g->npin, 0, (size_t)n * sizeof *g->npin);
+  uint32_t head = 0, tail = 0;
+  in_tree[g->entry] = 1;
+  queue[tail++] = g->entry;
+  while (head < tail) {
+    uint32_t u = queue[head++];
+    uint32_t *row = row_of(g, u);
+    for (uint32_t j = 0; j < g->deg[u] && g->npin[u] < pc; j++) {
+      uint32_t v = row[j];
+      if (in_tree[v]) continue;
+      pin_edge(g, u, j);
+      in_tree[v] = 1;
+      queue[tail++] = v;
+    }
+  }
+  /* The rest, in id order: queue[] now lists them (the tree nodes are no longer needed there). */
+  uint32_t n_un = 0;
+  for (uint32_t u = 0; u < n; u++)
+    if (!in_tree[u]) queue[n_un++] = u;
+  g->n_repaired = n_un;
+
+  for (uint32_t b0 = 0; b0 < n_un; b0 += batch) {
+    uint32_t nb = n_un - b0 < batch ? n_un - b0 : batch;
+    /* Searches of a batch read the graph as the previous batches left it; links are applied
+     * afterwards, one node at a time in id order, so the result does not depend on threads. */
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 4)
+    for (uint32_t i = 0; i < nb; i++) {
+      ra_graph_work *w = &works[omp_get_thread_num()];
+      ra_graph_key_to_metric(keys, queue[b0 + i], w, w->vec);
+      ra_graph_search(g, keys, w->vec, L, L, &w->sc, res + (size_t)i * L, w->res_sc, &res_n[i],
+                      NULL);
+    }
+    for (uint32_t i = 0; i < nb; i++) {
+      uint32_t u = queue[b0 + i];
+      link_node(g, keys, u, res + (size_t)i * L, res_n[i], in_tree, &works[0]);
+      in_tree[u] = 1;
+    }
+  }
+  goto done;
+nomem:
+  rc = ra_errorf(err, RA_ENOMEM, "graph: out of memory linking unreachable nodes (%u nodes)", n);
+done:
+  if (works)
+    for (int t = 0; t < nt; t++) ra_graph_work_free(&works[t]);
+  free(works);
+  free(res);
+  free(res_n);
+  free(queue);
+  free(in_tree);
+  return rc;
+}
+
+void ra_graph_insert(ra_graph *g, const ra_keys *keys, uint32_t id, uint32_t L, ra_graph_work *w) {
+  g->deg[id] = 0;
+  g->npin[id] = 0;
+  ra_graph_set_norms(g, keys, id, id + 1);
+  g->n = id + 1;
+  ra_graph_work_bind(w, g);
+  if (id == 0) {
+    g->entry = 0;
+    return;
+  }
+  uint32_t n_res = 0;
+  ra_graph_key_to_metric(keys, id, w, w->vec);
+  ra_graph_search(g, keys, w->vec, L, L, &w->sc, w->res_id, w->res_sc, &n_res, NULL);
+  /* link_node reads res_id before it reuses that buffer for the new row. */
+  link_node(g, keys, id, w->res_id, n_res, NULL, w);
+}
+
+int ra_graph_check(const ra_graph *g, ra_error *err) {
+  const uint32_t n = g->n;
+  int rc = RA_OK;
+  uint32_t *seen = calloc(n ? n : 1, sizeof *seen);
+  uint32_t *pin_in = calloc(n ? n : 1, sizeof *pin_in);
+  uint32_t *queue = malloc((size_t)(n ? n : 1) * sizeof *queue);
+  if (!seen || !pin_in || !queue) {
+    rc = ra_errorf(err, RA_ENOMEM, "graph check: out of memory");
+    goto out;
+  }
+  if (n == 0) goto out;
+  if (g->entry >= n) {
+    rc = ra_errorf(err, RA_EINTERNAL, "graph: entry %u >= n %u", g->entry, n);
+    goto out;
+  }
+  for (uint32_t u = 0; u < n; u++) {
+    const uint32_t *row = row_of(g, u);
+    if (g->deg[u] > g->M || g->npin[u] > g->deg[u] || g->npin[u] > pin_cap(g)) {
+      rc = ra_errorf(err, RA_EINTERNAL, "graph: node %u degree %u pinned %u (M %u)", u, g->deg[u],
+                     g->npin[u], g->M);
+      goto out;
+    }
+    for (uint32_t j = 0; j < g->deg[u]; j++) {
+      uint32_t v = row[j];
+      if (v >= n || v == u || seen[v] == u + 1) {
+        rc = ra_errorf(err, RA_EINTERNAL, "graph: node %u edge %u -> %u is %s", u, j, v,
+                       v >= n ? "out of range" : v == u ? "a self loop" : "a duplicate");
+        goto out;
+      }
+      seen[v] = u + 1;
+      if (j < g->npin[u]) pin_in[v]++;
+    }
+  }
+  for (uint32_t u = 0; u < n; u++)
+    if (pin_in[u] != (u == g->entry ? 0u : 1u)) {
+      rc = ra_errorf(err, RA_EINTERNAL, "graph: node %u has %u pinned in-edges", u, pin_in[u]);
+      goto out;
+    }
+  /* Pinned edges alone must reach everything from the entry (so any walk can). */
+  memset(seen, 0, (size_t)n * sizeof *seen);
+  uint32_t head = 0, tail = 0;
+  seen[g->entry] = 1;
+  queue[tail++] = g->entry;
+  while (head < tail) {
+    uint32_t u = queue[head++];
+    for (uint32_t j = 0; j < g->npin[u]; j++) {
+      uint32_t v = row_of(g, u)[j];
+      if (!seen[v]) {
+        seen[v] = 1;
+        queue[tail++] = v;
+      }
+    }
+  }
+  if (tail != n)
+    rc = ra_errorf(err, RA_EINTERNAL, "graph: %u of %u nodes unreachable from entry %u", n - tail,
+                   n, g->entry);
+out:
+  free(seen);
+  free(pin_in);
+  free(queue);
+  return rc;
+}

@@ -1,0 +1,234 @@
+/* roar: the attention-aware graph (RoarGraph, VLDB 2024, as RetrievalAttention uses it).
+ *
+ * Keys that a query finds close are not keys that are close to each other (W_Q and W_K project
+ * differently), so the edges come from the queries' point of view:
+ *   1. each (sampled) prefill query's exact top-Nq keys by inner product;
+ *   2. projection: the query's top-1 key is its pivot; the rest of its list are candidates of the
+ *      pivot (union over all queries sharing a pivot), ranked by similarity to the pivot and
+ *      occlusion-pruned to M, filled up with the most similar leftovers. Two departures from
+ *      RoarGraph, both measured on synthetic Q/K (index.c): the top `pivots` keys of each list
+ *      are pivots, not only the top-1 (queries pile onto a few heavy-hitter keys, so top-1
+ *      pivots alone cover few keys); and key-key similarity is measured in the queries' metric
+ *      C = E[q q^T] (graph.h), not raw inner product;
+ *   3. reverse edges, re-pruning rows that overflow M;
+ *   4. entry: the key with the largest inner product with the mean query (where a decode query's
+ *      walk should start), then every key not reachable from it is linked by a beam search with
+ *      its own key as the query (graph.c's spanning-tree pins keep them reachable). */
+#include "index_internal.h"
+#include "knn.h"
+#include "vec.h"
+
+#include <cblas.h>
+
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The sampled query indices, ascending: a seeded partial shuffle of [0, n) cut at m. */
+static uint32_t *sample_queries(uint32_t n, uint32_t m, uint64_t seed) {
+  uint32_t *idx = malloc((size_t)(n ? n : 1) * sizeof *idx);
+  uint8_t *take = calloc(n ? n : 1, 1);
+  if (!idx || !take) {
+    free(idx);
+    free(take);
+    return NULL;
+  }
+  uint64_t rng = seed ^ 0x5EEDF00Dull;
+  for (uint32_t i = 0; i < n; i++) idx[i] = i;
+  for (uint32_t i = 0; i < m; i++) {
+    uint32_t j = i + ra_index_rng_below(&rng, n - i), t = idx[i];
+    idx[i] = idx[j];
+    idx[j] = t;
+    take[idx[i]] = 1;
+  }
+  uint32_t c = 0;
+  for (uint32_t i = 0; i < n; i++)
+    if (take[i]) idx[c++] = i;
+  free(take);
+  return idx;
+}
+
+int ra_roar_build(ra_index *ix, const ra_keys *keys, const ra_queries *qs, ra_error *err) {
+  const uint32_t n = ix->n, M = ix->params.degree;
+  const int dim = ix->dim;
+  int nt = ix->params.n_threads > 0 ? ix->params.n_threads : omp_get_max_threads();
+  int rc = RA_OK;
+  if (!qs || qs->n == 0 || (!qs->q && !qs->knn))
+    return ra_errorf(err, RA_EINVAL, "roar: needs prefill queries (vectors or knn lists)");
+  if (qs->knn && qs->knn_k < 2)
+    return ra_errorf(err, RA_EINVAL, "roar: knn lists of %u ids (need >= 2)", qs->knn_k);
+  ra_graph *g = calloc(1, sizeof *g);
+  if (!g || ra_graph_init(g, M, n, n)) {
+    free(g);
+    return ra_errorf(err, RA_ENOMEM, "roar: out of memory for %u keys", n);
+  }
+  uint32_t *sel = NULL, *own = NULL, *off = NULL, *byp = NULL;
+  float *x = NULL, *qv = NULL;
+  ra_graph_work *works = NULL;
+  if (n <= 1) goto done_ok;
+
+  uint32_t m = (uint32_t)lround((double)ix->params.query_sample * qs->n);
+  if (m < 1) m = 1;
+  if (m > qs->n) m = qs->n;
+  uint32_t nq = ix->params.knn_nq < n ? ix->params.knn_nq : n;
+  if (qs->knn && qs->knn_k < nq) nq = qs->knn_k;
+  if (nq < 2) nq = 2;
+  sel = sample_queries(qs->n, m, ix->params.seed);
+  if (!sel) goto nomem;
+
+  /* lists: row i = query sel[i]'s top-nq key ids; stride `stride`. */
+  const uint32_t *lists;
+  size_t stride;
+  if (qs->knn) {
+    for (uint32_t i = 0; i < m; i++)
+      for (uint32_t j = 0; j < nq; j++)
+        if (qs->knn[(size_t)sel[i] * qs->knn_k + j] >= n) {
+          rc = ra_errorf(err, RA_EINVAL, "roar: query %u's knn id %u >= %u keys", sel[i],
+                         qs->knn[(size_t)sel[i] * qs->knn_k + j], n);
+          goto fail;
+        }
+    /* Gather the sampled rows so that row i belongs to sel[i] in both cases. */
+    own = malloc((size_t)m * nq * sizeof *own);
+    if (!own) goto nomem;
+    for (uint32_t i = 0; i < m; i++)
+      memcpy(own + (size_t)i * nq, qs->knn + (size_t)sel[i] * qs->knn_k, (size_t)nq * sizeof *own);
+  }
+  if (qs->q) {
+    qv = malloc((size_t)m * dim * sizeof *qv);
+    float *C = malloc((size_t)dim * dim * sizeof *C);
+    if (!qv || !C) {
+      free(C);
+      goto nomem;
+    }
+    for (uint32_t i = 0; i < m; i++)
+      memcpy(qv + (size_t)i * dim, qs->q + (size_t)sel[i] * dim, (size_t)dim * sizeof *qv);
+    /* C = Q^T Q / m [dim, dim], the queries' second moment: the pruning metric. */
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, dim, dim, (int)m, 1.0f / (float)m, qv,
+                dim, qv, dim, 0.0f, C, dim);
+    rc = ra_graph_set_metric(g, C, dim);
+    free(C);
+    if (rc) goto nomem;
+  }
+  if (!qs->knn) {
+    x = malloc((size_t)n * dim * sizeof *x);
+    own = malloc((size_t)m * nq * sizeof *own);
+    if (!x || !own) goto nomem;
+    ra_dtype_to_fp32_n(keys->dtype, keys->rows, x, (size_t)n * dim);
+    if ((rc = ra_knn_ip(x, n, dim, NULL, qv, m, nq, 0, nt, own, NULL, err))) goto fail;
+    free(x);
+    x = NULL;
+  }
+  free(qv);
+  qv = NULL;
+  lists = own;
+  stride = nq;
+
+  /* Queries grouped by pivot (CSR, query order kept), and the largest candidate union. */
+  off = calloc((size_t)n + 1, sizeof *off);
+  byp = malloc((size_t)m * sizeof *byp);
+  if (!off || !byp) goto nomem;
+  uint32_t ppq = ix->params.pivots < nq ? ix->params.pivots : nq;
+  byp = realloc(byp, (size_t)m * ppq * sizeof *byp);
+  if (!byp) goto nomem;
+  for (uint32_t i = 0; i < m; i++)
+    for (uint32_t j = 0; j < ppq; j++) off[lists[(size_t)i * stride + j] + 1]++;
+  uint32_t max_group = 0, n_pivots = 0;
+  for (uint32_t v = 0; v < n; v++) {
+    if (off[v + 1] > max_group) max_group = off[v + 1];
+    if (off[v + 1]) n_pivots++;
+    off[v + 1] += off[v];
+  }
+  {
+    uint32_t *fillp = malloc((size_t)n * sizeof *fillp);
+    if (!fillp) goto nomem;
+    memcpy(fillp, off, (size_t)n * sizeof *fillp);
+    for (uint32_t i = 0; i < m; i++)
+      for (uint32_t j = 0; j < ppq; j++) byp[fillp[lists[(size_t)i * stride + j]]++] = i;
+    free(fillp);
+  }
+  works = calloc((size_t)nt, sizeof *works);
+  if (!works) goto nomem;
+  uint64_t cand_max = (uint64_t)max_group * nq;
+  if (cand_max > n) cand_max = n;
+  for (int t = 0; t < nt; t++)
+    if (ra_graph_work_init(&works[t], dim, M) ||
+        ra_graph_work_reserve(&works[t], (uint32_t)cand_max, n, 1))
+      goto nomem;
+    else
+      ra_graph_work_bind(&works[t], g);
+  ra_graph_set_norms(g, keys, 0, n);
+
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 16)
+  for (uint32_t p = 0; p < n; p++) {
+    if (off[p] == off[p + 1]) continue;
+    ra_graph_work *w = &works[omp_get_thread_num()];
+    uint32_t ep = ++w->mark_epoch, c = 0; /* n_pivots << 2^32 rounds: no wrap */
+    w->mark[p] = ep;
+    for (uint32_t e = off[p]; e < off[p + 1]; e++) {
+      const uint32_t *l = lists + (size_t)byp[e] * stride;
+      for (uint32_t j = 0; j < nq; j++)
+        if (w->mark[l[j]] != ep) {
+          w->mark[l[j]] = ep;
+          w->ids[c++] = l[j];
+        }
+    }
+    ra_graph_rank_cands(keys, p, c, w);
+    uint32_t ns = ra_graph_prune(keys, w->cand, c, M, 1, w);
+    ra_graph_set_row(g, p, w->sel, ns);
+  }
+  ix->n_pivots = n_pivots;
+
+  /* Entry: argmax_k mean_q·k over the sampled queries; from knn lists alone, the pivot of the
+   * most queries. */
+  if (qs->q) {
+    float *mean = works[0].qvec;
+    memset(mean, 0, (size_t)dim * sizeof *mean);
+    for (uint32_t i = 0; i < m; i++)
+      for (int d = 0; d < dim; d++) mean[d] += qs->q[(size_t)sel[i] * dim + d] / (float)m;
+    float best = -INFINITY;
+    size_t rb = ra_dtype_size(keys->dtype) * (size_t)dim;
+    for (uint32_t v = 0; v < n; v++) {
+      float s = ra_vec_dot(mean, (const char *)keys->rows + (size_t)v * rb, keys->dtype, dim);
+      if (s > best) {
+        best = s;
+        g->entry = v;
+      }
+    }
+  } else {
+    uint32_t best = 0;
+    for (uint32_t v = 0; v < n; v++)
+      if (off[v + 1] - off[v] > best) {
+        best = off[v + 1] - off[v];
+        g->entry = v;
+      }
+  }
+  for (int t = 0; t < nt; t++) ra_graph_work_free(&works[t]);
+  free(works);
+  works = NULL;
+  free(own);
+  free(off);
+  free(byp);
+  free(sel);
+  own = off = byp = sel = NULL;
+  if ((rc = ra_graph_add_reverse_edges(g, keys, nt, err))) goto fail;
+  if ((rc = ra_graph_connect(g, keys, ix->params.build_ef, nt, err))) goto fail;
+done_ok:
+  ix->graph = g;
+  return RA_OK;
+nomem:
+  rc = ra_errorf(err, RA_ENOMEM, "roar: out of memory (%u keys, %u queries)", n, qs->n);
+fail:
+  if (works)
+    for (int t = 0; t < nt; t++) ra_graph_work_free(&works[t]);
+  free(works);
+  free(sel);
+  free(own);
+  free(off);
+  free(byp);
+  free(x);
+  free(qv);
+  ra_graph_free(g);
+  free(g);
+  return rc;
+}

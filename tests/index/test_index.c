@@ -1,0 +1,593 @@
+/* ra_index: exactness, graph invariants, insertion, determinism, errors, on small synthetic keys
+ * whose queries come from a different distribution than the keys (as attention's do). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "graph.h"
+#include "index.h"
+#include "index_internal.h"
+#include "knn.h"
+
+#define DIM 32
+#define NK 3000
+#define NQ 1500
+
+typedef struct {
+  float *keys;  /* [NK + extra, DIM] */
+  float *q;     /* [NQ, DIM] build queries */
+  float *qtest; /* [NQ, DIM] held-out queries */
+  uint32_t n;
+} data;
+
+static uint64_t rng_state;
+static float gauss(void) {
+  double u1 = ((double)(ra_index_rng_next(&rng_state) >> 11) + 0.5) / 9007199254740992.0;
+  double u2 = ((double)(ra_index_rng_next(&rng_state) >> 11) + 0.5) / 9007199254740992.0;
+  return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+/* keys = c + B z + noise, queries = b + A z' + noise: shared latent z (dim 8), different maps and
+ * offsets, so key-key and query-key neighborhoods differ. */
+static void make_data(data *d, uint32_t n, uint64_t seed) {
+  enum { R = 8 };
+  rng_state = seed;
+  float A[DIM][R], B[DIM][R], b[DIM], c[DIM];
+  for (int i = 0; i < DIM; i++) {
+    for (int r = 0; r < R; r++) {
+      A[i][r] = gauss();
+      B[i][r] = gauss();
+    }
+    b[i] = 0.5f * gauss();
+    c[i] = 2.0f * gauss();
+  }
+  d->n = n;
+  d->keys = malloc((size_t)n * DIM * sizeof(float));
+  d->q = malloc((size_t)NQ * DIM * sizeof(float));
+  d->qtest = malloc((size_t)NQ * DIM * sizeof(float));
+  assert_non_null(d->keys);
+  assert_non_null(d->q);
+  assert_non_null(d->qtest);
+  for (uint32_t t = 0; t < n + 2 * NQ; t++) {
+    float z[R], *out;
+    for (int r = 0; r < R; r++) z[r] = gauss();
+    int is_key = t < n;
+    out = is_key ? d->keys + (size_t)t * DIM
+                 : (t < n + NQ ? d->q + (size_t)(t - n) * DIM : d->qtest + (size_t)(t - n - NQ) * DIM);
+    for (int i = 0; i < DIM; i++) {
+      float s = is_key ? c[i] : b[i];
+      for (int r = 0; r < R; r++) s += (is_key ? B[i][r] : A[i][r]) * z[r];
+      out[i] = s + 0.3f * gauss();
+    }
+  }
+}
+
+static void free_data(data *d) {
+  free(d->keys);
+  free(d->q);
+  free(d->qtest);
+}
+
+static ra_keys keys_of(const data *d, uint32_t n) {
+  ra_keys k = {.rows = d->keys, .dtype = RA_DTYPE_F32, .dim = DIM, .n = n};
+  return k;
+}
+
+static ra_index *build(ra_index_kind kind, const data *d, uint32_t n, int threads) {
+  ra_index_params p;
+  ra_index_params_default(kind, &p);
+  p.n_threads = threads;
+  ra_keys k = keys_of(d, n);
+  ra_queries qs = {.q = d->q, .n = NQ};
+  ra_index *ix = NULL;
+  ra_error err;
+  ra_error_clear(&err);
+  int rc = ra_index_build(&p, &k, kind == RA_INDEX_ROAR ? &qs : NULL, &ix, &err);
+  if (rc) fail_msg("build %s: %s", ra_index_kind_name(kind), err.msg);
+  return ix;
+}
+
+/* Independent of ra_index_check: degree <= M, no self loops/duplicates, BFS over all edges from
+ * the entry reaches every node. */
+static void assert_graph_invariants(const ra_index *ix) {
+  const ra_graph *g = ix->graph;
+  assert_non_null(g);
+  assert_int_equal(g->n, ix->n);
+  uint8_t *seen = calloc(g->n, 1);
+  uint32_t *queue = malloc(g->n * sizeof *queue);
+  assert_non_null(seen);
+  assert_non_null(queue);
+  for (uint32_t u = 0; u < g->n; u++) {
+    const uint32_t *row = g->adj + (size_t)u * g->M;
+    assert_true(g->deg[u] <= g->M);
+    for (uint32_t j = 0; j < g->deg[u]; j++) {
+      assert_true(row[j] < g->n);
+      assert_true(row[j] != u);
+      for (uint32_t i = 0; i < j; i++) assert_true(row[i] != row[j]);
+    }
+  }
+  uint32_t head = 0, tail = 0;
+  seen[g->entry] = 1;
+  queue[tail++] = g->entry;
+  while (head < tail) {
+    uint32_t u = queue[head++];
+    for (uint32_t j = 0; j < g->deg[u]; j++) {
+      uint32_t v = g->adj[(size_t)u * g->M + j];
+      if (!seen[v]) {
+        seen[v] = 1;
+        queue[tail++] = v;
+      }
+    }
+  }
+  assert_int_equal(tail, g->n);
+  free(seen);
+  free(queue);
+  ra_error err;
+  if (ra_index_check(ix, &err)) fail_msg("check: %s", err.msg);
+}
+
+/* Exact top-k of q over the first n keys, by brute force (the same kernels as the index). */
+static void exact_topk(const data *d, uint32_t n, const float *q, uint32_t k, uint32_t *ids,
+                       float *sc) {
+  ra_error err;
+  assert_int_equal(ra_knn_ip(d->keys, n, DIM, NULL, q, 1, k, 0, 1, ids, sc, &err), RA_OK);
+}
+
+static double recall_of(const uint32_t *got, uint32_t n_got, const uint32_t *want, uint32_t k) {
+  uint32_t hit = 0;
+  for (uint32_t i = 0; i < k; i++)
+    for (uint32_t j = 0; j < n_got; j++)
+      if (got[j] == want[i]) {
+        hit++;
+        break;
+      }
+  return (double)hit / k;
+}
+
+static void test_knn_matches_naive(void **state) {
+  (void)state;
+  data d;
+  make_data(&d, 700, 11);
+  enum { K = 20 };
+  uint32_t ids[K];
+  float sc[K];
+  for (int qi = 0; qi < 5; qi++) {
+    const float *q = d.qtest + (size_t)qi * DIM;
+    exact_topk(&d, 700, q, K, ids, sc);
+    float prev = INFINITY;
+    for (int i = 0; i < K; i++) {
+      double s = 0;
+      for (int j = 0; j < DIM; j++) s += (double)q[j] * d.keys[(size_t)ids[i] * DIM + j];
+      assert_true(fabs(s - sc[i]) < 1e-3 * (1 + fabs(s)));
+      assert_true(sc[i] <= prev);
+      prev = sc[i];
+      /* No key outside the list beats the k-th. */
+    }
+    for (uint32_t v = 0; v < 700; v++) {
+      double s = 0;
+      for (int j = 0; j < DIM; j++) s += (double)q[j] * d.keys[(size_t)v * DIM + j];
+      int in = 0;
+      for (int i = 0; i < K; i++) in |= ids[i] == v;
+      if (!in) assert_true(s <= sc[K - 1] + 1e-3 * (1 + fabs(s)));
+    }
+  }
+  free_data(&d);
+}
+
+static void test_flat_is_exact(void **state) {
+  (void)state;
+  data d;
+  make_data(&d, NK, 1);
+  ra_index *ix = build(RA_INDEX_FLAT, &d, NK, 0);
+  ra_index_scratch s;
+  assert_int_equal(ra_index_scratch_init(&s, ix, 0, 50, NULL), RA_OK);
+  ra_keys k = keys_of(&d, NK);
+  uint32_t ids[50], want[50], n = 0;
+  float sc[50], wsc[50];
+  uint64_t scanned = 0;
+  for (int qi = 0; qi < 20; qi++) {
+    const float *q = d.qtest + (size_t)qi * DIM;
+    assert_int_equal(ra_index_search(ix, &k, q, 50, NULL, &s, ids, sc, &n, &scanned), RA_OK);
+    exact_topk(&d, NK, q, 50, want, wsc);
+    assert_int_equal(n, 50);
+    assert_int_equal(scanned, NK);
+    for (int i = 0; i < 50; i++) {
+      assert_true(i == 0 || sc[i] <= sc[i - 1]);
+      assert_true(fabsf(sc[i] - wsc[i]) <= 1e-3f * (1 + fabsf(wsc[i])));
+    }
+    assert_true(recall_of(ids, n, want, 50) >= 0.98); /* sgemm vs dot rounding at ties only */
+  }
+  ra_index_scratch_free(&s);
+  ra_index_free(ix);
+  free_data(&d);
+}
+
+/* With L >= n a beam search visits every reachable node, so on a connected graph it must return
+ * exactly flat's answer (same kernels, same tie order). */
+static void check_exact_when_beam_covers(ra_index_kind kind) {
+  data d;
+  make_data(&d, NK, 2);
+  ra_index *ix = build(kind, &d, NK, 2);
+  ra_index *fl = build(RA_INDEX_FLAT, &d, NK, 0);
+  assert_graph_invariants(ix);
+  ra_keys k = keys_of(&d, NK);
+  ra_index_scratch s;
+  assert_int_equal(ra_index_scratch_init(&s, ix, NK, 100, NULL), RA_OK);
+  ra_search_params sp = {.ef = NK, .nprobe = 0};
+  uint32_t ids[100], fids[100], n, fn;
+  float sc[100], fsc[100];
+  uint64_t scanned;
+  for (int qi = 0; qi < 10; qi++) {
+    const float *q = d.qtest + (size_t)qi * DIM;
+    assert_int_equal(ra_index_search(ix, &k, q, 100, &sp, &s, ids, sc, &n, &scanned), RA_OK);
+    assert_int_equal(ra_index_search(fl, &k, q, 100, NULL, &s, fids, fsc, &fn, NULL), RA_OK);
+    assert_int_equal(n, 100);
+    assert_int_equal(scanned, NK);
+    assert_memory_equal(ids, fids, sizeof ids);
+    assert_memory_equal(sc, fsc, sizeof sc);
+  }
+  ra_index_scratch_free(&s);
+  ra_index_free(ix);
+  ra_index_free(fl);
+  free_data(&d);
+}
+
+static void test_roar_exact_when_beam_covers(void **state) {
+  (void)state;
+  check_exact_when_beam_covers(RA_INDEX_ROAR);
+}
+
+static void test_kgraph_exact_when_beam_covers(void **state) {
+  (void)state;
+  check_exact_when_beam_covers(RA_INDEX_KGRAPH);
+}
+
+static void test_ivf_all_probes_exact(void **state) {
+  (void)state;
+  data d;
+  make_data(&d, NK, 3);
+  ra_index *ix = build(RA_INDEX_IVF, &d, NK, 2);
+  ra_index *fl = build(RA_INDEX_FLAT, &d, NK, 0);
+  ra_error err;
+  if (ra_index_check(ix, &err)) fail_msg("%s", err.msg);
+  ra_keys k = keys_of(&d, NK);
+  ra_index_scratch s;
+  assert_int_equal(ra_index_scratch_init(&s, ix, 0, 30, NULL), RA_OK);
+  ra_search_params all = {.ef = 0, .nprobe = 1u << 30}, few = {.ef = 0, .nprobe = 2};
+  uint32_t ids[30], fids[30], n, fn;
+  float sc[30], fsc[30];
+  uint64_t scanned, scanned_few;
+  for (int qi = 0; qi < 10; qi++) {
+    const float *q = d.qtest + (size_t)qi * DIM;
+    assert_int_equal(ra_index_search(ix, &k, q, 30, &all, &s, ids, sc, &n, &scanned), RA_OK);
+    assert_int_equal(ra_index_search(fl, &k, q, 30, NULL, &s, fids, fsc, &fn, NULL), RA_OK);
+    assert_int_equal(scanned, NK);
+    assert_memory_equal(ids, fids, sizeof ids);
+    assert_int_equal(ra_index_search(ix, &k, q, 30, &few, &s, ids, sc, &n, &scanned_few), RA_OK);
+    assert_true(scanned_few < NK / 4);
+  }
+  ra_index_scratch_free(&s);
+  ra_index_free(ix);
+  ra_index_free(fl);
+  free_data(&d);
+}
+
+/* Mean recall@10 of held-out queries at beam ef, and mean fraction scanned. */
+static double mean_recall(const ra_index *ix, const data *d, uint32_t n, uint32_t ef,
+                          double *frac) {
+  enum { K = 10, NT = 100 };
+  ra_keys k = keys_of(d, n);
+  ra_index_scratch s;
+  assert_int_equal(ra_index_scratch_init(&s, ix, ef, K, NULL), RA_OK);
+  ra_search_params sp = {.ef = ef, .nprobe = 8};
+  double r = 0, f = 0;
+  for (int qi = 0; qi < NT; qi++) {
+    const float *q = d->qtest + (size_t)qi * DIM;
+    uint32_t ids[K], want[K], got;
+    float sc[K], wsc[K];
+    uint64_t scanned;
+    assert_int_equal(ra_index_search(ix, &k, q, K, &sp, &s, ids, sc, &got, &scanned), RA_OK);
+    exact_topk(d, n, q, K, want, wsc);
+    r += recall_of(ids, got, want, K);
+    f += (double)scanned / n;
+  }
+  ra_index_scratch_free(&s);
+  if (frac) *frac = f / NT;
+  return r / NT;
+}
+
+static void test_roar_recall_on_shifted_queries(void **state) {
+  (void)state;
+  data d;
+  make_data(&d, NK, 4);
+  ra_index *ix = build(RA_INDEX_ROAR, &d, NK, 2);
+  double frac;
+  double r = mean_recall(ix, &d, NK, 40, &frac);
+  print_message("roar recall@10 %.3f scanning %.3f of keys\n", r, frac);
+  assert_true(r >= 0.9);
+  assert_true(frac < 0.25);
+  ra_index_free(ix);
+  free_data(&d);
+}
+
+static void test_insertion_keeps_invariants_and_recall(void **state) {
+  (void)state;
+  data d;
+  const uint32_t n0 = NK * 8 / 10;
+  make_data(&d, NK, 5);
+  ra_index *ix = build(RA_INDEX_ROAR, &d, n0, 2);
+  ra_index *kg = build(RA_INDEX_KGRAPH, &d, n0, 2);
+  ra_index *iv = build(RA_INDEX_IVF, &d, n0, 2);
+  ra_index *full = build(RA_INDEX_ROAR, &d, NK, 2);
+  ra_keys k = keys_of(&d, NK);
+  ra_error err;
+  ra_index_scratch s;
+  assert_int_equal(ra_index_scratch_init(&s, ix, 64, 1, NULL), RA_OK);
+  for (uint32_t id = n0; id < NK; id++) {
+    assert_int_equal(ra_index_insert(ix, &k, id, &err), RA_OK);
+    assert_int_equal(ra_index_insert(kg, &k, id, &err), RA_OK);
+    assert_int_equal(ra_index_insert(iv, &k, id, &err), RA_OK);
+    assert_int_equal(ra_index_count(ix), id + 1);
+    if (id % 100 == 0) {
+      /* Retrievable at once: the new key's own row as the query, full beam. */
+      ra_search_params sp = {.ef = id + 1, .nprobe = 0};
+      uint32_t got[1], n;
+      float sc[1];
+      uint64_t scanned;
+      assert_int_equal(ra_index_search(ix, &k, d.keys + (size_t)id * DIM, 1, &sp, &s, got, sc, &n,
+                                       &scanned),
+                       RA_OK);
+      assert_int_equal(scanned, id + 1);
+    }
+  }
+  assert_graph_invariants(ix);
+  assert_graph_invariants(kg);
+  if (ra_index_check(iv, &err)) fail_msg("%s", err.msg);
+  double fi, ff;
+  double ri = mean_recall(ix, &d, NK, 40, &fi), rf = mean_recall(full, &d, NK, 40, &ff);
+  print_message("after insertion recall %.3f (scan %.3f); rebuilt %.3f (scan %.3f)\n", ri, fi, rf,
+                ff);
+  assert_true(ri >= rf - 0.03);
+  ra_index_scratch_free(&s);
+  ra_index_free(ix);
+  ra_index_free(kg);
+  ra_index_free(iv);
+  ra_index_free(full);
+  free_data(&d);
+}
+
+static void test_insert_into_empty(void **state) {
+  (void)state;
+  data d;
+  make_data(&d, 300, 6);
+  ra_index_params p;
+  ra_index_params_default(RA_INDEX_ROAR, &p);
+  ra_keys k0 = keys_of(&d, 0), k = keys_of(&d, 300);
+  ra_index *ix = NULL;
+  ra_error err;
+  assert_int_equal(ra_index_build(&p, &k0, NULL, &ix, &err), RA_OK);
+  for (uint32_t id = 0; id < 300; id++) assert_int_equal(ra_index_insert(ix, &k, id, &err), RA_OK);
+  assert_graph_invariants(ix);
+  ra_index_free(ix);
+  free_data(&d);
+}
+
+static void test_build_is_deterministic(void **state) {
+  (void)state;
+  data d;
+  make_data(&d, NK, 7);
+  ra_index_kind kinds[] = {RA_INDEX_ROAR, RA_INDEX_KGRAPH};
+  for (int t = 0; t < 2; t++) {
+    ra_index *a = build(kinds[t], &d, NK, 2), *b = build(kinds[t], &d, NK, 1);
+    const ra_graph *ga = a->graph, *gb = b->graph;
+    assert_int_equal(ga->entry, gb->entry);
+    assert_memory_equal(ga->deg, gb->deg, NK * sizeof *ga->deg);
+    assert_memory_equal(ga->npin, gb->npin, NK * sizeof *ga->npin);
+    for (uint32_t u = 0; u < NK; u++)
+      assert_memory_equal(ga->adj + (size_t)u * ga->M, gb->adj + (size_t)u * gb->M,
+                          ga->deg[u] * sizeof *ga->adj);
+    ra_index_free(a);
+    ra_index_free(b);
+  }
+  /* ivf too: same centroids and lists for the same seed. */
+  ra_index *a = build(RA_INDEX_IVF, &d, NK, 2), *b = build(RA_INDEX_IVF, &d, NK, 2);
+  assert_int_equal(a->ivf->n_lists, b->ivf->n_lists);
+  assert_memory_equal(a->ivf->centroids, b->ivf->centroids,
+                      (size_t)a->ivf->n_lists * DIM * sizeof(float));
+  ra_index_free(a);
+  ra_index_free(b);
+  free_data(&d);
+}
+
+static void test_roar_from_knn_lists(void **state) {
+  (void)state;
+  data d;
+  make_data(&d, NK, 8);
+  enum { KK = 64 };
+  uint32_t *knn = malloc((size_t)NQ * KK * sizeof *knn);
+  assert_non_null(knn);
+  ra_error err;
+  assert_int_equal(ra_knn_ip(d.keys, NK, DIM, NULL, d.q, NQ, KK, 0, 2, knn, NULL, &err), RA_OK);
+  ra_index_params p;
+  ra_index_params_default(RA_INDEX_ROAR, &p);
+  ra_keys k = keys_of(&d, NK);
+  ra_queries qs = {.q = NULL, .n = NQ, .knn = knn, .knn_k = KK};
+  ra_index *ix = NULL;
+  assert_int_equal(ra_index_build(&p, &k, &qs, &ix, &err), RA_OK);
+  assert_graph_invariants(ix);
+  assert_true(mean_recall(ix, &d, NK, 40, NULL) >= 0.85);
+  ra_index_free(ix);
+  /* An id outside the keys is the caller's error, reported before anything is built. */
+  knn[5 * KK + 3] = NK;
+  assert_int_equal(ra_index_build(&p, &k, &qs, &ix, &err), RA_EINVAL);
+  assert_null(ix);
+  assert_non_null(strstr(err.msg, "knn id"));
+  free(knn);
+  free_data(&d);
+}
+
+static void test_f16_keys(void **state) {
+  (void)state;
+  data d;
+  make_data(&d, 1000, 9);
+  ra_fp16 *h = malloc((size_t)1000 * DIM * sizeof *h);
+  assert_non_null(h);
+  ra_fp32_to_fp16_n(d.keys, h, (size_t)1000 * DIM);
+  ra_keys k = {.rows = h, .dtype = RA_DTYPE_F16, .dim = DIM, .n = 1000};
+  ra_index_params p;
+  ra_index_params_default(RA_INDEX_ROAR, &p);
+  ra_queries qs = {.q = d.q, .n = NQ};
+  ra_index *ix = NULL, *fl = NULL;
+  ra_error err;
+  assert_int_equal(ra_index_build(&p, &k, &qs, &ix, &err), RA_OK);
+  p.kind = RA_INDEX_FLAT;
+  assert_int_equal(ra_index_build(&p, &k, NULL, &fl, &err), RA_OK);
+  assert_graph_invariants(ix);
+  ra_index_scratch s;
+  assert_int_equal(ra_index_scratch_init(&s, ix, 1000, 20, &err), RA_OK);
+  ra_search_params sp = {.ef = 1000};
+  uint32_t a[20], b[20], na, nb;
+  for (int qi = 0; qi < 5; qi++) {
+    const float *q = d.qtest + (size_t)qi * DIM;
+    assert_int_equal(ra_index_search(ix, &k, q, 20, &sp, &s, a, NULL, &na, NULL), RA_OK);
+    assert_int_equal(ra_index_search(fl, &k, q, 20, NULL, &s, b, NULL, &nb, NULL), RA_OK);
+    assert_memory_equal(a, b, sizeof a);
+  }
+  ra_index_scratch_free(&s);
+  ra_index_free(ix);
+  ra_index_free(fl);
+  free(h);
+  free_data(&d);
+}
+
+static void test_errors(void **state) {
+  (void)state;
+  data d;
+  make_data(&d, 200, 10);
+  ra_keys k = keys_of(&d, 200);
+  ra_index_params p;
+  ra_index *ix = (ra_index *)&p; /* must be reset to NULL on failure */
+  ra_error err;
+  ra_index_params_default(RA_INDEX_ROAR, &p);
+  assert_int_equal(ra_index_build(&p, &k, NULL, &ix, &err), RA_EINVAL);
+  assert_null(ix);
+  assert_non_null(strstr(err.msg, "queries"));
+  p.degree = 1;
+  ra_queries qs = {.q = d.q, .n = NQ};
+  assert_int_equal(ra_index_build(&p, &k, &qs, &ix, &err), RA_EINVAL);
+  assert_non_null(strstr(err.msg, "degree"));
+  ra_index_params_default(RA_INDEX_ROAR, &p);
+  p.query_sample = 0.0f;
+  assert_int_equal(ra_index_build(&p, &k, &qs, &ix, &err), RA_EINVAL);
+  p.kind = (ra_index_kind)9;
+  assert_int_equal(ra_index_build(&p, &k, &qs, &ix, &err), RA_EINVAL);
+  ra_index_params_default(RA_INDEX_KGRAPH, &p);
+  ra_keys bad = k;
+  bad.dim = 0;
+  assert_int_equal(ra_index_build(&p, &bad, NULL, &ix, &err), RA_EINVAL);
+  assert_int_equal(ra_index_build(&p, &k, NULL, &ix, &err), RA_OK);
+  assert_int_equal(ra_index_insert(ix, &k, 150, &err), RA_EINVAL); /* not the next id */
+  assert_non_null(strstr(err.msg, "next id"));
+  assert_int_equal(ra_index_insert(ix, &k, 200, &err), RA_EINVAL); /* beyond the view */
+  ra_keys k16 = k;
+  k16.dtype = RA_DTYPE_F16;
+  ra_index_scratch s;
+  assert_int_equal(ra_index_scratch_init(&s, ix, 10, 10, &err), RA_OK);
+  uint32_t ids[10], n = 7;
+  assert_int_equal(ra_index_search(ix, &k16, d.q, 10, NULL, &s, ids, NULL, &n, NULL), RA_EINVAL);
+  assert_int_equal(n, 0);
+  ra_keys small = k;
+  small.n = 100;
+  assert_int_equal(ra_index_search(ix, &small, d.q, 10, NULL, &s, ids, NULL, &n, NULL), RA_EINVAL);
+  ra_index_kind kind;
+  assert_int_equal(ra_index_kind_parse("roar", &kind), RA_OK);
+  assert_int_equal(kind, RA_INDEX_ROAR);
+  assert_int_equal(ra_index_kind_parse("hnsw", &kind), RA_EINVAL);
+  ra_index_scratch_free(&s);
+  ra_index_free(ix);
+  free_data(&d);
+}
+
+static void test_estimate_covers_bytes(void **state) {
+  (void)state;
+  data d;
+  make_data(&d, NK, 12);
+  ra_index_kind kinds[] = {RA_INDEX_FLAT, RA_INDEX_IVF, RA_INDEX_KGRAPH, RA_INDEX_ROAR};
+  for (int t = 0; t < 4; t++) {
+    ra_index *ix = build(kinds[t], &d, NK, 2);
+    ra_index_params p;
+    ra_index_params_default(kinds[t], &p);
+    p.n_threads = 2;
+    size_t est = ra_index_estimate_bytes(&p, NK, DIM, NQ), got = ra_index_bytes(ix);
+    print_message("%s: %zu bytes held, %zu estimated\n", ra_index_kind_name(kinds[t]), got, est);
+    assert_true(got <= est);
+    if (kinds[t] == RA_INDEX_ROAR) assert_true(got >= (size_t)NK * 32 * 4);
+    ra_index_free(ix);
+  }
+  free_data(&d);
+}
+
+/* Concurrent searches, one scratch each, give the sequential answers. */
+static void test_concurrent_search(void **state) {
+  (void)state;
+  data d;
+  make_data(&d, NK, 13);
+  ra_index *ix = build(RA_INDEX_ROAR, &d, NK, 2);
+  ra_keys k = keys_of(&d, NK);
+  enum { NT = 64, K = 10 };
+  static uint32_t seq[NT][K], par[NT][K];
+  ra_index_scratch s;
+  assert_int_equal(ra_index_scratch_init(&s, ix, 64, K, NULL), RA_OK);
+  ra_search_params sp = {.ef = 64};
+  for (int i = 0; i < NT; i++) {
+    uint32_t n;
+    assert_int_equal(ra_index_search(ix, &k, d.qtest + (size_t)i * DIM, K, &sp, &s, seq[i], NULL,
+                                     &n, NULL),
+                     RA_OK);
+  }
+  ra_index_scratch_free(&s);
+  int bad = 0;
+#pragma omp parallel num_threads(2) reduction(+ : bad)
+  {
+    ra_index_scratch ts;
+    if (ra_index_scratch_init(&ts, ix, 8, 1, NULL)) bad++; /* grows on first use */
+#pragma omp for schedule(dynamic, 1)
+    for (int i = 0; i < NT; i++) {
+      uint32_t n;
+      if (ra_index_search(ix, &k, d.qtest + (size_t)i * DIM, K, &sp, &ts, par[i], NULL, &n, NULL))
+        bad++;
+    }
+    ra_index_scratch_free(&ts);
+  }
+  assert_int_equal(bad, 0);
+  assert_memory_equal(seq, par, sizeof seq);
+  ra_index_free(ix);
+  free_data(&d);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_knn_matches_naive),
+      cmocka_unit_test(test_flat_is_exact),
+      cmocka_unit_test(test_roar_exact_when_beam_covers),
+      cmocka_unit_test(test_kgraph_exact_when_beam_covers),
+      cmocka_unit_test(test_ivf_all_probes_exact),
+      cmocka_unit_test(test_roar_recall_on_shifted_queries),
+      cmocka_unit_test(test_insertion_keeps_invariants_and_recall),
+      cmocka_unit_test(test_insert_into_empty),
+      cmocka_unit_test(test_build_is_deterministic),
+      cmocka_unit_test(test_roar_from_knn_lists),
+      cmocka_unit_test(test_f16_keys),
+      cmocka_unit_test(test_errors),
+      cmocka_unit_test(test_estimate_covers_bytes),
+      cmocka_unit_test(test_concurrent_search),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
