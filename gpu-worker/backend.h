@@ -83,7 +83,8 @@ typedef struct ra_backend_ops {
   int (*get_rows)(ra_backend *be, const ra_tensor *table, const int32_t *ids, int64_t n, ra_tensor *out,
                   ra_error *err);
   /* y = x w^T (+ bias) (+ y if accumulate).  x: [n, k], w: [m, k] (a weight), bias: [m] or NULL,
-   * y: [n, m]. accumulate fuses the residual add (x_res += attn_out Wo^T). */
+   * y: [n, m]; x and y may have more dims, flattened after the first (q: [n, heads, hd]).
+   * accumulate fuses the residual add (x_res += attn_out Wo^T). */
   int (*matmul)(ra_backend *be, const ra_tensor *x, const ra_tensor *w, const ra_tensor *bias, ra_tensor *y,
                 int accumulate, ra_error *err);
   /* y = x / sqrt(mean(x^2) + eps) * w.  x, y: [n, dim] (may alias), w: [dim] */

@@ -559,12 +559,9 @@ int ra_step_layer_finish(ra_state *st, int l, ra_error *err) {
   const ra_layer_weights *w = &st->m->layers[l];
   const ra_backend_ops *op = st->be->ops;
   ra_backend *be = st->be;
-  ra_tensor att2d = st->cur_att;
-  att2d.ndim = 2;
-  att2d.shape[1] = (int64_t)c->n_heads * c->head_dim;
   int rc;
-  /* x += att Wo^T;  x += W_down (silu(xn W_gate^T) * (xn W_up^T)) with xn = rmsnorm(x) */
-  if ((rc = op->matmul(be, &att2d, &w->wo, NULL, &st->cur_x, 1, err)) ||
+  /* x += att Wo^T (att: [n, heads, hd] as [n, heads*hd]);  x += W_down (silu(xn W_gate^T) * (xn W_up^T)) with xn = rmsnorm(x) */
+  if ((rc = op->matmul(be, &st->cur_att, &w->wo, NULL, &st->cur_x, 1, err)) ||
       (rc = op->rmsnorm(be, &st->cur_x, &w->ffn_norm, c->norm_eps, &st->cur_xn, err)) ||
       (rc = op->matmul(be, &st->cur_xn, &w->w_gate, NULL, &st->cur_gate, 0, err)) ||
       (rc = op->matmul(be, &st->cur_xn, &w->w_up, NULL, &st->cur_up, 0, err)) ||
