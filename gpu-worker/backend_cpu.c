@@ -225,13 +225,13 @@ static int cpu_rope(ra_backend *be, ra_tensor *x, int64_t pos0, int n_rot, float
   if (rc) return rc;
   if (x->ndim != 3) return ra_errorf(err, RA_EINVAL, "cpu rope: x must be [n, heads, head_dim]");
   int64_t n = x->shape[0], h = x->shape[1], hd = x->shape[2];
-  if (n_rot <= 0 || n_rot > hd || n_rot % 2) return ra_errorf(err, RA_EINVAL, "cpu rope: n_rot %d for head_dim %lld", n_rot, (long long)hd);
-  int half = n_rot / 2;
+  if (n_rot <= 0 || n_rot > hd || n_rot % 2 || n_rot > 1024) return ra_errorf(err, RA_EINVAL, "cpu rope: n_rot %d for head_dim %lld", n_rot, (long long)hd);
+  int half = n_rot / 2; /* <= 512: the per-token angle tables below */
   float *xd = x->data;
 #pragma omp parallel for schedule(static) if (n > 4)
   for (int64_t t = 0; t < n; t++) {
     float cs[512], sn[512];
-    for (int j = 0; j < half && j < 512; j++) {
+    for (int j = 0; j < half; j++) {
       /* angles in double: at 128K positions float would lose the low bits of pos * freq */
       double a = (double)(pos0 + t) * pow((double)theta, -2.0 * j / n_rot);
       cs[j] = (float)cos(a);

@@ -25,7 +25,7 @@ int main(int argc, char **argv) {
   int decode = 32, threads = 0;
   long batch = 512;
   ra_dtype kv = RA_DTYPE_F32;
-  for (int i = 1; i < argc; i++) {
+  for (int i = 1; i < argc; i += 2) {
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!v) {
       usage();
@@ -47,7 +47,6 @@ int main(int argc, char **argv) {
       usage();
       return 2;
     }
-    i++;
   }
   long ctxs[MAX_CTX_POINTS];
   int n_ctx = 0;
@@ -89,7 +88,7 @@ int main(int argc, char **argv) {
       ids[i] = (int32_t)((s >> 33) % (uint64_t)(m->cfg.vocab > 256 ? 256 + (m->cfg.vocab - 256) / 4 : m->cfg.vocab));
     }
     ra_state *st = NULL;
-    rc = ra_state_new(m, L + decode, batch < L ? batch : L, kv, &st, &err);
+    rc = ra_state_new(m, L + decode + 1, batch < L ? batch : L, kv, &st, &err);
     ra_gen_result res;
     ra_gen_config gc = {decode + 1, 0.0f, 1.0f, 1, 1, 0};
     if (rc == RA_OK) rc = ra_generate(st, NULL, ids, (size_t)L, &gc, NULL, NULL, &res, &err);
