@@ -9,6 +9,7 @@
 #include "json.h"
 #include "loader.h"
 #include "log.h"
+#include "procenv.h"
 #include "npy.h"
 
 #include <errno.h>
@@ -188,6 +189,7 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
     double pf = res.prefill_s > 0 ? (double)n / res.prefill_s : 0;
     double dc = res.decode_s > 0 && res.n_decode_steps ? (double)res.n_decode_steps / res.decode_s : 0;
     printf("\n");
+    fflush(stdout);
     fprintf(stderr, "prompt %zu tokens, generated %zu%s; prefill %.3f s (%.1f tok/s), decode %.3f s (%.2f tok/s)\n", n,
             res.n_tokens, res.stopped ? " (stop token)" : "", res.prefill_s, pf, res.decode_s, dc);
     if (o->json) {
@@ -288,6 +290,7 @@ static void cmd_info(const ra_model *m, const ra_tokenizer *tok) {
 }
 
 int main(int argc, char **argv) {
+  ra_procenv_prefer_passive_omp(argv);
   ra_log_set_name("gpu-worker");
   if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
     fputs(usage_text, argc < 2 ? stderr : stdout);

@@ -7,6 +7,7 @@
 #include "generate.h"
 #include "loader.h"
 #include "log.h"
+#include "procenv.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +21,7 @@ static void usage(void) {
 }
 
 int main(int argc, char **argv) {
+  ra_procenv_prefer_passive_omp(argv);
   ra_log_set_name("model-bench");
   const char *model = NULL, *backend = "cpu", *json = NULL, *ctx_list = "2048,8192";
   int decode = 32, threads = 0;
