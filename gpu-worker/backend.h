@@ -1,0 +1,146 @@
+/* The backend ops table: everything the model runtime does to tensor memory goes through it.
+ *
+ * model.c, generate.c and dump_qk.c never dereference tensor data; they allocate tensors, move
+ * data with upload/download, and call ops. A backend (CPU here; CUDA implements the same table)
+ * owns the memory and decides how weights are stored (load_weight may keep quantized blocks).
+ *
+ * Conventions shared by every op:
+ *   - Shapes are row-major: the LAST dimension is contiguous. Comments give them as
+ *     [n_tokens, n_heads, head_dim]. Ops that take "rows" flatten all leading dims.
+ *   - Activations, attention outputs and partials are F32 unless a comment says otherwise;
+ *     KV caches may be F32, F16 or BF16 (attention ops convert on the fly).
+ *   - Ops are issued in order on one stream; a backend may run them asynchronously, and
+ *     download() and sync() are the points where the host sees finished results. Pointers to
+ *     host memory passed to an op (token ids, ranges) only need to live for the call.
+ *   - Every op returns RA_OK or an RA_E* code and fills err; shape/dtype mismatches are
+ *     RA_EINVAL, so a wrong call fails loudly instead of reading out of bounds.
+ *
+ * Attention: q heads h use kv head h / (n_q_heads / n_kv_heads) (grouped-query attention).
+ * scale is applied to q·k (normally 1/sqrt(head_dim)).
+ *   attn_prefill: causal attention for a chunk of n queries at positions pos0..pos0+n-1 over the
+ *     cache rows [0, pos0 + i] of query i. Implementations must tile (online softmax) and never
+ *     hold an n x n score matrix: prefill must scale to 128K tokens.
+ *   attn_decode: one query token over an arbitrary union of disjoint token ranges of the cache,
+ *     returning the partial triple of common/merge.h per q head:
+ *       m = max z,  l = sum exp(z - m),  o = sum exp(z - m) v / l     (z = scale q·k)
+ *     so local results (e.g. sink [0,S) + window [n-W,n)) merge exactly with partials computed
+ *     elsewhere (remote kv-stores) via attn_merge. An empty range set gives m=-inf, l=0, o=0. */
+#ifndef RA_BACKEND_H
+#define RA_BACKEND_H
+
+#include "half.h"
+#include "status.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define RA_TENSOR_MAX_DIMS 4
+
+typedef struct ra_backend ra_backend;
+
+typedef struct ra_tensor {
+  ra_backend *be;  /* the backend that owns data */
+  ra_dtype dtype;  /* element type */
+  int ndim;
+  int64_t shape[RA_TENSOR_MAX_DIMS]; /* shape[ndim-1] is contiguous */
+  size_t nbytes;
+  void *data; /* backend memory: a host pointer on CPU, a device pointer on CUDA */
+} ra_tensor;
+
+/* RoPE pairing conventions. NORM rotates adjacent pairs (x[2i], x[2i+1]): GGUF llama files,
+ * whose converter permuted the q/k rows into that order. NEOX rotates (x[i], x[i + n_rot/2]):
+ * Hugging Face checkpoints ("rotate_half") and GGUF qwen2. */
+typedef enum ra_rope_style { RA_ROPE_NORM = 0, RA_ROPE_NEOX = 1 } ra_rope_style;
+
+/* A half-open range [begin, end) of token positions (cache rows). */
+typedef struct ra_token_range {
+  int64_t begin, end;
+} ra_token_range;
+
+typedef struct ra_backend_ops {
+  /* ---- memory ---- */
+  /* Allocates t->data for t->dtype/ndim/shape (set by the caller) and zero-fills it. */
+  int (*alloc)(ra_backend *be, ra_tensor *t, ra_error *err);
+  void (*free)(ra_backend *be, ra_tensor *t);
+  /* Host fp32 -> tensor elements [offset, offset + n), converting to t->dtype. */
+  int (*upload)(ra_backend *be, ra_tensor *t, size_t offset, const float *src, size_t n, ra_error *err);
+  /* Tensor elements [offset, offset + n) -> host fp32. Synchronizes. */
+  int (*download)(ra_backend *be, const ra_tensor *t, size_t offset, float *dst, size_t n, ra_error *err);
+  /* dst[dst_off + i] = src[src_off + i] for i < n, converting dtypes (KV-cache appends). */
+  int (*copy)(ra_backend *be, ra_tensor *dst, size_t dst_off, const ra_tensor *src, size_t src_off,
+              size_t n, ra_error *err);
+  /* Creates a weight matrix [rows, cols] from raw GGUF/safetensors data of `ggml_type`
+   * (ra_ggml_type: F32, F16, BF16, Q4_0, Q4_1, Q5_*, Q8_0, Q2_K..Q6_K) in host memory. The
+   * backend picks the storage (CPU: dequantized fp32); the result is only for matmul/get_rows. */
+  int (*load_weight)(ra_backend *be, const void *raw, uint32_t ggml_type, int64_t rows, int64_t cols,
+                     ra_tensor *out, ra_error *err);
+  /* t[i] = center + scale * u_i with u_i uniform in [-1, 1), a pure function of (seed, i):
+   * identical on every backend and thread count (counter-based splitmix64). */
+  int (*fill_random)(ra_backend *be, ra_tensor *t, uint64_t seed, float center, float scale, ra_error *err);
+
+  /* ---- layer ops ---- */
+  /* out[i, :] = table[ids[i], :].  table: [vocab, dim] (a weight), ids: host [n], out: [n, dim] */
+  int (*get_rows)(ra_backend *be, const ra_tensor *table, const int32_t *ids, int64_t n, ra_tensor *out,
+                  ra_error *err);
+  /* y = x w^T (+ bias) (+ y if accumulate).  x: [n, k], w: [m, k] (a weight), bias: [m] or NULL,
+   * y: [n, m]; x and y may have more dims, flattened after the first (q: [n, heads, hd]).
+   * accumulate fuses the residual add (x_res += attn_out Wo^T). */
+  int (*matmul)(ra_backend *be, const ra_tensor *x, const ra_tensor *w, const ra_tensor *bias, ra_tensor *y,
+                int accumulate, ra_error *err);
+  /* y = x / sqrt(mean(x^2) + eps) * w.  x, y: [n, dim] (may alias), w: [dim] */
+  int (*rmsnorm)(ra_backend *be, const ra_tensor *x, const ra_tensor *w, float eps, ra_tensor *y, ra_error *err);
+  /* In-place rotary embedding of the first n_rot dims of every head of token i at position
+   * pos0 + i, frequency theta_base^(-2j/n_rot) for pair j.  x: [n, n_heads, head_dim] */
+  int (*rope)(ra_backend *be, ra_tensor *x, int64_t pos0, int n_rot, float theta_base, ra_rope_style style,
+              ra_error *err);
+  /* out = silu(gate) * up.  gate, up, out: [n, ffn] (out may alias gate) */
+  int (*swiglu)(ra_backend *be, const ra_tensor *gate, const ra_tensor *up, ra_tensor *out, ra_error *err);
+  /* Causal attention of a chunk (see the top).  q: [n, n_q_heads, head_dim],
+   * k_cache, v_cache: [n_ctx, n_kv_heads, head_dim] holding rows [0, pos0 + n),
+   * out: [n, n_q_heads, head_dim] */
+  int (*attn_prefill)(ra_backend *be, const ra_tensor *q, const ra_tensor *k_cache, const ra_tensor *v_cache,
+                      int64_t pos0, float scale, ra_tensor *out, ra_error *err);
+  /* Partial attention of one token (see the top).  q: [1, n_q_heads, head_dim] or
+   * [n_q_heads, head_dim], ranges: host [n_ranges], disjoint, inside [0, n_ctx);
+   * o: [n_q_heads, head_dim], ml: [n_q_heads, 2] holding (m, l) per head */
+  int (*attn_decode)(ra_backend *be, const ra_tensor *q, const ra_tensor *k_cache, const ra_tensor *v_cache,
+                     const ra_token_range *ranges, int n_ranges, float scale, ra_tensor *o, ra_tensor *ml,
+                     ra_error *err);
+  /* Exact merge of partials, per head: (o_acc, ml_acc) <- merge((o_acc, ml_acc), (o, ml)).
+   * o_acc, o: [n_heads, head_dim], ml_acc, ml: [n_heads, 2] */
+  int (*attn_merge)(ra_backend *be, ra_tensor *o_acc, ra_tensor *ml_acc, const ra_tensor *o, const ra_tensor *ml,
+                    ra_error *err);
+  /* The k largest values of every row, descending, with their column indices, to host memory.
+   * x: [n, m], idx, val: host [n, k]; k <= m. Ties go to the lower index. */
+  int (*topk_rows)(ra_backend *be, const ra_tensor *x, int k, int32_t *idx, float *val, ra_error *err);
+
+  /* Waits for queued work (timing). */
+  int (*sync)(ra_backend *be, ra_error *err);
+  void (*destroy)(ra_backend *be);
+} ra_backend_ops;
+
+struct ra_backend {
+  const ra_backend_ops *ops;
+  const char *name; /* "cpu", "cuda" */
+  void *impl;
+};
+
+typedef struct ra_backend_config {
+  int n_threads; /* CPU: OpenMP/BLAS threads; 0 = all cores */
+  int device;    /* CUDA: device ordinal */
+} ra_backend_config;
+
+/* Creates the backend called `name` ("cpu" or "cuda"). RA_EUNSUPPORTED when it was not built. */
+int ra_backend_create(const char *name, const ra_backend_config *cfg, ra_backend **out, ra_error *err);
+int ra_backend_cpu_create(const ra_backend_config *cfg, ra_backend **out, ra_error *err);
+void ra_backend_destroy(ra_backend *be);
+
+/* Tensor helpers (backend-independent). */
+size_t ra_tensor_nelem(const ra_tensor *t);
+/* Fills t's shape fields and allocates it on be. */
+int ra_tensor_new(ra_backend *be, ra_tensor *t, ra_dtype dtype, int ndim, const int64_t *shape, ra_error *err);
+void ra_tensor_free(ra_tensor *t); /* no-op on a zeroed tensor */
+/* A view of rows [row0, row0 + n_rows) of t along its first dimension (no copy, not to be freed). */
+ra_tensor ra_tensor_rows(const ra_tensor *t, int64_t row0, int64_t n_rows);
+
+#endif

@@ -1,0 +1,67 @@
+#include "generate.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+double ra_now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void ra_gen_result_free(ra_gen_result *r) {
+  free(r->tokens);
+  memset(r, 0, sizeof(*r));
+}
+
+int ra_generate(ra_state *st, const ra_tokenizer *tok, const int32_t *prompt, size_t n_prompt, const ra_gen_config *cfg,
+                ra_gen_token_fn on_token, void *ctx, ra_gen_result *res, ra_error *err) {
+  memset(res, 0, sizeof(*res));
+  if (n_prompt == 0) return ra_errorf(err, RA_EINVAL, "generate: empty prompt");
+  if (cfg->max_new_tokens < 0) return ra_errorf(err, RA_EINVAL, "generate: max_new_tokens %d", cfg->max_new_tokens);
+  if ((int64_t)(n_prompt + (size_t)cfg->max_new_tokens) > st->n_ctx)
+    return ra_errorf(err, RA_EINVAL, "generate: %zu prompt + %d new tokens exceed the context of %lld", n_prompt,
+                     cfg->max_new_tokens, (long long)st->n_ctx);
+  int vocab = st->m->cfg.vocab;
+  int k = cfg->temperature > 0.0f ? (cfg->top_k > 0 ? cfg->top_k : 40) : 1;
+  if (k > vocab) k = vocab;
+  int32_t *ids = malloc(sizeof(int32_t) * (size_t)k);
+  float *vals = malloc(sizeof(float) * (size_t)k);
+  res->tokens = malloc(sizeof(int32_t) * (size_t)(cfg->max_new_tokens + 1));
+  if (!ids || !vals || !res->tokens) {
+    free(ids);
+    free(vals);
+    ra_gen_result_free(res);
+    return ra_errorf(err, RA_ENOMEM, "generate: out of memory");
+  }
+  res->n_prompt = n_prompt;
+  ra_sampler smp;
+  ra_sampler_init(&smp, cfg->temperature, cfg->top_p, cfg->seed);
+  ra_backend *be = st->be;
+  double t0 = ra_now_s();
+  int rc = ra_model_forward(st, prompt, (int64_t)n_prompt, 0, NULL, err);
+  if (rc == RA_OK) rc = be->ops->sync(be, err);
+  res->prefill_s = ra_now_s() - t0;
+  double td = ra_now_s();
+  while (rc == RA_OK && res->n_tokens < (size_t)cfg->max_new_tokens) {
+    ra_tensor row = ra_tensor_rows(&st->logits, st->n_logits - 1, 1);
+    if ((rc = be->ops->topk_rows(be, &row, k, ids, vals, err))) break;
+    int32_t next = ra_sampler_pick(&smp, vals, ids, k);
+    if (cfg->stop_at_eos && tok && ra_tok_is_stop(tok, next)) {
+      res->stopped = 1;
+      break;
+    }
+    res->tokens[res->n_tokens++] = next;
+    if (on_token && on_token(ctx, next)) break;
+    if (res->n_tokens == (size_t)cfg->max_new_tokens) break;
+    rc = ra_model_forward(st, &next, 1, 0, NULL, err);
+    res->n_decode_steps++;
+  }
+  if (rc == RA_OK) rc = be->ops->sync(be, err);
+  res->decode_s = ra_now_s() - td;
+  free(ids);
+  free(vals);
+  if (rc != RA_OK) ra_gen_result_free(res);
+  return rc;
+}

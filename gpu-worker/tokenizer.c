@@ -1,0 +1,789 @@
+#include "tokenizer.h"
+
+#include "log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_USER = 4, TT_UNUSED = 5, TT_BYTE = 6 };
+enum pre_kind { PRE_GPT2, PRE_SMOLLM, PRE_LLAMA3, PRE_QWEN2 };
+enum chat_kind { CHAT_NONE, CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA2 };
+
+/* Open-addressing hash tables: token text -> id, and merge pair (a, b) -> rank. */
+typedef struct str_map {
+  int32_t *slots; /* id or -1 */
+  size_t mask;
+} str_map;
+
+typedef struct pair_map {
+  uint64_t *keys; /* (a << 32 | b) + 1, 0 = empty */
+  int32_t *rank;
+  int32_t *result;
+  size_t mask;
+} pair_map;
+
+struct ra_tokenizer {
+  ra_tok_model model;
+  enum pre_kind pre;
+  int32_t n_vocab;
+  char *text_pool;
+  char **text; /* token texts (NUL-terminated, pointing into text_pool) */
+  uint32_t *len;
+  float *scores;
+  int32_t *type;
+  str_map vocab;
+  pair_map merges;
+  int32_t byte_id[256]; /* BPE: token of the byte's GPT-2 char; SPM: <0xXX> token; -1 if absent */
+  int32_t *specials;    /* control / user-defined tokens, longest text first */
+  size_t n_specials;
+  int32_t bos, eos, eot, unk, turn_end;
+  int add_bos, add_space_prefix;
+  enum chat_kind chat;
+  char *chat_default_system;
+};
+
+/* ---------- hashing ---------- */
+
+static uint64_t fnv1a(const char *s, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+  return h;
+}
+
+static size_t pow2_at_least(size_t n) {
+  size_t c = 16;
+  while (c < n * 2) c <<= 1;
+  return c;
+}
+
+static int32_t vocab_lookup(const ra_tokenizer *t, const char *s, size_t n) {
+  for (size_t i = fnv1a(s, n) & t->vocab.mask;; i = (i + 1) & t->vocab.mask) {
+    int32_t id = t->vocab.slots[i];
+    if (id < 0) return -1;
+    if (t->len[id] == n && memcmp(t->text[id], s, n) == 0) return id;
+  }
+}
+
+static uint64_t mix64(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  return x;
+}
+
+static int merge_lookup(const ra_tokenizer *t, int32_t a, int32_t b, int32_t *rank, int32_t *result) {
+  if (!t->merges.keys) return 0;
+  uint64_t key = (((uint64_t)(uint32_t)a << 32) | (uint32_t)b) + 1;
+  for (size_t i = mix64(key) & t->merges.mask;; i = (i + 1) & t->merges.mask) {
+    if (t->merges.keys[i] == 0) return 0;
+    if (t->merges.keys[i] == key) {
+      *rank = t->merges.rank[i];
+      *result = t->merges.result[i];
+      return 1;
+    }
+  }
+}
+
+/* ---------- UTF-8 and Unicode classes ---------- */
+
+/* Decodes one code point at s[0..n); invalid bytes decode as themselves with length 1 and a
+ * code point above the Unicode range so they classify as "other". */
+static size_t utf8_next(const unsigned char *s, size_t n, uint32_t *cp) {
+  unsigned c = s[0];
+  size_t k;
+  uint32_t v;
+  if (c < 0x80) { *cp = c; return 1; }
+  if ((c & 0xe0) == 0xc0) { k = 2; v = c & 0x1f; }
+  else if ((c & 0xf0) == 0xe0) { k = 3; v = c & 0x0f; }
+  else if ((c & 0xf8) == 0xf0) { k = 4; v = c & 0x07; }
+  else { *cp = 0x110000 + c; return 1; }
+  if (k > n) { *cp = 0x110000 + c; return 1; }
+  for (size_t i = 1; i < k; i++) {
+    if ((s[i] & 0xc0) != 0x80) { *cp = 0x110000 + c; return 1; }
+    v = (v << 6) | (s[i] & 0x3f);
+  }
+  *cp = v;
+  return k;
+}
+
+enum ucls { U_OTHER = 0, U_LETTER = 1, U_NUMBER = 2, U_SPACE = 3 };
+
+typedef struct urange { uint32_t lo, hi; } urange;
+
+static int in_ranges(uint32_t cp, const urange *r, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (cp >= r[i].lo && cp <= r[i].hi) return 1;
+  return 0;
+}
+
+static enum ucls unicode_class(uint32_t cp) {
+  if (cp < 0x80) {
+    if (cp == ' ' || (cp >= 0x09 && cp <= 0x0d)) return U_SPACE;
+    if ((cp | 0x20) >= 'a' && (cp | 0x20) <= 'z') return U_LETTER;
+    if (cp >= '0' && cp <= '9') return U_NUMBER;
+    return U_OTHER;
+  }
+  static const urange spaces[] = {{0x85, 0x85}, {0xa0, 0xa0}, {0x1680, 0x1680}, {0x2000, 0x200a},
+                                  {0x2028, 0x2029}, {0x202f, 0x202f}, {0x205f, 0x205f}, {0x3000, 0x3000}};
+  static const urange numbers[] = {
+      {0xb2, 0xb3}, {0xb9, 0xb9}, {0xbc, 0xbe}, {0x660, 0x669}, {0x6f0, 0x6f9}, {0x7c0, 0x7c9}, {0x966, 0x96f},
+      {0x9e6, 0x9ef}, {0xa66, 0xa6f}, {0xae6, 0xaef}, {0xb66, 0xb6f}, {0xbe6, 0xbf2}, {0xc66, 0xc6f},
+      {0xce6, 0xcef}, {0xd66, 0xd78}, {0xe50, 0xe59}, {0xed0, 0xed9}, {0xf20, 0xf33}, {0x1040, 0x1049},
+      {0x2070, 0x2070}, {0x2074, 0x2079}, {0x2080, 0x2089}, {0x2150, 0x2182}, {0x2185, 0x2189},
+      {0x2460, 0x249b}, {0x24ea, 0x24ff}, {0x2776, 0x2793}, {0x3007, 0x3007}, {0x3021, 0x3029},
+      {0x3038, 0x303a}, {0xff10, 0xff19}};
+  static const urange letters[] = {
+      {0xaa, 0xaa}, {0xb5, 0xb5}, {0xba, 0xba}, {0xc0, 0xd6}, {0xd8, 0xf6}, {0xf8, 0x2c1}, {0x2c6, 0x2d1},
+      {0x2e0, 0x2e4}, {0x2ec, 0x2ec}, {0x2ee, 0x2ee}, {0x370, 0x374}, {0x376, 0x377}, {0x37a, 0x37d},
+      {0x37f, 0x37f}, {0x386, 0x386}, {0x388, 0x3ff}, {0x400, 0x481}, {0x48a, 0x52f}, {0x531, 0x556},
+      {0x560, 0x588}, {0x5d0, 0x5ea}, {0x5ef, 0x5f2}, {0x620, 0x64a}, {0x66e, 0x66f}, {0x671, 0x6d3},
+      {0x6d5, 0x6d5}, {0x904, 0x939}, {0x985, 0x9b9}, {0xe01, 0xe30}, {0x10a0, 0x10ff}, {0x1100, 0x11ff},
+      {0x1e00, 0x1fbc}, {0x1fc2, 0x1fcc}, {0x1fd0, 0x1fdb}, {0x1fe0, 0x1fec}, {0x1ff2, 0x1ffc},
+      {0x2c00, 0x2ce4}, {0x3041, 0x3096}, {0x309d, 0x309f}, {0x30a1, 0x30fa}, {0x30fc, 0x30ff},
+      {0x3105, 0x312f}, {0x3131, 0x318e}, {0x3400, 0x4dbf}, {0x4e00, 0x9fff}, {0xa000, 0xa48c},
+      {0xac00, 0xd7a3}, {0xf900, 0xfaff}, {0xff21, 0xff3a}, {0xff41, 0xff5a}, {0xff66, 0xffdc},
+      {0x20000, 0x2fa1f}};
+  if (in_ranges(cp, spaces, sizeof spaces / sizeof spaces[0])) return U_SPACE;
+  if (in_ranges(cp, numbers, sizeof numbers / sizeof numbers[0])) return U_NUMBER;
+  if (in_ranges(cp, letters, sizeof letters / sizeof letters[0])) return U_LETTER;
+  return U_OTHER;
+}
+
+/* ---------- output buffer ---------- */
+
+typedef struct idbuf {
+  int32_t *v;
+  size_t n, cap;
+} idbuf;
+
+static int idbuf_push(idbuf *b, int32_t id) {
+  if (b->n == b->cap) {
+    size_t nc = b->cap ? b->cap * 2 : 64;
+    int32_t *nv = realloc(b->v, nc * sizeof(int32_t));
+    if (!nv) return RA_ENOMEM;
+    b->v = nv;
+    b->cap = nc;
+  }
+  b->v[b->n++] = id;
+  return RA_OK;
+}
+
+/* ---------- BPE (byte level) ---------- */
+
+/* Byte-level BPE of one pre-token: bytes -> their GPT-2 char tokens, then merge the adjacent
+ * pair of lowest rank until none is in the merge table. syms: scratch of len ids. */
+static int bpe_word(const ra_tokenizer *t, const unsigned char *w, size_t len, int32_t *syms, idbuf *out) {
+  size_t n = len;
+  for (size_t i = 0; i < len; i++) {
+    syms[i] = t->byte_id[w[i]];
+    if (syms[i] < 0) return RA_EFORMAT;
+  }
+  while (n > 1) {
+    int32_t best_rank = INT32_MAX, best_res = -1, r, res;
+    size_t best = 0;
+    for (size_t i = 0; i + 1 < n; i++)
+      if (merge_lookup(t, syms[i], syms[i + 1], &r, &res) && r < best_rank) {
+        best_rank = r;
+        best_res = res;
+        best = i;
+      }
+    if (best_res < 0) break;
+    syms[best] = best_res;
+    memmove(syms + best + 1, syms + best + 2, (n - best - 2) * sizeof(int32_t));
+    n--;
+  }
+  for (size_t i = 0; i < n; i++)
+    if (idbuf_push(out, syms[i])) return RA_ENOMEM;
+  return RA_OK;
+}
+
+/* Decoded code points of a text segment with their byte offsets. */
+typedef struct cps {
+  uint32_t *cp;
+  uint8_t *cls;
+  size_t *off; /* n + 1 entries */
+  size_t n;
+} cps;
+
+static int is_nl(uint32_t c) { return c == '\r' || c == '\n'; }
+
+/* Length (in code points) of an English contraction at i ('s 't 're 've 'm 'll 'd), or 0. */
+static size_t contraction(const cps *c, size_t i, size_t end, int icase) {
+  if (c->cp[i] != '\'' || i + 1 >= end) return 0;
+  uint32_t a = c->cp[i + 1], b = i + 2 < end ? c->cp[i + 2] : 0;
+  if (icase) {
+    if (a < 128) a |= 0x20;
+    if (b < 128 && b) b |= 0x20;
+  }
+  if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
+  if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return 3;
+  return 0;
+}
+
+/* Length of the next pre-token at i (< end) for the GPT-2 regex
+ *   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
+static size_t next_gpt2(const cps *c, size_t i, size_t end) {
+  size_t k = contraction(c, i, end, 0);
+  if (k) return k;
+  size_t j = (c->cp[i] == ' ' && i + 1 < end) ? i + 1 : i;
+  uint8_t cl = c->cls[j];
+  if (cl != U_SPACE) {
+    k = j + 1;
+    while (k < end && c->cls[k] == cl) k++;
+    return k - i;
+  }
+  k = i;
+  while (k < end && c->cls[k] == U_SPACE) k++;
+  if (k == end || k - i == 1) return k - i;
+  return k - i - 1;
+}
+
+/* Llama-3 / Qwen2 regex (max_digits 3 or 1):
+ *   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
+ *   \s*[\r\n]+|\s+(?!\S)|\s+ */
+static size_t next_llama3(const cps *c, size_t i, size_t end, int max_digits) {
+  size_t k = contraction(c, i, end, 1);
+  if (k) return k;
+  uint8_t cl = c->cls[i];
+  if (cl == U_LETTER || (cl != U_NUMBER && !is_nl(c->cp[i]) && i + 1 < end && c->cls[i + 1] == U_LETTER)) {
+    k = i + 1;
+    while (k < end && c->cls[k] == U_LETTER) k++;
+    return k - i;
+  }
+  if (cl == U_NUMBER) {
+    k = i;
+    while (k < end && c->cls[k] == U_NUMBER && (int)(k - i) < max_digits) k++;
+    return k - i;
+  }
+  size_t j = (c->cp[i] == ' ' && i + 1 < end) ? i + 1 : i;
+  if (c->cls[j] == U_OTHER) {
+    k = j + 1;
+    while (k < end && c->cls[k] == U_OTHER) k++;
+    while (k < end && is_nl(c->cp[k])) k++;
+    return k - i;
+  }
+  /* whitespace run [i, k) */
+  k = i;
+  while (k < end && c->cls[k] == U_SPACE) k++;
+  size_t last_nl = end;
+  for (size_t p = i; p < k; p++)
+    if (is_nl(c->cp[p])) last_nl = p;
+  if (last_nl != end) return last_nl + 1 - i;
+  if (k == end || k - i == 1) return k - i;
+  return k - i - 1;
+}
+
+static int encode_bpe_segment(const ra_tokenizer *t, const char *text, size_t len, idbuf *out) {
+  cps c = {0};
+  c.cp = malloc((len + 1) * sizeof(uint32_t));
+  c.cls = malloc(len + 1);
+  c.off = malloc((len + 1) * sizeof(size_t));
+  int32_t *syms = malloc((len + 1) * sizeof(int32_t));
+  int rc = RA_OK;
+  if (!c.cp || !c.cls || !c.off || !syms) {
+    rc = RA_ENOMEM;
+    goto done;
+  }
+  for (size_t p = 0; p < len;) {
+    c.off[c.n] = p;
+    p += utf8_next((const unsigned char *)text + p, len - p, &c.cp[c.n]);
+    c.cls[c.n] = (uint8_t)unicode_class(c.cp[c.n]);
+    c.n++;
+  }
+  c.off[c.n] = len;
+  /* SmolLM splits every digit into its own piece before the GPT-2 regex (HF Digits). */
+  size_t seg0 = 0;
+  while (seg0 < c.n && rc == RA_OK) {
+    size_t seg1 = c.n;
+    if (t->pre == PRE_SMOLLM) {
+      if (c.cls[seg0] == U_NUMBER) {
+        seg1 = seg0 + 1;
+      } else {
+        seg1 = seg0;
+        while (seg1 < c.n && c.cls[seg1] != U_NUMBER) seg1++;
+      }
+    }
+    for (size_t i = seg0; i < seg1 && rc == RA_OK;) {
+      size_t k = t->pre == PRE_LLAMA3   ? next_llama3(&c, i, seg1, 3)
+                 : t->pre == PRE_QWEN2  ? next_llama3(&c, i, seg1, 1)
+                                        : next_gpt2(&c, i, seg1);
+      rc = bpe_word(t, (const unsigned char *)text + c.off[i], c.off[i + k] - c.off[i], syms, out);
+      i += k;
+    }
+    seg0 = seg1;
+  }
+done:
+  free(c.cp);
+  free(c.cls);
+  free(c.off);
+  free(syms);
+  return rc;
+}
+
+/* ---------- SentencePiece-style BPE ---------- */
+
+static int encode_spm_segment(const ra_tokenizer *t, const char *text, size_t len, int at_start, idbuf *out) {
+  /* Spaces become U+2581 (3 bytes), plus an optional leading one. */
+  size_t cap = len * 3 + 4;
+  char *s = malloc(cap);
+  size_t n = 0;
+  if (!s) return RA_ENOMEM;
+  if (at_start && t->add_space_prefix) {
+    memcpy(s, "\xe2\x96\x81", 3);
+    n = 3;
+  }
+  for (size_t i = 0; i < len; i++) {
+    if (text[i] == ' ') {
+      memcpy(s + n, "\xe2\x96\x81", 3);
+      n += 3;
+    } else {
+      s[n++] = text[i];
+    }
+  }
+  /* symbols: byte spans [start, start+len) of s, merged while the union is a token */
+  size_t *st = malloc((n + 1) * sizeof(size_t)), *ln = malloc((n + 1) * sizeof(size_t));
+  int rc = RA_OK;
+  if (!st || !ln) {
+    rc = RA_ENOMEM;
+    goto done;
+  }
+  size_t m = 0;
+  for (size_t p = 0; p < n;) {
+    uint32_t cp;
+    size_t k = utf8_next((const unsigned char *)s + p, n - p, &cp);
+    st[m] = p;
+    ln[m++] = k;
+    p += k;
+  }
+  while (m > 1) {
+    float best = -1e30f;
+    size_t bi = SIZE_MAX;
+    for (size_t i = 0; i + 1 < m; i++) {
+      int32_t id = vocab_lookup(t, s + st[i], ln[i] + ln[i + 1]);
+      if (id >= 0 && t->scores[id] > best) {
+        best = t->scores[id];
+        bi = i;
+      }
+    }
+    if (bi == SIZE_MAX) break;
+    ln[bi] += ln[bi + 1];
+    memmove(st + bi + 1, st + bi + 2, (m - bi - 2) * sizeof(size_t));
+    memmove(ln + bi + 1, ln + bi + 2, (m - bi - 2) * sizeof(size_t));
+    m--;
+  }
+  for (size_t i = 0; i < m && rc == RA_OK; i++) {
+    int32_t id = vocab_lookup(t, s + st[i], ln[i]);
+    if (id >= 0) {
+      rc = idbuf_push(out, id);
+      continue;
+    }
+    for (size_t b = 0; b < ln[i] && rc == RA_OK; b++) {
+      int32_t bid = t->byte_id[(unsigned char)s[st[i] + b]];
+      rc = idbuf_push(out, bid >= 0 ? bid : t->unk);
+    }
+  }
+done:
+  free(s);
+  free(st);
+  free(ln);
+  return rc;
+}
+
+/* ---------- encode / decode ---------- */
+
+int ra_tok_encode(const ra_tokenizer *t, const char *text, size_t len, int add_bos, int parse_special, int32_t **ids,
+                  size_t *n_ids, ra_error *err) {
+  idbuf out = {0};
+  int rc = RA_OK;
+  if (add_bos && t->bos >= 0) rc = idbuf_push(&out, t->bos);
+  size_t seg = 0, i = 0;
+  while (rc == RA_OK && i <= len) {
+    int32_t sp = -1;
+    if (parse_special && i < len)
+      for (size_t s = 0; s < t->n_specials; s++) {
+        int32_t id = t->specials[s];
+        if (t->len[id] <= len - i && memcmp(text + i, t->text[id], t->len[id]) == 0) {
+          sp = id;
+          break;
+        }
+      }
+    if (sp < 0 && i < len) {
+      i++;
+      continue;
+    }
+    /* plain text [seg, i) before the special (or the end) */
+    if (i > seg) {
+      rc = t->model == RA_TOK_SPM ? encode_spm_segment(t, text + seg, i - seg, seg == 0, &out)
+                                  : encode_bpe_segment(t, text + seg, i - seg, &out);
+    }
+    if (sp < 0) break;
+    if (rc == RA_OK) rc = idbuf_push(&out, sp);
+    i += t->len[sp];
+    seg = i;
+  }
+  if (rc != RA_OK) {
+    free(out.v);
+    return ra_errorf(err, rc, rc == RA_ENOMEM ? "tokenizer: out of memory" : "tokenizer: vocabulary lacks a byte token");
+  }
+  *ids = out.v;
+  *n_ids = out.n;
+  return RA_OK;
+}
+
+/* GPT-2's byte <-> printable code point map: printable Latin-1 bytes map to themselves, the
+ * other 68 bytes to 256.. in order. */
+static uint32_t byte_to_cp(int b) {
+  if ((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255)) return (uint32_t)b;
+  int n = 0;
+  for (int x = 0; x < b; x++)
+    if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255))) n++;
+  return 256u + (uint32_t)n;
+}
+
+static int cp_to_byte(uint32_t cp) {
+  if ((cp >= 33 && cp <= 126) || (cp >= 161 && cp <= 172) || (cp >= 174 && cp <= 255)) return (int)cp;
+  if (cp < 256 || cp >= 256 + 68) return -1;
+  int n = (int)(cp - 256);
+  for (int x = 0; x < 256; x++)
+    if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255)) && n-- == 0) return x;
+  return -1;
+}
+
+static size_t put_cp(char *o, uint32_t cp) {
+  if (cp < 0x80) { o[0] = (char)cp; return 1; }
+  if (cp < 0x800) { o[0] = (char)(0xc0 | (cp >> 6)); o[1] = (char)(0x80 | (cp & 0x3f)); return 2; }
+  o[0] = (char)(0xe0 | (cp >> 12)); o[1] = (char)(0x80 | ((cp >> 6) & 0x3f)); o[2] = (char)(0x80 | (cp & 0x3f));
+  return 3;
+}
+
+static int hexval(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  return -1;
+}
+
+int ra_tok_piece(const ra_tokenizer *t, int32_t id, char *buf, size_t cap) {
+  if (id < 0 || id >= t->n_vocab) return RA_EINVAL;
+  const char *s = t->text[id];
+  size_t n = t->len[id], w = 0;
+#define EMIT(b) do { if (w < cap) buf[w] = (char)(b); w++; } while (0)
+  if (t->type[id] == TT_CONTROL || t->type[id] == TT_USER) {
+    for (size_t i = 0; i < n; i++) EMIT(s[i]);
+    return (int)w;
+  }
+  if (t->model == RA_TOK_SPM) {
+    if (t->type[id] == TT_BYTE && n == 6 && s[0] == '<' && s[1] == '0' && s[2] == 'x') {
+      int hi = hexval(s[3]), lo = hexval(s[4]);
+      if (hi >= 0 && lo >= 0) EMIT(hi * 16 + lo);
+      return (int)w;
+    }
+    for (size_t i = 0; i < n;) {
+      if (n - i >= 3 && memcmp(s + i, "\xe2\x96\x81", 3) == 0) {
+        EMIT(' ');
+        i += 3;
+      } else {
+        EMIT(s[i]);
+        i++;
+      }
+    }
+    return (int)w;
+  }
+  for (size_t i = 0; i < n;) {
+    uint32_t cp;
+    size_t k = utf8_next((const unsigned char *)s + i, n - i, &cp);
+    int b = cp_to_byte(cp);
+    if (b >= 0) {
+      EMIT(b);
+    } else {
+      for (size_t j = 0; j < k; j++) EMIT(s[i + j]);
+    }
+    i += k;
+  }
+#undef EMIT
+  return (int)w;
+}
+
+int ra_tok_decode(const ra_tokenizer *t, const int32_t *ids, size_t n, char **text, size_t *len, ra_error *err) {
+  size_t cap = 64, w = 0;
+  char *out = malloc(cap);
+  if (!out) return ra_errorf(err, RA_ENOMEM, "tokenizer: out of memory");
+  for (size_t i = 0; i < n; i++) {
+    if (ids[i] == t->bos && ra_tok_add_bos(t) && i == 0) continue;
+    int k = ra_tok_piece(t, ids[i], NULL, 0);
+    if (k < 0) {
+      free(out);
+      return ra_errorf(err, RA_EINVAL, "tokenizer: id %d outside the vocabulary of %d", ids[i], t->n_vocab);
+    }
+    if (w + (size_t)k + 1 > cap) {
+      while (w + (size_t)k + 1 > cap) cap *= 2;
+      char *no = realloc(out, cap);
+      if (!no) {
+        free(out);
+        return ra_errorf(err, RA_ENOMEM, "tokenizer: out of memory");
+      }
+      out = no;
+    }
+    ra_tok_piece(t, ids[i], out + w, (size_t)k);
+    /* SentencePiece's prefix space is an artifact of encoding, not part of the text */
+    if (t->model == RA_TOK_SPM && t->add_space_prefix && w == 0 && k > 0 && out[0] == ' ') {
+      memmove(out, out + 1, (size_t)k - 1);
+      k--;
+    }
+    w += (size_t)k;
+  }
+  out[w] = 0;
+  *text = out;
+  *len = w;
+  return RA_OK;
+}
+
+/* ---------- loading ---------- */
+
+void ra_tok_free(ra_tokenizer *t) {
+  if (!t) return;
+  free(t->text_pool);
+  free(t->text);
+  free(t->len);
+  free(t->scores);
+  free(t->type);
+  free(t->vocab.slots);
+  free(t->merges.keys);
+  free(t->merges.rank);
+  free(t->merges.result);
+  free(t->specials);
+  free(t->chat_default_system);
+  free(t);
+}
+
+static int32_t opt_id(const ra_gguf *g, const char *key, int32_t n_vocab) {
+  uint32_t v;
+  if (ra_gguf_get_u32(g, key, &v, NULL) != RA_OK || v >= (uint32_t)n_vocab) return -1;
+  return (int32_t)v;
+}
+
+static int cmp_special(const void *a, const void *b, void *ctx) {
+  const ra_tokenizer *t = ctx;
+  uint32_t la = t->len[*(const int32_t *)a], lb = t->len[*(const int32_t *)b];
+  return la < lb ? 1 : la > lb ? -1 : 0;
+}
+
+/* Sorts specials longest first (insertion sort: there are few), so "<|im_start|>" wins over a
+ * shorter special that is its prefix. */
+static void sort_specials(ra_tokenizer *t) {
+  for (size_t i = 1; i < t->n_specials; i++)
+    for (size_t j = i; j > 0 && cmp_special(&t->specials[j - 1], &t->specials[j], t) > 0; j--) {
+      int32_t x = t->specials[j];
+      t->specials[j] = t->specials[j - 1];
+      t->specials[j - 1] = x;
+    }
+}
+
+static int load_merges(ra_tokenizer *t, const ra_gguf_kv *mk, ra_error *err) {
+  size_t cap = pow2_at_least((size_t)mk->arr_n);
+  t->merges.keys = calloc(cap, sizeof(uint64_t));
+  t->merges.rank = malloc(cap * sizeof(int32_t));
+  t->merges.result = malloc(cap * sizeof(int32_t));
+  if (!t->merges.keys || !t->merges.rank || !t->merges.result) return ra_errorf(err, RA_ENOMEM, "tokenizer: out of memory");
+  t->merges.mask = cap - 1;
+  char buf[1024];
+  for (uint64_t r = 0; r < mk->arr_n; r++) {
+    ra_gguf_str s = ra_gguf_arr_str(mk, r);
+    const char *sp = memchr(s.ptr, ' ', s.len);
+    if (!sp || s.len >= sizeof buf) return ra_errorf(err, RA_EFORMAT, "tokenizer: merge %llu is malformed", (unsigned long long)r);
+    size_t la = (size_t)(sp - s.ptr), lb = s.len - la - 1;
+    int32_t a = vocab_lookup(t, s.ptr, la), b = vocab_lookup(t, sp + 1, lb);
+    memcpy(buf, s.ptr, la);
+    memcpy(buf + la, sp + 1, lb);
+    int32_t res = vocab_lookup(t, buf, la + lb);
+    if (a < 0 || b < 0 || res < 0) continue; /* merges of tokens outside the vocabulary never fire */
+    uint64_t key = (((uint64_t)(uint32_t)a << 32) | (uint32_t)b) + 1;
+    size_t i = mix64(key) & t->merges.mask;
+    while (t->merges.keys[i] && t->merges.keys[i] != key) i = (i + 1) & t->merges.mask;
+    if (t->merges.keys[i]) continue; /* duplicate: the first (lower rank) wins */
+    t->merges.keys[i] = key;
+    t->merges.rank[i] = (int32_t)r;
+    t->merges.result[i] = res;
+  }
+  return RA_OK;
+}
+
+static void detect_chat(ra_tokenizer *t, const ra_gguf *g) {
+  ra_gguf_str tpl;
+  if (ra_gguf_get_str(g, "tokenizer.chat_template", &tpl, NULL) != RA_OK) return;
+  /* memmem over a non-terminated string */
+  const char *im = memmem(tpl.ptr, tpl.len, "<|im_start|>", 12);
+  if (im) {
+    t->chat = CHAT_CHATML;
+    t->turn_end = ra_tok_find(t, "<|im_end|>");
+    /* A default system prompt is written literally as '<|im_start|>system\n...<|im_end|>'. */
+    const char *key = "<|im_start|>system\n";
+    const char *p = memmem(tpl.ptr, tpl.len, key, strlen(key));
+    if (p) {
+      p += strlen(key);
+      const char *e = memmem(p, tpl.len - (size_t)(p - tpl.ptr), "<|im_end|>", 10);
+      if (e && e - p < 4096 && !memchr(p, '{', (size_t)(e - p))) t->chat_default_system = strndup(p, (size_t)(e - p));
+    }
+  } else if (memmem(tpl.ptr, tpl.len, "<|start_header_id|>", 19)) {
+    t->chat = CHAT_LLAMA3;
+    t->turn_end = ra_tok_find(t, "<|eot_id|>");
+  } else if (memmem(tpl.ptr, tpl.len, "[INST]", 6)) {
+    t->chat = CHAT_LLAMA2;
+  }
+}
+
+int ra_tok_load_gguf(const ra_gguf *g, ra_tokenizer **out, ra_error *err) {
+  ra_gguf_str model, pre = {"", 0};
+  int rc = ra_gguf_get_str(g, "tokenizer.ggml.model", &model, err);
+  if (rc) return rc;
+  const ra_gguf_kv *tk = ra_gguf_find(g, "tokenizer.ggml.tokens");
+  if (!tk || tk->type != RA_GGUF_ARRAY || tk->arr_type != RA_GGUF_STRING || tk->arr_n == 0 || tk->arr_n > (1u << 24))
+    return ra_errorf(err, RA_EFORMAT, "tokenizer: tokenizer.ggml.tokens missing or not a string array");
+  ra_tokenizer *t = calloc(1, sizeof(*t));
+  if (!t) return ra_errorf(err, RA_ENOMEM, "tokenizer: out of memory");
+  t->turn_end = -1;
+  if (ra_gguf_str_eq(model, "gpt2")) {
+    t->model = RA_TOK_BPE;
+  } else if (ra_gguf_str_eq(model, "llama")) {
+    t->model = RA_TOK_SPM;
+  } else {
+    rc = ra_errorf(err, RA_EUNSUPPORTED, "tokenizer: model '%.*s' is not supported (gpt2, llama)", (int)model.len, model.ptr);
+    goto fail;
+  }
+  ra_gguf_get_str(g, "tokenizer.ggml.pre", &pre, NULL);
+  t->pre = PRE_GPT2;
+  if (ra_gguf_str_eq(pre, "smollm")) t->pre = PRE_SMOLLM;
+  else if (ra_gguf_str_eq(pre, "llama-bpe") || ra_gguf_str_eq(pre, "llama3")) t->pre = PRE_LLAMA3;
+  else if (ra_gguf_str_eq(pre, "qwen2")) t->pre = PRE_QWEN2;
+  else if (t->model == RA_TOK_BPE && pre.len && !ra_gguf_str_eq(pre, "gpt2") && !ra_gguf_str_eq(pre, "default"))
+    ra_log_warn("tokenizer: pre-tokenizer '%.*s' unknown; using GPT-2's", (int)pre.len, pre.ptr);
+  t->n_vocab = (int32_t)tk->arr_n;
+  size_t pool = 0;
+  for (int32_t i = 0; i < t->n_vocab; i++) pool += ra_gguf_arr_str(tk, (uint64_t)i).len + 1;
+  t->text_pool = malloc(pool);
+  t->text = malloc((size_t)t->n_vocab * sizeof(char *));
+  t->len = malloc((size_t)t->n_vocab * sizeof(uint32_t));
+  t->scores = calloc((size_t)t->n_vocab, sizeof(float));
+  t->type = malloc((size_t)t->n_vocab * sizeof(int32_t));
+  size_t vcap = pow2_at_least((size_t)t->n_vocab);
+  t->vocab.slots = malloc(vcap * sizeof(int32_t));
+  if (!t->text_pool || !t->text || !t->len || !t->scores || !t->type || !t->vocab.slots) {
+    rc = ra_errorf(err, RA_ENOMEM, "tokenizer: out of memory");
+    goto fail;
+  }
+  t->vocab.mask = vcap - 1;
+  memset(t->vocab.slots, 0xff, vcap * sizeof(int32_t));
+  const ra_gguf_kv *sk = ra_gguf_find(g, "tokenizer.ggml.scores");
+  const ra_gguf_kv *ty = ra_gguf_find(g, "tokenizer.ggml.token_type");
+  if (sk && (sk->type != RA_GGUF_ARRAY || sk->arr_n != tk->arr_n || sk->arr_type == RA_GGUF_STRING)) sk = NULL;
+  if (ty && (ty->type != RA_GGUF_ARRAY || ty->arr_n != tk->arr_n || ty->arr_type == RA_GGUF_STRING)) ty = NULL;
+  size_t w = 0;
+  for (int32_t i = 0; i < t->n_vocab; i++) {
+    ra_gguf_str s = ra_gguf_arr_str(tk, (uint64_t)i);
+    t->text[i] = t->text_pool + w;
+    memcpy(t->text_pool + w, s.ptr, s.len);
+    t->text_pool[w + s.len] = 0;
+    w += s.len + 1;
+    t->len[i] = (uint32_t)s.len;
+    t->scores[i] = sk ? (float)ra_gguf_arr_num(sk, (uint64_t)i) : 0.0f;
+    t->type[i] = ty ? (int32_t)ra_gguf_arr_num(ty, (uint64_t)i) : TT_NORMAL;
+    size_t h = fnv1a(s.ptr, s.len) & t->vocab.mask;
+    int dup = 0;
+    for (; t->vocab.slots[h] >= 0; h = (h + 1) & t->vocab.mask)
+      if (t->len[t->vocab.slots[h]] == s.len && memcmp(t->text[t->vocab.slots[h]], s.ptr, s.len) == 0) dup = 1;
+    if (!dup) t->vocab.slots[h] = i; /* duplicates keep the first id */
+    if (t->type[i] == TT_CONTROL || t->type[i] == TT_USER) t->n_specials += s.len > 0;
+  }
+  t->specials = malloc((t->n_specials ? t->n_specials : 1) * sizeof(int32_t));
+  if (!t->specials) {
+    rc = ra_errorf(err, RA_ENOMEM, "tokenizer: out of memory");
+    goto fail;
+  }
+  t->n_specials = 0;
+  for (int32_t i = 0; i < t->n_vocab; i++)
+    if ((t->type[i] == TT_CONTROL || t->type[i] == TT_USER) && t->len[i] > 0) t->specials[t->n_specials++] = i;
+  sort_specials(t);
+  for (int b = 0; b < 256; b++) {
+    char buf[8];
+    if (t->model == RA_TOK_BPE) {
+      size_t k = put_cp(buf, byte_to_cp(b));
+      t->byte_id[b] = vocab_lookup(t, buf, k);
+    } else {
+      snprintf(buf, sizeof buf, "<0x%02X>", b);
+      t->byte_id[b] = vocab_lookup(t, buf, 6);
+    }
+  }
+  if (t->model == RA_TOK_BPE) {
+    const ra_gguf_kv *mk = ra_gguf_find(g, "tokenizer.ggml.merges");
+    if (!mk || mk->type != RA_GGUF_ARRAY || mk->arr_type != RA_GGUF_STRING) {
+      rc = ra_errorf(err, RA_EFORMAT, "tokenizer: a gpt2 tokenizer needs tokenizer.ggml.merges");
+      goto fail;
+    }
+    if ((rc = load_merges(t, mk, err))) goto fail;
+  }
+  t->bos = opt_id(g, "tokenizer.ggml.bos_token_id", t->n_vocab);
+  t->eos = opt_id(g, "tokenizer.ggml.eos_token_id", t->n_vocab);
+  t->eot = opt_id(g, "tokenizer.ggml.eot_token_id", t->n_vocab);
+  t->unk = opt_id(g, "tokenizer.ggml.unknown_token_id", t->n_vocab);
+  int flag;
+  t->add_bos = t->model == RA_TOK_SPM;
+  if (ra_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &flag, NULL) == RA_OK) t->add_bos = flag;
+  t->add_space_prefix = t->model == RA_TOK_SPM;
+  if (ra_gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", &flag, NULL) == RA_OK) t->add_space_prefix = flag;
+  detect_chat(t, g);
+  *out = t;
+  return RA_OK;
+fail:
+  ra_tok_free(t);
+  return rc;
+}
+
+/* ---------- small accessors ---------- */
+
+ra_tok_model ra_tok_kind(const ra_tokenizer *t) { return t->model; }
+int32_t ra_tok_vocab(const ra_tokenizer *t) { return t->n_vocab; }
+int32_t ra_tok_bos(const ra_tokenizer *t) { return t->bos; }
+int32_t ra_tok_eos(const ra_tokenizer *t) { return t->eos; }
+int ra_tok_add_bos(const ra_tokenizer *t) { return t->add_bos && t->bos >= 0; }
+
+int ra_tok_is_stop(const ra_tokenizer *t, int32_t id) {
+  return id >= 0 && (id == t->eos || id == t->eot || id == t->turn_end);
+}
+
+int32_t ra_tok_find(const ra_tokenizer *t, const char *text) { return vocab_lookup(t, text, strlen(text)); }
+
+int ra_tok_chat_format(const ra_tokenizer *t, const char *system, const char *user, char **out, ra_error *err) {
+  if (!system) system = t->chat_default_system;
+  const char *sys = system ? system : "";
+  size_t n = strlen(sys) + strlen(user) + 320;
+  char *s = malloc(n);
+  if (!s) return ra_errorf(err, RA_ENOMEM, "tokenizer: out of memory");
+  switch (t->chat) {
+    case CHAT_CHATML:
+      if (system)
+        snprintf(s, n, "<|im_start|>system\n%s<|im_end|>\n<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n", sys, user);
+      else
+        snprintf(s, n, "<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n", user);
+      break;
+    case CHAT_LLAMA3:
+      if (system)
+        snprintf(s, n,
+                 "<|start_header_id|>system<|end_header_id|>\n\n%s<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n%s"
+                 "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+                 sys, user);
+      else
+        snprintf(s, n, "<|start_header_id|>user<|end_header_id|>\n\n%s<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+                 user);
+      break;
+    case CHAT_LLAMA2:
+      if (system) snprintf(s, n, "[INST] <<SYS>>\n%s\n<</SYS>>\n\n%s [/INST]", sys, user);
+      else snprintf(s, n, "[INST] %s [/INST]", user);
+      break;
+    default:
+      free(s);
+      return ra_errorf(err, RA_EUNSUPPORTED, "tokenizer: the model has no chat template this runtime knows");
+  }
+  *out = s;
+  return RA_OK;
+}

@@ -1,0 +1,53 @@
+/* Tokenizer from GGUF metadata: byte-level BPE (tokenizer.ggml.model = "gpt2": GPT-2, SmolLM,
+ * Llama-3, Qwen2 pre-tokenizers) and SentencePiece-style BPE ("llama": scores, U+2581 for
+ * spaces, <0xXX> byte fallback); special tokens; a minimal chat template.
+ *
+ * Pre-tokenization follows the Hugging Face regexes of each "tokenizer.ggml.pre" family,
+ * implemented by hand. Unicode letter/number classes come from compact range tables that
+ * cover Latin, Greek, Cyrillic, Armenian, Hebrew, Arabic, CJK, kana and Hangul; other scripts'
+ * letters are classified as letters when they are in the BMP's alphabetic blocks listed in
+ * unicode_class(), so rare scripts may split differently from the reference implementation. */
+#ifndef RA_TOKENIZER_H
+#define RA_TOKENIZER_H
+
+#include "gguf.h"
+#include "status.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ra_tokenizer ra_tokenizer;
+
+typedef enum ra_tok_model { RA_TOK_BPE = 0, RA_TOK_SPM = 1 } ra_tok_model;
+
+int ra_tok_load_gguf(const ra_gguf *g, ra_tokenizer **out, ra_error *err);
+void ra_tok_free(ra_tokenizer *t);
+
+ra_tok_model ra_tok_kind(const ra_tokenizer *t);
+int32_t ra_tok_vocab(const ra_tokenizer *t);
+int32_t ra_tok_bos(const ra_tokenizer *t);
+int32_t ra_tok_eos(const ra_tokenizer *t);
+/* Whether the model wants BOS prepended (tokenizer.ggml.add_bos_token). */
+int ra_tok_add_bos(const ra_tokenizer *t);
+/* True for tokens that end generation: EOS, EOT, and the chat template's end-of-turn token. */
+int ra_tok_is_stop(const ra_tokenizer *t, int32_t id);
+/* The id of a token given by its exact text, or -1. */
+int32_t ra_tok_find(const ra_tokenizer *t, const char *text);
+
+/* Encodes len bytes of text. With parse_special, the text of special tokens (e.g.
+ * "<|im_start|>") becomes their ids; otherwise it is tokenized as plain text. *ids is malloc'ed. */
+int ra_tok_encode(const ra_tokenizer *t, const char *text, size_t len, int add_bos, int parse_special, int32_t **ids,
+                  size_t *n_ids, ra_error *err);
+/* Appends the bytes of token `id` to buf (at most cap bytes); returns the number of bytes the
+ * token has (which may exceed cap), or a negative RA code for a bad id. Specials give their text. */
+int ra_tok_piece(const ra_tokenizer *t, int32_t id, char *buf, size_t cap);
+/* Decodes ids to a malloc'ed NUL-terminated string (bytes as produced; may be invalid UTF-8 if
+ * the ids split a character). */
+int ra_tok_decode(const ra_tokenizer *t, const int32_t *ids, size_t n, char **text, size_t *len, ra_error *err);
+
+/* Formats one user turn (and a system prompt: NULL takes the template's default) with the
+ * model's chat template, ending where the assistant's answer starts. Supports ChatML
+ * (<|im_start|>, SmolLM2/Qwen2), Llama-3 and Llama-2 [INST] templates; RA_EUNSUPPORTED otherwise. */
+int ra_tok_chat_format(const ra_tokenizer *t, const char *system, const char *user, char **out, ra_error *err);
+
+#endif
