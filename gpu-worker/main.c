@@ -306,12 +306,20 @@ int main(int argc, char **argv) {
   ra_model *m = NULL;
   ra_tokenizer *tok = NULL;
   ra_backend_config bc = {o.threads, 0};
-  int rc = ra_backend_create(o.backend, &bc, &be, &err);
-  if (rc == RA_OK) rc = ra_load_model(be, o.model, o.tokenizer, o.seed, &m, &tok, &err);
-  if (rc == RA_OK) {
+  int rc;
+  if (strcmp(o.cmd, "tokenize") == 0) {
+    /* no weights needed: only the tokenizer's metadata */
+    ra_gguf g;
+    rc = ra_gguf_open(o.tokenizer ? o.tokenizer : o.model, &g, &err);
+    if (rc == RA_OK) {
+      rc = ra_tok_load_gguf(&g, &tok, &err);
+      ra_gguf_close(&g);
+    }
+    if (rc == RA_OK) rc = cmd_tokenize(&o, tok, &err);
+  } else if ((rc = ra_backend_create(o.backend, &bc, &be, &err)) == RA_OK &&
+             (rc = ra_load_model(be, o.model, o.tokenizer, o.seed, &m, &tok, &err)) == RA_OK) {
     if (strcmp(o.cmd, "generate") == 0) rc = cmd_generate(&o, m, tok, &err);
     else if (strcmp(o.cmd, "dump-qk") == 0) rc = cmd_dump(&o, m, tok, &err);
-    else if (strcmp(o.cmd, "tokenize") == 0) rc = cmd_tokenize(&o, tok, &err);
     else if (strcmp(o.cmd, "logits") == 0) rc = cmd_logits(&o, m, tok, &err);
     else cmd_info(m, tok);
   }

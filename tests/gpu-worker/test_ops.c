@@ -1,0 +1,306 @@
+/* CPU backend ops against naive reference implementations written here. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "backend.h"
+#include "merge.h"
+
+static ra_backend *be;
+
+static int setup(void **state) {
+  (void)state;
+  ra_backend_config cfg = {2, 0};
+  return ra_backend_create("cpu", &cfg, &be, NULL);
+}
+
+static int teardown(void **state) {
+  (void)state;
+  ra_backend_destroy(be);
+  return 0;
+}
+
+static float frand(uint64_t *s) {
+  *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+  return (float)((*s >> 40) & 0xffffff) * 0x1p-23f - 1.0f;
+}
+
+/* Allocates a tensor and fills it with random values; returns the host copy. */
+static float *rand_tensor(ra_tensor *t, ra_dtype dt, int ndim, const int64_t *shape, uint64_t seed) {
+  assert_int_equal(ra_tensor_new(be, t, dt, ndim, shape, NULL), RA_OK);
+  size_t n = ra_tensor_nelem(t);
+  float *h = malloc(n * sizeof(float));
+  for (size_t i = 0; i < n; i++) h[i] = frand(&seed);
+  assert_int_equal(be->ops->upload(be, t, 0, h, n, NULL), RA_OK);
+  /* read back so the host copy holds exactly what the (possibly f16) tensor stores */
+  assert_int_equal(be->ops->download(be, t, 0, h, n, NULL), RA_OK);
+  return h;
+}
+
+static float *fetch(const ra_tensor *t) {
+  size_t n = ra_tensor_nelem(t);
+  float *h = malloc(n * sizeof(float));
+  assert_int_equal(be->ops->download(be, t, 0, h, n, NULL), RA_OK);
+  return h;
+}
+
+static void assert_close(const float *a, const float *b, size_t n, float tol) {
+  for (size_t i = 0; i < n; i++)
+    if (!(fabsf(a[i] - b[i]) <= tol * (1.0f + fabsf(b[i])))) fail_msg("element %zu: %g vs %g", i, a[i], b[i]);
+}
+
+static void test_matmul(void **state) {
+  (void)state;
+  for (int64_t n = 1; n <= 37; n += 36) {
+    int64_t k = 48, m = 70;
+    ra_tensor x, w, b, y;
+    float *hx = rand_tensor(&x, RA_DTYPE_F32, 2, (int64_t[]){n, k}, 1);
+    float *hw = rand_tensor(&w, RA_DTYPE_F32, 2, (int64_t[]){m, k}, 2);
+    float *hb = rand_tensor(&b, RA_DTYPE_F32, 1, (int64_t[]){m}, 3);
+    float *hy = rand_tensor(&y, RA_DTYPE_F32, 2, (int64_t[]){n, m}, 4);
+    assert_int_equal(be->ops->matmul(be, &x, &w, &b, &y, 1, NULL), RA_OK);
+    float *got = fetch(&y), *want = malloc(sizeof(float) * (size_t)(n * m));
+    for (int64_t i = 0; i < n; i++)
+      for (int64_t j = 0; j < m; j++) {
+        double s = hy[i * m + j] + hb[j];
+        for (int64_t q = 0; q < k; q++) s += (double)hx[i * k + q] * hw[j * k + q];
+        want[i * m + j] = (float)s;
+      }
+    assert_close(got, want, (size_t)(n * m), 1e-5f);
+    ra_error err;
+    ra_tensor bad;
+    float *hbad = rand_tensor(&bad, RA_DTYPE_F32, 2, (int64_t[]){n, m + 1}, 5);
+    assert_int_equal(be->ops->matmul(be, &x, &w, NULL, &bad, 0, &err), RA_EINVAL);
+    free(hbad);
+    ra_tensor_free(&bad);
+    free(hx), free(hw), free(hb), free(hy), free(got), free(want);
+    ra_tensor_free(&x), ra_tensor_free(&w), ra_tensor_free(&b), ra_tensor_free(&y);
+  }
+}
+
+static void test_rmsnorm_swiglu_get_rows(void **state) {
+  (void)state;
+  int64_t n = 5, d = 40;
+  ra_tensor x, w, y, g, u;
+  float *hx = rand_tensor(&x, RA_DTYPE_F32, 2, (int64_t[]){n, d}, 11);
+  float *hw = rand_tensor(&w, RA_DTYPE_F32, 1, (int64_t[]){d}, 12);
+  float *hy = rand_tensor(&y, RA_DTYPE_F32, 2, (int64_t[]){n, d}, 13);
+  assert_int_equal(be->ops->rmsnorm(be, &x, &w, 1e-5f, &y, NULL), RA_OK);
+  float *got = fetch(&y);
+  for (int64_t i = 0; i < n; i++) {
+    double ss = 0;
+    for (int64_t j = 0; j < d; j++) ss += hx[i * d + j] * hx[i * d + j];
+    for (int64_t j = 0; j < d; j++) hy[i * d + j] = (float)(hx[i * d + j] / sqrt(ss / d + 1e-5) * hw[j]);
+  }
+  assert_close(got, hy, (size_t)(n * d), 1e-5f);
+  free(got);
+  float *hg = rand_tensor(&g, RA_DTYPE_F32, 2, (int64_t[]){n, d}, 14);
+  float *hu = rand_tensor(&u, RA_DTYPE_F32, 2, (int64_t[]){n, d}, 15);
+  assert_int_equal(be->ops->swiglu(be, &g, &u, &y, NULL), RA_OK);
+  got = fetch(&y);
+  for (int64_t i = 0; i < n * d; i++) hy[i] = hg[i] / (1.0f + expf(-hg[i])) * hu[i];
+  assert_close(got, hy, (size_t)(n * d), 1e-6f);
+  free(got);
+  /* get_rows: rows 3, 0, 4 of x */
+  int32_t ids[3] = {3, 0, 4};
+  ra_tensor out;
+  assert_int_equal(ra_tensor_new(be, &out, RA_DTYPE_F32, 2, (int64_t[]){3, d}, NULL), RA_OK);
+  assert_int_equal(be->ops->get_rows(be, &x, ids, 3, &out, NULL), RA_OK);
+  got = fetch(&out);
+  for (int r = 0; r < 3; r++) assert_memory_equal(got + r * d, hx + ids[r] * d, (size_t)d * sizeof(float));
+  int32_t bad = 5;
+  ra_error err;
+  assert_int_equal(be->ops->get_rows(be, &x, &bad, 1, &out, &err), RA_EINVAL);
+  assert_non_null(strstr(err.msg, "outside"));
+  free(got);
+  free(hx), free(hw), free(hy), free(hg), free(hu);
+  ra_tensor_free(&x), ra_tensor_free(&w), ra_tensor_free(&y), ra_tensor_free(&g), ra_tensor_free(&u), ra_tensor_free(&out);
+}
+
+static void test_rope_styles(void **state) {
+  (void)state;
+  int64_t n = 3, h = 2, hd = 8;
+  int64_t pos0 = 1000;
+  for (int style = 0; style < 2; style++) {
+    ra_tensor x;
+    float *hx = rand_tensor(&x, RA_DTYPE_F32, 3, (int64_t[]){n, h, hd}, 21);
+    assert_int_equal(be->ops->rope(be, &x, pos0, (int)hd, 10000.0f, (ra_rope_style)style, NULL), RA_OK);
+    float *got = fetch(&x);
+    for (int64_t t = 0; t < n; t++)
+      for (int64_t hh = 0; hh < h; hh++)
+        for (int64_t j = 0; j < hd / 2; j++) {
+          double ang = (double)(pos0 + t) / pow(10000.0, 2.0 * (double)j / (double)hd);
+          int64_t a = style == RA_ROPE_NORM ? 2 * j : j, b = style == RA_ROPE_NORM ? 2 * j + 1 : j + hd / 2;
+          const float *v = hx + (t * h + hh) * hd;
+          float ra = (float)(v[a] * cos(ang) - v[b] * sin(ang)), rb = (float)(v[a] * sin(ang) + v[b] * cos(ang));
+          const float *gv = got + (t * h + hh) * hd;
+          assert_true(fabsf(gv[a] - ra) < 1e-5f && fabsf(gv[b] - rb) < 1e-5f);
+        }
+    free(hx);
+    free(got);
+    ra_tensor_free(&x);
+  }
+}
+
+static void test_copy_convert_and_fill(void **state) {
+  (void)state;
+  ra_tensor a, b, c;
+  float *ha = rand_tensor(&a, RA_DTYPE_F32, 1, (int64_t[]){300}, 31);
+  assert_int_equal(ra_tensor_new(be, &b, RA_DTYPE_F16, 1, (int64_t[]){400}, NULL), RA_OK);
+  assert_int_equal(ra_tensor_new(be, &c, RA_DTYPE_BF16, 1, (int64_t[]){300}, NULL), RA_OK);
+  assert_int_equal(be->ops->copy(be, &b, 100, &a, 0, 300, NULL), RA_OK);
+  assert_int_equal(be->ops->copy(be, &c, 0, &b, 100, 300, NULL), RA_OK); /* f16 -> bf16 */
+  float *hb = fetch(&b), *hc = fetch(&c);
+  for (int i = 0; i < 100; i++) assert_true(hb[i] == 0.0f); /* alloc zero-fills */
+  assert_close(hb + 100, ha, 300, 1e-3f);
+  assert_close(hc, ha, 300, 1e-2f);
+  ra_error err;
+  assert_int_equal(be->ops->copy(be, &b, 200, &a, 0, 300, &err), RA_EINVAL);
+  /* fill_random: deterministic, in range, not constant */
+  assert_int_equal(be->ops->fill_random(be, &a, 7, 1.0f, 0.5f, NULL), RA_OK);
+  float *r1 = fetch(&a);
+  assert_int_equal(be->ops->fill_random(be, &a, 7, 1.0f, 0.5f, NULL), RA_OK);
+  float *r2 = fetch(&a);
+  assert_memory_equal(r1, r2, 300 * sizeof(float));
+  float lo = 9, hi = -9;
+  for (int i = 0; i < 300; i++) lo = fminf(lo, r1[i]), hi = fmaxf(hi, r1[i]);
+  assert_true(lo >= 0.5f && hi < 1.5f && hi - lo > 0.8f);
+  free(ha), free(hb), free(hc), free(r1), free(r2);
+  ra_tensor_free(&a), ra_tensor_free(&b), ra_tensor_free(&c);
+}
+
+static void test_topk_rows(void **state) {
+  (void)state;
+  float h[2 * 6] = {1, 5, 3, 5, -2, 4, /* row 1 */ 0, 0, 0, 0, 0, 1};
+  ra_tensor x;
+  assert_int_equal(ra_tensor_new(be, &x, RA_DTYPE_F32, 2, (int64_t[]){2, 6}, NULL), RA_OK);
+  be->ops->upload(be, &x, 0, h, 12, NULL);
+  int32_t idx[6];
+  float val[6];
+  assert_int_equal(be->ops->topk_rows(be, &x, 3, idx, val, NULL), RA_OK);
+  int32_t want_idx[6] = {1, 3, 5, 5, 0, 1};
+  float want_val[6] = {5, 5, 4, 1, 0, 0};
+  assert_memory_equal(idx, want_idx, sizeof want_idx);
+  assert_memory_equal(val, want_val, sizeof want_val);
+  assert_int_equal(be->ops->topk_rows(be, &x, 7, idx, val, NULL), RA_EINVAL);
+  ra_tensor_free(&x);
+}
+
+/* Naive causal attention of query i (absolute position pos0 + i) over cache rows [0, pos0+i]. */
+static void naive_attention(const float *q, const float *k, const float *v, int64_t n, int64_t pos0, int64_t hq,
+                            int64_t hkv, int64_t hd, float scale, float *out) {
+  double *s = malloc(sizeof(double) * (size_t)(pos0 + n));
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t h = 0; h < hq; h++) {
+      int64_t g = h / (hq / hkv), nk = pos0 + i + 1;
+      double mx = -1e300, sum = 0;
+      for (int64_t j = 0; j < nk; j++) {
+        double z = 0;
+        for (int64_t d = 0; d < hd; d++) z += (double)q[(i * hq + h) * hd + d] * k[(j * hkv + g) * hd + d];
+        s[j] = z * scale;
+        mx = s[j] > mx ? s[j] : mx;
+      }
+      for (int64_t j = 0; j < nk; j++) sum += (s[j] = exp(s[j] - mx));
+      for (int64_t d = 0; d < hd; d++) {
+        double o = 0;
+        for (int64_t j = 0; j < nk; j++) o += s[j] * v[(j * hkv + g) * hd + d];
+        out[(i * hq + h) * hd + d] = (float)(o / sum);
+      }
+    }
+  free(s);
+}
+
+static void check_prefill(ra_dtype kv_dtype, int64_t n, int64_t pos0, float tol) {
+  int64_t hq = 4, hkv = 2, hd = 16, ctx = pos0 + n + 3;
+  float scale = 0.25f;
+  ra_tensor q, kc, vc, out;
+  float *hq_ = rand_tensor(&q, RA_DTYPE_F32, 3, (int64_t[]){n, hq, hd}, 41);
+  float *hk = rand_tensor(&kc, kv_dtype, 3, (int64_t[]){ctx, hkv, hd}, 42);
+  float *hv = rand_tensor(&vc, kv_dtype, 3, (int64_t[]){ctx, hkv, hd}, 43);
+  for (size_t i = 0; i < ra_tensor_nelem(&q); i++) hq_[i] *= 4.0f; /* peaky softmax */
+  be->ops->upload(be, &q, 0, hq_, ra_tensor_nelem(&q), NULL);
+  assert_int_equal(ra_tensor_new(be, &out, RA_DTYPE_F32, 3, (int64_t[]){n, hq, hd}, NULL), RA_OK);
+  assert_int_equal(be->ops->attn_prefill(be, &q, &kc, &vc, pos0, scale, &out, NULL), RA_OK);
+  float *got = fetch(&out), *want = malloc(ra_tensor_nelem(&out) * sizeof(float));
+  naive_attention(hq_, hk, hv, n, pos0, hq, hkv, hd, scale, want);
+  assert_close(got, want, ra_tensor_nelem(&out), tol);
+  ra_error err;
+  assert_int_equal(be->ops->attn_prefill(be, &q, &kc, &vc, ctx - n + 1, scale, &out, &err), RA_EINVAL);
+  free(hq_), free(hk), free(hv), free(got), free(want);
+  ra_tensor_free(&q), ra_tensor_free(&kc), ra_tensor_free(&vc), ra_tensor_free(&out);
+}
+
+static void test_attn_prefill_matches_naive(void **state) {
+  (void)state;
+  check_prefill(RA_DTYPE_F32, 1, 0, 1e-5f);
+  check_prefill(RA_DTYPE_F32, 150, 0, 1e-5f);  /* several query blocks and key tiles */
+  check_prefill(RA_DTYPE_F32, 37, 90, 1e-5f);  /* a later chunk of a chunked prefill */
+  check_prefill(RA_DTYPE_F16, 70, 10, 1e-5f);  /* f16 cache: same values (host copy read back) */
+}
+
+static void test_attn_decode_partials_merge(void **state) {
+  (void)state;
+  int64_t hq = 6, hkv = 2, hd = 32, ctx = 700;
+  float scale = 0.2f;
+  ra_tensor q, kc, vc, o1, ml1, o2, ml2;
+  float *hqv = rand_tensor(&q, RA_DTYPE_F32, 2, (int64_t[]){hq, hd}, 51);
+  float *hk = rand_tensor(&kc, RA_DTYPE_F32, 3, (int64_t[]){ctx, hkv, hd}, 52);
+  float *hv = rand_tensor(&vc, RA_DTYPE_F32, 3, (int64_t[]){ctx, hkv, hd}, 53);
+  ra_tensor *outs[4] = {&o1, &ml1, &o2, &ml2};
+  for (int i = 0; i < 4; i++)
+    assert_int_equal(ra_tensor_new(be, outs[i], RA_DTYPE_F32, 2, (int64_t[]){hq, i % 2 ? 2 : hd}, NULL), RA_OK);
+  /* sink [0, 4) + window [600, 700) in one call, and the middle [4, 600) in another */
+  ra_token_range sw[2] = {{0, 4}, {600, 700}}, mid = {4, 600};
+  assert_int_equal(be->ops->attn_decode(be, &q, &kc, &vc, sw, 2, scale, &o1, &ml1, NULL), RA_OK);
+  assert_int_equal(be->ops->attn_decode(be, &q, &kc, &vc, &mid, 1, scale, &o2, &ml2, NULL), RA_OK);
+  float *m1 = fetch(&ml1), *po1 = fetch(&o1);
+  /* per-head reference partial of the sink+window set, gathered contiguously */
+  float *gk = malloc(sizeof(float) * 104 * (size_t)hd), *gv = malloc(sizeof(float) * 104 * (size_t)hd);
+  float ref_o[32];
+  for (int64_t h = 0; h < hq; h++) {
+    int64_t g = h / (hq / hkv), r = 0;
+    for (int s = 0; s < 2; s++)
+      for (int64_t t = sw[s].begin; t < sw[s].end; t++, r++) {
+        memcpy(gk + r * hd, hk + (t * hkv + g) * hd, (size_t)hd * sizeof(float));
+        memcpy(gv + r * hd, hv + (t * hkv + g) * hd, (size_t)hd * sizeof(float));
+      }
+    ra_partial p = {ref_o, 0, 0};
+    ra_partial_attend_f32(hqv + h * hd, gk, gv, 104, (int)hd, scale, &p);
+    assert_true(fabsf(m1[2 * h] - p.m) < 1e-5f);
+    assert_true(fabsf(m1[2 * h + 1] - p.l) < 1e-4f * p.l);
+    assert_close(po1 + h * hd, ref_o, (size_t)hd, 1e-5f);
+  }
+  /* merging the two partials equals attention over the whole cache */
+  assert_int_equal(be->ops->attn_merge(be, &o1, &ml1, &o2, &ml2, NULL), RA_OK);
+  float *merged = fetch(&o1), *want = malloc(sizeof(float) * (size_t)(hq * hd));
+  naive_attention(hqv, hk, hv, 1, ctx - 1, hq, hkv, hd, scale, want);
+  assert_close(merged, want, (size_t)(hq * hd), 1e-5f);
+  /* an empty range set is the merge identity */
+  assert_int_equal(be->ops->attn_decode(be, &q, &kc, &vc, NULL, 0, scale, &o2, &ml2, NULL), RA_OK);
+  float *e = fetch(&ml2);
+  assert_true(isinf(e[0]) && e[0] < 0 && e[1] == 0.0f);
+  ra_error err;
+  ra_token_range bad = {650, 701};
+  assert_int_equal(be->ops->attn_decode(be, &q, &kc, &vc, &bad, 1, scale, &o2, &ml2, &err), RA_EINVAL);
+  free(hqv), free(hk), free(hv), free(m1), free(po1), free(gk), free(gv), free(merged), free(want), free(e);
+  ra_tensor_free(&q), ra_tensor_free(&kc), ra_tensor_free(&vc);
+  for (int i = 0; i < 4; i++) ra_tensor_free(outs[i]);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_matmul),
+      cmocka_unit_test(test_rmsnorm_swiglu_get_rows),
+      cmocka_unit_test(test_rope_styles),
+      cmocka_unit_test(test_copy_convert_and_fill),
+      cmocka_unit_test(test_topk_rows),
+      cmocka_unit_test(test_attn_prefill_matches_naive),
+      cmocka_unit_test(test_attn_decode_partials_merge),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
