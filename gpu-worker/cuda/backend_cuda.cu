@@ -272,10 +272,13 @@ int cu_get_rows(ra_backend *be, const ra_tensor *table, const int32_t *ids, int6
       return ra_errorf(err, RA_EINVAL, "cuda get_rows: id %d outside [0, %lld)", ids[i], (long long)vocab);
   if (n == 0) return RA_OK;
   cuda_impl *im = impl_of(be);
-  if ((rc = grow(&im->ids, (size_t)n * sizeof(int32_t), "get_rows", err))) return rc;
-  CU_TRY("get_rows", cudaMemcpyAsync(im->ids.p, ids, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, im->stream));
-  CU_TRY("get_rows", ra_cuda_get_rows(im->stream, table->data, table->dtype, dim, (const int32_t *)im->ids.p, n,
-                                      (float *)out->data));
+  const int32_t *d_ids = nullptr;
+  if (n > RA_CUDA_INLINE_IDS) {
+    if ((rc = grow(&im->ids, (size_t)n * sizeof(int32_t), "get_rows", err))) return rc;
+    CU_TRY("get_rows", cudaMemcpyAsync(im->ids.p, ids, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, im->stream));
+    d_ids = (const int32_t *)im->ids.p;
+  }
+  CU_TRY("get_rows", ra_cuda_get_rows(im->stream, table->data, table->dtype, dim, ids, d_ids, n, (float *)out->data));
   return RA_OK;
 }
 

@@ -207,10 +207,15 @@ __global__ void dequant_kernel(const uint8_t *__restrict__ raw, uint32_t type, s
 
 /* ---- layer ops ---- */
 
+struct inline_ids {
+  int32_t v[RA_CUDA_INLINE_IDS];
+};
+
 template <typename T>
 __global__ void get_rows_kernel(const T *__restrict__ table, int64_t dim, const int32_t *__restrict__ ids,
-                                float *__restrict__ out) {
-  const T *src = table + (int64_t)ids[blockIdx.x] * dim;
+                                inline_ids small, float *__restrict__ out) {
+  const int32_t id = ids ? ids[blockIdx.x] : small.v[blockIdx.x];
+  const T *src = table + (int64_t)id * dim;
   float *dst = out + (int64_t)blockIdx.x * dim;
   for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) dst[j] = ra_cuda_to_f32(src[j]);
 }
@@ -357,13 +362,21 @@ cudaError_t ra_cuda_dequant(cudaStream_t s, const void *raw, uint32_t type, int6
   return cudaGetLastError();
 }
 
-cudaError_t ra_cuda_get_rows(cudaStream_t s, const void *table, int table_dtype, int64_t dim, const int32_t *ids,
-                             int64_t n, float *out) {
+cudaError_t ra_cuda_get_rows(cudaStream_t s, const void *table, int table_dtype, int64_t dim, const int32_t *host_ids,
+                             const int32_t *d_ids, int64_t n, float *out) {
   if (n == 0) return cudaSuccess;
+  inline_ids small = {};
+  const int32_t *ids = d_ids;
+  if (n <= RA_CUDA_INLINE_IDS) {
+    for (int64_t i = 0; i < n; i++) small.v[i] = host_ids[i];
+    ids = nullptr;
+  }
   switch (table_dtype) {
-    case RA_DTYPE_F32: get_rows_kernel<<<(unsigned)n, kThreads, 0, s>>>((const float *)table, dim, ids, out); break;
-    case RA_DTYPE_F16: get_rows_kernel<<<(unsigned)n, kThreads, 0, s>>>((const __half *)table, dim, ids, out); break;
-    default: get_rows_kernel<<<(unsigned)n, kThreads, 0, s>>>((const __nv_bfloat16 *)table, dim, ids, out); break;
+    case RA_DTYPE_F32: get_rows_kernel<<<(unsigned)n, kThreads, 0, s>>>((const float *)table, dim, ids, small, out); break;
+    case RA_DTYPE_F16: get_rows_kernel<<<(unsigned)n, kThreads, 0, s>>>((const __half *)table, dim, ids, small, out); break;
+    default:
+      get_rows_kernel<<<(unsigned)n, kThreads, 0, s>>>((const __nv_bfloat16 *)table, dim, ids, small, out);
+      break;
   }
   return cudaGetLastError();
 }

@@ -86,9 +86,12 @@ int ra_cuda_ggml_supported(uint32_t type, size_t *block_values, size_t *block_by
 /* raw: rows x row_bytes of ggml `type` (device), dst: [rows, cols] BF16 or F32 (dst_dtype). */
 cudaError_t ra_cuda_dequant(cudaStream_t s, const void *raw, uint32_t type, int64_t rows, int64_t cols,
                             size_t row_bytes, void *dst, int dst_dtype);
-/* out[i, :] = table[ids[i], :].  table: [vocab, dim] of table_dtype, ids: device [n], out F32. */
-cudaError_t ra_cuda_get_rows(cudaStream_t s, const void *table, int table_dtype, int64_t dim, const int32_t *ids,
-                             int64_t n, float *out);
+/* out[i, :] = table[ids[i], :].  table: [vocab, dim] of table_dtype, out F32. Up to
+ * RA_CUDA_INLINE_IDS ids travel in the kernel's arguments (host ids, no copy: decode steps
+ * stay asynchronous); more are read from device memory d_ids. */
+#define RA_CUDA_INLINE_IDS 64
+cudaError_t ra_cuda_get_rows(cudaStream_t s, const void *table, int table_dtype, int64_t dim, const int32_t *host_ids,
+                             const int32_t *d_ids, int64_t n, float *out);
 /* y[i, :] (= or +=) bias.  y: [n, m] F32, bias: [m] of bias_dtype */
 cudaError_t ra_cuda_bias_rows(cudaStream_t s, float *y, const void *bias, int bias_dtype, int64_t n, int64_t m,
                               int accumulate);

@@ -327,10 +327,11 @@ static void test_load_weight(void) {
 
 static void test_get_rows(void) {
   ra_error err;
-  const int32_t ids[] = {0, 1000, 17, 17, 999, 3, 512};
-  const int n = 7;
-  for (int loaded = 0; loaded < 2; loaded++) {
+  for (int variant = 0; variant < 3; variant++) { /* 0: F32 table, 1: loaded (BF16 on CUDA), 2: 100 ids */
     int64_t vocab = 1001, dim = 96;
+    int n = variant == 2 ? 100 : 7; /* more than RA_CUDA_INLINE_IDS (64) go through device memory */
+    int32_t ids[100];
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)((i * 389 + (i == 1 ? 1000 : 0)) % vocab);
     float *tab = rand_vec((size_t)(vocab * dim), 1.0f), *c = NULL, *g = NULL;
     ra_tensor tc, tg;
     memset(&tc, 0, sizeof tc);
@@ -338,8 +339,10 @@ static void test_get_rows(void) {
     pair out;
     memset(&out, 0, sizeof out);
     int64_t tshape[2] = {vocab, dim}, oshape[2] = {n, dim};
-    const char *desc = loaded ? "table from load_weight F32 (BF16 on CUDA)" : "F32 table";
-    if (loaded) {
+    const char *desc = variant == 0   ? "7 ids, F32 table"
+                       : variant == 1 ? "7 ids, table from load_weight F32 (BF16 on CUDA)"
+                                      : "100 ids, table from load_weight F32 (BF16 on CUDA)";
+    if (variant > 0) {
       TRY("get_rows", desc, g_cpu->ops->load_weight(g_cpu, tab, RA_GGML_F32, vocab, dim, &tc, &err));
       TRY("get_rows", desc, g_gpu->ops->load_weight(g_gpu, tab, RA_GGML_F32, vocab, dim, &tg, &err));
     } else {
