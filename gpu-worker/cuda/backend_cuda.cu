@@ -383,8 +383,8 @@ int check_attn_geometry(const char *op, int64_t hq, int64_t hkv, int64_t hd, ra_
   if (hd % 8 != 0 || hd > 256)
     return ra_errorf(err, RA_EUNSUPPORTED, "cuda %s: head_dim %lld (need a multiple of 8, at most 256)", op,
                      (long long)hd);
-  if ((hq / hkv) * hd > RA_CUDA_ATTN_MAX_GROUP_DIM)
-    return ra_errorf(err, RA_EUNSUPPORTED, "cuda %s: %lld q heads per kv head of dim %lld exceed %d values", op,
+  if (hq / hkv > 4096 || !ra_cuda_attn_geometry_ok((int)(hq / hkv), (int)hd))
+    return ra_errorf(err, RA_EUNSUPPORTED, "cuda %s: %lld q heads per kv head of dim %lld (at most %d values)", op,
                      (long long)(hq / hkv), (long long)hd, RA_CUDA_ATTN_MAX_GROUP_DIM);
   if (hq > 65535) return ra_errorf(err, RA_EUNSUPPORTED, "cuda %s: %lld q heads", op, (long long)hq);
   return RA_OK;

@@ -66,6 +66,10 @@ size_t split_smem_bytes(int group, int hd) {
   return floats * sizeof(float) + kTile * sizeof(int64_t);
 }
 
+/* Dynamic shared memory of the split kernel: every layout with group * hd <= 4096 fits (the
+ * largest, hd 8 with group 512, takes 90 KB; hd 256 with group 16 takes 84 KB). */
+constexpr size_t kSplitSmemMax = 96 * 1024;
+
 template <typename KT>
 __global__ void __launch_bounds__(kDecThreads) attn_split_kernel(split_args a) {
   extern __shared__ float sm[];
@@ -422,12 +426,18 @@ template <typename KT> cudaError_t init_for() {
   if ((e = cudaFuncSetAttribute(attn_prefill_tc_kernel<KT, 128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)tc_smem_bytes<128>())) != cudaSuccess)
     return e;
-  /* largest split layout: hd 256 with a group filling RA_CUDA_ATTN_MAX_GROUP_DIM */
+  /* the largest split layout any allowed geometry (hd % 8 == 0, hd <= 256, group * hd <=
+   * RA_CUDA_ATTN_MAX_GROUP_DIM) needs; ra_cuda_attn_split_smem_ok() rejects the rest */
   return cudaFuncSetAttribute(attn_split_kernel<KT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              (int)split_smem_bytes(RA_CUDA_ATTN_MAX_GROUP_DIM / 256, 256));
+                              (int)kSplitSmemMax);
 }
 
 } /* namespace */
+
+int ra_cuda_attn_geometry_ok(int group, int hd) {
+  return hd % 8 == 0 && hd >= 8 && hd <= 256 && group >= 1 && group * hd <= RA_CUDA_ATTN_MAX_GROUP_DIM &&
+         split_smem_bytes(group, hd) <= kSplitSmemMax;
+}
 
 cudaError_t ra_cuda_attn_init(void) {
   cudaError_t e;

@@ -114,6 +114,8 @@ cudaError_t ra_cuda_attn_merge(cudaStream_t s, float *o_acc, float *ml_acc, cons
 /* Attention. Caches: [n_ctx, hkv, hd] of kv_dtype; hd % 8 == 0, hd <= 256; hq % hkv == 0;
  * (hq / hkv) * hd <= RA_CUDA_ATTN_MAX_GROUP_DIM. */
 #define RA_CUDA_ATTN_MAX_GROUP_DIM 4096
+/* True when the kernels handle `group` q heads per kv head of dimension hd. */
+int ra_cuda_attn_geometry_ok(int group, int hd);
 /* Shared-memory limits need setting once per device before the first launch. */
 cudaError_t ra_cuda_attn_init(void);
 /* q: [n, hq, hd] F32, out: [n, hq, hd] F32; query i sees cache rows [0, pos0 + i]. */
