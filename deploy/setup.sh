@@ -21,5 +21,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
+# Python packages of the gpu-worker reference test (tests/gpu-worker/ref_smollm2.py), pinned.
+PY_PACKAGES=(numpy==2.3.5 gguf==0.17.1 tokenizers==0.21.1)
+if ! python3 -c 'import numpy, gguf, tokenizers' 2>/dev/null; then
+  echo "setup: pip installing ${PY_PACKAGES[*]}"
+  python3 -m pip install --quiet "${PY_PACKAGES[@]}" ||
+    python3 -m pip install --quiet --break-system-packages "${PY_PACKAGES[@]}"
+fi
+
 [ "${1:-}" = "--no-model" ] && exit 0
 exec deploy/fetch-model.sh

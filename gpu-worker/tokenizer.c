@@ -175,8 +175,10 @@ static int idbuf_push(idbuf *b, int32_t id) {
  * pair of lowest rank until none is in the merge table. syms: scratch of len ids. */
 static int bpe_word(const ra_tokenizer *t, const unsigned char *w, size_t len, int32_t *syms, idbuf *out) {
   size_t n = len;
+  /* Bytes that never occur in UTF-8 (0xC0, 0xC1, 0xF5..0xFF) may lack a token: they become
+   * the unknown token, as in Hugging Face's BPE with an unk token. */
   for (size_t i = 0; i < len; i++) {
-    syms[i] = t->byte_id[w[i]];
+    syms[i] = t->byte_id[w[i]] >= 0 ? t->byte_id[w[i]] : t->unk;
     if (syms[i] < 0) return RA_EFORMAT;
   }
   while (n > 1) {

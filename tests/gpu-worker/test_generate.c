@@ -1,0 +1,58 @@
+/* Greedy generation on SmolLM2: the answer to a fixed chat prompt starts with known tokens. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "generate.h"
+#include "loader.h"
+#include "model_path.h"
+
+static void test_greedy_first_tokens(void **state) {
+  (void)state;
+  const char *path = smollm2_path();
+  if (!path) fail_msg("model missing: run deploy/fetch-model.sh");
+  ra_backend *be;
+  ra_model *m;
+  ra_tokenizer *tok;
+  ra_error err;
+  ra_backend_config bc = {2, 0};
+  assert_int_equal(ra_backend_create("cpu", &bc, &be, &err), RA_OK);
+  if (ra_load_model(be, path, NULL, 1, &m, &tok, &err) != RA_OK) fail_msg("%s", err.msg);
+  char *chat;
+  assert_int_equal(ra_tok_chat_format(tok, NULL, "What is the capital of France?", &chat, &err), RA_OK);
+  int32_t *ids;
+  size_t n;
+  assert_int_equal(ra_tok_encode(tok, chat, strlen(chat), 0, 1, &ids, &n, &err), RA_OK);
+  ra_state *st;
+  assert_int_equal(ra_state_new(m, (int64_t)n + 16, 32, RA_DTYPE_F32, &st, &err), RA_OK);
+  ra_gen_config gc = {16, 0.0f, 1.0f, 1, 1, 1};
+  ra_gen_result res;
+  if (ra_generate(st, tok, ids, n, &gc, NULL, NULL, &res, &err) != RA_OK) fail_msg("%s", err.msg);
+  char *text;
+  size_t len;
+  assert_int_equal(ra_tok_decode(tok, res.tokens, res.n_tokens, &text, &len, &err), RA_OK);
+  fprintf(stderr, "generated: '%s' (%zu tokens, stop token: %d)\n", text, res.n_tokens, res.stopped);
+  /* "The capital of France is Paris." then <|im_end|> */
+  int32_t want[] = {504, 3575, 282, 4649, 314, 7042, 30};
+  assert_true(res.n_tokens >= 7);
+  assert_memory_equal(res.tokens, want, sizeof want);
+  assert_string_equal(text, "The capital of France is Paris.");
+  assert_true(res.stopped);
+  free(text);
+  ra_gen_result_free(&res);
+  ra_state_free(st);
+  free(ids);
+  free(chat);
+  ra_tok_free(tok);
+  ra_model_free(m);
+  ra_backend_destroy(be);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_greedy_first_tokens)};
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
