@@ -2,10 +2,19 @@
 
 #include <string.h>
 
+#ifdef RA_WITH_CUDA
+#include "backend_cuda.h"
+#endif
+
 int ra_backend_create(const char *name, const ra_backend_config *cfg, ra_backend **out, ra_error *err) {
   if (strcmp(name, "cpu") == 0) return ra_backend_cpu_create(cfg, out, err);
-  if (strcmp(name, "cuda") == 0)
+  if (strcmp(name, "cuda") == 0) {
+#ifdef RA_WITH_CUDA
+    return ra_backend_cuda_create(cfg, out, err);
+#else
     return ra_errorf(err, RA_EUNSUPPORTED, "backend: the cuda backend is not built into this binary");
+#endif
+  }
   return ra_errorf(err, RA_EINVAL, "backend: unknown backend '%s' (cpu or cuda)", name);
 }
 

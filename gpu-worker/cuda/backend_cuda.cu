@@ -1,0 +1,687 @@
+/* The CUDA backend's ops table: argument checks (the same RA_EINVAL cases as the CPU backend),
+ * memory, scratch buffers, cuBLAS, and dispatch to the kernels of cuda_*.cu. */
+#include "ra_cuda.cuh"
+
+#include <cublas_v2.h>
+#include <new>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "backend_cuda.h"
+}
+
+namespace {
+
+/* A device scratch buffer that only grows. Ops on the one stream run in order, so a buffer can
+ * be reused by the next op without waiting; growing frees the old one (cudaFree waits for the
+ * device). */
+struct scratch {
+  void *p = nullptr;
+  size_t cap = 0;
+};
+
+struct cuda_impl {
+  int device = 0;
+  int n_sm = 0;
+  size_t mem_bytes = 0;
+  char dev_name[256] = {0};
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  scratch xconv;  /* matmul: x in BF16/F16 for cuBLAS */
+  scratch ids;    /* get_rows: token ids */
+  scratch ranges; /* attn_decode: range tables beyond RA_CUDA_INLINE_RANGES */
+  scratch part;   /* attn_decode: split partials */
+  scratch topk;   /* topk_rows: idx + val of a batch of rows */
+  scratch raw;    /* load_weight: raw GGUF bytes */
+};
+
+inline cuda_impl *impl_of(ra_backend *be) { return (cuda_impl *)be->impl; }
+
+int cuda_fail(ra_error *err, const char *op, const char *what, cudaError_t e) {
+  int code = e == cudaErrorMemoryAllocation ? RA_ENOMEM : RA_EINTERNAL;
+  return ra_errorf(err, code, "cuda %s: %s: %s (%s)", op, what, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+int blas_fail(ra_error *err, const char *op, cublasStatus_t st) {
+  int code = st == CUBLAS_STATUS_ALLOC_FAILED ? RA_ENOMEM : RA_EINTERNAL;
+  return ra_errorf(err, code, "cuda %s: cuBLAS: %s (%d)", op, cublasGetStatusString(st), (int)st);
+}
+
+#define CU_TRY(op, call)                                    \
+  do {                                                      \
+    cudaError_t e_ = (call);                                \
+    if (e_ != cudaSuccess) return cuda_fail(err, op, #call, e_); \
+  } while (0)
+
+int grow(scratch *s, size_t bytes, const char *op, ra_error *err) {
+  if (bytes <= s->cap) return RA_OK;
+  if (s->p) {
+    cudaError_t e = cudaFree(s->p);
+    s->p = nullptr;
+    s->cap = 0;
+    if (e != cudaSuccess) return cuda_fail(err, op, "cudaFree(scratch)", e);
+  }
+  size_t cap = bytes < 4096 ? 4096 : bytes + bytes / 4;
+  cudaError_t e = cudaMalloc(&s->p, cap);
+  if (e != cudaSuccess) {
+    s->p = nullptr;
+    return ra_errorf(err, e == cudaErrorMemoryAllocation ? RA_ENOMEM : RA_EINTERNAL,
+                     "cuda %s: cannot allocate %zu bytes of scratch: %s", op, cap, cudaGetErrorString(e));
+  }
+  s->cap = cap;
+  return RA_OK;
+}
+
+void release(scratch *s) {
+  if (s->p) cudaFree(s->p);
+  s->p = nullptr;
+  s->cap = 0;
+}
+
+/* ---------- checks (mirroring backend_cpu.c) ---------- */
+
+size_t nelem(const ra_tensor *t) {
+  size_t n = 1;
+  for (int i = 0; i < t->ndim; i++) n *= (size_t)t->shape[i];
+  return n;
+}
+int64_t last_dim(const ra_tensor *t) { return t->shape[t->ndim - 1]; }
+int64_t n_rows(const ra_tensor *t) { return (int64_t)(nelem(t) / (size_t)last_dim(t)); }
+bool known_dtype(ra_dtype d) { return d == RA_DTYPE_F32 || d == RA_DTYPE_F16 || d == RA_DTYPE_BF16; }
+
+int want_tensor(const ra_tensor *t, const char *op, const char *name, ra_error *err) {
+  if (!t || !t->data) return ra_errorf(err, RA_EINVAL, "cuda %s: %s is not allocated", op, name);
+  if (!known_dtype(t->dtype)) return ra_errorf(err, RA_EINVAL, "cuda %s: %s has dtype %d", op, name, (int)t->dtype);
+  return RA_OK;
+}
+
+int want_dtype(const ra_tensor *t, ra_dtype dt, const char *op, const char *name, ra_error *err) {
+  int rc = want_tensor(t, op, name, err);
+  if (rc) return rc;
+  if (t->dtype != dt)
+    return ra_errorf(err, RA_EINVAL, "cuda %s: %s is %s, want %s", op, name, ra_dtype_name(t->dtype), ra_dtype_name(dt));
+  return RA_OK;
+}
+
+bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* ---------- memory ---------- */
+
+int cu_alloc(ra_backend *be, ra_tensor *t, ra_error *err) {
+  cuda_impl *im = impl_of(be);
+  t->be = be;
+  t->data = nullptr;
+  size_t bytes = t->nbytes ? t->nbytes : 1;
+  cudaError_t e = cudaMalloc(&t->data, bytes);
+  if (e != cudaSuccess) {
+    t->data = nullptr;
+    return ra_errorf(err, e == cudaErrorMemoryAllocation ? RA_ENOMEM : RA_EINTERNAL,
+                     "cuda alloc: cannot allocate %zu bytes: %s", bytes, cudaGetErrorString(e));
+  }
+  e = cudaMemsetAsync(t->data, 0, bytes, im->stream);
+  if (e != cudaSuccess) {
+    cudaFree(t->data);
+    t->data = nullptr;
+    return cuda_fail(err, "alloc", "cudaMemsetAsync", e);
+  }
+  return RA_OK;
+}
+
+void cu_free(ra_backend *be, ra_tensor *t) {
+  (void)be;
+  if (t->data) cudaFree(t->data); /* waits for queued work that may still use it */
+  t->data = nullptr;
+}
+
+int range_ok(const ra_tensor *t, size_t off, size_t n) { return off <= nelem(t) && n <= nelem(t) - off; }
+
+int cu_upload(ra_backend *be, ra_tensor *t, size_t off, const float *src, size_t n, ra_error *err) {
+  int rc = want_tensor(t, "upload", "t", err);
+  if (rc) return rc;
+  if (!range_ok(t, off, n))
+    return ra_errorf(err, RA_EINVAL, "cuda upload: [%zu, +%zu) outside %zu elements", off, n, nelem(t));
+  if (n == 0) return RA_OK;
+  cuda_impl *im = impl_of(be);
+  size_t es = ra_dtype_size(t->dtype);
+  char *dst = (char *)t->data + off * es;
+  if (t->dtype == RA_DTYPE_F32) {
+    /* pageable source: CUDA stages it before returning, so `src` may go away right after */
+    CU_TRY("upload", cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyHostToDevice, im->stream));
+    return RA_OK;
+  }
+  void *tmp = malloc(n * es);
+  if (!tmp) return ra_errorf(err, RA_ENOMEM, "cuda upload: no host memory for %zu elements", n);
+  ra_dtype_from_fp32_n(t->dtype, src, tmp, n);
+  cudaError_t e = cudaMemcpyAsync(dst, tmp, n * es, cudaMemcpyHostToDevice, im->stream);
+  free(tmp);
+  if (e != cudaSuccess) return cuda_fail(err, "upload", "cudaMemcpyAsync", e);
+  return RA_OK;
+}
+
+int cu_download(ra_backend *be, const ra_tensor *t, size_t off, float *dst, size_t n, ra_error *err) {
+  int rc = want_tensor(t, "download", "t", err);
+  if (rc) return rc;
+  if (!range_ok(t, off, n))
+    return ra_errorf(err, RA_EINVAL, "cuda download: [%zu, +%zu) outside %zu elements", off, n, nelem(t));
+  cuda_impl *im = impl_of(be);
+  if (n == 0) {
+    CU_TRY("download", cudaStreamSynchronize(im->stream));
+    return RA_OK;
+  }
+  size_t es = ra_dtype_size(t->dtype);
+  const char *src = (const char *)t->data + off * es;
+  if (t->dtype == RA_DTYPE_F32) {
+    CU_TRY("download", cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyDeviceToHost, im->stream));
+    CU_TRY("download", cudaStreamSynchronize(im->stream));
+    return RA_OK;
+  }
+  void *tmp = malloc(n * es);
+  if (!tmp) return ra_errorf(err, RA_ENOMEM, "cuda download: no host memory for %zu elements", n);
+  cudaError_t e = cudaMemcpyAsync(tmp, src, n * es, cudaMemcpyDeviceToHost, im->stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(im->stream);
+  if (e == cudaSuccess) ra_dtype_to_fp32_n(t->dtype, tmp, dst, n);
+  free(tmp);
+  if (e != cudaSuccess) return cuda_fail(err, "download", "cudaMemcpyAsync", e);
+  return RA_OK;
+}
+
+int cu_copy(ra_backend *be, ra_tensor *dst, size_t doff, const ra_tensor *src, size_t soff, size_t n, ra_error *err) {
+  int rc;
+  if ((rc = want_tensor(dst, "copy", "dst", err)) || (rc = want_tensor(src, "copy", "src", err))) return rc;
+  if (!range_ok(dst, doff, n) || !range_ok(src, soff, n))
+    return ra_errorf(err, RA_EINVAL, "cuda copy: %zu elements out of bounds", n);
+  if (n == 0) return RA_OK;
+  cuda_impl *im = impl_of(be);
+  char *d = (char *)dst->data + doff * ra_dtype_size(dst->dtype);
+  const char *s = (const char *)src->data + soff * ra_dtype_size(src->dtype);
+  if (dst->dtype == src->dtype)
+    CU_TRY("copy", cudaMemcpyAsync(d, s, n * ra_dtype_size(src->dtype), cudaMemcpyDeviceToDevice, im->stream));
+  else
+    CU_TRY("copy", ra_cuda_convert(im->stream, d, dst->dtype, s, src->dtype, n));
+  return RA_OK;
+}
+
+int cu_load_weight(ra_backend *be, const void *raw, uint32_t type, int64_t rows, int64_t cols, ra_tensor *out,
+                   ra_error *err) {
+  size_t bv = 0, bb = 0;
+  if (rows <= 0 || cols <= 0 || !ra_cuda_ggml_supported(type, &bv, &bb) || (uint64_t)cols % bv != 0)
+    return ra_errorf(err, RA_EINVAL, "cuda load_weight: cannot load [%lld, %lld] of ggml type %u", (long long)rows,
+                     (long long)cols, type);
+  cuda_impl *im = impl_of(be);
+  size_t row_bytes = (size_t)cols / bv * bb, total = row_bytes * (size_t)rows;
+  /* matrices in BF16 (half the bytes of F32 for every matmul); vectors in F32 */
+  ra_dtype dt = rows == 1 ? RA_DTYPE_F32 : RA_DTYPE_BF16;
+  memset(out, 0, sizeof(*out));
+  out->dtype = dt;
+  out->ndim = 2;
+  out->shape[0] = rows;
+  out->shape[1] = cols;
+  out->nbytes = (size_t)rows * (size_t)cols * ra_dtype_size(dt);
+  int rc = cu_alloc(be, out, err);
+  if (rc) {
+    memset(out, 0, sizeof(*out));
+    return rc;
+  }
+  cudaError_t e;
+  if ((rc = grow(&im->raw, total, "load_weight", err)) != RA_OK) goto fail;
+  if ((e = cudaMemcpyAsync(im->raw.p, raw, total, cudaMemcpyHostToDevice, im->stream)) != cudaSuccess) {
+    rc = cuda_fail(err, "load_weight", "cudaMemcpyAsync", e);
+    goto fail;
+  }
+  if ((e = ra_cuda_dequant(im->stream, im->raw.p, type, rows, cols, row_bytes, out->data, dt)) != cudaSuccess) {
+    rc = cuda_fail(err, "load_weight", "dequantize kernel", e);
+    goto fail;
+  }
+  /* one weight's raw bytes can be a gigabyte: do not keep the staging buffer around */
+  if (im->raw.cap > ((size_t)256 << 20)) release(&im->raw);
+  return RA_OK;
+fail:
+  cu_free(be, out);
+  memset(out, 0, sizeof(*out));
+  return rc;
+}
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+int cu_fill_random(ra_backend *be, ra_tensor *t, uint64_t seed, float center, float scale, ra_error *err) {
+  int rc = want_tensor(t, "fill_random", "t", err);
+  if (rc) return rc;
+  CU_TRY("fill_random",
+         ra_cuda_fill_random(impl_of(be)->stream, t->data, t->dtype, nelem(t), splitmix64(seed), center, scale));
+  return RA_OK;
+}
+
+/* ---------- layer ops ---------- */
+
+int cu_get_rows(ra_backend *be, const ra_tensor *table, const int32_t *ids, int64_t n, ra_tensor *out, ra_error *err) {
+  int rc;
+  if ((rc = want_tensor(table, "get_rows", "table", err)) || (rc = want_dtype(out, RA_DTYPE_F32, "get_rows", "out", err)))
+    return rc;
+  int64_t dim = last_dim(table), vocab = n_rows(table);
+  if (n < 0 || last_dim(out) != dim || n_rows(out) < n)
+    return ra_errorf(err, RA_EINVAL, "cuda get_rows: out is not [%lld, %lld]", (long long)n, (long long)dim);
+  for (int64_t i = 0; i < n; i++)
+    if (ids[i] < 0 || ids[i] >= vocab)
+      return ra_errorf(err, RA_EINVAL, "cuda get_rows: id %d outside [0, %lld)", ids[i], (long long)vocab);
+  if (n == 0) return RA_OK;
+  cuda_impl *im = impl_of(be);
+  const int32_t *d_ids = nullptr;
+  if (n > RA_CUDA_INLINE_IDS) {
+    if ((rc = grow(&im->ids, (size_t)n * sizeof(int32_t), "get_rows", err))) return rc;
+    CU_TRY("get_rows", cudaMemcpyAsync(im->ids.p, ids, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, im->stream));
+    d_ids = (const int32_t *)im->ids.p;
+  }
+  CU_TRY("get_rows", ra_cuda_get_rows(im->stream, table->data, table->dtype, dim, ids, d_ids, n, (float *)out->data));
+  return RA_OK;
+}
+
+int cu_matmul(ra_backend *be, const ra_tensor *x, const ra_tensor *w, const ra_tensor *bias, ra_tensor *y,
+              int accumulate, ra_error *err) {
+  int rc;
+  if ((rc = want_dtype(x, RA_DTYPE_F32, "matmul", "x", err)) || (rc = want_tensor(w, "matmul", "w", err)) ||
+      (rc = want_dtype(y, RA_DTYPE_F32, "matmul", "y", err)))
+    return rc;
+  int64_t k = last_dim(x), n = n_rows(x), m = n_rows(w);
+  if (last_dim(w) != k || last_dim(y) != m || n_rows(y) != n)
+    return ra_errorf(err, RA_EINVAL, "cuda matmul: x [%lld, %lld] w [%lld, %lld] y [%lld, %lld] do not fit",
+                     (long long)n, (long long)k, (long long)m, (long long)last_dim(w), (long long)n_rows(y),
+                     (long long)last_dim(y));
+  if (bias && ((rc = want_tensor(bias, "matmul", "bias", err)) || (int64_t)nelem(bias) != m))
+    return rc ? rc : ra_errorf(err, RA_EINVAL, "cuda matmul: bias is not [%lld]", (long long)m);
+  if (k > INT32_MAX || m > INT32_MAX || n > INT32_MAX)
+    return ra_errorf(err, RA_EUNSUPPORTED, "cuda matmul: dimensions beyond 2^31");
+  cuda_impl *im = impl_of(be);
+  const void *bp = bias ? bias->data : nullptr;
+  int bdt = bias ? bias->dtype : RA_DTYPE_F32;
+
+  /* decode: GEMV straight from the weights (bias and residual fused) */
+  if (n == 1 && w->dtype != RA_DTYPE_F32 && k % 8 == 0 && aligned16(w->data) && aligned16(x->data)) {
+    CU_TRY("matmul", ra_cuda_gemv(im->stream, w->data, w->dtype, (const float *)x->data, bp, bdt, (float *)y->data, m,
+                                  k, accumulate));
+    return RA_OK;
+  }
+  /* cuBLAS, column-major: y^T [m, n] = W [k, m]^T x^T [k, n]; a bias is put into y first and
+   * then accumulated with beta = 1 */
+  float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  if (bp) {
+    CU_TRY("matmul", ra_cuda_bias_rows(im->stream, (float *)y->data, bp, bdt, n, m, accumulate));
+    beta = 1.0f;
+  }
+  const void *xb = x->data;
+  cudaDataType_t ab_type = CUDA_R_32F;
+  if (w->dtype != RA_DTYPE_F32) {
+    if ((rc = grow(&im->xconv, (size_t)n * (size_t)k * 2, "matmul", err))) return rc;
+    CU_TRY("matmul", ra_cuda_convert(im->stream, im->xconv.p, w->dtype, x->data, RA_DTYPE_F32, (size_t)n * (size_t)k));
+    xb = im->xconv.p;
+    ab_type = w->dtype == RA_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+  }
+  cublasStatus_t st = cublasGemmEx(im->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)m, (int)n, (int)k, &alpha, w->data, ab_type,
+                                   (int)k, xb, ab_type, (int)k, &beta, y->data, CUDA_R_32F, (int)m, CUBLAS_COMPUTE_32F,
+                                   CUBLAS_GEMM_DEFAULT);
+  if (st != CUBLAS_STATUS_SUCCESS) return blas_fail(err, "matmul", st);
+  return RA_OK;
+}
+
+int cu_rmsnorm(ra_backend *be, const ra_tensor *x, const ra_tensor *w, float eps, ra_tensor *y, ra_error *err) {
+  int rc;
+  if ((rc = want_dtype(x, RA_DTYPE_F32, "rmsnorm", "x", err)) || (rc = want_tensor(w, "rmsnorm", "w", err)) ||
+      (rc = want_dtype(y, RA_DTYPE_F32, "rmsnorm", "y", err)))
+    return rc;
+  int64_t d = last_dim(x), n = n_rows(x);
+  if ((int64_t)nelem(w) != d || nelem(y) != nelem(x))
+    return ra_errorf(err, RA_EINVAL, "cuda rmsnorm: shapes do not fit dim %lld", (long long)d);
+  CU_TRY("rmsnorm", ra_cuda_rmsnorm(impl_of(be)->stream, (const float *)x->data, w->data, w->dtype, eps,
+                                    (float *)y->data, n, d));
+  return RA_OK;
+}
+
+int cu_rope(ra_backend *be, ra_tensor *x, int64_t pos0, int n_rot, float theta, ra_rope_style style, ra_error *err) {
+  int rc = want_dtype(x, RA_DTYPE_F32, "rope", "x", err);
+  if (rc) return rc;
+  if (x->ndim != 3) return ra_errorf(err, RA_EINVAL, "cuda rope: x must be [n, heads, head_dim]");
+  int64_t n = x->shape[0], h = x->shape[1], hd = x->shape[2];
+  if (n_rot <= 0 || n_rot > hd || n_rot % 2)
+    return ra_errorf(err, RA_EINVAL, "cuda rope: n_rot %d for head_dim %lld", n_rot, (long long)hd);
+  if (style != RA_ROPE_NORM && style != RA_ROPE_NEOX) return ra_errorf(err, RA_EINVAL, "cuda rope: style %d", (int)style);
+  CU_TRY("rope", ra_cuda_rope(impl_of(be)->stream, (float *)x->data, n, h, hd, pos0, n_rot, theta, style == RA_ROPE_NEOX));
+  return RA_OK;
+}
+
+int cu_swiglu(ra_backend *be, const ra_tensor *gate, const ra_tensor *up, ra_tensor *out, ra_error *err) {
+  int rc;
+  if ((rc = want_dtype(gate, RA_DTYPE_F32, "swiglu", "gate", err)) || (rc = want_dtype(up, RA_DTYPE_F32, "swiglu", "up", err)) ||
+      (rc = want_dtype(out, RA_DTYPE_F32, "swiglu", "out", err)))
+    return rc;
+  size_t n = nelem(gate);
+  if (nelem(up) != n || nelem(out) != n) return ra_errorf(err, RA_EINVAL, "cuda swiglu: sizes differ");
+  CU_TRY("swiglu", ra_cuda_swiglu(impl_of(be)->stream, (const float *)gate->data, (const float *)up->data,
+                                  (float *)out->data, n));
+  return RA_OK;
+}
+
+/* ---------- attention ---------- */
+
+int check_cache(const ra_tensor *c, const char *op, const char *name, int64_t hd, ra_error *err) {
+  int rc = want_tensor(c, op, name, err);
+  if (rc) return rc;
+  if (c->ndim != 3 || c->shape[2] != hd)
+    return ra_errorf(err, RA_EINVAL, "cuda %s: %s must be [n_ctx, n_kv_heads, %lld]", op, name, (long long)hd);
+  if (!aligned16(c->data))
+    return ra_errorf(err, RA_EINVAL, "cuda %s: %s data is not 16-byte aligned", op, name);
+  return RA_OK;
+}
+
+/* What the kernels support beyond the table's own checks. */
+int check_attn_geometry(const char *op, int64_t hq, int64_t hkv, int64_t hd, ra_error *err) {
+  if (hd % 8 != 0 || hd > 256)
+    return ra_errorf(err, RA_EUNSUPPORTED, "cuda %s: head_dim %lld (need a multiple of 8, at most 256)", op,
+                     (long long)hd);
+  if (hq / hkv > 4096 || !ra_cuda_attn_geometry_ok((int)(hq / hkv), (int)hd))
+    return ra_errorf(err, RA_EUNSUPPORTED, "cuda %s: %lld q heads per kv head of dim %lld (at most %d values)", op,
+                     (long long)(hq / hkv), (long long)hd, RA_CUDA_ATTN_MAX_GROUP_DIM);
+  if (hq > 65535) return ra_errorf(err, RA_EUNSUPPORTED, "cuda %s: %lld q heads", op, (long long)hq);
+  return RA_OK;
+}
+
+int cu_attn_prefill(ra_backend *be, const ra_tensor *q, const ra_tensor *kc, const ra_tensor *vc, int64_t pos0,
+                    float scale, ra_tensor *out, ra_error *err) {
+  int rc;
+  if ((rc = want_dtype(q, RA_DTYPE_F32, "attn_prefill", "q", err)) ||
+      (rc = want_dtype(out, RA_DTYPE_F32, "attn_prefill", "out", err)))
+    return rc;
+  if (q->ndim != 3) return ra_errorf(err, RA_EINVAL, "cuda attn_prefill: q must be [n, heads, head_dim]");
+  int64_t n = q->shape[0], hq = q->shape[1], hd = q->shape[2];
+  if ((rc = check_cache(kc, "attn_prefill", "k_cache", hd, err)) ||
+      (rc = check_cache(vc, "attn_prefill", "v_cache", hd, err)))
+    return rc;
+  int64_t hkv = kc->shape[1];
+  if (vc->shape[1] != hkv || hkv <= 0 || hq % hkv != 0 || nelem(out) != nelem(q))
+    return ra_errorf(err, RA_EINVAL, "cuda attn_prefill: %lld q heads do not group over %lld kv heads", (long long)hq,
+                     (long long)hkv);
+  if (kc->dtype != vc->dtype) return ra_errorf(err, RA_EINVAL, "cuda attn_prefill: k and v caches differ in dtype");
+  if (pos0 < 0 || pos0 + n > kc->shape[0] || pos0 + n > vc->shape[0])
+    return ra_errorf(err, RA_EINVAL, "cuda attn_prefill: positions [%lld, %lld) exceed the cache of %lld",
+                     (long long)pos0, (long long)(pos0 + n), (long long)kc->shape[0]);
+  if ((rc = check_attn_geometry("attn_prefill", hq, hkv, hd, err))) return rc;
+  CU_TRY("attn_prefill", ra_cuda_attn_prefill(impl_of(be)->stream, (const float *)q->data, kc->data, vc->data,
+                                              kc->dtype, n, (int)hq, (int)hkv, (int)hd, pos0, scale,
+                                              (float *)out->data));
+  return RA_OK;
+}
+
+int cu_attn_decode(ra_backend *be, const ra_tensor *q, const ra_tensor *kc, const ra_tensor *vc,
+                   const ra_token_range *ranges, int n_ranges, float scale, ra_tensor *o, ra_tensor *ml,
+                   ra_error *err) {
+  int rc;
+  if ((rc = want_dtype(q, RA_DTYPE_F32, "attn_decode", "q", err)) || (rc = want_dtype(o, RA_DTYPE_F32, "attn_decode", "o", err)) ||
+      (rc = want_dtype(ml, RA_DTYPE_F32, "attn_decode", "ml", err)))
+    return rc;
+  int64_t hd = last_dim(q), hq = (int64_t)nelem(q) / hd;
+  if ((rc = check_cache(kc, "attn_decode", "k_cache", hd, err)) || (rc = check_cache(vc, "attn_decode", "v_cache", hd, err)))
+    return rc;
+  int64_t hkv = kc->shape[1], n_ctx = kc->shape[0] < vc->shape[0] ? kc->shape[0] : vc->shape[0];
+  if (vc->shape[1] != hkv || hq % hkv != 0 || (int64_t)nelem(o) != hq * hd || (int64_t)nelem(ml) != hq * 2)
+    return ra_errorf(err, RA_EINVAL, "cuda attn_decode: q/o/ml shapes do not fit %lld heads of %lld", (long long)hq,
+                     (long long)hd);
+  if (kc->dtype != vc->dtype) return ra_errorf(err, RA_EINVAL, "cuda attn_decode: k and v caches differ in dtype");
+  if (n_ranges < 0 || (n_ranges > 0 && !ranges)) return ra_errorf(err, RA_EINVAL, "cuda attn_decode: bad range list");
+  if ((rc = check_attn_geometry("attn_decode", hq, hkv, hd, err))) return rc;
+  for (int i = 0; i < n_ranges; i++)
+    if (ranges[i].begin < 0 || ranges[i].end < ranges[i].begin || ranges[i].end > n_ctx)
+      return ra_errorf(err, RA_EINVAL, "cuda attn_decode: range [%lld, %lld) outside the cache of %lld",
+                       (long long)ranges[i].begin, (long long)ranges[i].end, (long long)n_ctx);
+  cuda_impl *im = impl_of(be);
+  /* the range table without empty ranges: begin[i] and prefix start[i] */
+  ra_cuda_ranges r;
+  memset(&r, 0, sizeof(r));
+  int n_nonempty = 0;
+  for (int i = 0; i < n_ranges; i++) n_nonempty += ranges[i].end > ranges[i].begin;
+  int64_t *tab = nullptr;
+  int64_t *bg = r.begin, *st = r.start;
+  if (n_nonempty > RA_CUDA_INLINE_RANGES) {
+    tab = (int64_t *)malloc(sizeof(int64_t) * (2 * (size_t)n_nonempty + 1));
+    if (!tab) return ra_errorf(err, RA_ENOMEM, "cuda attn_decode: no host memory for %d ranges", n_nonempty);
+    bg = tab;
+    st = tab + n_nonempty;
+  }
+  int64_t total = 0;
+  for (int i = 0, j = 0; i < n_ranges; i++) {
+    if (ranges[i].end <= ranges[i].begin) continue;
+    bg[j] = ranges[i].begin;
+    st[j] = total;
+    total += ranges[i].end - ranges[i].begin;
+    j++;
+  }
+  st[n_nonempty] = total;
+  r.n = n_nonempty;
+  r.total = total;
+  if (tab) {
+    size_t bytes = sizeof(int64_t) * (2 * (size_t)n_nonempty + 1);
+    rc = grow(&im->ranges, bytes, "attn_decode", err);
+    cudaError_t e = rc ? cudaSuccess : cudaMemcpyAsync(im->ranges.p, tab, bytes, cudaMemcpyHostToDevice, im->stream);
+    free(tab);
+    if (rc) return rc;
+    if (e != cudaSuccess) return cuda_fail(err, "attn_decode", "cudaMemcpyAsync(ranges)", e);
+    r.d_begin = (const int64_t *)im->ranges.p;
+    r.d_start = r.d_begin + n_nonempty;
+  }
+  int n_splits;
+  int64_t chunk;
+  ra_cuda_decode_plan(total, (int)hkv, im->n_sm, &n_splits, &chunk);
+  float *part_o = nullptr, *part_ml = nullptr;
+  if (n_splits > 1) {
+    size_t floats = (size_t)n_splits * (size_t)hq * (size_t)(hd + 2);
+    if ((rc = grow(&im->part, floats * sizeof(float), "attn_decode", err))) return rc;
+    part_o = (float *)im->part.p;
+    part_ml = part_o + (size_t)n_splits * (size_t)hq * (size_t)hd;
+  }
+  CU_TRY("attn_decode", ra_cuda_attn_decode(im->stream, (const float *)q->data, kc->data, vc->data, kc->dtype, (int)hq,
+                                            (int)hkv, (int)hd, &r, n_splits, chunk, scale, part_o, part_ml,
+                                            (float *)o->data, (float *)ml->data));
+  return RA_OK;
+}
+
+int cu_attn_merge(ra_backend *be, ra_tensor *o_acc, ra_tensor *ml_acc, const ra_tensor *o, const ra_tensor *ml,
+                  ra_error *err) {
+  int rc;
+  if ((rc = want_dtype(o_acc, RA_DTYPE_F32, "attn_merge", "o_acc", err)) ||
+      (rc = want_dtype(ml_acc, RA_DTYPE_F32, "attn_merge", "ml_acc", err)) ||
+      (rc = want_dtype(o, RA_DTYPE_F32, "attn_merge", "o", err)) || (rc = want_dtype(ml, RA_DTYPE_F32, "attn_merge", "ml", err)))
+    return rc;
+  size_t heads = nelem(ml) / 2;
+  if (heads == 0 || nelem(ml_acc) != heads * 2 || nelem(o) != nelem(o_acc) || nelem(o) % heads != 0)
+    return ra_errorf(err, RA_EINVAL, "cuda attn_merge: shapes differ");
+  CU_TRY("attn_merge", ra_cuda_attn_merge(impl_of(be)->stream, (float *)o_acc->data, (float *)ml_acc->data,
+                                          (const float *)o->data, (const float *)ml->data, (int64_t)heads,
+                                          (int64_t)(nelem(o) / heads)));
+  return RA_OK;
+}
+
+int cu_topk_rows(ra_backend *be, const ra_tensor *x, int k, int32_t *idx, float *val, ra_error *err) {
+  int rc = want_dtype(x, RA_DTYPE_F32, "topk_rows", "x", err);
+  if (rc) return rc;
+  int64_t m = last_dim(x), n = n_rows(x);
+  if (k <= 0 || k > m || m > INT32_MAX)
+    return ra_errorf(err, RA_EINVAL, "cuda topk_rows: k %d for rows of %lld", k, (long long)m);
+  if (k > RA_CUDA_TOPK_MAX)
+    return ra_errorf(err, RA_EUNSUPPORTED, "cuda topk_rows: k %d above %d", k, RA_CUDA_TOPK_MAX);
+  cuda_impl *im = impl_of(be);
+  /* rows in batches whose results fit 64 MB of scratch */
+  int64_t batch = ((int64_t)64 << 20) / ((int64_t)k * 8);
+  if (batch < 1) batch = 1;
+  if (batch > n) batch = n;
+  if ((rc = grow(&im->topk, (size_t)batch * (size_t)k * 8, "topk_rows", err))) return rc;
+  int32_t *d_idx = (int32_t *)im->topk.p;
+  float *d_val = (float *)(d_idx + (size_t)batch * (size_t)k);
+  for (int64_t r0 = 0; r0 < n; r0 += batch) {
+    int64_t nb = n - r0 < batch ? n - r0 : batch;
+    CU_TRY("topk_rows", ra_cuda_topk_rows(im->stream, (const float *)x->data + r0 * m, nb, m, k, d_idx, d_val));
+    CU_TRY("topk_rows", cudaMemcpyAsync(idx + r0 * k, d_idx, (size_t)nb * k * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                        im->stream));
+    CU_TRY("topk_rows", cudaMemcpyAsync(val + r0 * k, d_val, (size_t)nb * k * sizeof(float), cudaMemcpyDeviceToHost,
+                                        im->stream));
+  }
+  CU_TRY("topk_rows", cudaStreamSynchronize(im->stream));
+  return RA_OK;
+}
+
+int cu_sync(ra_backend *be, ra_error *err) {
+  CU_TRY("sync", cudaStreamSynchronize(impl_of(be)->stream));
+  return RA_OK;
+}
+
+void cu_destroy(ra_backend *be) {
+  if (!be) return;
+  cuda_impl *im = impl_of(be);
+  if (im) {
+    if (im->stream) cudaStreamSynchronize(im->stream);
+    release(&im->xconv);
+    release(&im->ids);
+    release(&im->ranges);
+    release(&im->part);
+    release(&im->topk);
+    release(&im->raw);
+    if (im->blas) cublasDestroy(im->blas);
+    if (im->stream) cudaStreamDestroy(im->stream);
+    delete im;
+  }
+  free(be);
+}
+
+ra_backend_ops make_ops() {
+  ra_backend_ops o;
+  memset(&o, 0, sizeof(o));
+  o.alloc = cu_alloc;
+  o.free = cu_free;
+  o.upload = cu_upload;
+  o.download = cu_download;
+  o.copy = cu_copy;
+  o.load_weight = cu_load_weight;
+  o.fill_random = cu_fill_random;
+  o.get_rows = cu_get_rows;
+  o.matmul = cu_matmul;
+  o.rmsnorm = cu_rmsnorm;
+  o.rope = cu_rope;
+  o.swiglu = cu_swiglu;
+  o.attn_prefill = cu_attn_prefill;
+  o.attn_decode = cu_attn_decode;
+  o.attn_merge = cu_attn_merge;
+  o.topk_rows = cu_topk_rows;
+  o.sync = cu_sync;
+  o.destroy = cu_destroy;
+  return o;
+}
+
+const ra_backend_ops cuda_ops = make_ops();
+
+} /* namespace */
+
+struct ra_cuda_timer {
+  cudaStream_t stream;
+  cudaEvent_t start, stop;
+};
+
+extern "C" int ra_backend_cuda_create(const ra_backend_config *cfg, ra_backend **out, ra_error *err) {
+  *out = nullptr;
+  int dev = cfg ? cfg->device : 0, count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0)
+    return ra_errorf(err, RA_EUNAVAIL, "cuda: no usable CUDA device (%s)",
+                     e != cudaSuccess ? cudaGetErrorString(e) : "device count is 0");
+  if (dev < 0 || dev >= count)
+    return ra_errorf(err, RA_EUNAVAIL, "cuda: device %d does not exist (%d devices)", dev, count);
+  if ((e = cudaSetDevice(dev)) != cudaSuccess) return cuda_fail(err, "create", "cudaSetDevice", e);
+  cudaDeviceProp prop;
+  if ((e = cudaGetDeviceProperties(&prop, dev)) != cudaSuccess)
+    return cuda_fail(err, "create", "cudaGetDeviceProperties", e);
+  if (prop.major < 8)
+    return ra_errorf(err, RA_EUNAVAIL, "cuda: device %d (%s) is sm_%d%d; BF16 kernels need sm_80 or newer", dev,
+                     prop.name, prop.major, prop.minor);
+  ra_backend *be = (ra_backend *)calloc(1, sizeof(*be));
+  cuda_impl *im = new (std::nothrow) cuda_impl();
+  if (!be || !im) {
+    free(be);
+    delete im;
+    return ra_errorf(err, RA_ENOMEM, "cuda: out of host memory");
+  }
+  be->ops = &cuda_ops;
+  be->name = "cuda";
+  be->impl = im;
+  im->device = dev;
+  im->n_sm = prop.multiProcessorCount;
+  im->mem_bytes = prop.totalGlobalMem;
+  snprintf(im->dev_name, sizeof(im->dev_name), "%s", prop.name);
+  int rc = RA_OK;
+  cublasStatus_t st;
+  if ((e = cudaStreamCreateWithFlags(&im->stream, cudaStreamNonBlocking)) != cudaSuccess)
+    rc = cuda_fail(err, "create", "cudaStreamCreateWithFlags", e);
+  else if ((st = cublasCreate(&im->blas)) != CUBLAS_STATUS_SUCCESS)
+    rc = blas_fail(err, "create", st);
+  else if ((st = cublasSetStream(im->blas, im->stream)) != CUBLAS_STATUS_SUCCESS)
+    rc = blas_fail(err, "create", st);
+  else if ((e = ra_cuda_attn_init()) != cudaSuccess)
+    rc = cuda_fail(err, "create", "attention kernel attributes", e);
+  if (rc) {
+    cu_destroy(be);
+    return rc;
+  }
+  *out = be;
+  return RA_OK;
+}
+
+extern "C" int ra_backend_cuda_device_info(ra_backend *be, char *name, size_t name_len, int *n_sm, size_t *mem_bytes,
+                                           ra_error *err) {
+  if (!be || !be->name || strcmp(be->name, "cuda") != 0)
+    return ra_errorf(err, RA_EINVAL, "cuda device_info: not a cuda backend");
+  cuda_impl *im = impl_of(be);
+  if (name && name_len) snprintf(name, name_len, "%s", im->dev_name);
+  if (n_sm) *n_sm = im->n_sm;
+  if (mem_bytes) *mem_bytes = im->mem_bytes;
+  return RA_OK;
+}
+
+extern "C" int ra_cuda_timer_create(ra_backend *be, ra_cuda_timer **out, ra_error *err) {
+  *out = nullptr;
+  if (!be || !be->name || strcmp(be->name, "cuda") != 0)
+    return ra_errorf(err, RA_EINVAL, "cuda timer: not a cuda backend");
+  ra_cuda_timer *t = (ra_cuda_timer *)calloc(1, sizeof(*t));
+  if (!t) return ra_errorf(err, RA_ENOMEM, "cuda timer: out of host memory");
+  t->stream = impl_of(be)->stream;
+  cudaError_t e = cudaEventCreate(&t->start);
+  if (e == cudaSuccess) {
+    e = cudaEventCreate(&t->stop);
+    if (e != cudaSuccess) cudaEventDestroy(t->start);
+  }
+  if (e != cudaSuccess) {
+    free(t);
+    return cuda_fail(err, "timer", "cudaEventCreate", e);
+  }
+  *out = t;
+  return RA_OK;
+}
+
+extern "C" int ra_cuda_timer_start(ra_cuda_timer *t, ra_error *err) {
+  CU_TRY("timer", cudaEventRecord(t->start, t->stream));
+  return RA_OK;
+}
+
+extern "C" int ra_cuda_timer_stop(ra_cuda_timer *t, float *ms, ra_error *err) {
+  CU_TRY("timer", cudaEventRecord(t->stop, t->stream));
+  CU_TRY("timer", cudaEventSynchronize(t->stop));
+  CU_TRY("timer", cudaEventElapsedTime(ms, t->start, t->stop));
+  return RA_OK;
+}
+
+extern "C" void ra_cuda_timer_destroy(ra_cuda_timer *t) {
+  if (!t) return;
+  cudaEventDestroy(t->start);
+  cudaEventDestroy(t->stop);
+  free(t);
+}

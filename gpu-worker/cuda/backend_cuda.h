@@ -1,0 +1,43 @@
+/* CUDA implementation of the backend ops table (backend.h).
+ *
+ * One device, one non-blocking stream and one cuBLAS handle per backend; every op is issued on
+ * that stream, so ops run in call order and download()/sync() are the only host waits (plus
+ * host-to-device copies from pageable memory, which CUDA orders after queued work).
+ * Storage choices:
+ *   - load_weight keeps matrices as BF16 (GGUF quant types are dequantized on the device);
+ *     1-row weights (norms, biases) stay F32 since element-wise ops read them at full precision.
+ *   - matmul: one token (decode) runs a bandwidth-bound GEMV over the weights; more tokens go
+ *     to cublasGemmEx with BF16 inputs and FP32 accumulation.
+ *   - attn_prefill is a tiled flash-attention kernel on tensor cores (FP16 inputs, FP32
+ *     accumulation) for head_dim 64 and 128; other head dims use a CUDA-core kernel.
+ * This header exposes no CUDA type, so C code includes it freely. */
+#ifndef RA_BACKEND_CUDA_H
+#define RA_BACKEND_CUDA_H
+
+#include "backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Creates the CUDA backend on cfg->device (0 when cfg is NULL). RA_EUNAVAIL when there is no
+ * usable device (no driver, no GPU, bad ordinal); err says which. */
+int ra_backend_cuda_create(const ra_backend_config *cfg, ra_backend **out, ra_error *err);
+
+/* Describes the backend's device: name (e.g. "NVIDIA H200"), SM count and memory size. */
+int ra_backend_cuda_device_info(ra_backend *be, char *name, size_t name_len, int *n_sm, size_t *mem_bytes,
+                                ra_error *err);
+
+/* Event timing on the backend's stream: start records an event, stop records another, waits
+ * for it and returns the milliseconds between the two. */
+typedef struct ra_cuda_timer ra_cuda_timer;
+int ra_cuda_timer_create(ra_backend *be, ra_cuda_timer **out, ra_error *err);
+int ra_cuda_timer_start(ra_cuda_timer *t, ra_error *err);
+int ra_cuda_timer_stop(ra_cuda_timer *t, float *ms, ra_error *err);
+void ra_cuda_timer_destroy(ra_cuda_timer *t);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,526 @@
+/* Attention kernels.
+ *
+ * Decode (flash-decoding): the token set of one query, an arbitrary union of cache ranges, is
+ * numbered 0..T-1 ("virtual" tokens) and cut into n_splits chunks. Block (split s, kv head)
+ * streams its chunk's K/V rows through shared memory in tiles of 32 tokens and keeps, for each
+ * of the group's q heads, the online-softmax state (m, l, unnormalized o). One K/V read serves
+ * all q heads of the group. A second kernel merges the splits exactly (log-sum-exp) into the
+ * (o, m, l) triple of common/merge.h. The same kernel, with one split per query over rows
+ * [0, pos0 + i], is the CUDA-core prefill for head dims without a tensor-core kernel.
+ *
+ * Prefill (flash-attention): block (64-query tile, q head) walks 64-key tiles of the causal
+ * prefix. S = Q K^T and O += P V run on tensor cores (WMMA 16x16x16, FP16 in, FP32 accumulate);
+ * the online softmax runs in FP32 on S in shared memory; O lives in shared memory in FP32 so
+ * each row can be rescaled when its running max grows. Nothing of size n x n is ever stored.
+ * FP16 (not BF16) operands: Q and P keep 3 more mantissa bits; K/V values beyond +-65504 would
+ * overflow, which activations of real models do not reach. */
+#include "ra_cuda.cuh"
+
+#include <math.h>
+#include <mma.h>
+
+namespace {
+
+using namespace nvcuda;
+
+/* ---------------- split-K decode ---------------- */
+
+constexpr int kDecThreads = 128;
+constexpr int kTile = 32; /* tokens per shared-memory tile; the softmax step assumes == warp size */
+constexpr int kMaxAcc = RA_CUDA_ATTN_MAX_GROUP_DIM / kDecThreads;
+constexpr int kMaxSplits = 4096;
+
+struct split_args {
+  const float *q;
+  int64_t q_stride; /* floats between query rows (prefill); 0 for decode */
+  const void *kc, *vc;
+  int hq, hkv, group, hd;
+  float scale;
+  ra_cuda_ranges r; /* decode: the token set */
+  int64_t chunk;    /* decode: virtual tokens per split */
+  int n_splits;
+  int prefill;      /* 1: blockIdx.x is query i, tokens [0, pos0 + i] */
+  int64_t pos0;
+  float *part_o, *part_ml; /* [n_splits, hq, hd], [n_splits, hq, 2] */
+  float *o, *ml;           /* final: [.., hq, hd] (row stride q_stride), [hq, 2] or NULL */
+};
+
+/* Cache row of virtual token v (< r.total). */
+__device__ __forceinline__ int64_t range_row(const ra_cuda_ranges &r, int64_t v) {
+  const int64_t *st = r.d_start ? r.d_start : r.start;
+  const int64_t *bg = r.d_begin ? r.d_begin : r.begin;
+  int lo = 0, hi = r.n - 1; /* last i with st[i] <= v */
+  while (lo < hi) {
+    int mid = (lo + hi + 1) >> 1;
+    if (st[mid] <= v)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return bg[lo] + (v - st[lo]);
+}
+
+size_t split_smem_bytes(int group, int hd) {
+  size_t floats = (size_t)group * hd + (size_t)kTile * (hd + 1) + (size_t)kTile * hd + (size_t)group * kTile + 3 * group;
+  floats = (floats + 1) & ~(size_t)1; /* 8-byte alignment for the int64 row table */
+  return floats * sizeof(float) + kTile * sizeof(int64_t);
+}
+
+/* Dynamic shared memory of the split kernel: every layout with group * hd <= 4096 fits (the
+ * largest, hd 8 with group 512, takes 90 KB; hd 256 with group 16 takes 84 KB). */
+constexpr size_t kSplitSmemMax = 96 * 1024;
+
+template <typename KT>
+__global__ void __launch_bounds__(kDecThreads) attn_split_kernel(split_args a) {
+  extern __shared__ float sm[];
+  const int hd = a.hd, g = a.group, ldk = hd + 1;
+  float *qs = sm;                  /* [g][hd], pre-scaled */
+  float *ks = qs + g * hd;         /* [kTile][hd + 1] (odd stride: conflict-free dot products) */
+  float *vs = ks + kTile * ldk;    /* [kTile][hd] */
+  float *ps = vs + kTile * hd;     /* [g][kTile] scores, then probabilities */
+  float *mrun = ps + g * kTile;    /* [g] running max */
+  float *lrun = mrun + g;          /* [g] running sum */
+  float *alpha = lrun + g;         /* [g] rescale of this tile */
+  size_t nf = (size_t)g * hd + (size_t)kTile * (hd + 1) + (size_t)kTile * hd + (size_t)g * kTile + 3 * g;
+  int64_t *trow = (int64_t *)(sm + ((nf + 1) & ~(size_t)1)); /* [kTile] cache row of each tile token */
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int kvh = blockIdx.y;
+  int64_t qi = 0, v0, v1;
+  if (a.prefill) {
+    qi = blockIdx.x;
+    v0 = 0;
+    v1 = a.pos0 + qi + 1;
+  } else {
+    v0 = (int64_t)blockIdx.x * a.chunk;
+    v1 = v0 + a.chunk < a.r.total ? v0 + a.chunk : a.r.total;
+  }
+  const float *qrow = a.q + qi * a.q_stride + (int64_t)kvh * g * hd; /* the group's q heads are adjacent */
+  for (int i = tid; i < g * hd; i += kDecThreads) qs[i] = qrow[i] * a.scale;
+  for (int i = tid; i < g; i += kDecThreads) {
+    mrun[i] = -INFINITY;
+    lrun[i] = 0.0f;
+  }
+  float acc[kMaxAcc];
+#pragma unroll
+  for (int j = 0; j < kMaxAcc; j++) acc[j] = 0.0f;
+  const int nacc = (g * hd + kDecThreads - 1) / kDecThreads;
+  const KT *kc = (const KT *)a.kc, *vc = (const KT *)a.vc;
+  const int64_t row_stride = (int64_t)a.hkv * hd;
+  const int vpr = hd / 8;
+  __syncthreads();
+
+  for (int64_t t0 = v0; t0 < v1; t0 += kTile) {
+    const int nt = v1 - t0 < kTile ? (int)(v1 - t0) : kTile;
+    if (tid < kTile) trow[tid] = tid < nt ? (a.prefill ? t0 + tid : range_row(a.r, t0 + tid)) : 0;
+    __syncthreads();
+    for (int e = tid; e < nt * vpr; e += kDecThreads) {
+      const int t = e / vpr, c = (e % vpr) * 8;
+      const int64_t off = trow[t] * row_stride + (int64_t)kvh * hd + c;
+      float f[8];
+      ra_cuda_load8(kc + off, f);
+#pragma unroll
+      for (int j = 0; j < 8; j++) ks[t * ldk + c + j] = f[j];
+      ra_cuda_load8(vc + off, f);
+#pragma unroll
+      for (int j = 0; j < 8; j++) vs[t * hd + c + j] = f[j];
+    }
+    __syncthreads();
+    for (int p = tid; p < g * kTile; p += kDecThreads) {
+      const int h = p / kTile, t = p % kTile;
+      float s = -INFINITY;
+      if (t < nt) {
+        s = 0.0f;
+        const float *qh = qs + h * hd, *kr = ks + t * ldk;
+        for (int d = 0; d < hd; d++) s = fmaf(qh[d], kr[d], s);
+      }
+      ps[p] = s;
+    }
+    __syncthreads();
+    for (int h = warp; h < g; h += kDecThreads / 32) {
+      const float s = ps[h * kTile + lane];
+      float mx = s;
+      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      const float mo = mrun[h], mn = fmaxf(mo, mx);
+      const float p = s == -INFINITY ? 0.0f : expf(s - mn);
+      float sum = p;
+      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      ps[h * kTile + lane] = p;
+      if (lane == 0) {
+        const float al = mo == -INFINITY ? 0.0f : expf(mo - mn);
+        alpha[h] = al;
+        lrun[h] = lrun[h] * al + sum;
+        mrun[h] = mn;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kMaxAcc; j++) {
+      const int o = tid + j * kDecThreads;
+      if (j < nacc && o < g * hd) {
+        const int h = o / hd, d = o % hd;
+        float s = acc[j] * alpha[h];
+        const float *ph = ps + h * kTile;
+        for (int t = 0; t < nt; t++) s = fmaf(ph[t], vs[t * hd + d], s);
+        acc[j] = s;
+      }
+    }
+    __syncthreads();
+  }
+
+  const bool final_out = a.prefill || a.n_splits == 1;
+#pragma unroll
+  for (int j = 0; j < kMaxAcc; j++) {
+    const int o = tid + j * kDecThreads;
+    if (j < nacc && o < g * hd) {
+      const int h = o / hd, d = o % hd, qh = kvh * g + h;
+      if (final_out) {
+        const float l = lrun[h];
+        a.o[qi * a.q_stride + (int64_t)qh * hd + d] = l > 0.0f ? acc[j] / l : 0.0f;
+      } else {
+        a.part_o[((int64_t)blockIdx.x * a.hq + qh) * hd + d] = acc[j];
+      }
+    }
+  }
+  for (int h = tid; h < g; h += kDecThreads) {
+    const int qh = kvh * g + h;
+    if (final_out) {
+      if (a.ml) {
+        a.ml[2 * qh] = mrun[h];
+        a.ml[2 * qh + 1] = lrun[h];
+      }
+    } else {
+      a.part_ml[((int64_t)blockIdx.x * a.hq + qh) * 2] = mrun[h];
+      a.part_ml[((int64_t)blockIdx.x * a.hq + qh) * 2 + 1] = lrun[h];
+    }
+  }
+}
+
+/* One block per q head: exact log-sum-exp merge of the splits' unnormalized partials. */
+__global__ void __launch_bounds__(kDecThreads) attn_reduce_kernel(const float *__restrict__ part_o,
+                                                                  const float *__restrict__ part_ml, int n_splits,
+                                                                  int hq, int hd, float *__restrict__ o,
+                                                                  float *__restrict__ ml) {
+  __shared__ float w[kMaxSplits];
+  __shared__ float red[kDecThreads / 32];
+  const int h = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  float mx = -INFINITY;
+  for (int s = tid; s < n_splits; s += kDecThreads) mx = fmaxf(mx, part_ml[((int64_t)s * hq + h) * 2]);
+  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  if (lane == 0) red[warp] = mx;
+  __syncthreads();
+  mx = red[0];
+  for (int i = 1; i < kDecThreads / 32; i++) mx = fmaxf(mx, red[i]);
+  __syncthreads();
+  float l = 0.0f;
+  for (int s = tid; s < n_splits; s += kDecThreads) {
+    const float ws = expf(part_ml[((int64_t)s * hq + h) * 2] - mx);
+    w[s] = ws;
+    l += part_ml[((int64_t)s * hq + h) * 2 + 1] * ws;
+  }
+  for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
+  if (lane == 0) red[warp] = l;
+  __syncthreads();
+  l = 0.0f;
+  for (int i = 0; i < kDecThreads / 32; i++) l += red[i];
+  for (int d = tid; d < hd; d += kDecThreads) {
+    float acc = 0.0f;
+    for (int s = 0; s < n_splits; s++) acc = fmaf(part_o[((int64_t)s * hq + h) * hd + d], w[s], acc);
+    o[(int64_t)h * hd + d] = l > 0.0f ? acc / l : 0.0f;
+  }
+  if (tid == 0) {
+    ml[2 * h] = mx;
+    ml[2 * h + 1] = l;
+  }
+}
+
+/* The partial of an empty token set: m = -inf, l = 0, o = 0. */
+__global__ void attn_empty_kernel(float *o, float *ml, int hq, int hd) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < hq * hd; i += gridDim.x * blockDim.x) o[i] = 0.0f;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < hq; i += gridDim.x * blockDim.x) {
+    ml[2 * i] = -INFINITY;
+    ml[2 * i + 1] = 0.0f;
+  }
+}
+
+/* ---------------- tensor-core prefill ---------------- */
+
+constexpr int kBQ = 64; /* queries per block: 4 warps x 16 rows */
+constexpr int kBK = 64; /* keys per tile */
+constexpr int kPfThreads = 128;
+
+template <int D> constexpr size_t tc_smem_bytes() {
+  return (size_t)(kBQ * (D + 8) + 2 * kBK * (D + 8) + kBQ * (kBK + 8)) * sizeof(__half) +
+         (size_t)(kBQ * (kBK + 4) + kBQ * (D + 4) + 3 * kBQ) * sizeof(float);
+}
+
+__device__ __forceinline__ uint4 to_half8(const __half *p) { return __ldg((const uint4 *)p); }
+template <typename KT> __device__ __forceinline__ uint4 to_half8(const KT *p) {
+  float f[8];
+  ra_cuda_load8(p, f);
+  uint4 u;
+  __half2 *h = (__half2 *)&u;
+#pragma unroll
+  for (int i = 0; i < 4; i++) h[i] = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
+  return u;
+}
+
+/* q, out: [n, hq, D] F32; kc, vc: [n_ctx, hkv, D]. Grid (ceil(n / kBQ), hq). Shared-memory row
+ * strides are padded by 16 bytes so WMMA tile loads spread over banks; every WMMA pointer is
+ * 32-byte aligned (tile offsets are multiples of 16 rows / 16 columns). */
+template <typename KT, int D>
+__global__ void __launch_bounds__(kPfThreads) attn_prefill_tc_kernel(const float *__restrict__ q,
+                                                                     const KT *__restrict__ kc,
+                                                                     const KT *__restrict__ vc, int64_t n, int hq,
+                                                                     int hkv, int64_t pos0, float scale_log2,
+                                                                     float *__restrict__ out) {
+  constexpr int LDH = D + 8, LDS = kBK + 4, LDP = kBK + 8, LDO = D + 4;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  __half *Qs = (__half *)smem_raw;  /* [kBQ][LDH] */
+  __half *Ks = Qs + kBQ * LDH;      /* [kBK][LDH] */
+  __half *Vs = Ks + kBK * LDH;      /* [kBK][LDH] */
+  __half *Ps = Vs + kBK * LDH;      /* [kBQ][LDP] probabilities */
+  float *Ss = (float *)(Ps + kBQ * LDP); /* [kBQ][LDS] raw scores */
+  float *Os = Ss + kBQ * LDS;       /* [kBQ][LDO] unnormalized output */
+  float *row_m = Os + kBQ * LDO, *row_l = row_m + kBQ, *row_a = row_l + kBQ;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int h = blockIdx.y, kvh = h / (hq / hkv);
+  const int64_t i0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * kBQ; /* longest (last) tiles start first */
+  const int64_t rows = n - i0 < kBQ ? n - i0 : kBQ;
+  const int64_t kv_len = pos0 + i0 + rows; /* keys [0, kv_len) are visible to some row */
+  const int64_t row_stride = (int64_t)hkv * D;
+
+  for (int e = tid; e < kBQ * D; e += kPfThreads) {
+    const int r = e / D, c = e % D;
+    Qs[r * LDH + c] = __float2half_rn(r < rows ? q[((i0 + r) * hq + h) * D + c] : 0.0f);
+  }
+  for (int e = tid; e < kBQ * LDO; e += kPfThreads) Os[e] = 0.0f;
+  if (tid < kBQ) {
+    row_m[tid] = -INFINITY;
+    row_l[tid] = 0.0f;
+  }
+  __syncthreads();
+
+  for (int64_t kb = 0; kb < kv_len; kb += kBK) {
+    for (int e = tid; e < kBK * (D / 8); e += kPfThreads) {
+      const int t = e / (D / 8), c = (e % (D / 8)) * 8;
+      const int64_t key = kb + t;
+      uint4 kp = make_uint4(0, 0, 0, 0), vp = kp;
+      if (key < kv_len) {
+        const int64_t off = key * row_stride + (int64_t)kvh * D + c;
+        kp = to_half8(kc + off);
+        vp = to_half8(vc + off);
+      }
+      *(uint4 *)(Ks + t * LDH + c) = kp;
+      *(uint4 *)(Vs + t * LDH + c) = vp;
+    }
+    __syncthreads();
+
+    /* S[16 rows of this warp][kBK] = Q K^T */
+#pragma unroll
+    for (int j = 0; j < kBK / 16; j++) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> sf;
+      wmma::fill_fragment(sf, 0.0f);
+#pragma unroll
+      for (int kk = 0; kk < D / 16; kk++) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> qf;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> kf;
+        wmma::load_matrix_sync(qf, Qs + warp * 16 * LDH + kk * 16, LDH);
+        wmma::load_matrix_sync(kf, Ks + j * 16 * LDH + kk * 16, LDH);
+        wmma::mma_sync(sf, qf, kf, sf);
+      }
+      wmma::store_matrix_sync(Ss + warp * 16 * LDS + j * 16, sf, LDS, wmma::mem_row_major);
+    }
+    __syncwarp();
+
+    /* online softmax (log2 domain): lanes 2i and 2i+1 share row i of the warp, half a row each */
+    {
+      const int r = warp * 16 + (lane >> 1), c0 = (lane & 1) * (kBK / 2);
+      const int64_t qpos = pos0 + i0 + r;
+      float sv[kBK / 2];
+      float mx = -INFINITY;
+#pragma unroll
+      for (int c = 0; c < kBK / 2; c++) {
+        const int64_t key = kb + c0 + c;
+        float s = Ss[r * LDS + c0 + c] * scale_log2;
+        if (key > qpos || key >= kv_len) s = -INFINITY;
+        sv[c] = s;
+        mx = fmaxf(mx, s);
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      const float mo = row_m[r], mn = fmaxf(mo, mx);
+      float sum = 0.0f;
+#pragma unroll
+      for (int c = 0; c < kBK / 2; c++) {
+        const float p = sv[c] == -INFINITY ? 0.0f : exp2f(sv[c] - mn);
+        sum += p;
+        Ps[r * LDP + c0 + c] = __float2half_rn(p);
+      }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      if ((lane & 1) == 0) {
+        const float al = mo == -INFINITY ? 0.0f : exp2f(mo - mn);
+        row_a[r] = al;
+        row_l[r] = row_l[r] * al + sum;
+        row_m[r] = mn;
+      }
+    }
+    __syncwarp();
+    for (int e = lane; e < 16 * D; e += 32) {
+      const int r = warp * 16 + e / D;
+      Os[r * LDO + e % D] *= row_a[r];
+    }
+    __syncwarp();
+
+    /* O[16 rows][D] += P V */
+#pragma unroll
+    for (int j = 0; j < D / 16; j++) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> of;
+      wmma::load_matrix_sync(of, Os + warp * 16 * LDO + j * 16, LDO, wmma::mem_row_major);
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; kk++) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> pf;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> vf;
+        wmma::load_matrix_sync(pf, Ps + warp * 16 * LDP + kk * 16, LDP);
+        wmma::load_matrix_sync(vf, Vs + kk * 16 * LDH + j * 16, LDH);
+        wmma::mma_sync(of, pf, vf, of);
+      }
+      wmma::store_matrix_sync(Os + warp * 16 * LDO + j * 16, of, LDO, wmma::mem_row_major);
+    }
+    __syncthreads();
+  }
+
+  for (int e = tid; e < kBQ * D; e += kPfThreads) {
+    const int r = e / D, c = e % D;
+    if (r < rows) out[((i0 + r) * hq + h) * D + c] = Os[r * LDO + c] / row_l[r];
+  }
+}
+
+template <typename KT, int D>
+cudaError_t launch_tc(cudaStream_t s, const float *q, const void *kc, const void *vc, int64_t n, int hq, int hkv,
+                      int64_t pos0, float scale, float *out) {
+  dim3 grid((unsigned)((n + kBQ - 1) / kBQ), (unsigned)hq);
+  attn_prefill_tc_kernel<KT, D><<<grid, kPfThreads, tc_smem_bytes<D>(), s>>>(
+      q, (const KT *)kc, (const KT *)vc, n, hq, hkv, pos0, scale * 1.4426950408889634f, out);
+  return cudaGetLastError();
+}
+
+template <typename KT> cudaError_t launch_split(cudaStream_t s, dim3 grid, const split_args &a) {
+  attn_split_kernel<KT><<<grid, kDecThreads, split_smem_bytes(a.group, a.hd), s>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_split_dtype(cudaStream_t s, int kv_dtype, dim3 grid, const split_args &a) {
+  switch (kv_dtype) {
+    case RA_DTYPE_F32: return launch_split<float>(s, grid, a);
+    case RA_DTYPE_F16: return launch_split<__half>(s, grid, a);
+    default: return launch_split<__nv_bfloat16>(s, grid, a);
+  }
+}
+
+template <typename KT> cudaError_t init_for() {
+  cudaError_t e;
+  if ((e = cudaFuncSetAttribute(attn_prefill_tc_kernel<KT, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)tc_smem_bytes<64>())) != cudaSuccess)
+    return e;
+  if ((e = cudaFuncSetAttribute(attn_prefill_tc_kernel<KT, 128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)tc_smem_bytes<128>())) != cudaSuccess)
+    return e;
+  /* the largest split layout any allowed geometry (hd % 8 == 0, hd <= 256, group * hd <=
+   * RA_CUDA_ATTN_MAX_GROUP_DIM) needs; ra_cuda_attn_split_smem_ok() rejects the rest */
+  return cudaFuncSetAttribute(attn_split_kernel<KT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              (int)kSplitSmemMax);
+}
+
+} /* namespace */
+
+int ra_cuda_attn_geometry_ok(int group, int hd) {
+  return hd % 8 == 0 && hd >= 8 && hd <= 256 && group >= 1 && group * hd <= RA_CUDA_ATTN_MAX_GROUP_DIM &&
+         split_smem_bytes(group, hd) <= kSplitSmemMax;
+}
+
+cudaError_t ra_cuda_attn_init(void) {
+  cudaError_t e;
+  if ((e = init_for<float>()) != cudaSuccess) return e;
+  if ((e = init_for<__half>()) != cudaSuccess) return e;
+  return init_for<__nv_bfloat16>();
+}
+
+cudaError_t ra_cuda_attn_prefill(cudaStream_t s, const float *q, const void *kc, const void *vc, int kv_dtype, int64_t n,
+                                 int hq, int hkv, int hd, int64_t pos0, float scale, float *out) {
+  if (n == 0) return cudaSuccess;
+  if (hd == 64 || hd == 128) {
+    switch (kv_dtype) {
+      case RA_DTYPE_F32:
+        return hd == 64 ? launch_tc<float, 64>(s, q, kc, vc, n, hq, hkv, pos0, scale, out)
+                        : launch_tc<float, 128>(s, q, kc, vc, n, hq, hkv, pos0, scale, out);
+      case RA_DTYPE_F16:
+        return hd == 64 ? launch_tc<__half, 64>(s, q, kc, vc, n, hq, hkv, pos0, scale, out)
+                        : launch_tc<__half, 128>(s, q, kc, vc, n, hq, hkv, pos0, scale, out);
+      default:
+        return hd == 64 ? launch_tc<__nv_bfloat16, 64>(s, q, kc, vc, n, hq, hkv, pos0, scale, out)
+                        : launch_tc<__nv_bfloat16, 128>(s, q, kc, vc, n, hq, hkv, pos0, scale, out);
+    }
+  }
+  split_args a = {};
+  a.q = q;
+  a.q_stride = (int64_t)hq * hd;
+  a.kc = kc;
+  a.vc = vc;
+  a.hq = hq;
+  a.hkv = hkv;
+  a.group = hq / hkv;
+  a.hd = hd;
+  a.scale = scale;
+  a.n_splits = 1;
+  a.prefill = 1;
+  a.pos0 = pos0;
+  a.o = out;
+  return launch_split_dtype(s, kv_dtype, dim3((unsigned)n, (unsigned)hkv), a);
+}
+
+void ra_cuda_decode_plan(int64_t total, int hkv, int n_sm, int *n_splits, int64_t *chunk) {
+  if (total <= 0) {
+    *n_splits = 0;
+    *chunk = 0;
+    return;
+  }
+  /* ~4 blocks per SM in all, at least 64 tokens per block, at most kMaxSplits splits */
+  int64_t want = ((int64_t)4 * (n_sm > 0 ? n_sm : 1) + hkv - 1) / hkv;
+  int64_t c = (total + want - 1) / want;
+  if (c < 64) c = 64;
+  if (c * kMaxSplits < total) c = (total + kMaxSplits - 1) / kMaxSplits;
+  c = (c + kTile - 1) / kTile * kTile;
+  *chunk = c;
+  *n_splits = (int)((total + c - 1) / c);
+}
+
+cudaError_t ra_cuda_attn_decode(cudaStream_t s, const float *q, const void *kc, const void *vc, int kv_dtype, int hq,
+                                int hkv, int hd, const ra_cuda_ranges *r, int n_splits, int64_t chunk, float scale,
+                                float *part_o, float *part_ml, float *o, float *ml) {
+  if (n_splits == 0) {
+    attn_empty_kernel<<<(unsigned)((hq * hd + 255) / 256), 256, 0, s>>>(o, ml, hq, hd);
+    return cudaGetLastError();
+  }
+  split_args a = {};
+  a.q = q;
+  a.q_stride = 0;
+  a.kc = kc;
+  a.vc = vc;
+  a.hq = hq;
+  a.hkv = hkv;
+  a.group = hq / hkv;
+  a.hd = hd;
+  a.scale = scale;
+  a.r = *r;
+  a.chunk = chunk;
+  a.n_splits = n_splits;
+  a.part_o = part_o;
+  a.part_ml = part_ml;
+  a.o = o;
+  a.ml = ml;
+  cudaError_t e = launch_split_dtype(s, kv_dtype, dim3((unsigned)n_splits, (unsigned)hkv), a);
+  if (e != cudaSuccess || n_splits == 1) return e;
+  attn_reduce_kernel<<<(unsigned)hq, kDecThreads, 0, s>>>(part_o, part_ml, n_splits, hq, hd, o, ml);
+  return cudaGetLastError();
+}

@@ -1,0 +1,137 @@
+/* Internal to the CUDA backend (CUDA C++ only): the backend context and the kernel launchers.
+ * Launchers enqueue on the given stream and return cudaGetLastError(), so a bad launch
+ * configuration is reported by the op that caused it; backend_cuda.cu turns it into RA_E*. */
+#ifndef RA_CUDA_CUH
+#define RA_CUDA_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "backend.h"
+}
+
+/* ---- device element access (dtype-generic loads/stores through float) ---- */
+
+__device__ __forceinline__ float ra_cuda_to_f32(float v) { return v; }
+__device__ __forceinline__ float ra_cuda_to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float ra_cuda_to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T> __device__ __forceinline__ T ra_cuda_from_f32(float v);
+template <> __device__ __forceinline__ float ra_cuda_from_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half ra_cuda_from_f32<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 ra_cuda_from_f32<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+/* Element i of a buffer of run-time dtype (small vectors: norm weights, biases). */
+__device__ __forceinline__ float ra_cuda_load(const void *p, int dtype, int64_t i) {
+  if (dtype == RA_DTYPE_F32) return ((const float *)p)[i];
+  if (dtype == RA_DTYPE_F16) return __half2float(((const __half *)p)[i]);
+  return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+}
+
+/* 8 consecutive elements (16 bytes of BF16/F16, 32 of F32) starting at an 8-aligned index. */
+__device__ __forceinline__ void ra_cuda_load8(const __nv_bfloat16 *p, float out[8]) {
+  uint4 u = __ldg((const uint4 *)p);
+  const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    float2 f = __bfloat1622float2(h[i]);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+__device__ __forceinline__ void ra_cuda_load8(const __half *p, float out[8]) {
+  uint4 u = __ldg((const uint4 *)p);
+  const __half2 *h = (const __half2 *)&u;
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    float2 f = __half22float2(h[i]);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+__device__ __forceinline__ void ra_cuda_load8(const float *p, float out[8]) {
+  float4 a = __ldg((const float4 *)p), b = __ldg((const float4 *)p + 1);
+  out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+  out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+}
+
+/* ---- token ranges of attn_decode, passed by value when few ---- */
+
+#define RA_CUDA_INLINE_RANGES 16
+typedef struct ra_cuda_ranges {
+  int n;           /* ranges */
+  int64_t total;   /* tokens in all ranges */
+  /* range i covers cache rows [begin[i], begin[i] + (start[i+1] - start[i])) and virtual
+   * token indices [start[i], start[i+1]); the arrays live here when n <= INLINE, else in
+   * device memory at d_begin/d_start */
+  int64_t begin[RA_CUDA_INLINE_RANGES];
+  int64_t start[RA_CUDA_INLINE_RANGES + 1];
+  const int64_t *d_begin, *d_start;
+} ra_cuda_ranges;
+
+/* ---- launchers (one stream; each returns cudaGetLastError()) ---- */
+
+/* dst[i] = (dst dtype) src[i], i < n; dtypes are ra_dtype. */
+cudaError_t ra_cuda_convert(cudaStream_t s, void *dst, int dst_dtype, const void *src, int src_dtype, size_t n);
+/* t[i] = center + scale * (2u - 1), u = (splitmix64(base ^ i) >> 40) * 2^-24 (backend_cpu.c). */
+cudaError_t ra_cuda_fill_random(cudaStream_t s, void *dst, int dtype, size_t n, uint64_t base, float center,
+                                float scale);
+/* True for the ggml types ra_cuda_dequant handles; block geometry for them. */
+int ra_cuda_ggml_supported(uint32_t type, size_t *block_values, size_t *block_bytes);
+/* raw: rows x row_bytes of ggml `type` (device), dst: [rows, cols] BF16 or F32 (dst_dtype). */
+cudaError_t ra_cuda_dequant(cudaStream_t s, const void *raw, uint32_t type, int64_t rows, int64_t cols,
+                            size_t row_bytes, void *dst, int dst_dtype);
+/* out[i, :] = table[ids[i], :].  table: [vocab, dim] of table_dtype, out F32. Up to
+ * RA_CUDA_INLINE_IDS ids travel in the kernel's arguments (host ids, no copy: decode steps
+ * stay asynchronous); more are read from device memory d_ids. */
+#define RA_CUDA_INLINE_IDS 64
+cudaError_t ra_cuda_get_rows(cudaStream_t s, const void *table, int table_dtype, int64_t dim, const int32_t *host_ids,
+                             const int32_t *d_ids, int64_t n, float *out);
+/* y[i, :] (= or +=) bias.  y: [n, m] F32, bias: [m] of bias_dtype */
+cudaError_t ra_cuda_bias_rows(cudaStream_t s, float *y, const void *bias, int bias_dtype, int64_t n, int64_t m,
+                              int accumulate);
+/* y[j] = sum_c w[j, c] x[c] (+ bias[j]) (+ y[j]).  w: [m, k] of w_dtype (BF16/F16), x: [k] F32.
+ * Needs k % 8 == 0 and 16-byte aligned w and x (checked by the caller). */
+cudaError_t ra_cuda_gemv(cudaStream_t s, const void *w, int w_dtype, const float *x, const void *bias, int bias_dtype,
+                         float *y, int64_t m, int64_t k, int accumulate);
+/* y = x / sqrt(mean(x^2) + eps) * w.  x, y: [n, d] F32 (may alias), w: [d] of w_dtype */
+cudaError_t ra_cuda_rmsnorm(cudaStream_t s, const float *x, const void *w, int w_dtype, float eps, float *y, int64_t n,
+                            int64_t d);
+/* In place.  x: [n, heads, hd] F32 */
+cudaError_t ra_cuda_rope(cudaStream_t s, float *x, int64_t n, int64_t heads, int64_t hd, int64_t pos0, int n_rot,
+                         float theta, int neox);
+/* out = silu(gate) * up, n elements, F32 */
+cudaError_t ra_cuda_swiglu(cudaStream_t s, const float *gate, const float *up, float *out, size_t n);
+/* Per head: (o_acc, ml_acc) <- merge((o_acc, ml_acc), (o, ml)).  o*: [heads, hd], ml*: [heads, 2] */
+cudaError_t ra_cuda_attn_merge(cudaStream_t s, float *o_acc, float *ml_acc, const float *o, const float *ml,
+                               int64_t heads, int64_t hd);
+
+/* Attention. Caches: [n_ctx, hkv, hd] of kv_dtype; hd % 8 == 0, hd <= 256; hq % hkv == 0;
+ * (hq / hkv) * hd <= RA_CUDA_ATTN_MAX_GROUP_DIM. */
+#define RA_CUDA_ATTN_MAX_GROUP_DIM 4096
+/* True when the kernels handle `group` q heads per kv head of dimension hd. */
+int ra_cuda_attn_geometry_ok(int group, int hd);
+/* Shared-memory limits need setting once per device before the first launch. */
+cudaError_t ra_cuda_attn_init(void);
+/* q: [n, hq, hd] F32, out: [n, hq, hd] F32; query i sees cache rows [0, pos0 + i]. */
+cudaError_t ra_cuda_attn_prefill(cudaStream_t s, const float *q, const void *kc, const void *vc, int kv_dtype, int64_t n,
+                                 int hq, int hkv, int hd, int64_t pos0, float scale, float *out);
+/* Splits for a decode over `total` tokens: n_splits and tokens per split (a multiple of 32). */
+void ra_cuda_decode_plan(int64_t total, int hkv, int n_sm, int *n_splits, int64_t *chunk);
+/* q: [hq, hd] F32, o: [hq, hd], ml: [hq, 2]. part_o/part_ml: scratch of n_splits*hq*hd and
+ * n_splits*hq*2 floats when n_splits > 1. */
+cudaError_t ra_cuda_attn_decode(cudaStream_t s, const float *q, const void *kc, const void *vc, int kv_dtype, int hq,
+                                int hkv, int hd, const ra_cuda_ranges *r, int n_splits, int64_t chunk, float scale,
+                                float *part_o, float *part_ml, float *o, float *ml);
+
+/* Top-k of every row, descending, ties to the lower index.  x: [n, m] F32 (device),
+ * idx, val: device [n, k]. k <= RA_CUDA_TOPK_MAX. */
+#define RA_CUDA_TOPK_MAX 4096
+cudaError_t ra_cuda_topk_rows(cudaStream_t s, const float *x, int64_t n, int64_t m, int k, int32_t *idx, float *val);
+
+#endif
