@@ -4,6 +4,7 @@
 #include <string.h>
 
 static void put(uint8_t **buf, size_t *len, const void *p, size_t n) {
+  if (n == 0) return;
   *buf = realloc(*buf, *len + n);
   memcpy(*buf + *len, p, n);
   *len += n;
