@@ -45,7 +45,7 @@ static void fixture_make(fixture *f, ra_dtype t, int dim, uint32_t n_q, uint32_t
   for (uint32_t h = 0; h < n_kv; h++)
     sh[h] = (kvs_shard_spec){.layer = f->layer, .kv_head = h, .token_begin = begin,
                              .token_end = RA_TOKEN_END_OPEN};
-  assert_int_equal(kvs_store_open(f->st, &f->g, sh, n_kv, "test", &f->s, &err), RA_OK);
+  assert_int_equal(kvs_store_open(f->st, &f->g, sh, n_kv, NULL, "test", &f->s, &err), RA_OK);
   free(sh);
   ref_rng rng = {seed};
   f->heads = calloc(n_kv, sizeof *f->heads);
@@ -171,7 +171,7 @@ static void test_two_shards_one_head(void **state) {
   assert_int_equal(kvs_store_create(1 << 26, &st, &err), RA_OK);
   kvs_shard_spec sh[2] = {{.layer = 0, .kv_head = 0, .token_begin = 5000, .token_end = 5600},
                           {.layer = 0, .kv_head = 0, .token_begin = 100, .token_end = 1100}};
-  assert_int_equal(kvs_store_open(st, &g, sh, 2, "t", &s, &err), RA_OK);
+  assert_int_equal(kvs_store_open(st, &g, sh, 2, NULL, "t", &s, &err), RA_OK);
   ref_rng rng = {11};
   size_t n = 1600;
   float *k = malloc(n * dim * 4), *v = malloc(n * dim * 4);
@@ -309,7 +309,7 @@ static void test_bad_arguments(void **state) {
   memset(&f, 0, sizeof f);
   assert_int_equal(kvs_store_create(1 << 20, &f.st, &err), RA_OK);
   kvs_shard_spec sh = {.layer = 1, .kv_head = 1, .token_begin = 0, .token_end = RA_TOKEN_END_OPEN};
-  assert_int_equal(kvs_store_open(f.st, &g, &sh, 1, "t", &f.s, &err), RA_OK);
+  assert_int_equal(kvs_store_open(f.st, &g, &sh, 1, NULL, "t", &f.s, &err), RA_OK);
   float q[3 * 16] = {0};
   uint32_t heads[3] = {4, 5, 4};
   kvs_attend_args a = {.layer = 3, .q_heads = heads, .n_heads = 1, .q = q, .mode = KVS_MODE_FULL};
@@ -329,7 +329,8 @@ static void test_bad_arguments(void **state) {
   expect_error(&f, &a, RA_EINVAL, "mode flat needs top_k > 0");
   a.top_k = 10;
   a.mode = KVS_MODE_ROAR;
-  expect_error(&f, &a, RA_EUNSUPPORTED, "mode roar needs an index: not built for layer 1 head 4");
+  expect_error(&f, &a, RA_ESTATE,
+               "mode roar needs an index: none built for layer 1 q head 4 (shard tokens 0-open)");
   a.mode = (kvs_mode)9;
   expect_error(&f, &a, RA_EINVAL, "attend mode 9 is unknown");
   kvs_session_release(f.s);
@@ -366,7 +367,7 @@ static void test_append_while_attending(void **state) {
   assert_int_equal(kvs_store_create(1 << 24, &st, &err), RA_OK);
   kvs_shard_spec sh = {.layer = 0, .kv_head = 0, .token_begin = 0, .token_end = RA_TOKEN_END_OPEN};
   race r = {.dim = 16};
-  assert_int_equal(kvs_store_open(st, &g, &sh, 1, "t", &r.s, &err), RA_OK);
+  assert_int_equal(kvs_store_open(st, &g, &sh, 1, NULL, "t", &r.s, &err), RA_OK);
   pthread_t th;
   assert_int_equal(pthread_create(&th, NULL, race_appender, &r), 0);
   float q[16] = {0.5f};

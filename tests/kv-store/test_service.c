@@ -323,8 +323,8 @@ static void test_bad_attends(void **state) {
   heads[0] = 0;
   a.mode = RAKV__ATTEND_MODE__MODE_KGRAPH;
   a.top_k = 10;
-  assert_int_equal(call(f, kvs_service_attend, &a.base), RA_EUNSUPPORTED);
-  expect_msg(f, "mode kgraph needs an index");
+  assert_int_equal(call(f, kvs_service_attend, &a.base), RA_ESTATE);
+  expect_msg(f, "mode kgraph needs an index: none built for layer 1 q head 0 (shard tokens 0-open)");
   a.mode = (Rakv__AttendMode)17;
   assert_int_equal(call(f, kvs_service_attend, &a.base), RA_EINVAL);
   expect_msg(f, "attend mode 17 is unknown");
