@@ -7,6 +7,7 @@
 #include <math.h>
 #include <omp.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -459,19 +460,204 @@ done:
   return RA_OK;
 }
 
+/* One search of an index mode: request head `head` over one shard of its kv head. */
+typedef struct search_task {
+  size_t head;       /* request head index */
+  const kvs_shard *shard;
+  const ra_index *ix;
+  uint64_t row_base; /* the shard's first row within the kv head */
+} search_task;
+
+/* One task per (asked head, shard of its kv head), each with the index it searches; RA_ESTATE
+ * when a shard has none of the mode's kind (even an empty one: BuildIndex builds on every shard
+ * of the kv head, so a missing index means the client skipped it). */
+static int index_tasks(const plan *p, ra_index_kind kind, search_task **out, size_t *n_out,
+                       ra_error *err) {
+  const kvs_attend_args *a = p->a;
+  size_t n = 0;
+  for (size_t gi = 0; gi < p->n_groups; gi++) {
+    size_t count;
+    kvs_session_head(p->s, a->layer, p->groups[gi].kv_head, &count);
+    n += count * p->groups[gi].count;
+  }
+  search_task *t = malloc((n ? n : 1) * sizeof *t);
+  if (!t) return ra_errorf(err, RA_ENOMEM, "out of memory planning %zu index searches", n);
+  size_t at = 0;
+  for (size_t gi = 0; gi < p->n_groups; gi++) {
+    const group *g = &p->groups[gi];
+    size_t count;
+    const kvs_shard *sh = kvs_session_head(p->s, a->layer, g->kv_head, &count);
+    for (size_t j = 0; j < g->count; j++) {
+      size_t hi = p->members[g->first + j];
+      uint64_t base = 0;
+      for (size_t k = 0; k < count; k++) {
+        const ra_index *ix = kvs_shard_index(p->s, &sh[k], kind, a->q_heads[hi]);
+        if (!ix) {
+          free(t);
+          char range[64];
+          if (sh[k].spec.token_end == RA_TOKEN_END_OPEN)
+            snprintf(range, sizeof range, "%llu-open", (unsigned long long)sh[k].spec.token_begin);
+          else
+            snprintf(range, sizeof range, "%llu-%llu", (unsigned long long)sh[k].spec.token_begin,
+                     (unsigned long long)sh[k].spec.token_end);
+          return ra_errorf(err, RA_ESTATE,
+                           "mode %s needs an index: none built for layer %u q head %u (shard "
+                           "tokens %s)",
+                           kvs_mode_name(a->mode), a->layer, a->q_heads[hi], range);
+        }
+        t[at++] = (search_task){.head = hi, .shard = &sh[k], .ix = ix, .row_base = base};
+        base += sh[k].n;
+      }
+    }
+  }
+  *out = t;
+  *n_out = n;
+  return RA_OK;
+}
+
+/* Rows per block of the exact scan of an index's lag. */
+#define KVS_TAIL_BLOCK 256
+
+/* The exact scan of rows [from, shard n) that the index does not hold yet, merged with the
+ * search's n results in ids/scores (room for k); returns the new count. *heap is created on
+ * first use (a lag is rare) and kept for the thread. */
+static uint32_t scan_tail(const plan *p, const search_task *t, const float *q, uint32_t from,
+                          uint32_t k, uint32_t n, uint32_t *ids, float *scores, ra_topk *heap,
+                          uint64_t *scanned) {
+  const kvs_shard *sh = t->shard;
+  float buf[KVS_TAIL_BLOCK];
+  if (heap->k == 0 && ra_topk_init(heap, k) != RA_OK) return UINT32_MAX;
+  ra_topk_reset(heap);
+  for (uint32_t i = 0; i < n; i++) ra_topk_push(heap, scores[i], ids[i]);
+  for (uint64_t r = from; r < sh->n; r += KVS_TAIL_BLOCK) {
+    size_t nb = sh->n - r < KVS_TAIL_BLOCK ? (size_t)(sh->n - r) : KVS_TAIL_BLOCK;
+    ra_vec_dot_rows(q, (const char *)sh->keys + r * p->rb, p->s->geo.dtype, p->dim, NULL, nb,
+                    buf);
+    for (size_t i = 0; i < nb; i++) ra_topk_push(heap, buf[i], (uint32_t)(r + i));
+    *scanned += nb;
+  }
+  memcpy(ids, heap->id, heap->n * sizeof *ids);
+  memcpy(scores, heap->score, heap->n * sizeof *scores);
+  return (uint32_t)heap->n;
+}
+
+static int run_index(const plan *p, int nt, kvs_attend_result *out, ra_error *err) {
+  const kvs_attend_args *a = p->a;
+  const ra_index_kind kind = (ra_index_kind)a->mode;
+  /* No head can use more candidates than its kv head has keys. */
+  uint64_t most = 0;
+  for (size_t gi = 0; gi < p->n_groups; gi++)
+    if (p->groups[gi].n_keys > most) most = p->groups[gi].n_keys;
+  const uint32_t k = a->top_k < most ? a->top_k : (uint32_t)most;
+  search_task *tasks = NULL;
+  size_t n_tasks = 0;
+  int rc = index_tasks(p, kind, &tasks, &n_tasks, err);
+  if (rc) return rc;
+  ra_search_params sp;
+  ra_search_params_default(kind, &sp);
+  if (a->ef) sp.ef = a->ef;
+  if (a->nprobe) sp.nprobe = a->nprobe;
+  /* Per task: up to k candidates (shard rows, q·k) and the dot products computed. */
+  uint32_t *cid = malloc((n_tasks * k + 1) * sizeof *cid);
+  float *csc = malloc((n_tasks * k + 1) * sizeof *csc);
+  uint32_t *cn = calloc(n_tasks + 1, sizeof *cn);
+  uint64_t *cscan = calloc(n_tasks + 1, sizeof *cscan);
+  ra_topk *final = calloc(a->n_heads, sizeof *final);
+  if (!cid || !csc || !cn || !cscan || !final) {
+    rc = ra_errorf(err, RA_ENOMEM, "out of memory for %zu index searches of top %u", n_tasks, k);
+    goto done;
+  }
+  kvs_store *st = p->s->store;
+  atomic_int failed = RA_OK;
+#pragma omp parallel num_threads(nt) if (n_tasks > 1)
+  {
+    ra_index_scratch *sc = kvs_store_scratch_get(st);
+    ra_topk heap = {0};
+    if (!sc) atomic_store(&failed, RA_ENOMEM);
+#pragma omp for schedule(dynamic, 1)
+    for (size_t ti = 0; ti < n_tasks; ti++) {
+      const search_task *t = &tasks[ti];
+      if (!sc || atomic_load(&failed) != RA_OK) continue;
+      const float *q = a->q + t->head * (size_t)p->dim;
+      uint32_t *ids = cid + ti * k;
+      float *scores = csc + ti * k;
+      uint32_t n = 0;
+      uint64_t scanned = 0;
+      ra_keys keys = {.rows = t->shard->keys, .dtype = p->s->geo.dtype, .dim = p->dim,
+                      .n = (uint32_t)t->shard->n};
+      int src = ra_index_search(t->ix, &keys, q, k, &sp, sc, ids, scores, &n, &scanned);
+      if (src != RA_OK) {
+        atomic_store(&failed, src);
+        continue;
+      }
+      uint32_t from = ra_index_count(t->ix);
+      if (from < t->shard->n) {
+        n = scan_tail(p, t, q, from, k, n, ids, scores, &heap, &scanned);
+        if (n == UINT32_MAX) {
+          atomic_store(&failed, RA_ENOMEM);
+          continue;
+        }
+      }
+      cn[ti] = n;
+      cscan[ti] = scanned;
+    }
+    ra_topk_free(&heap);
+    kvs_store_scratch_put(st, sc);
+  }
+  if ((rc = atomic_load(&failed)) != RA_OK) {
+    rc = ra_errorf(err, rc, "%s search failed: %s", kvs_mode_name(a->mode), ra_strerror(rc));
+    goto done;
+  }
+  /* The global top-k of each head over its shards' candidates, in kv-head row numbers. */
+  for (size_t gi = 0; gi < p->n_groups && rc == RA_OK; gi++) {
+    const group *g = &p->groups[gi];
+    size_t cap = g->n_keys < k ? (size_t)g->n_keys : k;
+    for (size_t j = 0; j < g->count && rc == RA_OK; j++)
+      if (ra_topk_init(&final[p->members[g->first + j]], cap) != RA_OK)
+        rc = ra_errorf(err, RA_ENOMEM, "out of memory for top-%u heaps", k);
+  }
+  if (rc) goto done;
+  for (size_t ti = 0; ti < n_tasks; ti++) {
+    const search_task *t = &tasks[ti];
+    kvs_head_partial *h = &out->heads[t->head];
+    h->n_scanned += cscan[ti];
+    for (uint32_t i = 0; i < cn[ti]; i++)
+      ra_topk_push(&final[t->head], csc[ti * k + i], (uint32_t)(t->row_base + cid[ti * k + i]));
+  }
+  uint64_t *pos = out->ids;
+  for (size_t gi = 0; gi < p->n_groups; gi++) {
+    const group *g = &p->groups[gi];
+    for (size_t j = 0; j < g->count; j++) {
+      size_t hi = p->members[g->first + j];
+      kvs_head_partial *h = &out->heads[hi];
+      ra_topk *sel = &final[hi];
+      ra_topk_sort(sel);
+      h->n_keys = g->n_keys;
+      if (pos) {
+        h->ids = pos;
+        h->n_ids = sel->n;
+        pos += sel->n;
+      }
+      partial_over_rows(p, g->kv_head, sel->id, sel->score, sel->n, h->o, &h->m, &h->l, h->ids);
+    }
+  }
+done:
+  for (size_t i = 0; final && i < a->n_heads; i++) ra_topk_free(&final[i]);
+  free(final);
+  free(tasks);
+  free(cid);
+  free(csc);
+  free(cn);
+  free(cscan);
+  return rc;
+}
+
 int kvs_attend(kvs_session *s, const kvs_attend_args *a, kvs_attend_result *out, ra_error *err) {
   memset(out, 0, sizeof *out);
   int nt = a->n_threads > 0 ? a->n_threads : omp_get_max_threads();
   pthread_rwlock_rdlock(&s->lock);
   int rc = check_args(s, a, err);
   if (rc) {
-    pthread_rwlock_unlock(&s->lock);
-    return rc;
-  }
-  if (a->mode != KVS_MODE_FULL && a->mode != KVS_MODE_FLAT) {
-    uint32_t h = a->q_heads[0];
-    rc = ra_errorf(err, RA_EUNSUPPORTED, "mode %s needs an index: not built for layer %u head %u",
-                   kvs_mode_name(a->mode), a->layer, h);
     pthread_rwlock_unlock(&s->lock);
     return rc;
   }
@@ -485,8 +671,10 @@ int kvs_attend(kvs_session *s, const kvs_attend_args *a, kvs_attend_result *out,
     rc = ra_errorf(err, RA_ENOMEM, "out of memory for the attend result");
   } else if (a->mode == KVS_MODE_FULL) {
     rc = run_full(&p, nt, out, err);
-  } else {
+  } else if (a->mode == KVS_MODE_FLAT) {
     rc = run_flat(&p, nt, out, err);
+  } else {
+    rc = run_index(&p, nt, out, err);
   }
   pthread_rwlock_unlock(&s->lock);
   plan_free(&p);

@@ -6,13 +6,18 @@
  * which the worker merges exactly with ra_partial_merge (common/merge.h).
  *
  * Modes: full scans every stored key; flat computes every q·k and keeps the exact top-k, then
- * attends over those k. Index modes (ivf, kgraph, roar) select candidate rows through an index
- * and attend over them with the same gather step as flat; until an index is built they fail
- * with RA_EUNSUPPORTED.
+ * attends over those k. Index modes (ivf, kgraph, roar) search, for each asked q head and each
+ * shard of its kv head, the shard's index of that kind (the q head's own, else the kv head's
+ * shared one: store.h) for the top_k keys, plus an exact scan of any rows the index lags behind;
+ * the global top_k over the shards' candidates is then attended over exactly, with the same
+ * gather step as flat. n_scanned counts the dot products the searches and scans computed. A
+ * non-empty shard without an index of the mode's kind fails the request with RA_ESTATE
+ * (FAILED_PRECONDITION) naming the layer, q head and shard.
  *
  * Work is split into (kv head, row block) tasks run by OpenMP, the q heads of one GQA group
  * sharing each block's key and value loads; per-block partials merge exactly, so even one head
- * over many tokens uses every thread. */
+ * over many tokens uses every thread. Index modes run one task per (q head, shard), each
+ * thread searching with a scratch from the store's pool. */
 #ifndef KVS_ATTEND_H
 #define KVS_ATTEND_H
 
@@ -39,6 +44,7 @@ typedef struct kvs_attend_args {
   const float *q;          /* [n_heads, head_dim] */
   kvs_mode mode;
   uint32_t top_k;          /* keys per head for every mode but full */
+  uint32_t ef, nprobe;     /* index modes: beam width, ivf lists probed; 0: ra_search_params_default */
   int want_ids;            /* fill ids with the token positions attended over */
   int n_threads;           /* OpenMP threads; 0: the OpenMP default */
 } kvs_attend_args;

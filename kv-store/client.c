@@ -106,9 +106,28 @@ int ra_kvclient_stats(ra_kvclient *c, ra_kvclient_store_stats *out, ra_error *er
   return RA_OK;
 }
 
+static void index_params_fill(Rakv__IndexParams *m, const ra_kvclient_index_params *p) {
+  rakv__index_params__init(m);
+  m->kind = (Rakv__AttendMode)p->kind;
+  m->degree = p->degree;
+  m->build_ef = p->build_ef;
+  m->knn_nq = p->knn_nq;
+  m->query_sample = p->query_sample;
+  m->n_lists = p->n_lists;
+  m->per_kv_head = p->per_kv_head != 0;
+  m->seed = p->seed;
+}
+
 int ra_kvclient_open_session(ra_kvclient *c, const ra_kvclient_geometry *geo,
                              const ra_kvclient_shard *shards, size_t n_shards, const char *name,
                              ra_kvclient_session *out, ra_error *err) {
+  return ra_kvclient_open_session_indexed(c, geo, shards, n_shards, NULL, name, out, err);
+}
+
+int ra_kvclient_open_session_indexed(ra_kvclient *c, const ra_kvclient_geometry *geo,
+                                     const ra_kvclient_shard *shards, size_t n_shards,
+                                     const ra_kvclient_index_params *index, const char *name,
+                                     ra_kvclient_session *out, ra_error *err) {
   Rakv__Geometry g = RAKV__GEOMETRY__INIT;
   g.n_layers = geo->n_layers;
   g.n_q_heads = geo->n_q_heads;
@@ -135,6 +154,11 @@ int ra_kvclient_open_session(ra_kvclient *c, const ra_kvclient_geometry *geo,
   req.n_shards = n_shards;
   req.shards = ptrs;
   req.client = (char *)(name ? name : "");
+  Rakv__IndexParams ip;
+  if (index) {
+    index_params_fill(&ip, index);
+    req.index = &ip;
+  }
   int rc = unary(c, "/rakv.KvStore/OpenSession", &req.base, err);
   free(sh);
   free(ptrs);
@@ -161,6 +185,40 @@ int ra_kvclient_close_session(ra_kvclient *c, const ra_kvclient_session *s,
   if (!r) return bad_reply(c, "CloseSessionReply", err);
   if (bytes_freed) *bytes_freed = r->bytes_freed;
   rakv__close_session_reply__free_unpacked(r, NULL);
+  return RA_OK;
+}
+
+int ra_kvclient_build_index(ra_kvclient *c, const ra_kvclient_session *s, uint32_t layer,
+                            uint32_t q_head, const ra_kvclient_index_params *params,
+                            const float *queries, uint32_t n_queries, const uint64_t *knn_ids,
+                            uint32_t knn_k, ra_kvclient_build_result *out, ra_error *err) {
+  Rakv__BuildIndexRequest req = RAKV__BUILD_INDEX_REQUEST__INIT;
+  Rakv__IndexParams ip;
+  req.session_id.data = (uint8_t *)s->id;
+  req.session_id.len = sizeof s->id;
+  req.layer = layer;
+  req.q_head = q_head;
+  if (params) {
+    index_params_fill(&ip, params);
+    req.params = &ip;
+  }
+  req.n_queries = n_queries;
+  if (queries) {
+    req.queries.data = (uint8_t *)queries;
+    req.queries.len = (size_t)n_queries * s->geo.head_dim * sizeof(float);
+  }
+  if (knn_ids) {
+    req.knn_ids = (uint64_t *)knn_ids;
+    req.n_knn_ids = (size_t)n_queries * knn_k;
+  }
+  int rc = unary(c, "/rakv.KvStore/BuildIndex", &req.base, err);
+  if (rc) return rc;
+  Rakv__BuildIndexReply *r = rakv__build_index_reply__unpack(NULL, c->rx.len, c->rx.data);
+  if (!r) return bad_reply(c, "BuildIndexReply", err);
+  if (out)
+    *out = (ra_kvclient_build_result){.n_keys = r->n_keys, .index_bytes = r->index_bytes,
+                                      .build_us = r->build_us};
+  rakv__build_index_reply__free_unpacked(r, NULL);
   return RA_OK;
 }
 

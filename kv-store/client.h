@@ -4,6 +4,7 @@
  *   ra_kvclient *c;  ra_kvclient_connect("10.0.0.7:7000", NULL, &c, &err);
  *   ra_kvclient_session s;  ra_kvclient_open_session(c, &geo, shards, n, "worker-0", &s, &err);
  *   ra_kvclient_put_kv(c, &s, rows, n_rows, NULL, &err);           // prefill, chunked stream
+ *   per (layer, q head):  ra_kvclient_build_index(c, &s, l, h, NULL, q, nq, NULL, 0, &r, &err);
  *   ra_kvclient_stream *st;  ra_kvclient_attend_open(c, &s, &st, &err);
  *   per layer:  ra_kvclient_attend(st, &req, partials, 50, &err);  // one long-lived stream
  *   ra_kvclient_append(c, &s, &row, 1, &err);                      // window eviction
@@ -76,6 +77,25 @@ typedef enum ra_kvclient_mode {
   RA_KVCLIENT_ROAR = 4,
 } ra_kvclient_mode;
 
+/* Index parameters (proto IndexParams). Zero fields are unset: BuildIndex takes the session's
+ * (OpenSession), then the store's defaults (ra_index_params_default). */
+typedef struct ra_kvclient_index_params {
+  ra_kvclient_mode kind; /* RA_KVCLIENT_IVF, _KGRAPH or _ROAR; RA_KVCLIENT_FULL: unset */
+  uint32_t degree;       /* graph out-degree M */
+  uint32_t build_ef;     /* beam width while building */
+  uint32_t knn_nq;       /* roar: top keys per prefill query projected */
+  float query_sample;    /* roar: fraction of the queries used, (0, 1] */
+  uint32_t n_lists;      /* ivf lists */
+  int per_kv_head;       /* one index per kv head, shared by its GQA group */
+  uint64_t seed;
+} ra_kvclient_index_params;
+
+typedef struct ra_kvclient_build_result {
+  uint64_t n_keys;      /* keys indexed over the head's shards on this store */
+  uint64_t index_bytes; /* bytes the new indexes hold (charged to the store's budget) */
+  uint64_t build_us;    /* the store's time for the request */
+} ra_kvclient_build_result;
+
 typedef struct ra_kvclient_attend_req {
   uint32_t layer;
   const uint32_t *q_heads; /* [n_heads] */
@@ -109,8 +129,25 @@ int ra_kvclient_stats(ra_kvclient *c, ra_kvclient_store_stats *out, ra_error *er
 int ra_kvclient_open_session(ra_kvclient *c, const ra_kvclient_geometry *geo,
                              const ra_kvclient_shard *shards, size_t n_shards, const char *name,
                              ra_kvclient_session *out, ra_error *err);
+/* open_session with the session's index defaults (NULL: none), checked by the store. */
+int ra_kvclient_open_session_indexed(ra_kvclient *c, const ra_kvclient_geometry *geo,
+                                     const ra_kvclient_shard *shards, size_t n_shards,
+                                     const ra_kvclient_index_params *index, const char *name,
+                                     ra_kvclient_session *out, ra_error *err);
 int ra_kvclient_close_session(ra_kvclient *c, const ra_kvclient_session *s,
                               uint64_t *bytes_freed, ra_error *err);
+
+/* Builds the index of (layer, q_head) on every shard of its kv head this store holds, replacing
+ * an older one of the same kind (kv-store/service.h, BuildIndex). params: NULL or overrides of
+ * the session's defaults. roar needs the q head's prefill queries: queries [n_queries, head_dim]
+ * float32 (RoPE applied) and/or knn_ids [n_queries, knn_k]: each query's exact top-knn_k token
+ * positions, best first (NULL / 0 when not sent). With per_kv_head, q_head is any head of the
+ * group and the queries those of the whole group. Attends in the index's mode work once it
+ * returns; appended tokens are inserted by the store. */
+int ra_kvclient_build_index(ra_kvclient *c, const ra_kvclient_session *s, uint32_t layer,
+                            uint32_t q_head, const ra_kvclient_index_params *params,
+                            const float *queries, uint32_t n_queries, const uint64_t *knn_ids,
+                            uint32_t knn_k, ra_kvclient_build_result *out, ra_error *err);
 
 /* PutKv as a stream: begin, any number of put_rows (each split into chunks of at most
  * chunk_bytes; every send waits until gRPC has taken the previous one, which is the stream's

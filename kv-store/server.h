@@ -19,8 +19,7 @@
 #define KVS_METHOD_STATS "/rakv.KvStore/Stats"
 #define KVS_METHOD_HEALTH "/rakv.KvStore/Health"
 
-/* Registers every implemented method on `s` (before ra_rpc_server_start). BuildIndex is left
- * unregistered until the index lands, so it answers UNIMPLEMENTED. */
+/* Registers every method on `s` (before ra_rpc_server_start). */
 int kvs_server_register(ra_rpc_server *s, kvs_service *svc, ra_error *err);
 
 #endif

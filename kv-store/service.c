@@ -76,6 +76,21 @@ static void id_hex(const uint8_t *id, char out[2 * KVS_SESSION_ID_BYTES + 1]) {
 
 /* ---- OpenSession ---- */
 
+/* proto IndexParams as a spec (a missing message: every field unset). */
+static kvs_index_spec index_spec(const Rakv__IndexParams *m) {
+  kvs_index_spec sp = {0};
+  if (!m) return sp;
+  sp.kind = (uint32_t)m->kind;
+  sp.degree = m->degree;
+  sp.build_ef = m->build_ef;
+  sp.knn_nq = m->knn_nq;
+  sp.query_sample = m->query_sample;
+  sp.n_lists = m->n_lists;
+  sp.per_kv_head = m->per_kv_head;
+  sp.seed = m->seed;
+  return sp;
+}
+
 static int open_session(kvs_service *svc, const Rakv__OpenSessionRequest *r, ra_buf *reply,
                         ra_error *err) {
   if (!r->geometry) return ra_errorf(err, RA_EINVAL, "geometry missing");
@@ -101,7 +116,8 @@ static int open_session(kvs_service *svc, const Rakv__OpenSessionRequest *r, ra_
     };
   }
   kvs_session *s = NULL;
-  rc = kvs_store_open(svc->store, &g, specs, r->n_shards, r->client, &s, err);
+  kvs_index_spec ix = index_spec(r->index);
+  rc = kvs_store_open(svc->store, &g, specs, r->n_shards, &ix, r->client, &s, err);
   free(specs);
   if (rc) return rc;
   Rakv__OpenSessionReply out = RAKV__OPEN_SESSION_REPLY__INIT;
@@ -321,6 +337,16 @@ static int attend(kvs_service *svc, const Rakv__AttendRequest *r, ra_buf *reply,
     goto out;
   }
   if (want) memcpy(q, r->q.data, want);
+  uint32_t ef = r->search ? r->search->ef : 0, nprobe = r->search ? r->search->nprobe : 0;
+  if (ef > KVS_INDEX_MAX_EF) {
+    rc = ra_errorf(err, RA_EINVAL, "search ef %u out of range [1, %u]", ef, KVS_INDEX_MAX_EF);
+    goto out;
+  }
+  if (nprobe > KVS_INDEX_MAX_LISTS) {
+    rc = ra_errorf(err, RA_EINVAL, "search nprobe %u out of range [1, %u]", nprobe,
+                   KVS_INDEX_MAX_LISTS);
+    goto out;
+  }
   kvs_attend_args a = {
       .layer = r->layer,
       .q_heads = r->q_heads,
@@ -328,6 +354,8 @@ static int attend(kvs_service *svc, const Rakv__AttendRequest *r, ra_buf *reply,
       .q = q,
       .mode = (kvs_mode)r->mode,
       .top_k = r->top_k,
+      .ef = ef,
+      .nprobe = nprobe,
       .want_ids = r->return_ids,
       .n_threads = svc->attend_threads,
   };
@@ -347,6 +375,86 @@ int kvs_service_attend(kvs_service *svc, const uint8_t *req, size_t len, ra_buf 
   if (!r) return counted(svc, malformed(err, "AttendRequest", len));
   int rc = attend(svc, r, reply, err);
   rakv__attend_request__free_unpacked(r, NULL);
+  return counted(svc, rc);
+}
+
+/* ---- BuildIndex ---- */
+
+static int build_index(kvs_service *svc, const Rakv__BuildIndexRequest *r, ra_buf *reply,
+                       ra_error *err) {
+  kvs_session *s;
+  int rc = kvs_store_get(svc->store, r->session_id.data, r->session_id.len, &s, err);
+  if (rc) return rc;
+  float *q = NULL;
+  uint64_t t0 = now_us();
+  kvs_index_spec req = index_spec(r->params);
+  kvs_build_args a = {.layer = r->layer, .q_head = r->q_head, .n_queries = r->n_queries};
+  if ((rc = kvs_index_spec_resolve(&req, &s->index, &a.params, &a.per_kv_head, err))) goto out;
+  a.params.n_threads = svc->attend_threads;
+  size_t dim = s->geo.head_dim;
+  if (r->queries.len > 0) {
+    size_t want = (size_t)r->n_queries * dim * sizeof(float);
+    if (r->queries.len != want) {
+      rc = ra_errorf(err, RA_EINVAL, "queries are %zu bytes, want %zu (%u queries x head_dim %zu "
+                     "x 4)", r->queries.len, want, r->n_queries, dim);
+      goto out;
+    }
+    /* protobuf-c gives no alignment promise for bytes fields. */
+    q = malloc(want);
+    if (!q) {
+      rc = ra_errorf(err, RA_ENOMEM, "out of memory for %u queries", r->n_queries);
+      goto out;
+    }
+    memcpy(q, r->queries.data, want);
+    a.queries = q;
+  }
+  if (r->n_knn_ids > 0) {
+    if (r->n_queries == 0 || r->n_knn_ids % r->n_queries != 0) {
+      rc = ra_errorf(err, RA_EINVAL, "knn_ids has %zu ids, not a multiple of n_queries %u",
+                     r->n_knn_ids, r->n_queries);
+      goto out;
+    }
+    if (r->n_knn_ids / r->n_queries > KVS_INDEX_MAX_EF) {
+      rc = ra_errorf(err, RA_EINVAL, "knn_ids has %zu ids per query, more than %u",
+                     r->n_knn_ids / r->n_queries, KVS_INDEX_MAX_EF);
+      goto out;
+    }
+    a.knn = r->knn_ids;
+    a.knn_k = (uint32_t)(r->n_knn_ids / r->n_queries);
+  }
+  if (r->n_queries > 0 && !a.queries && !a.knn) {
+    rc = ra_errorf(err, RA_EINVAL, "n_queries is %u but neither queries nor knn_ids came",
+                   r->n_queries);
+    goto out;
+  }
+  kvs_build_result res;
+  if ((rc = kvs_session_build_index(s, &a, &res, err))) goto out;
+  uint64_t us = now_us() - t0;
+  Rakv__BuildIndexReply m = RAKV__BUILD_INDEX_REPLY__INIT;
+  m.n_keys = res.n_keys;
+  m.index_bytes = res.index_bytes;
+  m.build_us = us;
+  rc = pack_reply(&m.base, reply, err);
+  char hex[2 * KVS_SESSION_ID_BYTES + 1];
+  id_hex(s->id, hex);
+  ra_log_info("session %s: %s index of layer %u %s %u: %llu keys in %u shards, %llu bytes, "
+              "%.1f ms",
+              hex, ra_index_kind_name(a.params.kind), a.layer, a.per_kv_head ? "kv head" : "q head",
+              a.per_kv_head ? a.q_head / (s->geo.n_q_heads / s->geo.n_kv_heads) : a.q_head,
+              (unsigned long long)res.n_keys, res.n_shards, (unsigned long long)res.index_bytes,
+              (double)us / 1000.0);
+out:
+  free(q);
+  kvs_session_release(s);
+  return rc;
+}
+
+int kvs_service_build_index(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
+                            ra_error *err) {
+  Rakv__BuildIndexRequest *r = rakv__build_index_request__unpack(NULL, len, req);
+  if (!r) return counted(svc, malformed(err, "BuildIndexRequest", len));
+  int rc = build_index(svc, r, reply, err);
+  rakv__build_index_request__free_unpacked(r, NULL);
   return counted(svc, rc);
 }
 

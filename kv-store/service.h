@@ -4,7 +4,8 @@
  * request is validated here; a bad request leaves every session as it was.
  *
  * RA codes become gRPC statuses in common/rpc.c: RA_EINVAL/RA_EFORMAT -> INVALID_ARGUMENT,
- * RA_ENOTFOUND -> NOT_FOUND, RA_ENOMEM -> RESOURCE_EXHAUSTED, RA_EUNSUPPORTED -> UNIMPLEMENTED. */
+ * RA_ENOTFOUND -> NOT_FOUND, RA_ENOMEM -> RESOURCE_EXHAUSTED, RA_ESTATE -> FAILED_PRECONDITION,
+ * RA_EUNSUPPORTED -> UNIMPLEMENTED. */
 #ifndef KVS_SERVICE_H
 #define KVS_SERVICE_H
 
@@ -36,6 +37,17 @@ int kvs_service_append(kvs_service *svc, const uint8_t *req, size_t len, ra_buf 
                        ra_error *err);
 int kvs_service_attend(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
                        ra_error *err);
+/* BuildIndex: builds (layer, q_head)'s index of the kind its params name (over the session's
+ * OpenSession IndexParams, over the defaults) on every shard of the kv head held here
+ * (kvs_session_build_index). roar needs the q head's prefill queries: `queries` float32
+ * [n_queries, head_dim] and/or `knn_ids` [n_queries, knn_k] token positions, best first. With
+ * per_kv_head the index is the kv head's, shared by its GQA group: any q head of the group names
+ * it, and the queries should be those of the whole group. An attend in that mode then searches
+ * it (attend.h). INVALID_ARGUMENT for bad parameters or query shapes, RESOURCE_EXHAUSTED when
+ * the build's memory does not fit the budget (nothing is installed; the session is unchanged).
+ * Reply: keys indexed, index bytes, build time. */
+int kvs_service_build_index(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
+                            ra_error *err);
 int kvs_service_close_session(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
                               ra_error *err);
 int kvs_service_stats(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,

@@ -14,6 +14,10 @@ struct kvs_store {
   uint64_t budget;
   atomic_uint_fast64_t used;
   atomic_uint_fast64_t tokens;
+  pthread_mutex_t scratch_mu; /* guards the free scratches */
+  ra_index_scratch **scratch; /* [n_scratch] free for the next attend thread */
+  size_t n_scratch;
+  size_t cap_scratch;
 };
 
 /* Shards grow by 1/8 of their capacity (at least this many rows), so an open shard's slack is
@@ -29,6 +33,11 @@ int kvs_store_create(uint64_t budget_bytes, kvs_store **out, ra_error *err) {
     free(st);
     return ra_errorf(err, RA_EINTERNAL, "pthread_mutex_init failed");
   }
+  if (pthread_mutex_init(&st->scratch_mu, NULL) != 0) {
+    pthread_mutex_destroy(&st->mu);
+    free(st);
+    return ra_errorf(err, RA_EINTERNAL, "pthread_mutex_init failed");
+  }
   st->budget = budget_bytes;
   atomic_init(&st->used, 0);
   atomic_init(&st->tokens, 0);
@@ -39,6 +48,7 @@ int kvs_store_create(uint64_t budget_bytes, kvs_store **out, ra_error *err) {
 static void session_free(kvs_session *s) {
   kvs_store *st = s->store;
   for (size_t i = 0; i < s->n_shards; i++) {
+    kvs_shard_index_free(s, &s->shards[i]);
     free(s->shards[i].keys);
     free(s->shards[i].values);
   }
@@ -54,6 +64,12 @@ void kvs_store_destroy(kvs_store *st) {
   if (!st) return;
   for (size_t i = 0; i < st->n_sessions; i++) kvs_session_release(st->sessions[i]);
   free(st->sessions);
+  for (size_t i = 0; i < st->n_scratch; i++) {
+    ra_index_scratch_free(st->scratch[i]);
+    free(st->scratch[i]);
+  }
+  free(st->scratch);
+  pthread_mutex_destroy(&st->scratch_mu);
   pthread_mutex_destroy(&st->mu);
   free(st);
 }
@@ -84,6 +100,45 @@ int kvs_store_charge(kvs_store *st, uint64_t n, ra_error *err) {
 }
 
 void kvs_store_uncharge(kvs_store *st, uint64_t n) { atomic_fetch_sub(&st->used, n); }
+
+void kvs_store_settle(kvs_store *st, uint64_t charged, uint64_t actual) {
+  if (actual < charged)
+    atomic_fetch_sub(&st->used, charged - actual);
+  else
+    atomic_fetch_add(&st->used, actual - charged);
+}
+
+ra_index_scratch *kvs_store_scratch_get(kvs_store *st) {
+  ra_index_scratch *sc = NULL;
+  pthread_mutex_lock(&st->scratch_mu);
+  if (st->n_scratch > 0) sc = st->scratch[--st->n_scratch];
+  pthread_mutex_unlock(&st->scratch_mu);
+  /* A zeroed scratch is valid: the first search sizes it for its index. */
+  return sc ? sc : calloc(1, sizeof *sc);
+}
+
+void kvs_store_scratch_put(kvs_store *st, ra_index_scratch *sc) {
+  if (!sc) return;
+  pthread_mutex_lock(&st->scratch_mu);
+  if (st->n_scratch == st->cap_scratch) {
+    size_t cap = st->cap_scratch ? st->cap_scratch * 2 : 16;
+    ra_index_scratch **a = realloc(st->scratch, cap * sizeof *a);
+    if (a) {
+      st->scratch = a;
+      st->cap_scratch = cap;
+    }
+  }
+  if (st->n_scratch < st->cap_scratch) {
+    st->scratch[st->n_scratch++] = sc;
+    sc = NULL;
+  }
+  pthread_mutex_unlock(&st->scratch_mu);
+  if (sc) {
+    /* No room to keep it: the next attend allocates a fresh one. */
+    ra_index_scratch_free(sc);
+    free(sc);
+  }
+}
 
 int kvs_geometry_check(const kvs_geometry *g, ra_error *err) {
   if (g->n_layers == 0 || g->n_layers > KVS_MAX_LAYERS)
@@ -216,11 +271,13 @@ static int registry_insert(kvs_store *st, kvs_session *s, ra_error *err) {
 }
 
 int kvs_store_open(kvs_store *st, const kvs_geometry *g, const kvs_shard_spec *shards, size_t n,
-                   const char *client, kvs_session **out, ra_error *err) {
+                   const kvs_index_spec *index, const char *client, kvs_session **out,
+                   ra_error *err) {
   int rc = kvs_geometry_check(g, err);
   if (rc) return rc;
   rc = kvs_shards_check(g, shards, n, err);
   if (rc) return rc;
+  if (index && (rc = kvs_index_spec_check(index, err))) return rc;
 
   size_t n_heads = (size_t)g->n_layers * g->n_kv_heads;
   uint64_t meta = sizeof(kvs_session) + n * sizeof(kvs_shard) + n_heads * sizeof(kvs_head_shards);
@@ -260,6 +317,7 @@ int kvs_store_open(kvs_store *st, const kvs_geometry *g, const kvs_shard_spec *s
   atomic_init(&s->refs, 2); /* the registry's and the caller's */
   atomic_init(&s->bytes, meta);
   atomic_init(&s->tokens, 0);
+  if (index) s->index = *index;
   snprintf(s->client, sizeof s->client, "%s", client ? client : "");
 
   pthread_mutex_lock(&st->mu);
@@ -480,6 +538,10 @@ int kvs_session_write(kvs_session *s, const kvs_rows *rows, size_t n_rows, uint6
     sh->pending -= rows[i].n;
     total += rows[i].n;
   }
+  /* The rows are stored whatever happens to their insertion: an index that cannot take them now
+   * lags and attends scan the lag exactly (store.h), so the write never fails half done. */
+  for (size_t i = 0; i < n_rows; i++)
+    if (target[i]->ix) kvs_shard_index_catch_up(s, target[i]);
   atomic_fetch_add(&s->tokens, total);
   atomic_fetch_add(&s->store->tokens, total);
   pthread_rwlock_unlock(&s->lock);

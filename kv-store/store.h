@@ -10,11 +10,20 @@
  * would exceed it fails with RA_ENOMEM and the process never grows past the budget.
  *
  * Concurrency: the registry has a mutex; each session a rwlock (attends read, writes write) and
- * a reference count, so closing a session while an attend runs frees it when the attend ends. */
+ * a reference count, so closing a session while an attend runs frees it when the attend ends.
+ *
+ * Indexes (store_index.c): a shard may hold search indexes (kv-store/index/index.h) over its
+ * keys, ids = rows within the shard: per q head (one per q head of the shard's GQA group and
+ * kind) or per kv head (one per kind, shared by the group's q heads). Attends in an index mode
+ * search them; every row written to a shard is inserted into each of its indexes under the write
+ * lock. An index may lag its shard (an insertion refused by the budget or out of memory): rows
+ * [ra_index_count, n) are then scanned exactly by attends and inserted by the next write, so a
+ * stored row is always retrievable. Index bytes are charged like KV bytes, before they exist. */
 #ifndef KVS_STORE_H
 #define KVS_STORE_H
 
 #include "half.h"
+#include "index.h"
 #include "shardmap.h"
 #include "status.h"
 
@@ -49,6 +58,15 @@ typedef struct kvs_shard_spec {
   uint64_t token_end; /* exclusive; RA_TOKEN_END_OPEN for open-ended */
 } kvs_shard_spec;
 
+/* One index of a shard and the bytes charged for it (>= ra_index_bytes(ix)). */
+typedef struct kvs_index {
+  ra_index *ix;
+  uint64_t bytes;
+} kvs_index;
+
+/* Index kinds a shard can hold (ivf, kgraph, roar: numbered as ra_index_kind and kvs_mode). */
+#define KVS_INDEX_KINDS 3u
+
 typedef struct kvs_shard {
   kvs_shard_spec spec;
   uint64_t n;      /* rows filled: tokens [token_begin, token_begin + n) */
@@ -56,6 +74,10 @@ typedef struct kvs_shard {
   void *keys;      /* [cap, head_dim] session dtype */
   void *values;    /* [cap, head_dim] session dtype */
   uint64_t pending; /* rows a write in progress will add (write lock held) */
+  /* NULL until the first index of this shard is installed; then
+   * [KVS_INDEX_KINDS][group_size + 1]: slot j < group_size is the index of the group's j-th q
+   * head, slot group_size the kv head's shared one (kvs_shard_index). */
+  kvs_index *ix;
 } kvs_shard;
 
 /* The shards of one (layer, kv head), sorted by token_begin, non-overlapping. */
@@ -65,6 +87,27 @@ typedef struct kvs_head_shards {
 } kvs_head_shards;
 
 typedef struct kvs_store kvs_store;
+
+/* Index parameters as OpenSession and BuildIndex carry them (proto IndexParams): zero fields are
+ * unset. A BuildIndex request's set fields override the session's, which override
+ * ra_index_params_default. kind is numbered as kvs_mode / ra_index_kind (2 ivf, 3 kgraph, 4
+ * roar). per_kv_head can only be switched on by either. */
+typedef struct kvs_index_spec {
+  uint32_t kind;
+  uint32_t degree;
+  uint32_t build_ef;
+  uint32_t knn_nq;
+  float query_sample;
+  uint32_t n_lists;
+  int per_kv_head;
+  uint64_t seed;
+} kvs_index_spec;
+
+/* Size bounds of index parameters: far above any useful value, low enough that a hostile
+ * request cannot ask for an absurd graph (its memory is charged anyway). */
+#define KVS_INDEX_MAX_DEGREE 1024u
+#define KVS_INDEX_MAX_EF 65536u
+#define KVS_INDEX_MAX_LISTS 65536u
 
 typedef struct kvs_session {
   uint8_t id[KVS_SESSION_ID_BYTES];
@@ -77,6 +120,7 @@ typedef struct kvs_session {
   kvs_head_shards *heads; /* [n_layers * n_kv_heads] */
   atomic_uint_fast64_t bytes;  /* charged to the budget: metadata + KV capacity */
   atomic_uint_fast64_t tokens; /* rows filled over all shards */
+  kvs_index_spec index;        /* the session's index defaults (OpenSession) */
   char client[64];
 } kvs_session;
 
@@ -103,15 +147,27 @@ uint64_t kvs_store_tokens(const kvs_store *st);
 /* Charges n bytes to the budget or fails with RA_ENOMEM ("would use X of budget Y"). */
 int kvs_store_charge(kvs_store *st, uint64_t n, ra_error *err);
 void kvs_store_uncharge(kvs_store *st, uint64_t n);
+/* Turns a charge of `charged` bytes into one of `actual`: gives back the difference, or takes
+ * the excess unconditionally when an up-front bound was low (memory that already exists must be
+ * counted; the budget is then overshot by that excess). */
+void kvs_store_settle(kvs_store *st, uint64_t charged, uint64_t actual);
+
+/* Index search scratches shared by every attend of the store: one per thread of a running
+ * attend, kept across requests so that a search in the steady state allocates nothing.
+ * get returns NULL when out of memory. */
+ra_index_scratch *kvs_store_scratch_get(kvs_store *st);
+void kvs_store_scratch_put(kvs_store *st, ra_index_scratch *sc);
 
 /* Checks a geometry and shard list; names what is wrong. */
 int kvs_geometry_check(const kvs_geometry *g, ra_error *err);
 int kvs_shards_check(const kvs_geometry *g, const kvs_shard_spec *shards, size_t n, ra_error *err);
 
 /* Creates a session (its id from getrandom) and returns it with one reference held by the
- * caller, besides the registry's. */
+ * caller, besides the registry's. index: the session's index defaults (NULL: none; checked with
+ * kvs_index_spec_check). */
 int kvs_store_open(kvs_store *st, const kvs_geometry *g, const kvs_shard_spec *shards, size_t n,
-                   const char *client, kvs_session **out, ra_error *err);
+                   const kvs_index_spec *index, const char *client, kvs_session **out,
+                   ra_error *err);
 /* Looks a session up by id and takes a reference; RA_ENOTFOUND when there is none. */
 int kvs_store_get(kvs_store *st, const uint8_t *id, size_t id_len, kvs_session **out,
                   ra_error *err);
@@ -128,6 +184,57 @@ int kvs_store_close(kvs_store *st, const uint8_t *id, size_t id_len, uint64_t *b
  * session's write lock. *bytes_stored gets the key+value bytes written. */
 int kvs_session_write(kvs_session *s, const kvs_rows *rows, size_t n_rows, uint64_t *bytes_stored,
                       ra_error *err);
+
+/* ---- indexes (store_index.c) ---- */
+
+/* Checks a spec's fields (kind ivf/kgraph/roar or unset, sizes within bounds); names what is
+ * wrong. */
+int kvs_index_spec_check(const kvs_index_spec *spec, ra_error *err);
+/* The build parameters of a request: req's set fields over the session's over the defaults.
+ * RA_EINVAL when neither names a kind. */
+int kvs_index_spec_resolve(const kvs_index_spec *req, const kvs_index_spec *session,
+                           ra_index_params *out, int *per_kv_head, ra_error *err);
+
+typedef struct kvs_build_args {
+  uint32_t layer;
+  uint32_t q_head;          /* with per_kv_head: any q head of the group names it */
+  ra_index_params params;   /* resolved (kvs_index_spec_resolve) */
+  int per_kv_head;
+  const float *queries;     /* [n_queries, head_dim] prefill queries of the q head, or NULL */
+  uint32_t n_queries;
+  const uint64_t *knn;      /* [n_queries, knn_k] token positions, best first, or NULL */
+  uint32_t knn_k;
+} kvs_build_args;
+
+typedef struct kvs_build_result {
+  uint64_t n_keys;      /* keys indexed over the head's shards */
+  uint64_t index_bytes; /* bytes the new indexes hold */
+  uint32_t n_shards;
+} kvs_build_result;
+
+/* Builds the index of (layer, q head) — or of its kv head, shared — over every shard of the kv
+ * head held here, one per shard, and installs them, replacing older ones of the same kind and
+ * owner. roar takes prefill queries: vectors and/or knn lists of token positions, which are
+ * mapped to each shard's rows (positions outside it are dropped, a query with fewer than 2 left
+ * is skipped for that shard). Each build's peak (ra_index_estimate_bytes + a copy of the keys)
+ * is charged before it runs and settled to the index's bytes after. Builds run on a copy of
+ * each shard's keys taken under the read lock, so writes and attends go on meanwhile; the write
+ * lock is taken only to install, after inserting the rows written during the build. All shards'
+ * indexes are installed together or none. */
+int kvs_session_build_index(kvs_session *s, const kvs_build_args *a, kvs_build_result *out,
+                            ra_error *err);
+
+/* The index an attend of `kind` uses for q head q_head over shard sh: the q head's own, else the
+ * kv head's shared one; NULL when there is none. Caller holds the read lock. */
+const ra_index *kvs_shard_index(const kvs_session *s, const kvs_shard *sh, ra_index_kind kind,
+                                uint32_t q_head);
+
+/* Write lock held: inserts the rows [ra_index_count, n) of every index of sh. An index whose
+ * insertion is refused (budget, memory) keeps the rows it took; the others stay for a later
+ * write, and attends scan them exactly meanwhile. */
+void kvs_shard_index_catch_up(kvs_session *s, kvs_shard *sh);
+/* Frees a shard's indexes and uncharges them (session teardown). */
+void kvs_shard_index_free(kvs_session *s, kvs_shard *sh);
 
 /* The shards of (layer, kv_head); caller holds the read lock. Never NULL when count > 0. */
 static inline const kvs_shard *kvs_session_head(const kvs_session *s, uint32_t layer,

@@ -1,6 +1,6 @@
 /* Every bad-input class against a real kv-store, asserting the gRPC status (as the RA code
  * common/rpc.c maps it back to: INVALID_ARGUMENT -> RA_EINVAL, NOT_FOUND -> RA_ENOTFOUND,
- * RESOURCE_EXHAUSTED -> RA_ENOMEM, UNIMPLEMENTED -> RA_EUNSUPPORTED) and its message, and that
+ * RESOURCE_EXHAUSTED -> RA_ENOMEM, FAILED_PRECONDITION -> RA_ESTATE) and its message, and that
  * the store and the session are unharmed afterwards. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -216,9 +216,9 @@ static void test_garbage_and_truncated(void **state) {
     expect(f, rc, RA_EINVAL, "INVALID_ARGUMENT", "malformed protobuf (7 bytes)");
     ra_rpc_call_destroy(call);
   }
-  /* BuildIndex is not served until the index lands. */
-  expect(f, ra_rpc_unary(ch, "/rakv.KvStore/BuildIndex", garbage, 0, &reply, 10000, &f->err),
-         RA_EUNSUPPORTED, "UNIMPLEMENTED", "BuildIndex");
+  expect(f, ra_rpc_unary(ch, "/rakv.KvStore/BuildIndex", garbage, sizeof garbage, &reply, 10000,
+                         &f->err),
+         RA_EINVAL, "INVALID_ARGUMENT", "BuildIndexRequest: malformed protobuf");
   ra_buf_free(&reply);
   ra_rpc_channel_close(ch);
   expect_intact(f, 50);
@@ -260,14 +260,14 @@ static void test_memory_budget(void **state) {
   ra_kvclient_close(c);
 }
 
-static void test_index_modes_unimplemented(void **state) {
+static void test_index_mode_without_index(void **state) {
   fx *f = *state;
   uint32_t head = 1;
   float q[DIM] = {0};
   ra_kvclient_attend_req req = {.layer = 1, .q_heads = &head, .n_heads = 1, .q = q,
                                 .mode = RA_KVCLIENT_ROAR, .top_k = 10};
-  expect(f, attend_once(f, &f->s, &req), RA_EUNSUPPORTED, "UNIMPLEMENTED",
-         "mode roar needs an index: not built for layer 1 head 1");
+  expect(f, attend_once(f, &f->s, &req), RA_ESTATE, "FAILED_PRECONDITION",
+         "mode roar needs an index: none built for layer 1 q head 1 (shard tokens 0-open)");
   ra_kvclient_store_stats s;
   ok(ra_kvclient_stats(f->c, &s, &f->err), &f->err);
   assert_int_equal(s.errors, 1);
@@ -282,7 +282,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_garbage_and_truncated, fx_setup, fx_teardown),
       cmocka_unit_test_setup_teardown(test_oversized_message, fx_setup, fx_teardown),
       cmocka_unit_test_setup_teardown(test_memory_budget, fx_setup, fx_teardown),
-      cmocka_unit_test_setup_teardown(test_index_modes_unimplemented, fx_setup, fx_teardown),
+      cmocka_unit_test_setup_teardown(test_index_mode_without_index, fx_setup, fx_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -45,7 +45,7 @@ static void fixture_make(fixture *f, ra_dtype t, int dim, uint32_t n_q, uint32_t
   for (uint32_t h = 0; h < n_kv; h++)
     sh[h] = (kvs_shard_spec){.layer = f->layer, .kv_head = h, .token_begin = begin,
                              .token_end = RA_TOKEN_END_OPEN};
-  assert_int_equal(kvs_store_open(f->st, &f->g, sh, n_kv, "test", &f->s, &err), RA_OK);
+  assert_int_equal(kvs_store_open(f->st, &f->g, sh, n_kv, NULL, "test", &f->s, &err), RA_OK);
   free(sh);
   ref_rng rng = {seed};
   f->heads = calloc(n_kv, sizeof *f->heads);
@@ -171,7 +171,7 @@ static void test_two_shards_one_head(void **state) {
   assert_int_equal(kvs_store_create(1 << 26, &st, &err), RA_OK);
   kvs_shard_spec sh[2] = {{.layer = 0, .kv_head = 0, .token_begin = 5000, .token_end = 5600},
                           {.layer = 0, .kv_head = 0, .token_begin = 100, .token_end = 1100}};
-  assert_int_equal(kvs_store_open(st, &g, sh, 2, "t", &s, &err), RA_OK);
+  assert_int_equal(kvs_store_open(st, &g, sh, 2, NULL, "t", &s, &err), RA_OK);
   ref_rng rng = {11};
   size_t n = 1600;
   float *k = malloc(n * dim * 4), *v = malloc(n * dim * 4);
@@ -309,7 +309,7 @@ static void test_bad_arguments(void **state) {
   memset(&f, 0, sizeof f);
   assert_int_equal(kvs_store_create(1 << 20, &f.st, &err), RA_OK);
   kvs_shard_spec sh = {.layer = 1, .kv_head = 1, .token_begin = 0, .token_end = RA_TOKEN_END_OPEN};
-  assert_int_equal(kvs_store_open(f.st, &g, &sh, 1, "t", &f.s, &err), RA_OK);
+  assert_int_equal(kvs_store_open(f.st, &g, &sh, 1, NULL, "t", &f.s, &err), RA_OK);
   float q[3 * 16] = {0};
   uint32_t heads[3] = {4, 5, 4};
   kvs_attend_args a = {.layer = 3, .q_heads = heads, .n_heads = 1, .q = q, .mode = KVS_MODE_FULL};
@@ -329,7 +329,8 @@ static void test_bad_arguments(void **state) {
   expect_error(&f, &a, RA_EINVAL, "mode flat needs top_k > 0");
   a.top_k = 10;
   a.mode = KVS_MODE_ROAR;
-  expect_error(&f, &a, RA_EUNSUPPORTED, "mode roar needs an index: not built for layer 1 head 4");
+  expect_error(&f, &a, RA_ESTATE,
+               "mode roar needs an index: none built for layer 1 q head 4 (shard tokens 0-open)");
   a.mode = (kvs_mode)9;
   expect_error(&f, &a, RA_EINVAL, "attend mode 9 is unknown");
   kvs_session_release(f.s);
@@ -366,7 +367,7 @@ static void test_append_while_attending(void **state) {
   assert_int_equal(kvs_store_create(1 << 24, &st, &err), RA_OK);
   kvs_shard_spec sh = {.layer = 0, .kv_head = 0, .token_begin = 0, .token_end = RA_TOKEN_END_OPEN};
   race r = {.dim = 16};
-  assert_int_equal(kvs_store_open(st, &g, &sh, 1, "t", &r.s, &err), RA_OK);
+  assert_int_equal(kvs_store_open(st, &g, &sh, 1, NULL, "t", &r.s, &err), RA_OK);
   pthread_t th;
   assert_int_equal(pthread_create(&th, NULL, race_appender, &r), 0);
   float q[16] = {0.5f};
@@ -390,6 +391,87 @@ static void test_append_while_attending(void **state) {
   kvs_store_destroy(st);
 }
 
+/* BuildIndex builds from a snapshot outside the write lock: appends go on while it runs, and
+ * the installed index has caught up with every row they wrote. */
+typedef struct build_race {
+  kvs_session *s;
+  uint64_t first;     /* first token the appender writes */
+  int started;        /* the appender is running */
+  int done_by_build;  /* appends finished when the build returned */
+  int appended;
+} build_race;
+
+static void *build_race_appender(void *arg) {
+  build_race *r = arg;
+  float row[16];
+  __atomic_store_n(&r->started, 1, __ATOMIC_RELEASE);
+  for (int t = 0; t < 400; t++) {
+    /* Distinct rows of norm ~8.5, each its own best match by inner product. */
+    for (int j = 0; j < 16; j++) row[j] = 3.0f * sinf(0.37f * (float)t + 1.3f * (float)j);
+    kvs_rows rows = {.layer = 0, .kv_head = 0, .token_begin = r->first + (uint64_t)t, .n = 1,
+                     .keys = row, .values = row};
+    ra_error err;
+    if (kvs_session_write(r->s, &rows, 1, NULL, &err) != RA_OK) return (void *)1;
+    __atomic_store_n(&r->appended, t + 1, __ATOMIC_RELEASE);
+  }
+  return NULL;
+}
+
+static void test_build_while_appending(void **state) {
+  (void)state;
+  enum { N = 12000 };
+  kvs_geometry g = {.n_layers = 1, .n_q_heads = 2, .n_kv_heads = 1, .head_dim = 16,
+                    .dtype = RA_DTYPE_F32};
+  kvs_store *st;
+  ra_error err;
+  assert_int_equal(kvs_store_create(256u << 20, &st, &err), RA_OK);
+  kvs_shard_spec sh = {.layer = 0, .kv_head = 0, .token_begin = 0, .token_end = RA_TOKEN_END_OPEN};
+  build_race r = {.first = N};
+  assert_int_equal(kvs_store_open(st, &g, &sh, 1, NULL, "t", &r.s, &err), RA_OK);
+  float *x = malloc((size_t)N * 16 * sizeof *x);
+  ref_rng rng = {21};
+  ref_fill_normal(&rng, x, (size_t)N * 16, 1.0f);
+  kvs_rows rows = {.layer = 0, .kv_head = 0, .token_begin = 0, .n = N, .keys = x, .values = x};
+  assert_int_equal(kvs_session_write(r.s, &rows, 1, NULL, &err), RA_OK);
+  kvs_build_args b = {.layer = 0, .q_head = 1};
+  ra_index_params_default(RA_INDEX_KGRAPH, &b.params);
+  b.params.n_threads = 1;
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, build_race_appender, &r), 0);
+  while (!__atomic_load_n(&r.started, __ATOMIC_ACQUIRE)) {
+  }
+  kvs_build_result res;
+  if (kvs_session_build_index(r.s, &b, &res, &err) != RA_OK) fail_msg("build: %s", err.msg);
+  r.done_by_build = __atomic_load_n(&r.appended, __ATOMIC_ACQUIRE);
+  void *ret;
+  pthread_join(th, &ret);
+  assert_null(ret);
+  print_message("appends done while the index built: %d of 400\n", r.done_by_build);
+  assert_true(r.done_by_build > 0);
+  assert_int_equal(res.n_keys, N + (uint64_t)r.done_by_build);
+  const kvs_shard *s0 = &r.s->shards[0];
+  const ra_index *ix = kvs_shard_index(r.s, s0, RA_INDEX_KGRAPH, 1);
+  assert_non_null(ix);
+  assert_int_equal(ra_index_count(ix), N + 400);
+  assert_int_equal(ra_index_check(ix, &err), RA_OK);
+  /* The last appended row, as a query, finds itself among the top keys. */
+  float q[16];
+  memcpy(q, (const float *)s0->keys + (size_t)(N + 399) * 16, sizeof q);
+  uint32_t head = 1;
+  kvs_attend_args a = {.layer = 0, .q_heads = &head, .n_heads = 1, .q = q,
+                       .mode = KVS_MODE_KGRAPH, .top_k = 10, .ef = 200, .want_ids = 1};
+  kvs_attend_result out;
+  assert_int_equal(kvs_attend(r.s, &a, &out, &err), RA_OK);
+  assert_int_equal(out.heads[0].n_keys, N + 400);
+  int found = 0;
+  for (size_t i = 0; i < out.heads[0].n_ids; i++) found |= out.heads[0].ids[i] == N + 399;
+  assert_true(found);
+  kvs_attend_result_free(&out);
+  free(x);
+  kvs_session_release(r.s);
+  kvs_store_destroy(st);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_split_exact_f32),
@@ -401,6 +483,7 @@ int main(void) {
       cmocka_unit_test(test_empty_head_is_merge_identity),
       cmocka_unit_test(test_bad_arguments),
       cmocka_unit_test(test_append_while_attending),
+      cmocka_unit_test(test_build_while_appending),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

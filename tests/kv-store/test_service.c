@@ -1,5 +1,6 @@
 /* The service layer over serialized protobuf: a full session round trip and every bad-input
- * class with the RA code it must produce (which common/rpc.c maps to a gRPC status). */
+ * class with the RA code it must produce (which common/rpc.c maps to a gRPC status); BuildIndex
+ * and the index modes: validation, budget refusal, insertion on append, memory given back. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -45,9 +46,9 @@ static void expect_msg(const fx *f, const char *text) {
 
 /* Geometry 2 layers x 4 q heads x 2 kv heads x 16, f32; the session owns layer 1 kv head 0,
  * tokens [0, open). */
-static int fx_setup(void **state) {
+static int fx_open(void **state, uint64_t budget) {
   fx *f = calloc(1, sizeof *f);
-  kvs_service_config cfg = {.memory_budget = 1 << 20, .attend_threads = 1};
+  kvs_service_config cfg = {.memory_budget = budget, .attend_threads = 1};
   if (kvs_service_create(&cfg, &f->svc, &f->err) != RA_OK) return -1;
   Rakv__Geometry g = RAKV__GEOMETRY__INIT;
   g.n_layers = 2;
@@ -71,6 +72,10 @@ static int fx_setup(void **state) {
   *state = f;
   return 0;
 }
+
+static int fx_setup(void **state) { return fx_open(state, 1 << 20); }
+/* Room for indexes: a build's estimate includes fixed-size blocks of several MiB. */
+static int fx_setup_big(void **state) { return fx_open(state, 64u << 20); }
 
 static int fx_teardown(void **state) {
   fx *f = *state;
@@ -208,7 +213,8 @@ static void test_garbage_and_truncated(void **state) {
   fx *f = *state;
   static const uint8_t garbage[] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01};
   unary_fn fns[] = {kvs_service_open_session, kvs_service_append, kvs_service_attend,
-                    kvs_service_close_session, kvs_service_stats, kvs_service_health};
+                    kvs_service_build_index, kvs_service_close_session, kvs_service_stats,
+                    kvs_service_health};
   for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
     assert_int_equal(fns[i](f->svc, garbage, sizeof garbage, &f->reply, &f->err), RA_EFORMAT);
     expect_msg(f, "malformed protobuf (7 bytes)");
@@ -228,7 +234,7 @@ static void test_garbage_and_truncated(void **state) {
                    RA_EFORMAT);
   expect_msg(f, "chunk 0: KvChunk: malformed");
   Rakv__StatsReply *s = stats(f);
-  assert_int_equal(s->errors, 8);
+  assert_int_equal(s->errors, 9);
   rakv__stats_reply__free_unpacked(s, NULL);
 }
 
@@ -323,8 +329,8 @@ static void test_bad_attends(void **state) {
   heads[0] = 0;
   a.mode = RAKV__ATTEND_MODE__MODE_KGRAPH;
   a.top_k = 10;
-  assert_int_equal(call(f, kvs_service_attend, &a.base), RA_EUNSUPPORTED);
-  expect_msg(f, "mode kgraph needs an index");
+  assert_int_equal(call(f, kvs_service_attend, &a.base), RA_ESTATE);
+  expect_msg(f, "mode kgraph needs an index: none built for layer 1 q head 0 (shard tokens 0-open)");
   a.mode = (Rakv__AttendMode)17;
   assert_int_equal(call(f, kvs_service_attend, &a.base), RA_EINVAL);
   expect_msg(f, "attend mode 17 is unknown");
@@ -389,6 +395,261 @@ static void test_budget_exhausted(void **state) {
   rakv__attend_reply__free_unpacked(rep, NULL);
 }
 
+/* ---- indexes ---- */
+
+/* n tokens [begin, begin + n) of layer 1 kv head 0 from keys (values = keys). */
+static void put_rows(fx *f, uint64_t begin, uint32_t n, const float *keys) {
+  Rakv__KvChunk c;
+  rakv__kv_chunk__init(&c);
+  c.session_id.data = f->id;
+  c.session_id.len = 16;
+  c.layer = 1;
+  c.token_begin = begin;
+  c.n_tokens = n;
+  c.keys.data = c.values.data = (uint8_t *)keys;
+  c.keys.len = c.values.len = (size_t)n * DIM * 4;
+  kvs_put_state st;
+  kvs_service_put_begin(f->svc, &st);
+  assert_int_equal(put(f, &st, &c), RA_OK);
+}
+
+/* Deterministic spread-out rows: x[i] in [-1, 1). */
+static void fill_rows(float *x, size_t n, uint32_t seed) {
+  uint32_t s = seed * 2654435761u + 1;
+  for (size_t i = 0; i < n; i++) {
+    s = s * 1664525u + 1013904223u;
+    x[i] = (float)(s >> 8) / (float)(1u << 23) - 1.0f;
+  }
+}
+
+static void build_init(Rakv__BuildIndexRequest *b, Rakv__IndexParams *p, const uint8_t *id,
+                       uint32_t q_head, Rakv__AttendMode kind) {
+  rakv__build_index_request__init(b);
+  rakv__index_params__init(p);
+  b->session_id.data = (uint8_t *)id;
+  b->session_id.len = 16;
+  b->layer = 1;
+  b->q_head = q_head;
+  p->kind = kind;
+  b->params = p;
+}
+
+static void set_queries(Rakv__BuildIndexRequest *b, const float *q, uint32_t n) {
+  b->queries.data = (uint8_t *)q;
+  b->queries.len = (size_t)n * DIM * 4;
+  b->n_queries = n;
+}
+
+static uint64_t bytes_used(fx *f) {
+  Rakv__StatsReply *s = stats(f);
+  uint64_t b = s->bytes_used;
+  rakv__stats_reply__free_unpacked(s, NULL);
+  return b;
+}
+
+/* Attends q head `head` in `mode` with top_k k; returns the reply (caller frees). */
+static Rakv__AttendReply *attend_one(fx *f, uint32_t head, const float *q, Rakv__AttendMode mode,
+                                     uint32_t k) {
+  uint32_t h = head;
+  Rakv__AttendRequest a;
+  attend_init(&a, f->id, &h, 1, (float *)q);
+  a.mode = mode;
+  a.top_k = k;
+  a.return_ids = 1;
+  ra_error_clear(&f->err);
+  if (call(f, kvs_service_attend, &a.base) != RA_OK) fail_msg("attend: %s", f->err.msg);
+  return rakv__attend_reply__unpack(NULL, f->reply.len, f->reply.data);
+}
+
+static void test_build_index_validation(void **state) {
+  fx *f = *state;
+  static float keys[200 * DIM], q[4 * DIM];
+  fill_rows(keys, 200 * DIM, 1);
+  fill_rows(q, 4 * DIM, 2);
+  put_rows(f, 0, 200, keys);
+  Rakv__BuildIndexRequest b;
+  Rakv__IndexParams p;
+  uint8_t other[16] = {9};
+  build_init(&b, &p, other, 0, RAKV__ATTEND_MODE__MODE_IVF);
+  assert_int_equal(call(f, kvs_service_build_index, &b.base), RA_ENOTFOUND);
+  expect_msg(f, "no session");
+  build_init(&b, &p, f->id, 0, RAKV__ATTEND_MODE__MODE_IVF);
+  b.layer = 7;
+  assert_int_equal(call(f, kvs_service_build_index, &b.base), RA_EINVAL);
+  expect_msg(f, "layer 7 out of range [0, 2)");
+  build_init(&b, &p, f->id, 9, RAKV__ATTEND_MODE__MODE_IVF);
+  assert_int_equal(call(f, kvs_service_build_index, &b.base), RA_EINVAL);
+  expect_msg(f, "q head 9 out of range [0, 4)");
+  build_init(&b, &p, f->id, 2, RAKV__ATTEND_MODE__MODE_IVF);
+  assert_int_equal(call(f, kvs_service_build_index, &b.base), RA_EINVAL);
+  expect_msg(f, "q head 2 (kv head 1) of layer 1 is not stored here");
+  build_init(&b, &p, f->id, 0, RAKV__ATTEND_MODE__MODE_FLAT);
+  assert_int_equal(call(f, kvs_service_build_index, &b.base), RA_EINVAL);
+  expect_msg(f, "index kind flat");
+  build_init(&b, &p, f->id, 0, (Rakv__AttendMode)9);
+  assert_int_equal(call(f, kvs_service_build_index, &b.base), RA_EINVAL);
+  expect_msg(f, "index kind 9 is not ivf (2), kgraph (3) or roar (4)");
+  build_init(&b, &p, f->id, 0, RAKV__ATTEND_MODE__MODE_FULL);
+  assert_int_equal(call(f, kvs_service_build_index, &b.base), RA_EINVAL);
+  expect_msg(f, "no index kind");
+  build_init(&b, &p, f->id, 0, RAKV__ATTEND_MODE__MODE_KGRAPH);
+  p.degree = 5000;
+  assert_int_equal(call(f, kvs_service_build_index, &b.base), RA_EINVAL);
+  expect_msg(f, "index degree 5000 out of range [2, 1024]");
+  build_init(&b, &p, f->id, 0, RAKV__ATTEND_MODE__MODE_ROAR);
+  p.query_sample = NAN;
+  assert_int_equal(call(f, kvs_service_build_index, &b.base), RA_EINVAL);
+  expect_msg(f, "query_sample nan not in (0, 1]");
+  build_init(&b, &p, f->id, 0, RAKV__ATTEND_MODE__MODE_ROAR);
+  assert_int_equal(call(f, kvs_service_build_index, &b.base), RA_EINVAL);
+  expect_msg(f, "a roar index needs the q head's prefill queries");
+  set_queries(&b, q, 2);
+  b.queries.len -= 4;
+  assert_int_equal(call(f, kvs_service_build_index, &b.base), RA_EINVAL);
+  expect_msg(f, "queries are 124 bytes, want 128 (2 queries x head_dim 16 x 4)");
+  uint64_t knn[6] = {0, 1, 2, 3, 4};
+  build_init(&b, &p, f->id, 0, RAKV__ATTEND_MODE__MODE_ROAR);
+  b.n_queries = 2;
+  b.knn_ids = knn;
+  b.n_knn_ids = 5;
+  assert_int_equal(call(f, kvs_service_build_index, &b.base), RA_EINVAL);
+  expect_msg(f, "knn_ids has 5 ids, not a multiple of n_queries 2");
+  b.n_knn_ids = 2;
+  assert_int_equal(call(f, kvs_service_build_index, &b.base), RA_EINVAL);
+  expect_msg(f, "knn lists of 1 ids: a roar index needs at least 2");
+  /* Positions the shard does not hold are dropped: nothing is left to build from. */
+  uint64_t far[6] = {500, 501, 502, 7, 900, 901};
+  b.knn_ids = far;
+  b.n_knn_ids = 6;
+  assert_int_equal(call(f, kvs_service_build_index, &b.base), RA_EINVAL);
+  expect_msg(f, "roar: no query has 2 knn ids among the 200 tokens of shard 0-open of layer 1 "
+                "kv head 0 (ids outside a shard are dropped)");
+  /* OpenSession checks the session's defaults the same way. */
+  Rakv__Geometry g = RAKV__GEOMETRY__INIT;
+  g.n_layers = 1;
+  g.n_q_heads = 2;
+  g.n_kv_heads = 1;
+  g.head_dim = DIM;
+  Rakv__Shard sh = RAKV__SHARD__INIT, *shp = &sh;
+  Rakv__OpenSessionRequest o = RAKV__OPEN_SESSION_REQUEST__INIT;
+  Rakv__IndexParams ip = RAKV__INDEX_PARAMS__INIT;
+  ip.kind = RAKV__ATTEND_MODE__MODE_ROAR;
+  ip.knn_nq = 1;
+  o.geometry = &g;
+  o.n_shards = 1;
+  o.shards = &shp;
+  o.index = &ip;
+  assert_int_equal(call(f, kvs_service_open_session, &o.base), RA_EINVAL);
+  expect_msg(f, "index knn_nq 1 out of range [2, 65536]");
+  ip.knn_nq = 0;
+  ip.n_lists = 1u << 20;
+  assert_int_equal(call(f, kvs_service_open_session, &o.base), RA_EINVAL);
+  expect_msg(f, "index n_lists 1048576 out of range");
+  /* None of it touched the session. */
+  Rakv__AttendReply *r = attend_one(f, 0, q, RAKV__ATTEND_MODE__MODE_FLAT, 5);
+  assert_int_equal(r->heads[0]->n_keys, 200);
+  rakv__attend_reply__free_unpacked(r, NULL);
+  Rakv__StatsReply *s = stats(f);
+  assert_int_equal(s->sessions, 1);
+  rakv__stats_reply__free_unpacked(s, NULL);
+}
+
+/* 1 MiB budget: 5000 tokens fit, a graph over them does not; nothing is left charged or
+ * installed, and the session goes on. */
+static void test_build_index_over_budget(void **state) {
+  fx *f = *state;
+  static float keys[5000 * DIM];
+  fill_rows(keys, 5000 * DIM, 3);
+  put_rows(f, 0, 5000, keys);
+  uint64_t before = bytes_used(f);
+  Rakv__BuildIndexRequest b;
+  Rakv__IndexParams p;
+  build_init(&b, &p, f->id, 1, RAKV__ATTEND_MODE__MODE_KGRAPH);
+  assert_int_equal(call(f, kvs_service_build_index, &b.base), RA_ENOMEM);
+  expect_msg(f, "building the kgraph index of layer 1 q head 1: memory budget exceeded");
+  assert_int_equal(bytes_used(f), before);
+  uint32_t head = 1;
+  Rakv__AttendRequest a;
+  attend_init(&a, f->id, &head, 1, keys);
+  a.mode = RAKV__ATTEND_MODE__MODE_KGRAPH;
+  a.top_k = 4;
+  assert_int_equal(call(f, kvs_service_attend, &a.base), RA_ESTATE);
+  expect_msg(f, "mode kgraph needs an index: none built for layer 1 q head 1 (shard tokens "
+                "0-open)");
+  Rakv__AttendReply *r = attend_one(f, 1, keys, RAKV__ATTEND_MODE__MODE_FLAT, 4);
+  assert_int_equal(r->heads[0]->n_keys, 5000);
+  assert_int_equal(r->heads[0]->ids[0], 0); /* row 0 against itself */
+  rakv__attend_reply__free_unpacked(r, NULL);
+}
+
+/* A token appended after the build is found at once: its key is the query, scaled up. Memory:
+ * the build is charged, a rebuild replaces (same bytes), close gives everything back. */
+static void test_index_insert_rebuild_close(void **state) {
+  fx *f = *state;
+  enum { N = 800, NQ = 64 };
+  static float keys[N * DIM], q[NQ * DIM];
+  fill_rows(keys, N * DIM, 4);
+  fill_rows(q, NQ * DIM, 5);
+  put_rows(f, 0, N, keys);
+  uint64_t kv_bytes = bytes_used(f);
+  Rakv__BuildIndexRequest b;
+  Rakv__IndexParams p;
+  build_init(&b, &p, f->id, 1, RAKV__ATTEND_MODE__MODE_ROAR);
+  set_queries(&b, q, NQ);
+  assert_int_equal(call(f, kvs_service_build_index, &b.base), RA_OK);
+  Rakv__BuildIndexReply *br = rakv__build_index_reply__unpack(NULL, f->reply.len, f->reply.data);
+  assert_int_equal(br->n_keys, N);
+  uint64_t ix_bytes = br->index_bytes;
+  assert_true(ix_bytes > N * 4);
+  rakv__build_index_reply__free_unpacked(br, NULL);
+  uint64_t built = bytes_used(f);
+  assert_true(built >= kv_bytes + ix_bytes);
+  assert_int_equal(call(f, kvs_service_build_index, &b.base), RA_OK);
+  assert_int_equal(bytes_used(f), built);
+
+  /* The index is q head 1's own: q head 0 of the same kv head has none. */
+  uint32_t head = 0;
+  Rakv__AttendRequest a;
+  attend_init(&a, f->id, &head, 1, q);
+  a.mode = RAKV__ATTEND_MODE__MODE_ROAR;
+  a.top_k = 8;
+  assert_int_equal(call(f, kvs_service_attend, &a.base), RA_ESTATE);
+
+  /* Token N: key and value 8 q, far above every other key's score for q. */
+  float planted[DIM];
+  Rakv__AppendRequest ar = RAKV__APPEND_REQUEST__INIT;
+  Rakv__KvChunk c;
+  chunk_init(&c, f->id, 1, 0, N, 1, planted, 0.0f);
+  for (int d = 0; d < DIM; d++) planted[d] = 8.0f * q[d];
+  Rakv__KvChunk *cp = &c;
+  ar.session_id.data = f->id;
+  ar.session_id.len = 16;
+  ar.n_chunks = 1;
+  ar.chunks = &cp;
+  assert_int_equal(call(f, kvs_service_append, &ar.base), RA_OK);
+  Rakv__AttendReply *r = attend_one(f, 1, q, RAKV__ATTEND_MODE__MODE_ROAR, 8);
+  assert_int_equal(r->heads[0]->n_keys, N + 1);
+  assert_int_equal(r->heads[0]->ids[0], N);
+  assert_true(r->heads[0]->n_scanned < N + 1);
+  rakv__attend_reply__free_unpacked(r, NULL);
+
+  /* per_kv_head: one shared ivf, named by q head 0, serves both q heads of the group. */
+  build_init(&b, &p, f->id, 0, RAKV__ATTEND_MODE__MODE_IVF);
+  p.per_kv_head = 1;
+  assert_int_equal(call(f, kvs_service_build_index, &b.base), RA_OK);
+  for (uint32_t h = 0; h < 2; h++) {
+    r = attend_one(f, h, q, RAKV__ATTEND_MODE__MODE_IVF, 8);
+    assert_int_equal(r->heads[0]->ids[0], N);
+    rakv__attend_reply__free_unpacked(r, NULL);
+  }
+
+  Rakv__CloseSessionRequest cr = RAKV__CLOSE_SESSION_REQUEST__INIT;
+  cr.session_id.data = f->id;
+  cr.session_id.len = 16;
+  assert_int_equal(call(f, kvs_service_close_session, &cr.base), RA_OK);
+  assert_int_equal(bytes_used(f), 0);
+}
+
 static void test_health(void **state) {
   fx *f = *state;
   Rakv__HealthRequest req = RAKV__HEALTH_REQUEST__INIT;
@@ -413,6 +674,9 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_bad_attends, fx_setup, fx_teardown),
       cmocka_unit_test_setup_teardown(test_bad_open, fx_setup, fx_teardown),
       cmocka_unit_test_setup_teardown(test_budget_exhausted, fx_setup, fx_teardown),
+      cmocka_unit_test_setup_teardown(test_build_index_validation, fx_setup, fx_teardown),
+      cmocka_unit_test_setup_teardown(test_build_index_over_budget, fx_setup, fx_teardown),
+      cmocka_unit_test_setup_teardown(test_index_insert_rebuild_close, fx_setup_big, fx_teardown),
       cmocka_unit_test_setup_teardown(test_health, fx_setup, fx_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

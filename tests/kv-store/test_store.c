@@ -41,8 +41,8 @@ static void test_open_get_close(void **state) {
   assert_int_equal(kvs_store_create(1 << 20, &st, &err), RA_OK);
   kvs_shard_spec sh = {.layer = 1, .kv_head = 0, .token_begin = 0, .token_end = RA_TOKEN_END_OPEN};
   kvs_session *a, *b, *got;
-  assert_int_equal(kvs_store_open(st, &geo, &sh, 1, "t", &a, &err), RA_OK);
-  assert_int_equal(kvs_store_open(st, &geo, &sh, 1, "t", &b, &err), RA_OK);
+  assert_int_equal(kvs_store_open(st, &geo, &sh, 1, NULL, "t", &a, &err), RA_OK);
+  assert_int_equal(kvs_store_open(st, &geo, &sh, 1, NULL, "t", &b, &err), RA_OK);
   assert_memory_not_equal(a->id, b->id, KVS_SESSION_ID_BYTES);
   assert_int_equal(kvs_store_sessions(st), 2);
   assert_true(kvs_store_bytes_used(st) > 0);
@@ -111,7 +111,7 @@ static void test_fill_in_order(void **state) {
       {.layer = 0, .kv_head = 1, .token_begin = 0, .token_end = 100},
       {.layer = 0, .kv_head = 1, .token_begin = 500, .token_end = RA_TOKEN_END_OPEN}};
   kvs_session *s;
-  assert_int_equal(kvs_store_open(st, &geo, sh, 2, "t", &s, &err), RA_OK);
+  assert_int_equal(kvs_store_open(st, &geo, sh, 2, NULL, "t", &s, &err), RA_OK);
 
   assert_int_equal(write_range(s, 0, 1, 0, 60, &err), RA_OK);
   assert_int_equal(write_range(s, 0, 1, 50, 20, &err), RA_EINVAL);
@@ -153,7 +153,7 @@ static void test_multi_block_write_is_atomic(void **state) {
       {.layer = 0, .kv_head = 0, .token_begin = 0, .token_end = RA_TOKEN_END_OPEN},
       {.layer = 1, .kv_head = 0, .token_begin = 0, .token_end = RA_TOKEN_END_OPEN}};
   kvs_session *s;
-  assert_int_equal(kvs_store_open(st, &geo, sh, 2, "t", &s, &err), RA_OK);
+  assert_int_equal(kvs_store_open(st, &geo, sh, 2, NULL, "t", &s, &err), RA_OK);
   float *x = rows_for(0, 10);
   kvs_rows rows[3] = {
       {.layer = 0, .kv_head = 0, .token_begin = 0, .n = 5, .keys = x, .values = x},
@@ -184,7 +184,7 @@ static void test_budget_refusal_leaves_session_usable(void **state) {
   assert_int_equal(kvs_store_create(budget, &st, &err), RA_OK);
   kvs_shard_spec sh = {.layer = 0, .kv_head = 0, .token_begin = 0, .token_end = RA_TOKEN_END_OPEN};
   kvs_session *s;
-  assert_int_equal(kvs_store_open(st, &geo, &sh, 1, "t", &s, &err), RA_OK);
+  assert_int_equal(kvs_store_open(st, &geo, &sh, 1, NULL, "t", &s, &err), RA_OK);
   uint64_t meta = kvs_store_bytes_used(st);
   /* 2000 rows x 32 bytes x (keys + values) = 128000 bytes > 64 KiB. */
   assert_int_equal(write_range(s, 0, 0, 0, 2000, &err), RA_ENOMEM);
@@ -202,7 +202,7 @@ static void test_budget_refusal_leaves_session_usable(void **state) {
   big.n_kv_heads = 64;
   big.n_q_heads = 64;
   kvs_session *t;
-  assert_int_equal(kvs_store_open(st, &big, &sh, 1, "t", &t, &err), RA_ENOMEM);
+  assert_int_equal(kvs_store_open(st, &big, &sh, 1, NULL, "t", &t, &err), RA_ENOMEM);
   assert_non_null(strstr(err.msg, "opening a session"));
 
   uint8_t id[KVS_SESSION_ID_BYTES];
@@ -221,7 +221,7 @@ static void test_close_while_in_use(void **state) {
   assert_int_equal(kvs_store_create(1 << 20, &st, &err), RA_OK);
   kvs_shard_spec sh = {.layer = 0, .kv_head = 0, .token_begin = 0, .token_end = RA_TOKEN_END_OPEN};
   kvs_session *s, *held;
-  assert_int_equal(kvs_store_open(st, &geo, &sh, 1, "t", &s, &err), RA_OK);
+  assert_int_equal(kvs_store_open(st, &geo, &sh, 1, NULL, "t", &s, &err), RA_OK);
   assert_int_equal(kvs_store_get(st, s->id, KVS_SESSION_ID_BYTES, &held, &err), RA_OK);
   kvs_session_release(s);
   assert_int_equal(write_range(held, 0, 0, 0, 10, &err), RA_OK);

@@ -1,0 +1,370 @@
+/* The session's indexes: parameter checks, BuildIndex (snapshot, build outside the lock,
+ * install), insertion of written rows, lookup and teardown. See store.h for the model. */
+#include "store.h"
+
+#include "log.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint32_t group_size(const kvs_session *s) { return s->geo.n_q_heads / s->geo.n_kv_heads; }
+
+static size_t table_len(const kvs_session *s) {
+  return (size_t)KVS_INDEX_KINDS * (group_size(s) + 1);
+}
+
+/* The slot of (kind, q head) in a shard's table; shared: the kv head's slot of that kind. */
+static size_t slot_of(const kvs_session *s, ra_index_kind kind, uint32_t q_head, int shared) {
+  uint32_t g = group_size(s);
+  return (size_t)(kind - RA_INDEX_IVF) * (g + 1) + (shared ? g : q_head % g);
+}
+
+static void shard_range(const kvs_shard *sh, char *buf, size_t len) {
+  if (sh->spec.token_end == RA_TOKEN_END_OPEN)
+    snprintf(buf, len, "%llu-open", (unsigned long long)sh->spec.token_begin);
+  else
+    snprintf(buf, len, "%llu-%llu", (unsigned long long)sh->spec.token_begin,
+             (unsigned long long)sh->spec.token_end);
+}
+
+int kvs_index_spec_check(const kvs_index_spec *p, ra_error *err) {
+  if (p->kind == RA_INDEX_FLAT)
+    return ra_errorf(err, RA_EINVAL, "index kind flat: mode flat scans every key, it has no index");
+  if (p->kind != 0 && (p->kind < RA_INDEX_IVF || p->kind > RA_INDEX_ROAR))
+    return ra_errorf(err, RA_EINVAL, "index kind %u is not ivf (2), kgraph (3) or roar (4)",
+                     p->kind);
+  if (p->degree == 1 || p->degree > KVS_INDEX_MAX_DEGREE)
+    return ra_errorf(err, RA_EINVAL, "index degree %u out of range [2, %u]", p->degree,
+                     KVS_INDEX_MAX_DEGREE);
+  if (p->build_ef > KVS_INDEX_MAX_EF)
+    return ra_errorf(err, RA_EINVAL, "index build_ef %u out of range [1, %u]", p->build_ef,
+                     KVS_INDEX_MAX_EF);
+  if (p->knn_nq == 1 || p->knn_nq > KVS_INDEX_MAX_EF)
+    return ra_errorf(err, RA_EINVAL, "index knn_nq %u out of range [2, %u]", p->knn_nq,
+                     KVS_INDEX_MAX_EF);
+  if (!(p->query_sample >= 0.0f && p->query_sample <= 1.0f))
+    return ra_errorf(err, RA_EINVAL, "index query_sample %g not in (0, 1]",
+                     (double)p->query_sample);
+  if (p->n_lists > KVS_INDEX_MAX_LISTS)
+    return ra_errorf(err, RA_EINVAL, "index n_lists %u out of range [1, %u]", p->n_lists,
+                     KVS_INDEX_MAX_LISTS);
+  return RA_OK;
+}
+
+int kvs_index_spec_resolve(const kvs_index_spec *req, const kvs_index_spec *session,
+                           ra_index_params *out, int *per_kv_head, ra_error *err) {
+  int rc = kvs_index_spec_check(req, err);
+  if (rc) return rc;
+  uint32_t kind = req->kind ? req->kind : session->kind;
+  if (kind == 0)
+    return ra_errorf(err, RA_EINVAL,
+                     "no index kind: neither the request's nor the session's IndexParams names one");
+  ra_index_params_default((ra_index_kind)kind, out);
+#define KVS_PICK(f)           \
+  if (req->f)                 \
+    out->f = req->f;          \
+  else if (session->f)        \
+    out->f = session->f
+  KVS_PICK(degree);
+  KVS_PICK(build_ef);
+  KVS_PICK(knn_nq);
+  KVS_PICK(n_lists);
+  KVS_PICK(seed);
+  KVS_PICK(query_sample);
+#undef KVS_PICK
+  *per_kv_head = req->per_kv_head || session->per_kv_head;
+  return RA_OK;
+}
+
+const ra_index *kvs_shard_index(const kvs_session *s, const kvs_shard *sh, ra_index_kind kind,
+                                uint32_t q_head) {
+  if (!sh->ix || kind < RA_INDEX_IVF || kind > RA_INDEX_ROAR) return NULL;
+  const ra_index *own = sh->ix[slot_of(s, kind, q_head, 0)].ix;
+  return own ? own : sh->ix[slot_of(s, kind, q_head, 1)].ix;
+}
+
+/* Makes x's charge `actual` bytes, on the store and in the session's count. */
+static void index_settle(kvs_session *s, kvs_index *x, uint64_t actual) {
+  kvs_store_settle(s->store, x->bytes, actual);
+  if (actual < x->bytes)
+    atomic_fetch_sub(&s->bytes, x->bytes - actual);
+  else
+    atomic_fetch_add(&s->bytes, actual - x->bytes);
+  x->bytes = actual;
+}
+
+/* A bound of what one insertion can add to an index of `bytes` bytes and n keys: a graph's
+ * capacity step (half its nodes, plus 64 nodes of the largest degree, 4 KiB each), an ivf list
+ * doubling (at most 8 bytes per key), the insertion work's marks; plus slack. */
+static uint64_t insert_margin(uint64_t bytes, uint64_t n) {
+  return bytes / 2 + 8 * n + 64 * ((uint64_t)KVS_INDEX_MAX_DEGREE * 4 + 64) + (64u << 10);
+}
+
+/* Inserts the rows [ra_index_count, sh->n) into x, charging ahead of each insertion so that the
+ * index never holds more than is charged. On failure x keeps the rows it took. */
+static int index_catch_up(kvs_session *s, const kvs_shard *sh, kvs_index *x, ra_error *err) {
+  ra_keys keys = {.rows = sh->keys, .dtype = s->geo.dtype, .dim = (int)s->geo.head_dim,
+                  .n = (uint32_t)sh->n};
+  int rc = RA_OK;
+  for (uint32_t id = ra_index_count(x->ix); id < keys.n; id++) {
+    uint64_t have = ra_index_bytes(x->ix), need = have + insert_margin(have, id);
+    if (x->bytes < need) {
+      rc = kvs_store_charge(s->store, need - x->bytes, err);
+      if (rc) break;
+      atomic_fetch_add(&s->bytes, need - x->bytes);
+      x->bytes = need;
+    }
+    rc = ra_index_insert(x->ix, &keys, id, err);
+    if (rc) break;
+  }
+  index_settle(s, x, ra_index_bytes(x->ix));
+  return rc;
+}
+
+void kvs_shard_index_catch_up(kvs_session *s, kvs_shard *sh) {
+  if (!sh->ix) return;
+  for (size_t i = 0; i < table_len(s); i++) {
+    kvs_index *x = &sh->ix[i];
+    if (!x->ix || ra_index_count(x->ix) >= sh->n) continue;
+    ra_error err;
+    if (index_catch_up(s, sh, x, &err) != RA_OK) {
+      char range[64];
+      shard_range(sh, range, sizeof range);
+      ra_log_warn("layer %u kv head %u shard %s: %s index lags by %llu rows (scanned exactly "
+                  "until a later write inserts them): %s",
+                  sh->spec.layer, sh->spec.kv_head, range,
+                  ra_index_kind_name(ra_index_get_kind(x->ix)),
+                  (unsigned long long)(sh->n - ra_index_count(x->ix)), err.msg);
+    }
+  }
+}
+
+static void index_drop(kvs_session *s, kvs_index *x) {
+  if (!x->ix) return;
+  ra_index_free(x->ix);
+  kvs_store_uncharge(s->store, x->bytes);
+  atomic_fetch_sub(&s->bytes, x->bytes);
+  x->ix = NULL;
+  x->bytes = 0;
+}
+
+void kvs_shard_index_free(kvs_session *s, kvs_shard *sh) {
+  if (!sh->ix) return;
+  for (size_t i = 0; i < table_len(s); i++) index_drop(s, &sh->ix[i]);
+  free(sh->ix);
+  sh->ix = NULL;
+  uint64_t table = table_len(s) * sizeof(kvs_index);
+  kvs_store_uncharge(s->store, table);
+  atomic_fetch_sub(&s->bytes, table);
+}
+
+/* ---- BuildIndex ---- */
+
+/* One shard's build: what was snapshot and the index built from it. */
+typedef struct shard_build {
+  kvs_shard *sh;
+  uint64_t n_snap;  /* rows the index was built over */
+  void *copy;       /* [n_snap, head_dim] the keys at the snapshot */
+  float *q;         /* [nq, head_dim] queries kept for this shard, or NULL */
+  uint32_t *knn;    /* [nq, knn_k] their lists as rows of this shard, or NULL */
+  uint32_t nq;
+  uint64_t charged; /* bytes charged to the store for this build */
+  ra_index *ix;
+} shard_build;
+
+static void build_release(kvs_session *s, shard_build *b) {
+  free(b->copy);
+  free(b->q);
+  free(b->knn);
+  b->copy = NULL;
+  b->q = NULL;
+  b->knn = NULL;
+  ra_index_free(b->ix);
+  b->ix = NULL;
+  kvs_store_uncharge(s->store, b->charged);
+  b->charged = 0;
+}
+
+/* Copies the shard's filled keys under the read lock, charging the copy first. */
+static int build_snapshot(kvs_session *s, shard_build *b, ra_error *err) {
+  size_t rb = kvs_row_bytes(&s->geo);
+  pthread_rwlock_rdlock(&s->lock);
+  b->n_snap = b->sh->n;
+  uint64_t bytes = b->n_snap * rb;
+  int rc = kvs_store_charge(s->store, bytes, err);
+  if (rc == RA_OK) {
+    b->charged += bytes;
+    b->copy = malloc(bytes ? bytes : 1);
+    if (b->copy)
+      memcpy(b->copy, b->sh->keys, bytes);
+    else
+      rc = ra_errorf(err, RA_ENOMEM, "out of memory copying %llu keys",
+                     (unsigned long long)b->n_snap);
+  }
+  pthread_rwlock_unlock(&s->lock);
+  return rc;
+}
+
+/* The roar queries of one shard: knn token positions become rows of the snapshot (positions
+ * outside it dropped); a query left with fewer than 2 is skipped; a shorter list is padded with
+ * its last row (projection ignores repeats) since the index takes rectangular lists. The first
+ * ids of a list inside the shard are the shard's exact top ids, so nothing else changes. With
+ * no knn lists, or none reaching the shard, the vectors alone are used (the index computes the
+ * lists). */
+static int build_queries(kvs_session *s, const kvs_build_args *a, shard_build *b,
+                         ra_queries *out, ra_error *err) {
+  const size_t dim = s->geo.head_dim;
+  memset(out, 0, sizeof *out);
+  if (b->n_snap <= 1) return RA_OK; /* a graph of 0 or 1 keys learns nothing from queries */
+  if (a->knn) {
+    uint64_t bytes = (uint64_t)a->n_queries * ((uint64_t)a->knn_k * 4 + (a->queries ? dim * 4 : 0));
+    int rc = kvs_store_charge(s->store, bytes, err);
+    if (rc) return rc;
+    b->charged += bytes;
+    b->knn = malloc(((size_t)a->n_queries * a->knn_k + 1) * sizeof *b->knn);
+    if (a->queries) b->q = malloc(((size_t)a->n_queries * dim + 1) * sizeof *b->q);
+    if (!b->knn || (a->queries && !b->q))
+      return ra_errorf(err, RA_ENOMEM, "out of memory mapping %u knn lists", a->n_queries);
+    uint64_t lo = b->sh->spec.token_begin, hi = lo + b->n_snap;
+    for (uint32_t i = 0; i < a->n_queries; i++) {
+      uint32_t *row = b->knn + (size_t)b->nq * a->knn_k, c = 0;
+      for (uint32_t j = 0; j < a->knn_k; j++) {
+        uint64_t t = a->knn[(size_t)i * a->knn_k + j];
+        if (t >= lo && t < hi) row[c++] = (uint32_t)(t - lo);
+      }
+      if (c < 2) continue;
+      for (uint32_t j = c; j < a->knn_k; j++) row[j] = row[c - 1];
+      if (b->q) memcpy(b->q + (size_t)b->nq * dim, a->queries + (size_t)i * dim, dim * 4);
+      b->nq++;
+    }
+    if (b->nq > 0) {
+      *out = (ra_queries){.q = b->q, .n = b->nq, .knn = b->knn, .knn_k = a->knn_k};
+      return RA_OK;
+    }
+    if (!a->queries) {
+      char range[64];
+      shard_range(b->sh, range, sizeof range);
+      return ra_errorf(err, RA_EINVAL,
+                       "roar: no query has 2 knn ids among the %llu tokens of shard %s of layer "
+                       "%u kv head %u (ids outside a shard are dropped)",
+                       (unsigned long long)b->n_snap, range, b->sh->spec.layer,
+                       b->sh->spec.kv_head);
+    }
+  }
+  *out = (ra_queries){.q = a->queries, .n = a->n_queries};
+  return RA_OK;
+}
+
+static int build_one(kvs_session *s, const kvs_build_args *a, shard_build *b, ra_error *err) {
+  int rc = build_snapshot(s, b, err);
+  if (rc) return rc;
+  ra_queries qs, *qp = NULL;
+  if (a->params.kind == RA_INDEX_ROAR) {
+    if ((rc = build_queries(s, a, b, &qs, err))) return rc;
+    if (qs.n > 0) qp = &qs;
+  }
+  const int dim = (int)s->geo.head_dim;
+  uint64_t est = ra_index_estimate_bytes(&a->params, (uint32_t)b->n_snap, dim, qp ? qp->n : 0);
+  if ((rc = kvs_store_charge(s->store, est, err))) return rc;
+  b->charged += est;
+  ra_keys keys = {.rows = b->copy, .dtype = s->geo.dtype, .dim = dim, .n = (uint32_t)b->n_snap};
+  rc = ra_index_build(&a->params, &keys, qp, &b->ix, err);
+  free(b->copy);
+  free(b->q);
+  free(b->knn);
+  b->copy = NULL;
+  b->q = NULL;
+  b->knn = NULL;
+  if (rc) return rc;
+  /* The temporaries are gone: keep only the index's own bytes charged. */
+  uint64_t bytes = ra_index_bytes(b->ix);
+  kvs_store_settle(s->store, b->charged, bytes);
+  b->charged = bytes;
+  return RA_OK;
+}
+
+int kvs_session_build_index(kvs_session *s, const kvs_build_args *a, kvs_build_result *out,
+                            ra_error *err) {
+  const kvs_geometry *g = &s->geo;
+  memset(out, 0, sizeof *out);
+  if (a->layer >= g->n_layers)
+    return ra_errorf(err, RA_EINVAL, "layer %u out of range [0, %u)", a->layer, g->n_layers);
+  if (a->q_head >= g->n_q_heads)
+    return ra_errorf(err, RA_EINVAL, "q head %u out of range [0, %u)", a->q_head, g->n_q_heads);
+  if (a->params.kind < RA_INDEX_IVF || a->params.kind > RA_INDEX_ROAR)
+    return ra_errorf(err, RA_EINVAL, "index kind %d is not ivf, kgraph or roar",
+                     (int)a->params.kind);
+  if (a->params.kind == RA_INDEX_ROAR && !a->queries && !a->knn)
+    return ra_errorf(err, RA_EINVAL,
+                     "a roar index needs the q head's prefill queries: send queries and/or "
+                     "knn_ids");
+  if (a->knn && a->knn_k < 2)
+    return ra_errorf(err, RA_EINVAL, "knn lists of %u ids: a roar index needs at least 2",
+                     a->knn_k);
+  const uint32_t kv = a->q_head / group_size(s);
+  /* The shard layout never changes after open, so it can be read without the lock. */
+  size_t count;
+  kvs_shard *sh = (kvs_shard *)kvs_session_head(s, a->layer, kv, &count);
+  if (count == 0)
+    return ra_errorf(err, RA_EINVAL, "q head %u (kv head %u) of layer %u is not stored here",
+                     a->q_head, kv, a->layer);
+  shard_build *b = calloc(count, sizeof *b);
+  if (!b) return ra_errorf(err, RA_ENOMEM, "out of memory planning %zu shard builds", count);
+  int rc = RA_OK;
+  for (size_t i = 0; i < count && rc == RA_OK; i++) {
+    b[i].sh = &sh[i];
+    rc = build_one(s, a, &b[i], err);
+  }
+  if (rc) {
+    ra_error_wrap(err, "building the %s index of layer %u q head %u",
+                  ra_index_kind_name(a->params.kind), a->layer, a->q_head);
+    goto fail;
+  }
+
+  /* Install: every missing table first (all shards or none), then swap each index in. */
+  const uint64_t table = table_len(s) * sizeof(kvs_index);
+  pthread_rwlock_wrlock(&s->lock);
+  for (size_t i = 0; i < count && rc == RA_OK; i++) {
+    if (sh[i].ix) continue;
+    rc = kvs_store_charge(s->store, table, err);
+    if (rc == RA_OK) {
+      sh[i].ix = calloc(table_len(s), sizeof(kvs_index));
+      if (sh[i].ix) {
+        atomic_fetch_add(&s->bytes, table);
+      } else {
+        kvs_store_uncharge(s->store, table);
+        rc = ra_errorf(err, RA_ENOMEM, "out of memory for an index table");
+      }
+    }
+  }
+  if (rc) {
+    pthread_rwlock_unlock(&s->lock);
+    ra_error_wrap(err, "installing the %s index of layer %u q head %u",
+                  ra_index_kind_name(a->params.kind), a->layer, a->q_head);
+    goto fail;
+  }
+  for (size_t i = 0; i < count; i++) {
+    kvs_index *x = &sh[i].ix[slot_of(s, a->params.kind, a->q_head, a->per_kv_head)];
+    index_drop(s, x);
+    x->ix = b[i].ix;
+    x->bytes = b[i].charged;
+    atomic_fetch_add(&s->bytes, x->bytes);
+    b[i].ix = NULL;
+    b[i].charged = 0;
+    ra_error ignored;
+    /* Rows written during the build; any it cannot take are scanned exactly (store.h). */
+    index_catch_up(s, &sh[i], x, &ignored);
+    out->n_keys += ra_index_count(x->ix);
+    out->index_bytes += ra_index_bytes(x->ix);
+  }
+  pthread_rwlock_unlock(&s->lock);
+  out->n_shards = (uint32_t)count;
+  free(b);
+  return RA_OK;
+fail:
+  for (size_t i = 0; i < count; i++) build_release(s, &b[i]);
+  free(b);
+  return rc;
+}
