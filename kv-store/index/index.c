@@ -82,7 +82,8 @@ static int check_params(const ra_index_params *p, ra_error *err) {
   if (p->kind == RA_INDEX_ROAR) {
     if (p->knn_nq < 2 || p->knn_nq > 65536)
       return ra_errorf(err, RA_EINVAL, "index: knn_nq %u out of range [2, 65536]", p->knn_nq);
-    if (p->pivots < 1) return ra_errorf(err, RA_EINVAL, "index: pivots must be >= 1");
+    if (p->pivots < 1 || p->pivots > 64)
+      return ra_errorf(err, RA_EINVAL, "index: pivots %u out of range [1, 64]", p->pivots);
     if (!(p->query_sample > 0.0f && p->query_sample <= 1.0f))
       return ra_errorf(err, RA_EINVAL, "index: query_sample %g not in (0, 1]",
                        (double)p->query_sample);
@@ -117,8 +118,9 @@ size_t ra_index_estimate_bytes(const ra_index_params *p, uint32_t n_keys, int di
       peak = n * d * 4 + n * lc * 8 + blocks + (size_t)512 * lc * 8;
     } else {
       size_t m = n_queries, nq = p->knn_nq < n ? p->knn_nq : n;
-      peak = n * d * 4 + m * d * 4 + m * nq * 4 + blocks + (size_t)512 * nq * 8 + n * 4 + m * 4 +
-             m * 4;
+      /* keys fp32, sampled queries, their lists, sgemm block + heaps, pivot CSR, sample. */
+      peak = n * d * 4 + m * d * 4 + m * nq * 4 + blocks + (size_t)512 * nq * 8 + n * 4 +
+             m * 4 * (size_t)(p->pivots ? p->pivots : 1) + m * 4 + d * d * 4;
     }
     size_t reverse = (n + 1) * 8 * 2 + n * M * 4; /* CSR of in-edges */
     size_t connect = n + n * 4 + (size_t)32 * nt * L * 4;

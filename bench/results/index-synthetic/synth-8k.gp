@@ -1,5 +1,5 @@
 # index-bench plot: mean over heads of recall vs % of indexed keys scanned.
-set terminal pngcairo size 1800,560 font ',10'
+set terminal pngcairo size 1800,560 font ',10' noenhanced
 set output 'bench/results/index-synthetic/synth-8k.png'
 set multiplot layout 1,3 title 'synth-8k (mean over 9 heads)'
 set logscale x
