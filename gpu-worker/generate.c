@@ -15,6 +15,11 @@ void ra_gen_result_free(ra_gen_result *r) {
   memset(r, 0, sizeof(*r));
 }
 
+static int feed(const ra_gen_config *cfg, ra_state *st, const int32_t *tokens, int64_t n, ra_error *err) {
+  if (cfg->forward) return cfg->forward(cfg->forward_ctx, st, tokens, n, err);
+  return ra_model_forward(st, tokens, n, 0, NULL, err);
+}
+
 int ra_generate(ra_state *st, const ra_tokenizer *tok, const int32_t *prompt, size_t n_prompt, const ra_gen_config *cfg,
                 ra_gen_token_fn on_token, void *ctx, ra_gen_result *res, ra_error *err) {
   memset(res, 0, sizeof(*res));
@@ -40,7 +45,7 @@ int ra_generate(ra_state *st, const ra_tokenizer *tok, const int32_t *prompt, si
   ra_sampler_init(&smp, cfg->temperature, cfg->top_p, cfg->seed);
   ra_backend *be = st->be;
   double t0 = ra_now_s();
-  int rc = ra_model_forward(st, prompt, (int64_t)n_prompt, 0, NULL, err);
+  int rc = feed(cfg, st, prompt, (int64_t)n_prompt, err);
   if (rc == RA_OK) rc = be->ops->sync(be, err);
   res->prefill_s = ra_now_s() - t0;
   double td = ra_now_s();
@@ -55,7 +60,7 @@ int ra_generate(ra_state *st, const ra_tokenizer *tok, const int32_t *prompt, si
     res->tokens[res->n_tokens++] = next;
     if (on_token && on_token(ctx, next)) break;
     if (res->n_tokens == (size_t)cfg->max_new_tokens) break;
-    rc = ra_model_forward(st, &next, 1, 0, NULL, err);
+    rc = feed(cfg, st, &next, 1, err);
     res->n_decode_steps++;
   }
   if (rc == RA_OK) rc = be->ops->sync(be, err);

@@ -10,6 +10,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Feeds n tokens to st and leaves the last one's logits in st->logits. NULL in ra_gen_config means
+ * ra_model_forward; the distributed decode feeds through its offload runtime (offload.h). */
+typedef int (*ra_gen_forward_fn)(void *ctx, ra_state *st, const int32_t *tokens, int64_t n, ra_error *err);
+
 typedef struct ra_gen_config {
   int max_new_tokens;
   float temperature; /* <= 0: greedy */
@@ -17,6 +21,8 @@ typedef struct ra_gen_config {
   int top_k; /* candidates considered when sampling (greedy uses 1) */
   uint64_t seed;
   int stop_at_eos; /* stop on the tokenizer's stop tokens (needs a tokenizer) */
+  ra_gen_forward_fn forward; /* NULL: ra_model_forward */
+  void *forward_ctx;
 } ra_gen_config;
 
 typedef struct ra_gen_result {

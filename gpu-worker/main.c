@@ -11,6 +11,7 @@
 #include "log.h"
 #include "procenv.h"
 #include "npy.h"
+#include "offload.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -38,11 +39,18 @@ static const char *usage_text =
     "  --seed N                sampling / random-weight seed (default 1)\n"
     "generate: --max-new-tokens N (default 64) --temperature T (0 = greedy, default) --top-p P --top-k K\n"
     "          --json FILE (text, tokens and timings) --no-stop (ignore EOS)\n"
+    "          distributed attention (sink + window on the device, the rest in kv-stores):\n"
+    "          --mode full|streaming|flat|ivf|kgraph|roar (default full: everything on the device)\n"
+    "          --stores HOST:PORT,... (kv heads dealt round-robin) | --shard-map FILE\n"
+    "          --sink N (128) --window N (512) --attn-top-k K (keys per head at the stores, 100)\n"
+    "          --ef N --nprobe N (index search) --store-dtype f32|f16|bf16 (f16) --store-timeout-ms MS\n"
     "dump-qk:  --out DIR --decode-tokens N (default 0) --layers 0,2,5-7 --dtype f16|f32 (default f16)\n"
     "logits:   --out FILE.npy\n";
 
 typedef struct opts {
   const char *cmd, *model, *tokenizer, *prompt_file, *prompt, *backend, *json, *out, *layers;
+  const char *stores, *shard_map;
+  ra_offload_config off; /* mode == RA_ATTN_FULL: no offload */
   int chat, threads, max_new, decode_tokens, no_stop, top_k;
   long ctx, batch;
   float temperature, top_p;
@@ -76,6 +84,8 @@ static int parse_opts(int argc, char **argv, opts *o) {
   o->seed = 1;
   o->kv_dtype = RA_DTYPE_F32;
   o->dump_dtype = RA_DTYPE_F16;
+  ra_offload_config_default(&o->off);
+  o->off.mode = RA_ATTN_FULL;
   o->cmd = argv[1];
   for (int i = 2; i < argc; i++) {
     const char *a = argv[i];
@@ -103,10 +113,27 @@ static int parse_opts(int argc, char **argv, opts *o) {
     else if (strcmp(a, "--top-p") == 0) { NEED_VALUE(); char *e; o->top_p = strtof(v, &e); if (*e || !(o->top_p > 0) || o->top_p > 1) return usage_error("bad --top-p %s", v); }
     else if (strcmp(a, "--kv-dtype") == 0) { NEED_VALUE(); if (ra_dtype_parse(v, &o->kv_dtype)) return usage_error("bad --kv-dtype %s", v); }
     else if (strcmp(a, "--dtype") == 0) { NEED_VALUE(); if (ra_dtype_parse(v, &o->dump_dtype) || o->dump_dtype == RA_DTYPE_BF16) return usage_error("bad --dtype %s (f16 or f32)", v); }
+    else if (strcmp(a, "--stores") == 0) { NEED_VALUE(); o->stores = v; }
+    else if (strcmp(a, "--shard-map") == 0) { NEED_VALUE(); o->shard_map = v; }
+    else if (strcmp(a, "--mode") == 0) { NEED_VALUE(); if (ra_attn_mode_parse(v, &o->off.mode)) return usage_error("bad --mode %s (full, streaming, flat, ivf, kgraph, roar)", v); }
+    else if (strcmp(a, "--sink") == 0) { NEED_VALUE(); if (parse_int(v, 0, 1L << 20, &n)) return usage_error("bad --sink %s", v); o->off.n_sink = (uint32_t)n; }
+    else if (strcmp(a, "--window") == 0) { NEED_VALUE(); if (parse_int(v, 1, 1L << 20, &n)) return usage_error("bad --window %s", v); o->off.n_window = (uint32_t)n; }
+    else if (strcmp(a, "--attn-top-k") == 0) { NEED_VALUE(); if (parse_int(v, 1, 1L << 24, &n)) return usage_error("bad --attn-top-k %s", v); o->off.top_k = (uint32_t)n; }
+    else if (strcmp(a, "--ef") == 0) { NEED_VALUE(); if (parse_int(v, 1, 1L << 20, &n)) return usage_error("bad --ef %s", v); o->off.ef = (uint32_t)n; }
+    else if (strcmp(a, "--nprobe") == 0) { NEED_VALUE(); if (parse_int(v, 1, 1L << 20, &n)) return usage_error("bad --nprobe %s", v); o->off.nprobe = (uint32_t)n; }
+    else if (strcmp(a, "--store-dtype") == 0) { NEED_VALUE(); if (ra_dtype_parse(v, &o->off.store_dtype)) return usage_error("bad --store-dtype %s", v); }
+    else if (strcmp(a, "--store-timeout-ms") == 0) { NEED_VALUE(); if (parse_int(v, 1, 3600000, &n)) return usage_error("bad --store-timeout-ms %s", v); o->off.timeout_ms = (int)n; }
     else return usage_error("unknown option %s", a);
 #undef NEED_VALUE
   }
   if (!o->model) return usage_error("%s needs --model", o->cmd);
+  int distributed = o->off.mode != RA_ATTN_FULL && o->off.mode != RA_ATTN_STREAMING;
+  if (distributed && !o->stores && !o->shard_map)
+    return usage_error("--mode %s needs --stores or --shard-map", ra_attn_mode_name(o->off.mode));
+  if (!distributed && (o->stores || o->shard_map))
+    return usage_error("--stores / --shard-map need a --mode that uses them (flat, ivf, kgraph, roar), not %s",
+                       ra_attn_mode_name(o->off.mode));
+  if (o->stores && o->shard_map) return usage_error("give --stores or --shard-map, not both%s", "");
   return 0;
 }
 
@@ -170,18 +197,95 @@ static int print_token(void *vctx, int32_t id) {
   return 0;
 }
 
+/* The offload runtime behind ra_generate: prefill on the first call, one decode step per token
+ * after, each step's timings kept for the JSON report. */
+typedef struct offload_run {
+  ra_offload *o;
+  ra_offload_stats prefill;
+  ra_offload_stats *steps;
+  size_t n_steps, cap;
+} offload_run;
+
+static int offload_forward(void *ctx, ra_state *st, const int32_t *tokens, int64_t n, ra_error *err) {
+  offload_run *r = ctx;
+  if (st->pos == 0) return ra_offload_prefill(r->o, tokens, n, &r->prefill, err);
+  for (int64_t i = 0; i < n; i++) {
+    if (r->n_steps == r->cap) {
+      size_t cap = r->cap ? 2 * r->cap : 64;
+      ra_offload_stats *s = realloc(r->steps, cap * sizeof *s);
+      if (!s) return ra_errorf(err, RA_ENOMEM, "out of memory");
+      r->steps = s;
+      r->cap = cap;
+    }
+    int rc = ra_offload_decode(r->o, tokens[i], &r->steps[r->n_steps], err);
+    if (rc) return rc;
+    r->n_steps++;
+  }
+  return RA_OK;
+}
+
+/* The shard map from --shard-map or --stores, and the plan for this model. */
+static int stores_plan(const opts *o, const ra_model *m, ra_shard_map *map, ra_offload_plan *plan, ra_error *err) {
+  const ra_model_config *c = &m->cfg;
+  int rc;
+  if (o->shard_map) {
+    rc = ra_shard_map_load(o->shard_map, map, err);
+  } else {
+    char *list = strdup(o->stores);
+    const char *addrs[256];
+    size_t n = 0;
+    if (!list) return ra_errorf(err, RA_ENOMEM, "out of memory");
+    for (char *sv = NULL, *t = strtok_r(list, ",", &sv); t && n < 256; t = strtok_r(NULL, ",", &sv)) addrs[n++] = t;
+    rc = ra_shard_map_spread(addrs, n, (uint32_t)c->n_layers, (uint32_t)c->n_kv_heads, map, err);
+    free(list);
+  }
+  if (rc == RA_OK)
+    rc = ra_offload_plan_build(map, (uint32_t)c->n_layers, (uint32_t)c->n_heads, (uint32_t)c->n_kv_heads,
+                               o->off.n_sink, o->off.n_window, plan, err);
+  if (rc == RA_OK) return RA_OK;
+  ra_shard_map_free(map);
+  return rc;
+}
+
+static void json_write_stats(FILE *f, const ra_offload_stats *s) {
+  fprintf(f, "{\"total_us\": %.1f, \"wait_us\": %.1f, \"store_us\": %.1f, \"append_us\": %.1f, \"index_us\": %.1f, "
+             "\"n_scanned\": %llu, \"n_offloaded\": %llu}",
+          s->total_us, s->wait_us, s->store_us, s->append_us, s->index_us, (unsigned long long)s->n_scanned,
+          (unsigned long long)s->n_offloaded);
+}
+
 static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_error *err) {
   int32_t *ids;
   size_t n;
   int rc = prompt_tokens(o, tok, &ids, &n, err);
   if (rc) return rc;
   long ctx = o->ctx ? o->ctx : (long)n + o->max_new;
-  ra_state *st;
-  if ((rc = ra_state_new(m, ctx, o->batch < ctx ? o->batch : ctx, o->kv_dtype, &st, err))) {
+  ra_state *st = NULL;
+  ra_shard_map map = {0};
+  ra_offload_plan plan = {0};
+  offload_run run = {0};
+  if (o->off.mode == RA_ATTN_FULL) {
+    rc = ra_state_new(m, ctx, o->batch < ctx ? o->batch : ctx, o->kv_dtype, &st, err);
+  } else {
+    ra_offload_config oc = o->off;
+    oc.kv_dtype = o->kv_dtype;
+    oc.max_ctx = ctx;
+    oc.max_prompt = (int64_t)n; /* the prefill runs layer by layer over the whole prompt */
+    if (oc.mode != RA_ATTN_STREAMING) rc = stores_plan(o, m, &map, &plan, err);
+    if (rc == RA_OK) rc = ra_offload_new(m, oc.mode == RA_ATTN_STREAMING ? NULL : &plan, &oc, &run.o, err);
+    if (rc == RA_OK) st = ra_offload_state(run.o);
+  }
+  if (rc) {
+    ra_offload_plan_free(&plan);
+    ra_shard_map_free(&map);
     free(ids);
     return rc;
   }
-  ra_gen_config gc = {o->max_new, o->temperature, o->top_p, o->top_k, o->seed, !o->no_stop};
+  ra_gen_config gc = {o->max_new, o->temperature, o->top_p, o->top_k, o->seed, !o->no_stop, NULL, NULL};
+  if (run.o) {
+    gc.forward = offload_forward;
+    gc.forward_ctx = &run;
+  }
   ra_gen_result res;
   stream_ctx sc = {tok};
   rc = ra_generate(st, tok, ids, n, &gc, print_token, &sc, &res, err);
@@ -205,15 +309,32 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
         fprintf(f, ", \"prompt_tokens\": %zu, \"generated_tokens\": %zu, \"stopped\": %s, \"tokens\": [", n, res.n_tokens,
                 res.stopped ? "true" : "false");
         for (size_t i = 0; i < res.n_tokens; i++) fprintf(f, "%s%d", i ? ", " : "", res.tokens[i]);
-        fprintf(f, "], \"prefill_s\": %.6f, \"prefill_tok_s\": %.3f, \"decode_s\": %.6f, \"decode_steps\": %zu, \"decode_tok_s\": %.3f}\n",
+        fprintf(f, "], \"prefill_s\": %.6f, \"prefill_tok_s\": %.3f, \"decode_s\": %.6f, \"decode_steps\": %zu, \"decode_tok_s\": %.3f",
                 res.prefill_s, pf, res.decode_s, res.n_decode_steps, dc);
+        fprintf(f, ", \"mode\": \"%s\"", ra_attn_mode_name(o->off.mode));
+        if (run.o) {
+          fprintf(f, ", \"sink\": %u, \"window\": %u, \"attn_top_k\": %u, \"stores\": %zu, \"prefill\": ", o->off.n_sink,
+                  o->off.n_window, o->off.top_k, plan.n_stores);
+          json_write_stats(f, &run.prefill);
+          fprintf(f, ", \"steps\": [");
+          for (size_t i = 0; i < run.n_steps; i++) {
+            fprintf(f, "%s", i ? ", " : "");
+            json_write_stats(f, &run.steps[i]);
+          }
+          fprintf(f, "]");
+        }
+        fprintf(f, "}\n");
       }
       free(text);
       if (f && fclose(f) != 0 && rc == RA_OK) rc = ra_errorf(err, RA_EIO, "writing %s failed", o->json);
     }
     ra_gen_result_free(&res);
   }
-  ra_state_free(st);
+  if (run.o) ra_offload_free(run.o);
+  else ra_state_free(st);
+  free(run.steps);
+  ra_offload_plan_free(&plan);
+  ra_shard_map_free(&map);
   free(ids);
   return rc;
 }

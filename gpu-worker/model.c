@@ -451,9 +451,15 @@ void ra_state_free(ra_state *st) {
 }
 
 int ra_state_new(const ra_model *m, int64_t n_ctx, int64_t max_batch, ra_dtype kv_dtype, ra_state **out, ra_error *err) {
+  return ra_state_new_ring(m, n_ctx, max_batch, n_ctx, kv_dtype, out, err);
+}
+
+int ra_state_new_ring(const ra_model *m, int64_t n_ctx, int64_t max_batch, int64_t cache_rows, ra_dtype kv_dtype,
+                      ra_state **out, ra_error *err) {
   const ra_model_config *c = &m->cfg;
-  if (n_ctx < 1 || max_batch < 1 || max_batch > n_ctx)
-    return ra_errorf(err, RA_EINVAL, "model: context %lld / batch %lld", (long long)n_ctx, (long long)max_batch);
+  if (n_ctx < 1 || max_batch < 1 || max_batch > n_ctx || cache_rows < 1 || cache_rows > n_ctx)
+    return ra_errorf(err, RA_EINVAL, "model: context %lld / batch %lld / cache rows %lld", (long long)n_ctx,
+                     (long long)max_batch, (long long)cache_rows);
   ra_state *st = calloc(1, sizeof(*st));
   if (!st) return ra_errorf(err, RA_ENOMEM, "model: out of memory");
   st->m = m;
@@ -467,7 +473,7 @@ int ra_state_new(const ra_model *m, int64_t n_ctx, int64_t max_batch, ra_dtype k
     rc = ra_errorf(err, RA_ENOMEM, "model: out of memory");
     goto fail;
   }
-  int64_t kv_shape[3] = {n_ctx, c->n_kv_heads, c->head_dim};
+  int64_t kv_shape[3] = {cache_rows, c->n_kv_heads, c->head_dim};
   for (int l = 0; l < c->n_layers; l++)
     if ((rc = ra_tensor_new(m->be, &st->k_cache[l], kv_dtype, 3, kv_shape, err)) ||
         (rc = ra_tensor_new(m->be, &st->v_cache[l], kv_dtype, 3, kv_shape, err)))
@@ -494,6 +500,15 @@ fail:
   return rc;
 }
 
+void ra_state_swap_cache(ra_state *st, int layer, ra_tensor *k, ra_tensor *v) {
+  ra_tensor t = st->k_cache[layer];
+  st->k_cache[layer] = *k;
+  *k = t;
+  t = st->v_cache[layer];
+  st->v_cache[layer] = *v;
+  *v = t;
+}
+
 void ra_state_reset(ra_state *st) {
   st->pos = 0;
   st->n = 0;
@@ -507,6 +522,7 @@ int ra_step_begin(ra_state *st, const int32_t *tokens, int64_t n, ra_error *err)
     return ra_errorf(err, RA_EINVAL, "model: context full: %lld + %lld tokens > %lld", (long long)st->pos, (long long)n,
                      (long long)st->n_ctx);
   st->n = n;
+  st->cache_row = st->pos;
   st->cur_x = ra_tensor_rows(&st->x, 0, n);
   st->cur_xn = ra_tensor_rows(&st->xn, 0, n);
   st->cur_q = ra_tensor_rows(&st->q, 0, n);
@@ -526,6 +542,9 @@ int ra_step_layer_qkv(ra_state *st, int l, ra_error *err) {
   size_t kv_row = (size_t)c->n_kv_heads * (size_t)c->head_dim;
   const ra_tensor *bq = c->qkv_bias ? &w->bq : NULL, *bk = c->qkv_bias ? &w->bk : NULL, *bv = c->qkv_bias ? &w->bv : NULL;
   int rc;
+  if (st->cache_row < 0 || st->cache_row + st->n > st->k_cache[l].shape[0])
+    return ra_errorf(err, RA_EINVAL, "model: layer %d: cache rows %lld..%lld outside its %lld rows", l,
+                     (long long)st->cache_row, (long long)(st->cache_row + st->n), (long long)st->k_cache[l].shape[0]);
   /* xn = rmsnorm(x); q = xn Wq^T: [n, heads*hd] viewed as [n, heads, hd]; same for k, v */
   if ((rc = op->rmsnorm(be, &st->cur_x, &w->attn_norm, c->norm_eps, &st->cur_xn, err)) ||
       (rc = op->matmul(be, &st->cur_xn, &w->wq, bq, &st->cur_q, 0, err)) ||
@@ -533,8 +552,8 @@ int ra_step_layer_qkv(ra_state *st, int l, ra_error *err) {
       (rc = op->matmul(be, &st->cur_xn, &w->wv, bv, &st->cur_v, 0, err)) ||
       (rc = op->rope(be, &st->cur_q, st->pos, c->n_rot, c->rope_theta, c->rope_style, err)) ||
       (rc = op->rope(be, &st->cur_k, st->pos, c->n_rot, c->rope_theta, c->rope_style, err)) ||
-      (rc = op->copy(be, &st->k_cache[l], (size_t)st->pos * kv_row, &st->cur_k, 0, (size_t)st->n * kv_row, err)) ||
-      (rc = op->copy(be, &st->v_cache[l], (size_t)st->pos * kv_row, &st->cur_v, 0, (size_t)st->n * kv_row, err)))
+      (rc = op->copy(be, &st->k_cache[l], (size_t)st->cache_row * kv_row, &st->cur_k, 0, (size_t)st->n * kv_row, err)) ||
+      (rc = op->copy(be, &st->v_cache[l], (size_t)st->cache_row * kv_row, &st->cur_v, 0, (size_t)st->n * kv_row, err)))
     return ra_error_wrap(err, "layer %d", l);
   return RA_OK;
 }

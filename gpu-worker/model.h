@@ -83,8 +83,10 @@ typedef struct ra_state {
   ra_backend *be;
   int64_t n_ctx;     /* cache capacity in tokens */
   int64_t max_batch; /* tokens per step */
-  int64_t pos;       /* tokens already in the cache */
+  int64_t pos;       /* tokens already in the context */
   int64_t n;         /* tokens in the current step */
+  int64_t cache_row; /* cache row of the step's first token: pos, unless the caller keeps a ring
+                        (set it after ra_step_begin) */
   ra_tensor *k_cache, *v_cache; /* per layer: [n_ctx, n_kv_heads, hd] */
   /* per-step activations, each with max_batch rows; views of n rows are in the cur_* fields */
   ra_tensor x, xn, q, k, v, att, gate, up;
@@ -97,6 +99,14 @@ typedef struct ra_state {
 } ra_state;
 
 int ra_state_new(const ra_model *m, int64_t n_ctx, int64_t max_batch, ra_dtype kv_dtype, ra_state **out, ra_error *err);
+/* A state whose per-layer caches hold only cache_rows rows (<= n_ctx) for a context of n_ctx tokens:
+ * the caller decides where each step's k, v go (st->cache_row) and what attention covers — the
+ * distributed decode keeps sink + window there (gpu-worker/offload.h). */
+int ra_state_new_ring(const ra_model *m, int64_t n_ctx, int64_t max_batch, int64_t cache_rows, ra_dtype kv_dtype,
+                      ra_state **out, ra_error *err);
+/* Exchanges layer `layer`'s cache tensors with *k, *v (a prefill that runs one layer over a
+ * full-length scratch cache swaps it in, then back). */
+void ra_state_swap_cache(ra_state *st, int layer, ra_tensor *k, ra_tensor *v);
 void ra_state_free(ra_state *st);
 void ra_state_reset(ra_state *st);
 

@@ -34,6 +34,9 @@ struct ra_remote {
   size_t pack_cap; /* bytes */
   int failed;      /* a store failed: no more steps (see remote.h) */
   ra_error failure;
+  int in_flight;   /* attend_begin sent, attend_end not yet called */
+  uint64_t t_begin;
+  ra_partial *acc; /* [n_q_heads] merge accumulators */
 };
 
 /* Records the first failure and returns its code; later calls report it. */
@@ -108,6 +111,7 @@ void ra_remote_close(ra_remote *r) {
   for (size_t i = 0; i < r->n_stores; i++) store_close(&r->stores[i]);
   free(r->stores);
   free(r->pack);
+  free(r->acc);
   free(r);
 }
 
@@ -124,7 +128,10 @@ int ra_remote_open(const ra_offload_plan *plan, uint32_t head_dim, const ra_remo
   r->head_dim = head_dim;
   r->n_stores = plan->n_stores;
   r->stores = calloc(plan->n_stores, sizeof *r->stores);
-  if (!r->stores) {
+  r->acc = calloc(plan->n_q_heads, sizeof *r->acc);
+  if (!r->stores || !r->acc) {
+    free(r->stores);
+    free(r->acc);
     free(r);
     return ra_errorf(err, RA_ENOMEM, "remote: out of memory");
   }
@@ -181,6 +188,23 @@ int ra_remote_put(ra_remote *r, uint32_t layer, const float *k, const float *v, 
   return rc ? remote_fail(r, rc, err) : RA_OK;
 }
 
+int ra_remote_build_index(ra_remote *r, uint32_t layer, uint32_t q_head, const float *queries,
+                          uint32_t n_queries, const uint64_t *knn_ids, uint32_t knn_k, ra_error *err) {
+  int rc = remote_check(r, err);
+  if (rc) return rc;
+  if (layer >= r->plan->n_layers || q_head >= r->plan->n_q_heads)
+    return ra_errorf(err, RA_EINVAL, "remote: layer %u q head %u out of range", layer, q_head);
+  ra_kvclient_index_params params = {.kind = r->cfg.mode};
+  for (size_t i = 0; i < r->n_stores && rc == RA_OK; i++) {
+    remote_store *s = &r->stores[i];
+    if (!ra_offload_plan_asks(r->plan, i, layer, q_head)) continue;
+    ra_kvclient_build_result res;
+    rc = ra_kvclient_build_index(s->client, &s->session, layer, q_head, &params, queries, n_queries, knn_ids,
+                                 knn_k, &res, err);
+  }
+  return rc ? remote_fail(r, rc, err) : RA_OK;
+}
+
 int ra_remote_append(ra_remote *r, uint64_t pos, const float *k, const float *v, ra_error *err) {
   int rc = remote_check(r, err);
   if (rc) return rc;
@@ -209,21 +233,14 @@ int ra_remote_append(ra_remote *r, uint64_t pos, const float *k, const float *v,
   return rc ? remote_fail(r, rc, err) : RA_OK;
 }
 
-int ra_remote_attend(ra_remote *r, uint32_t layer, const float *q, float *o, float *m, float *l,
-                     ra_remote_stats *stats, ra_error *err) {
+int ra_remote_attend_begin(ra_remote *r, uint32_t layer, const float *q, ra_error *err) {
   int rc = remote_check(r, err);
   if (rc) return rc;
   const ra_offload_plan *p = r->plan;
   if (layer >= p->n_layers) return ra_errorf(err, RA_EINVAL, "remote: layer %u out of range", layer);
+  if (r->in_flight) return ra_errorf(err, RA_ESTATE, "remote: an attend is already in flight");
   size_t hd = r->head_dim;
-  ra_partial *acc = malloc(p->n_q_heads * sizeof *acc);
-  if (!acc) return ra_errorf(err, RA_ENOMEM, "remote: out of memory");
-  for (uint32_t h = 0; h < p->n_q_heads; h++) {
-    acc[h].o = o + h * hd;
-    ra_partial_reset(&acc[h], (int)hd);
-  }
-  ra_remote_stats st = {0};
-  uint64_t t0 = uv_hrtime();
+  r->t_begin = uv_hrtime();
   /* Every store of the layer gets its request before any reply is awaited: the stores work
    * in parallel and the step waits for the slowest, not the sum. */
   for (size_t i = 0; i < r->n_stores && rc == RA_OK; i++) {
@@ -243,6 +260,24 @@ int ra_remote_attend(ra_remote *r, uint32_t layer, const float *q, float *o, flo
                                       .nprobe = r->cfg.nprobe};
     rc = ra_kvclient_attend_send(s->stream, &s->req, err);
   }
+  if (rc) return remote_fail(r, rc, err);
+  r->in_flight = 1;
+  return RA_OK;
+}
+
+int ra_remote_attend_end(ra_remote *r, float *o, float *m, float *l, ra_remote_stats *stats, ra_error *err) {
+  int rc = remote_check(r, err);
+  if (rc) return rc;
+  if (!r->in_flight) return ra_errorf(err, RA_ESTATE, "remote: no attend in flight");
+  r->in_flight = 0;
+  const ra_offload_plan *p = r->plan;
+  size_t hd = r->head_dim;
+  ra_partial *acc = r->acc;
+  for (uint32_t h = 0; h < p->n_q_heads; h++) {
+    acc[h].o = o + h * hd;
+    ra_partial_reset(&acc[h], (int)hd);
+  }
+  ra_remote_stats st = {0};
   for (size_t i = 0; i < r->n_stores && rc == RA_OK; i++) {
     remote_store *s = &r->stores[i];
     if (!s->req.n_heads) continue;
@@ -257,13 +292,18 @@ int ra_remote_attend(ra_remote *r, uint32_t layer, const float *q, float *o, flo
       st.n_keys += pt->n_keys;
     }
   }
-  st.wait_us = (double)(uv_hrtime() - t0) / 1e3;
+  st.wait_us = (double)(uv_hrtime() - r->t_begin) / 1e3;
   for (uint32_t h = 0; h < p->n_q_heads; h++) {
     m[h] = acc[h].m;
     l[h] = acc[h].l;
   }
-  free(acc);
   if (rc) return remote_fail(r, rc, err);
   if (stats) *stats = st;
   return RA_OK;
+}
+
+int ra_remote_attend(ra_remote *r, uint32_t layer, const float *q, float *o, float *m, float *l,
+                     ra_remote_stats *stats, ra_error *err) {
+  int rc = ra_remote_attend_begin(r, layer, q, err);
+  return rc ? rc : ra_remote_attend_end(r, o, m, l, stats, err);
 }

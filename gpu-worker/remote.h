@@ -49,6 +49,13 @@ int ra_remote_open(const ra_offload_plan *plan, uint32_t head_dim, const ra_remo
 int ra_remote_put(ra_remote *r, uint32_t layer, const float *k, const float *v, uint64_t pos0,
                   uint64_t n, ra_error *err);
 
+/* Index build of (layer, q head) at every store holding tokens of its kv head there: the q head's
+ * sampled prefill queries [n_queries, head_dim] and their exact top-knn_k token positions
+ * [n_queries, knn_k] (best first; the stores keep the ids that fall in their shards). The index
+ * kind is the config's mode (ivf, kgraph or roar). */
+int ra_remote_build_index(ra_remote *r, uint32_t layer, uint32_t q_head, const float *queries,
+                          uint32_t n_queries, const uint64_t *knn_ids, uint32_t knn_k, ra_error *err);
+
 /* Decode: the position that left the window, for every layer. k, v: [n_layers, n_kv_heads,
  * head_dim] fp32. One Append call per store. */
 int ra_remote_append(ra_remote *r, uint64_t pos, const float *k, const float *v, ra_error *err);
@@ -58,6 +65,11 @@ int ra_remote_append(ra_remote *r, uint64_t pos, const float *k, const float *v,
  * A head no store holds tokens for gets the empty partial (m = -inf, l = 0, o = 0). */
 int ra_remote_attend(ra_remote *r, uint32_t layer, const float *q, float *o, float *m, float *l,
                      ra_remote_stats *stats, ra_error *err);
+
+/* attend in two halves: begin sends the requests of every store, end waits for the replies and
+ * merges; the caller computes its own sink + window attention in between. */
+int ra_remote_attend_begin(ra_remote *r, uint32_t layer, const float *q, ra_error *err);
+int ra_remote_attend_end(ra_remote *r, float *o, float *m, float *l, ra_remote_stats *stats, ra_error *err);
 
 /* Closes the sessions (stores free their memory) and frees everything. */
 void ra_remote_close(ra_remote *r);

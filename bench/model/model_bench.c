@@ -92,7 +92,7 @@ int main(int argc, char **argv) {
     ra_state *st = NULL;
     rc = ra_state_new(m, L + decode + 1, batch < L ? batch : L, kv, &st, &err);
     ra_gen_result res;
-    ra_gen_config gc = {decode + 1, 0.0f, 1.0f, 1, 1, 0};
+    ra_gen_config gc = {.max_new_tokens = decode + 1, .temperature = 0.0f, .top_p = 1.0f, .top_k = 1, .seed = 1};
     if (rc == RA_OK) rc = ra_generate(st, NULL, ids, (size_t)L, &gc, NULL, NULL, &res, &err);
     if (rc == RA_OK) {
       double pf = (double)L / res.prefill_s, dc = (double)res.n_decode_steps / res.decode_s;

@@ -29,7 +29,7 @@ static void test_greedy_first_tokens(void **state) {
   assert_int_equal(ra_tok_encode(tok, chat, strlen(chat), 0, 1, &ids, &n, &err), RA_OK);
   ra_state *st;
   assert_int_equal(ra_state_new(m, (int64_t)n + 16, 32, RA_DTYPE_F32, &st, &err), RA_OK);
-  ra_gen_config gc = {16, 0.0f, 1.0f, 1, 1, 1};
+  ra_gen_config gc = {.max_new_tokens = 16, .top_p = 1.0f, .top_k = 1, .seed = 1, .stop_at_eos = 1};
   ra_gen_result res;
   if (ra_generate(st, tok, ids, n, &gc, NULL, NULL, &res, &err) != RA_OK) fail_msg("%s", err.msg);
   char *text;

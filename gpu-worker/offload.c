@@ -1,0 +1,378 @@
+#include "offload.h"
+
+#include "quant.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+static const char *const mode_names[] = {"full", "streaming", "flat", "ivf", "kgraph", "roar"};
+
+const char *ra_attn_mode_name(ra_attn_mode m) {
+  return (unsigned)m < sizeof mode_names / sizeof mode_names[0] ? mode_names[m] : "?";
+}
+
+int ra_attn_mode_parse(const char *name, ra_attn_mode *out) {
+  for (size_t i = 0; i < sizeof mode_names / sizeof mode_names[0]; i++) {
+    if (strcmp(name, mode_names[i]) == 0) {
+      *out = (ra_attn_mode)i;
+      return RA_OK;
+    }
+  }
+  return RA_EINVAL;
+}
+
+void ra_offload_config_default(ra_offload_config *c) {
+  *c = (ra_offload_config){.mode = RA_ATTN_ROAR, .n_sink = 128, .n_window = 512, .top_k = 100,
+                           .knn_nq = 100, .build_queries = 1024, .kv_dtype = RA_DTYPE_F32,
+                           .store_dtype = RA_DTYPE_F16, .max_ctx = 8192, .max_prompt = 8192,
+                           .timeout_ms = 10000};
+}
+
+struct ra_offload {
+  const ra_model *m;
+  const ra_offload_plan *plan;
+  ra_offload_config cfg;
+  ra_state *st;           /* per-layer caches are the rings: [S + W, n_kv_heads, head_dim] */
+  ra_tensor scratch_k;    /* [max_prompt, n_kv_heads, head_dim]: one layer's prefill KV */
+  ra_tensor scratch_v;
+  ra_remote *remote;      /* NULL in streaming mode */
+  ra_tensor rem_o;        /* [n_heads, head_dim]: the stores' merged partial, on the backend */
+  ra_tensor rem_ml;       /* [n_heads, 2] */
+  float *q_host;          /* [n_heads, head_dim] */
+  float *o_host;          /* [n_heads, head_dim] */
+  float *m_host, *l_host; /* [n_heads] */
+  float *ml_host;         /* [n_heads, 2] */
+  float *evict_k;         /* [n_layers, n_kv_heads, head_dim]: the token leaving the window */
+  float *evict_v;
+  size_t kv_row;          /* floats per cache row: n_kv_heads * head_dim */
+};
+
+static int64_t ring_rows(const ra_offload *o) { return (int64_t)o->cfg.n_sink + o->cfg.n_window; }
+
+/* The ring row holding position p. */
+static int64_t ring_row(const ra_offload *o, int64_t p) {
+  int64_t s = o->cfg.n_sink;
+  return p < s ? p : s + (p - s) % o->cfg.n_window;
+}
+
+static ra_kvclient_mode store_mode(ra_attn_mode m) {
+  switch (m) {
+    case RA_ATTN_IVF: return RA_KVCLIENT_IVF;
+    case RA_ATTN_KGRAPH: return RA_KVCLIENT_KGRAPH;
+    case RA_ATTN_ROAR: return RA_KVCLIENT_ROAR;
+    default: return RA_KVCLIENT_FLAT;
+  }
+}
+
+static int is_index_mode(ra_attn_mode m) { return m == RA_ATTN_IVF || m == RA_ATTN_KGRAPH || m == RA_ATTN_ROAR; }
+
+void ra_offload_free(ra_offload *o) {
+  if (!o) return;
+  ra_remote_close(o->remote);
+  ra_tensor_free(&o->scratch_k);
+  ra_tensor_free(&o->scratch_v);
+  ra_tensor_free(&o->rem_o);
+  ra_tensor_free(&o->rem_ml);
+  ra_state_free(o->st);
+  free(o->q_host);
+  free(o->o_host);
+  free(o->m_host);
+  free(o->l_host);
+  free(o->ml_host);
+  free(o->evict_k);
+  free(o->evict_v);
+  free(o);
+}
+
+int ra_offload_new(const ra_model *m, const ra_offload_plan *plan, const ra_offload_config *cfg,
+                   ra_offload **out, ra_error *err) {
+  *out = NULL;
+  const ra_model_config *c = &m->cfg;
+  if (cfg->mode == RA_ATTN_FULL) return ra_errorf(err, RA_EINVAL, "offload: full attention is not an offload mode");
+  if (cfg->n_window < 1) return ra_errorf(err, RA_EINVAL, "offload: the window must hold at least 1 token");
+  if (cfg->mode != RA_ATTN_STREAMING && !plan)
+    return ra_errorf(err, RA_EINVAL, "offload: mode %s needs kv-stores", ra_attn_mode_name(cfg->mode));
+  if (plan && (plan->n_layers != (uint32_t)c->n_layers || plan->n_q_heads != (uint32_t)c->n_heads ||
+               plan->n_kv_heads != (uint32_t)c->n_kv_heads || plan->n_sink != cfg->n_sink ||
+               plan->n_window != cfg->n_window))
+    return ra_errorf(err, RA_EINVAL, "offload: the shard plan's geometry (%u layers, %u/%u heads, sink %u, window %u) "
+                     "is not the model's (%d layers, %d/%d heads, sink %u, window %u)",
+                     plan->n_layers, plan->n_q_heads, plan->n_kv_heads, plan->n_sink, plan->n_window, c->n_layers,
+                     c->n_heads, c->n_kv_heads, cfg->n_sink, cfg->n_window);
+  if (is_index_mode(cfg->mode) && (cfg->knn_nq < 2 || cfg->build_queries < 1))
+    return ra_errorf(err, RA_EINVAL, "offload: index build needs knn_nq >= 2 and build_queries >= 1");
+  ra_offload *o = calloc(1, sizeof *o);
+  if (!o) return ra_errorf(err, RA_ENOMEM, "offload: out of memory");
+  o->m = m;
+  o->plan = plan;
+  o->cfg = *cfg;
+  o->kv_row = (size_t)c->n_kv_heads * (size_t)c->head_dim;
+  int64_t rows = ring_rows(o) < cfg->max_ctx ? ring_rows(o) : cfg->max_ctx;
+  int64_t max_prompt = cfg->max_prompt < cfg->max_ctx ? cfg->max_prompt : cfg->max_ctx;
+  int rc = ra_state_new_ring(m, cfg->max_ctx, max_prompt, rows, cfg->kv_dtype, &o->st, err);
+  int64_t scratch_shape[3] = {max_prompt, c->n_kv_heads, c->head_dim};
+  int64_t o_shape[2] = {c->n_heads, c->head_dim}, ml_shape[2] = {c->n_heads, 2};
+  if (rc == RA_OK) rc = ra_tensor_new(m->be, &o->scratch_k, cfg->kv_dtype, 3, scratch_shape, err);
+  if (rc == RA_OK) rc = ra_tensor_new(m->be, &o->scratch_v, cfg->kv_dtype, 3, scratch_shape, err);
+  if (rc == RA_OK) rc = ra_tensor_new(m->be, &o->rem_o, RA_DTYPE_F32, 2, o_shape, err);
+  if (rc == RA_OK) rc = ra_tensor_new(m->be, &o->rem_ml, RA_DTYPE_F32, 2, ml_shape, err);
+  if (rc == RA_OK) {
+    size_t hq = (size_t)c->n_heads * (size_t)c->head_dim, ev = (size_t)c->n_layers * o->kv_row;
+    o->q_host = malloc(hq * sizeof(float));
+    o->o_host = malloc(hq * sizeof(float));
+    o->m_host = malloc((size_t)c->n_heads * sizeof(float));
+    o->l_host = malloc((size_t)c->n_heads * sizeof(float));
+    o->ml_host = malloc((size_t)c->n_heads * 2 * sizeof(float));
+    o->evict_k = malloc(ev * sizeof(float));
+    o->evict_v = malloc(ev * sizeof(float));
+    if (!o->q_host || !o->o_host || !o->m_host || !o->l_host || !o->ml_host || !o->evict_k || !o->evict_v)
+      rc = ra_errorf(err, RA_ENOMEM, "offload: out of memory");
+  }
+  if (rc == RA_OK && plan) {
+    ra_remote_config rcfg = {.dtype = cfg->store_dtype, .mode = store_mode(cfg->mode), .top_k = cfg->top_k,
+                             .ef = cfg->ef, .nprobe = cfg->nprobe, .timeout_ms = cfg->timeout_ms,
+                             .client_name = "gpu-worker"};
+    rc = ra_remote_open(plan, (uint32_t)c->head_dim, &rcfg, &o->remote, err);
+  }
+  if (rc != RA_OK) {
+    ra_offload_free(o);
+    return rc;
+  }
+  *out = o;
+  return RA_OK;
+}
+
+ra_state *ra_offload_state(ra_offload *o) { return o->st; }
+
+/* Copies positions [p0, p1) of the layer's scratch cache `src` into its ring `dst` (each
+ * contiguous run of ring rows in one copy: at most two per range, where the ring wraps). */
+static int ring_fill(ra_offload *o, ra_tensor *dst, const ra_tensor *src, int64_t p0, int64_t p1, ra_error *err) {
+  ra_backend *be = o->m->be;
+  for (int64_t p = p0; p < p1;) {
+    int64_t row = ring_row(o, p), run = p1 - p;
+    if (p >= (int64_t)o->cfg.n_sink) {
+      int64_t to_wrap = (int64_t)o->cfg.n_sink + o->cfg.n_window - row;
+      if (run > to_wrap) run = to_wrap;
+    } else if (run > (int64_t)o->cfg.n_sink - p) {
+      run = (int64_t)o->cfg.n_sink - p;
+    }
+    int rc = be->ops->copy(be, dst, (size_t)row * o->kv_row, src, (size_t)p * o->kv_row, (size_t)run * o->kv_row, err);
+    if (rc) return rc;
+    p += run;
+  }
+  return RA_OK;
+}
+
+/* Index build of one layer, for every q head: a sample of the layer's prefill queries, their
+ * exact top-Nq keys among the offloaded positions [b, e) computed on the backend (q K^T, then
+ * top-k per row), sent with the queries to every store holding the q head's kv head.
+ * q_all: host [n, n_heads, head_dim]; keys: host [e - b, n_kv_heads, head_dim]. */
+static int build_layer_index(ra_offload *o, int layer, const float *q_all, int64_t n, const float *keys, int64_t b,
+                             int64_t e, ra_error *err) {
+  const ra_model_config *c = &o->m->cfg;
+  ra_backend *be = o->m->be;
+  int64_t n_off = e - b, hd = c->head_dim, group = c->n_heads / c->n_kv_heads;
+  int64_t n_q = n < (int64_t)o->cfg.build_queries ? n : (int64_t)o->cfg.build_queries;
+  int knn = (int)(n_off < (int64_t)o->cfg.knn_nq ? n_off : (int64_t)o->cfg.knn_nq);
+  if (knn < 2) return RA_OK; /* too few offloaded keys to be worth an index: the stores scan */
+  float *kh = malloc((size_t)(n_off * hd) * sizeof(float)), *qh = malloc((size_t)(n_q * hd) * sizeof(float));
+  float *val = malloc((size_t)(n_q * knn) * sizeof(float));
+  int32_t *idx = malloc((size_t)(n_q * knn) * sizeof(int32_t));
+  uint64_t *ids = malloc((size_t)(n_q * knn) * sizeof(uint64_t));
+  ra_tensor w = {0}, x = {0}, y = {0};
+  int rc = (!kh || !qh || !val || !idx || !ids) ? ra_errorf(err, RA_ENOMEM, "offload: out of memory for the index build") : RA_OK;
+  int64_t xs[2] = {n_q, hd}, ys[2] = {n_q, n_off};
+  if (rc == RA_OK) rc = ra_tensor_new(be, &x, RA_DTYPE_F32, 2, xs, err);
+  if (rc == RA_OK) rc = ra_tensor_new(be, &y, RA_DTYPE_F32, 2, ys, err);
+  for (int64_t g = 0; g < c->n_kv_heads && rc == RA_OK; g++) {
+    /* kv head g's offloaded keys, contiguous [n_off, hd], as the "weight" of q K^T */
+    for (int64_t t = 0; t < n_off; t++) memcpy(kh + t * hd, keys + (t * c->n_kv_heads + g) * hd, (size_t)hd * sizeof(float));
+    ra_tensor_free(&w);
+    rc = be->ops->load_weight(be, kh, RA_GGML_F32, n_off, hd, &w, err);
+    for (int64_t h = g * group; h < (g + 1) * group && rc == RA_OK; h++) {
+      /* n_q queries spread evenly over the prompt */
+      for (int64_t i = 0; i < n_q; i++) {
+        int64_t t = n_q == n ? i : i * n / n_q;
+        memcpy(qh + i * hd, q_all + (t * c->n_heads + h) * hd, (size_t)hd * sizeof(float));
+      }
+      if ((rc = be->ops->upload(be, &x, 0, qh, (size_t)(n_q * hd), err)) ||
+          (rc = be->ops->matmul(be, &x, &w, NULL, &y, 0, err)) ||
+          (rc = be->ops->topk_rows(be, &y, knn, idx, val, err)))
+        break;
+      for (int64_t i = 0; i < n_q * knn; i++) ids[i] = (uint64_t)(b + idx[i]);
+      rc = ra_remote_build_index(o->remote, (uint32_t)layer, (uint32_t)h, qh, (uint32_t)n_q, ids, (uint32_t)knn, err);
+    }
+  }
+  ra_tensor_free(&w);
+  ra_tensor_free(&x);
+  ra_tensor_free(&y);
+  free(kh);
+  free(qh);
+  free(val);
+  free(idx);
+  free(ids);
+  return rc;
+}
+
+/* After layer l ran over the scratch (st->k_cache[l] is the scratch, sk/sv hold the ring):
+ * offloaded positions to the stores (+ index), sink and window into the ring. */
+static int prefill_offload_layer(ra_offload *o, int l, int64_t n, ra_tensor *ring_k, ra_tensor *ring_v,
+                                 ra_offload_stats *stats, ra_error *err) {
+  ra_state *st = o->st;
+  ra_backend *be = o->m->be;
+  uint64_t b64, e64;
+  int rc = RA_OK;
+  if (o->plan) ra_offload_plan_range(o->plan, (uint64_t)n, &b64, &e64);
+  else b64 = e64 = o->cfg.n_sink; /* streaming: nothing leaves, what falls out is dropped */
+  int64_t b = (int64_t)b64, e = (int64_t)e64;
+  if (o->remote && e > b) {
+    uint64_t t0 = uv_hrtime();
+    size_t nf = (size_t)(e - b) * o->kv_row;
+    float *k = malloc(nf * sizeof(float)), *v = malloc(nf * sizeof(float));
+    if (!k || !v) rc = ra_errorf(err, RA_ENOMEM, "offload: out of memory for %lld tokens of layer %d", (long long)(e - b), l);
+    if (rc == RA_OK) rc = be->ops->download(be, &st->k_cache[l], (size_t)b * o->kv_row, k, nf, err);
+    if (rc == RA_OK) rc = be->ops->download(be, &st->v_cache[l], (size_t)b * o->kv_row, v, nf, err);
+    if (rc == RA_OK) rc = ra_remote_put(o->remote, (uint32_t)l, k, v, (uint64_t)b, (uint64_t)(e - b), err);
+    stats->append_us += (double)(uv_hrtime() - t0) / 1e3;
+    if (rc == RA_OK && is_index_mode(o->cfg.mode)) {
+      t0 = uv_hrtime();
+      size_t nq = (size_t)n * (size_t)o->m->cfg.n_heads * (size_t)o->m->cfg.head_dim;
+      float *q = malloc(nq * sizeof(float));
+      rc = q ? be->ops->download(be, &st->cur_q, 0, q, nq, err) : ra_errorf(err, RA_ENOMEM, "offload: out of memory");
+      if (rc == RA_OK) rc = build_layer_index(o, l, q, n, k, b, e, err);
+      free(q);
+      stats->index_us += (double)(uv_hrtime() - t0) / 1e3;
+    }
+    free(k);
+    free(v);
+  }
+  /* sink [0, min(S, n)) and window [max(S, n - W), n) into the ring */
+  int64_t s = n < (int64_t)o->cfg.n_sink ? n : (int64_t)o->cfg.n_sink;
+  int64_t w0 = n - (int64_t)o->cfg.n_window > s ? n - (int64_t)o->cfg.n_window : s;
+  if (rc == RA_OK) rc = ring_fill(o, ring_k, &st->k_cache[l], 0, s, err);
+  if (rc == RA_OK) rc = ring_fill(o, ring_v, &st->v_cache[l], 0, s, err);
+  if (rc == RA_OK) rc = ring_fill(o, ring_k, &st->k_cache[l], w0, n, err);
+  if (rc == RA_OK) rc = ring_fill(o, ring_v, &st->v_cache[l], w0, n, err);
+  return rc;
+}
+
+int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offload_stats *stats, ra_error *err) {
+  ra_state *st = o->st;
+  ra_offload_stats s = {0};
+  if (st->pos != 0) return ra_errorf(err, RA_ESTATE, "offload: prefill after %lld tokens", (long long)st->pos);
+  if (n < 1 || n > o->scratch_k.shape[0])
+    return ra_errorf(err, RA_EINVAL, "offload: a prefill of %lld tokens (at most %lld)", (long long)n,
+                     (long long)o->scratch_k.shape[0]);
+  uint64_t t0 = uv_hrtime();
+  int rc = ra_step_begin(st, tokens, n, err);
+  for (int l = 0; l < o->m->cfg.n_layers && rc == RA_OK; l++) {
+    /* The scratch becomes layer l's cache for this step; its ring waits in scratch_k/v. */
+    ra_state_swap_cache(st, l, &o->scratch_k, &o->scratch_v);
+    rc = ra_step_layer_qkv(st, l, err);
+    if (rc == RA_OK) rc = ra_step_layer_attend(st, l, err);
+    if (rc == RA_OK) rc = prefill_offload_layer(o, l, n, &o->scratch_k, &o->scratch_v, &s, err);
+    ra_state_swap_cache(st, l, &o->scratch_k, &o->scratch_v);
+    if (rc == RA_OK) rc = ra_step_layer_finish(st, l, err);
+  }
+  if (rc == RA_OK) rc = ra_step_end(st, 0, err);
+  if (rc == RA_OK) rc = o->m->be->ops->sync(o->m->be, err);
+  if (rc != RA_OK) {
+    st->n = 0;
+    return rc;
+  }
+  if (o->plan) {
+    uint64_t b, e;
+    ra_offload_plan_range(o->plan, (uint64_t)n, &b, &e);
+    s.n_offloaded = e - b;
+  }
+  s.total_us = (double)(uv_hrtime() - t0) / 1e3;
+  if (stats) *stats = s;
+  return RA_OK;
+}
+
+/* The evicted position's K/V of every layer, from the rings, to its stores. */
+static int decode_evict(ra_offload *o, int64_t pos, ra_offload_stats *s, ra_error *err) {
+  ra_backend *be = o->m->be;
+  ra_state *st = o->st;
+  uint64_t t0 = uv_hrtime();
+  size_t row = (size_t)ring_row(o, pos) * o->kv_row;
+  int rc = RA_OK;
+  for (int l = 0; l < o->m->cfg.n_layers && rc == RA_OK; l++) {
+    rc = be->ops->download(be, &st->k_cache[l], row, o->evict_k + (size_t)l * o->kv_row, o->kv_row, err);
+    if (rc == RA_OK) rc = be->ops->download(be, &st->v_cache[l], row, o->evict_v + (size_t)l * o->kv_row, o->kv_row, err);
+  }
+  if (rc == RA_OK) rc = ra_remote_append(o->remote, (uint64_t)pos, o->evict_k, o->evict_v, err);
+  s->append_us += (double)(uv_hrtime() - t0) / 1e3;
+  return rc;
+}
+
+int ra_offload_decode(ra_offload *o, int32_t token, ra_offload_stats *stats, ra_error *err) {
+  ra_state *st = o->st;
+  ra_backend *be = o->m->be;
+  const ra_model_config *c = &o->m->cfg;
+  ra_offload_stats s = {0};
+  int64_t n = st->pos; /* the new token's position */
+  if (n == 0) return ra_errorf(err, RA_ESTATE, "offload: decode before prefill");
+  uint64_t t0 = uv_hrtime();
+  int rc = RA_OK;
+  int64_t ev = -1;
+  if (n >= (int64_t)o->cfg.n_window && n - (int64_t)o->cfg.n_window >= (int64_t)o->cfg.n_sink)
+    ev = n - (int64_t)o->cfg.n_window;
+  if (ev >= 0 && o->remote) rc = decode_evict(o, ev, &s, err);
+  /* After this step the stores hold [S, n + 1 - W); the ring holds the sink and the window. */
+  int64_t off_b = o->cfg.n_sink, off_e = ev >= 0 ? ev + 1 : off_b;
+  int remote = o->remote && off_e > off_b;
+  ra_token_range ranges[2];
+  int n_ranges = 0;
+  int64_t s_end = n + 1 < (int64_t)o->cfg.n_sink ? n + 1 : (int64_t)o->cfg.n_sink;
+  ranges[n_ranges++] = (ra_token_range){0, s_end};
+  if (n + 1 > (int64_t)o->cfg.n_sink) {
+    int64_t w = n + 1 - (int64_t)o->cfg.n_sink < (int64_t)o->cfg.n_window ? n + 1 - (int64_t)o->cfg.n_sink
+                                                                           : (int64_t)o->cfg.n_window;
+    ranges[n_ranges++] = (ra_token_range){o->cfg.n_sink, (int64_t)o->cfg.n_sink + w};
+  }
+  if (rc == RA_OK) rc = ra_step_begin(st, &token, 1, err);
+  if (rc == RA_OK) st->cache_row = ring_row(o, n);
+  float scale = 1.0f / sqrtf((float)c->head_dim);
+  size_t hq = (size_t)c->n_heads * (size_t)c->head_dim;
+  for (int l = 0; l < c->n_layers && rc == RA_OK; l++) {
+    rc = ra_step_layer_qkv(st, l, err);
+    if (rc == RA_OK && remote) rc = be->ops->download(be, &st->cur_q, 0, o->q_host, hq, err);
+    if (rc == RA_OK && remote) rc = ra_remote_attend_begin(o->remote, (uint32_t)l, o->q_host, err);
+    /* the device's own partial over sink + window while the stores work */
+    if (rc == RA_OK)
+      rc = be->ops->attn_decode(be, &st->cur_q, &st->k_cache[l], &st->v_cache[l], ranges, n_ranges, scale,
+                                &st->cur_att, &st->dec_ml, err);
+    if (rc == RA_OK && remote) {
+      rc = be->ops->sync(be, err);
+      uint64_t tw = uv_hrtime();
+      ra_remote_stats rs;
+      if (rc == RA_OK) rc = ra_remote_attend_end(o->remote, o->o_host, o->m_host, o->l_host, &rs, err);
+      s.wait_us += (double)(uv_hrtime() - tw) / 1e3;
+      if (rc == RA_OK) {
+        s.store_us += rs.store_us;
+        s.n_scanned += rs.n_scanned;
+        for (int h = 0; h < c->n_heads; h++) {
+          o->ml_host[2 * h] = o->m_host[h];
+          o->ml_host[2 * h + 1] = o->l_host[h];
+        }
+        rc = be->ops->upload(be, &o->rem_o, 0, o->o_host, hq, err);
+      }
+      if (rc == RA_OK) rc = be->ops->upload(be, &o->rem_ml, 0, o->ml_host, (size_t)c->n_heads * 2, err);
+      if (rc == RA_OK) rc = be->ops->attn_merge(be, &st->cur_att, &st->dec_ml, &o->rem_o, &o->rem_ml, err);
+    }
+    if (rc == RA_OK) rc = ra_step_layer_finish(st, l, err);
+  }
+  if (rc == RA_OK) rc = ra_step_end(st, 0, err);
+  if (rc == RA_OK) rc = be->ops->sync(be, err);
+  if (rc != RA_OK) {
+    st->n = 0;
+    return rc;
+  }
+  s.n_offloaded = (uint64_t)(off_e - off_b);
+  s.total_us = (double)(uv_hrtime() - t0) / 1e3;
+  if (stats) *stats = s;
+  return RA_OK;
+}

@@ -1,0 +1,90 @@
+/* Distributed RetrievalAttention decode: the model runs on the worker's backend, but its device
+ * KV cache holds only the sink (first S tokens) and the recent window (last W); every other
+ * token's K/V lives in kv-stores (gpu-worker/remote.h), which answer each decode query with a
+ * partial attention that is merged with the device's own by log-sum-exp.
+ *
+ * Device memory per layer: a ring of S + W cache rows (row of position p: p for p < S, else
+ * S + (p - S) mod W), plus ONE full-length scratch cache shared by all layers during prefill.
+ *
+ * Prefill of n tokens runs layer by layer over all of them (one step): layer l's K/V go to the
+ * scratch, attention runs over it, then positions [S, n - W) go to their stores, the sink and
+ * window are copied into layer l's ring, and — in an index mode — the exact top-Nq keys of a
+ * sample of layer l's prefill queries are computed on the backend (q K^T, top-k rows) and sent
+ * to the stores with the queries, which build the index (RoarGraph projection). Only one
+ * layer's full KV is ever on the device.
+ *
+ * A decode step at context n (new token at position n): position n - W leaves the window — its
+ * K/V of every layer are appended to the stores first — and the new token's K/V take its ring
+ * row. Per layer: q goes to the stores (all of them at once), the backend attends over the ring
+ * meanwhile, and the stores' merged partial is merged into the ring's. Sink, window and
+ * offloaded sets never overlap and always cover [0, n].
+ *
+ * Modes: streaming (sink + window only; evicted tokens are dropped — StreamingLLM), flat, ivf,
+ * kgraph, roar (stores attend over the top-k keys their index finds; flat = exact top-k). Full
+ * attention is not an offload mode: it is ra_model_forward on an ordinary state. */
+#ifndef RA_OFFLOAD_H
+#define RA_OFFLOAD_H
+
+#include "model.h"
+#include "offload_plan.h"
+#include "remote.h"
+
+#include <stdint.h>
+
+typedef enum ra_attn_mode {
+  RA_ATTN_FULL = 0,
+  RA_ATTN_STREAMING,
+  RA_ATTN_FLAT,
+  RA_ATTN_IVF,
+  RA_ATTN_KGRAPH,
+  RA_ATTN_ROAR,
+} ra_attn_mode;
+
+const char *ra_attn_mode_name(ra_attn_mode m);
+int ra_attn_mode_parse(const char *name, ra_attn_mode *out); /* 0 or RA_EINVAL */
+
+typedef struct ra_offload_config {
+  ra_attn_mode mode;      /* anything but full */
+  uint32_t n_sink;        /* S, default 128 */
+  uint32_t n_window;      /* W, default 512 */
+  uint32_t top_k;         /* keys per q head at the stores (default 100) */
+  uint32_t ef, nprobe;    /* index search parameters; 0: store defaults */
+  uint32_t knn_nq;        /* index build: top keys per sampled prefill query (default 100) */
+  uint32_t build_queries; /* index build: prefill queries sampled per q head (default 1024) */
+  ra_dtype kv_dtype;      /* device ring and scratch */
+  ra_dtype store_dtype;   /* KV at the stores */
+  int64_t max_ctx;        /* prompt + generated tokens */
+  int64_t max_prompt;     /* tokens of the prefill (one step); scratch rows */
+  int timeout_ms;         /* deadline of every store reply; 0: 10 s */
+} ra_offload_config;
+
+void ra_offload_config_default(ra_offload_config *c);
+
+/* Time of one decode step (or, for prefill, of the whole prefill), microseconds. */
+typedef struct ra_offload_stats {
+  double total_us;
+  double wait_us;      /* blocked on store replies (after the device's own attention) */
+  double store_us;     /* the stores' own compute, slowest store per layer, summed */
+  double append_us;    /* prefill: puts to the stores; decode: the evicted token's append */
+  double index_us;     /* prefill: kNN on the backend + index builds */
+  uint64_t n_scanned;  /* keys the stores scored, all layers and heads */
+  uint64_t n_offloaded;/* tokens at the stores (per layer and kv head) after the step */
+} ra_offload_stats;
+
+typedef struct ra_offload ra_offload;
+
+/* plan: the stores (NULL in streaming mode). The plan and the model must outlive the runtime. */
+int ra_offload_new(const ra_model *m, const ra_offload_plan *plan, const ra_offload_config *cfg,
+                   ra_offload **out, ra_error *err);
+void ra_offload_free(ra_offload *o);
+
+/* The model state: its logits after prefill / decode are those of the last token. */
+ra_state *ra_offload_state(ra_offload *o);
+
+/* Prefill of the first n tokens (1 <= n <= max_prompt), in one step, layer by layer. */
+int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offload_stats *stats,
+                       ra_error *err);
+/* One decode step: feeds `token` at the next position. */
+int ra_offload_decode(ra_offload *o, int32_t token, ra_offload_stats *stats, ra_error *err);
+
+#endif
