@@ -6,7 +6,9 @@
  *
  * Conventions shared by every op:
  *   - Shapes are row-major: the LAST dimension is contiguous. Comments give them as
- *     [n_tokens, n_heads, head_dim]. Ops that take "rows" flatten all leading dims.
+ *     [n_tokens, n_heads, head_dim]. matmul's x and y are [n, ...] with every dim after the
+ *     first flattened (q [n, heads, hd] is [n, heads * hd]); other ops that take "rows" flatten
+ *     all leading dims.
  *   - Activations, attention outputs and partials are F32 unless a comment says otherwise;
  *     KV caches may be F32, F16 or BF16 (attention ops convert on the fly).
  *   - Ops are issued in order on one stream; a backend may run them asynchronously, and

@@ -197,33 +197,6 @@ static int print_token(void *vctx, int32_t id) {
   return 0;
 }
 
-/* The offload runtime behind ra_generate: prefill on the first call, one decode step per token
- * after, each step's timings kept for the JSON report. */
-typedef struct offload_run {
-  ra_offload *o;
-  ra_offload_stats prefill;
-  ra_offload_stats *steps;
-  size_t n_steps, cap;
-} offload_run;
-
-static int offload_forward(void *ctx, ra_state *st, const int32_t *tokens, int64_t n, ra_error *err) {
-  offload_run *r = ctx;
-  if (st->pos == 0) return ra_offload_prefill(r->o, tokens, n, &r->prefill, err);
-  for (int64_t i = 0; i < n; i++) {
-    if (r->n_steps == r->cap) {
-      size_t cap = r->cap ? 2 * r->cap : 64;
-      ra_offload_stats *s = realloc(r->steps, cap * sizeof *s);
-      if (!s) return ra_errorf(err, RA_ENOMEM, "out of memory");
-      r->steps = s;
-      r->cap = cap;
-    }
-    int rc = ra_offload_decode(r->o, tokens[i], &r->steps[r->n_steps], err);
-    if (rc) return rc;
-    r->n_steps++;
-  }
-  return RA_OK;
-}
-
 /* The shard map from --shard-map or --stores, and the plan for this model. */
 static int stores_plan(const opts *o, const ra_model *m, ra_shard_map *map, ra_offload_plan *plan, ra_error *err) {
   const ra_model_config *c = &m->cfg;
@@ -263,7 +236,7 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
   ra_state *st = NULL;
   ra_shard_map map = {0};
   ra_offload_plan plan = {0};
-  offload_run run = {0};
+  ra_offload *off = NULL;
   if (o->off.mode == RA_ATTN_FULL) {
     rc = ra_state_new(m, ctx, o->batch < ctx ? o->batch : ctx, o->kv_dtype, &st, err);
   } else {
@@ -272,8 +245,8 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
     oc.max_ctx = ctx;
     oc.max_prompt = (int64_t)n; /* the prefill runs layer by layer over the whole prompt */
     if (oc.mode != RA_ATTN_STREAMING) rc = stores_plan(o, m, &map, &plan, err);
-    if (rc == RA_OK) rc = ra_offload_new(m, oc.mode == RA_ATTN_STREAMING ? NULL : &plan, &oc, &run.o, err);
-    if (rc == RA_OK) st = ra_offload_state(run.o);
+    if (rc == RA_OK) rc = ra_offload_new(m, oc.mode == RA_ATTN_STREAMING ? NULL : &plan, &oc, &off, err);
+    if (rc == RA_OK) st = ra_offload_state(off);
   }
   if (rc) {
     ra_offload_plan_free(&plan);
@@ -282,9 +255,9 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
     return rc;
   }
   ra_gen_config gc = {o->max_new, o->temperature, o->top_p, o->top_k, o->seed, !o->no_stop, NULL, NULL};
-  if (run.o) {
-    gc.forward = offload_forward;
-    gc.forward_ctx = &run;
+  if (off) {
+    gc.forward = ra_offload_forward;
+    gc.forward_ctx = off;
   }
   ra_gen_result res;
   stream_ctx sc = {tok};
@@ -312,14 +285,16 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
         fprintf(f, "], \"prefill_s\": %.6f, \"prefill_tok_s\": %.3f, \"decode_s\": %.6f, \"decode_steps\": %zu, \"decode_tok_s\": %.3f",
                 res.prefill_s, pf, res.decode_s, res.n_decode_steps, dc);
         fprintf(f, ", \"mode\": \"%s\"", ra_attn_mode_name(o->off.mode));
-        if (run.o) {
+        if (off) {
+          size_t n_steps;
+          const ra_offload_stats *steps = ra_offload_step_stats(off, &n_steps);
           fprintf(f, ", \"sink\": %u, \"window\": %u, \"attn_top_k\": %u, \"stores\": %zu, \"prefill\": ", o->off.n_sink,
                   o->off.n_window, o->off.top_k, plan.n_stores);
-          json_write_stats(f, &run.prefill);
+          json_write_stats(f, ra_offload_prefill_stats(off));
           fprintf(f, ", \"steps\": [");
-          for (size_t i = 0; i < run.n_steps; i++) {
+          for (size_t i = 0; i < n_steps; i++) {
             fprintf(f, "%s", i ? ", " : "");
-            json_write_stats(f, &run.steps[i]);
+            json_write_stats(f, &steps[i]);
           }
           fprintf(f, "]");
         }
@@ -330,9 +305,8 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
     }
     ra_gen_result_free(&res);
   }
-  if (run.o) ra_offload_free(run.o);
+  if (off) ra_offload_free(off);
   else ra_state_free(st);
-  free(run.steps);
   ra_offload_plan_free(&plan);
   ra_shard_map_free(&map);
   free(ids);

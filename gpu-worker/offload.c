@@ -47,6 +47,9 @@ struct ra_offload {
   float *evict_k;         /* [n_layers, n_kv_heads, head_dim]: the token leaving the window */
   float *evict_v;
   size_t kv_row;          /* floats per cache row: n_kv_heads * head_dim */
+  ra_offload_stats prefill_stats;
+  ra_offload_stats *steps; /* [n_steps] recorded decode timings */
+  size_t n_steps, steps_cap;
 };
 
 static int64_t ring_rows(const ra_offload *o) { return (int64_t)o->cfg.n_sink + o->cfg.n_window; }
@@ -83,6 +86,7 @@ void ra_offload_free(ra_offload *o) {
   free(o->ml_host);
   free(o->evict_k);
   free(o->evict_v);
+  free(o->steps);
   free(o);
 }
 
@@ -288,6 +292,7 @@ int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offlo
     s.n_offloaded = e - b;
   }
   s.total_us = (double)(uv_hrtime() - t0) / 1e3;
+  o->prefill_stats = s;
   if (stats) *stats = s;
   return RA_OK;
 }
@@ -373,6 +378,32 @@ int ra_offload_decode(ra_offload *o, int32_t token, ra_offload_stats *stats, ra_
   }
   s.n_offloaded = (uint64_t)(off_e - off_b);
   s.total_us = (double)(uv_hrtime() - t0) / 1e3;
+  if (o->n_steps == o->steps_cap) {
+    size_t cap = o->steps_cap ? 2 * o->steps_cap : 64;
+    ra_offload_stats *grown = realloc(o->steps, cap * sizeof *grown);
+    if (!grown) return ra_errorf(err, RA_ENOMEM, "offload: out of memory for step timings");
+    o->steps = grown;
+    o->steps_cap = cap;
+  }
+  o->steps[o->n_steps++] = s;
   if (stats) *stats = s;
   return RA_OK;
+}
+
+int ra_offload_forward(void *ctx, ra_state *st, const int32_t *tokens, int64_t n, ra_error *err) {
+  ra_offload *o = ctx;
+  if (st != o->st) return ra_errorf(err, RA_EINVAL, "offload: forward on a state that is not the runtime's");
+  if (st->pos == 0) return ra_offload_prefill(o, tokens, n, NULL, err);
+  for (int64_t i = 0; i < n; i++) {
+    int rc = ra_offload_decode(o, tokens[i], NULL, err);
+    if (rc) return rc;
+  }
+  return RA_OK;
+}
+
+const ra_offload_stats *ra_offload_prefill_stats(const ra_offload *o) { return &o->prefill_stats; }
+
+const ra_offload_stats *ra_offload_step_stats(const ra_offload *o, size_t *n_steps) {
+  *n_steps = o->n_steps;
+  return o->steps;
 }

@@ -87,4 +87,12 @@ int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offlo
 /* One decode step: feeds `token` at the next position. */
 int ra_offload_decode(ra_offload *o, int32_t token, ra_offload_stats *stats, ra_error *err);
 
+/* A ra_gen_forward_fn (generate.h) over the runtime `ctx`: prefill on the first call, one decode
+ * step per token after. */
+int ra_offload_forward(void *ctx, ra_state *st, const int32_t *tokens, int64_t n, ra_error *err);
+
+/* Timings the runtime recorded: its prefill's, and every decode step's in order. */
+const ra_offload_stats *ra_offload_prefill_stats(const ra_offload *o);
+const ra_offload_stats *ra_offload_step_stats(const ra_offload *o, size_t *n_steps);
+
 #endif

@@ -288,11 +288,13 @@ int cu_matmul(ra_backend *be, const ra_tensor *x, const ra_tensor *w, const ra_t
   if ((rc = want_dtype(x, RA_DTYPE_F32, "matmul", "x", err)) || (rc = want_tensor(w, "matmul", "w", err)) ||
       (rc = want_dtype(y, RA_DTYPE_F32, "matmul", "y", err)))
     return rc;
-  int64_t k = last_dim(x), n = n_rows(x), m = n_rows(w);
-  if (last_dim(w) != k || last_dim(y) != m || n_rows(y) != n)
+  /* As on the CPU: x and y are [n, ...] with everything after the first dim flattened, so the
+   * model's q [n, heads, hd] is [n, heads * hd]. */
+  int64_t n = x->shape[0], k = (int64_t)nelem(x) / (n ? n : 1), m = n_rows(w);
+  if (n < 1 || last_dim(w) != k || y->shape[0] != n || (int64_t)nelem(y) != n * m)
     return ra_errorf(err, RA_EINVAL, "cuda matmul: x [%lld, %lld] w [%lld, %lld] y [%lld, %lld] do not fit",
-                     (long long)n, (long long)k, (long long)m, (long long)last_dim(w), (long long)n_rows(y),
-                     (long long)last_dim(y));
+                     (long long)n, (long long)k, (long long)m, (long long)last_dim(w), (long long)y->shape[0],
+                     (long long)(nelem(y) / (size_t)(y->shape[0] ? y->shape[0] : 1)));
   if (bias && ((rc = want_tensor(bias, "matmul", "bias", err)) || (int64_t)nelem(bias) != m))
     return rc ? rc : ra_errorf(err, RA_EINVAL, "cuda matmul: bias is not [%lld]", (long long)m);
   if (k > INT32_MAX || m > INT32_MAX || n > INT32_MAX)

@@ -1,0 +1,283 @@
+/* The distributed decode end to end, on SmolLM2-135M (CPU backend) and two real kv-store
+ * processes, with most of the context in the stores (sink 32, window 64):
+ *   - on a ~2K-token needle prompt, flat and roar generate the same answer as full attention;
+ *   - teacher-forced over 256 tokens of natural text, flat and roar pick the same next token as
+ *     full attention at >= 99 % of positions (KL(full || mode) is printed);
+ *   - flat with k >= the offloaded count is full attention: the same logits to rounding, which
+ *     proves the partition of [0, n) and the merge;
+ *   - a store killed mid-decode stops the step with an error naming it. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <math.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include "generate.h"
+#include "harness.h"
+#include "loader.h"
+#include "offload.h"
+
+enum { SINK = 32, WINDOW = 64, PROMPT = 1024, FORCED = 256 };
+
+static struct {
+  ra_backend *be;
+  ra_model *m;
+  ra_tokenizer *tok;
+  harness_store st[2];
+  ra_shard_map map;
+  ra_offload_plan plan;
+} F;
+
+static void ok(int rc, const ra_error *err) {
+  if (rc != RA_OK) fail_msg("%s: %s", ra_status_name(rc), err->msg);
+}
+
+static int setup(void **state) {
+  char path[1024];
+  const char *src = getenv("RA_SOURCE_DIR");
+  snprintf(path, sizeof path, "%s/models/SmolLM2-135M-Instruct.Q4_1.gguf", src ? src : ".");
+  ra_error err;
+  ra_backend_config bc = {0};
+  if (ra_backend_create("cpu", &bc, &F.be, &err) || ra_load_model(F.be, path, NULL, 1, &F.m, &F.tok, &err)) {
+    fprintf(stderr, "FAIL: %s (the model comes from deploy/fetch-model.sh)\n", err.msg);
+    return -1;
+  }
+  const char *args[] = {"--threads", "1", NULL};
+  for (int i = 0; i < 2; i++)
+    if (harness_store_start(&F.st[i], args) != 0) return -1;
+  const char *addrs[2] = {F.st[0].addr, F.st[1].addr};
+  const ra_model_config *c = &F.m->cfg;
+  if (ra_shard_map_spread(addrs, 2, (uint32_t)c->n_layers, (uint32_t)c->n_kv_heads, &F.map, &err) ||
+      ra_offload_plan_build(&F.map, (uint32_t)c->n_layers, (uint32_t)c->n_heads, (uint32_t)c->n_kv_heads, SINK,
+                            WINDOW, &F.plan, &err)) {
+    fprintf(stderr, "FAIL: %s\n", err.msg);
+    return -1;
+  }
+  return 0;
+}
+
+static int teardown(void **state) {
+  int rc = 0;
+  for (int i = 0; i < 2; i++)
+    if (F.st[i].pid > 0 && harness_store_stop(&F.st[i], 5000) != 0) rc = -1;
+  ra_offload_plan_free(&F.plan);
+  ra_shard_map_free(&F.map);
+  ra_tok_free(F.tok);
+  ra_model_free(F.m);
+  ra_backend_destroy(F.be);
+  return rc;
+}
+
+static ra_offload *offload_new(ra_attn_mode mode, uint32_t top_k, ra_dtype store_dtype, int64_t max_prompt,
+                               int64_t max_ctx) {
+  ra_offload_config c;
+  ra_offload_config_default(&c);
+  c.mode = mode;
+  c.n_sink = SINK;
+  c.n_window = WINDOW;
+  c.top_k = top_k;
+  c.store_dtype = store_dtype;
+  c.max_prompt = max_prompt;
+  c.max_ctx = max_ctx;
+  ra_offload *o;
+  ra_error err;
+  ok(ra_offload_new(F.m, &F.plan, &c, &o, &err), &err);
+  return o;
+}
+
+/* Text of a file, tokenized; at most max_tokens. */
+static int32_t *file_tokens(const char *path, size_t max_tokens, size_t *n) {
+  FILE *f = fopen(path, "rb");
+  if (!f) fail_msg("cannot open %s", path);
+  static char text[65536];
+  size_t len = fread(text, 1, sizeof text - 1, f);
+  fclose(f);
+  text[len] = 0;
+  int32_t *ids;
+  ra_error err;
+  ok(ra_tok_encode(F.tok, text, len, 1, 0, &ids, n, &err), &err);
+  if (*n > max_tokens) *n = max_tokens;
+  return ids;
+}
+
+/* Greedy answer to a prompt: full attention on an ordinary state, or an offload mode. */
+static size_t answer(ra_attn_mode mode, const int32_t *prompt, size_t n, int max_new, int32_t *out) {
+  ra_error err;
+  ra_state *st = NULL;
+  ra_offload *o = NULL;
+  ra_gen_config gc = {.max_new_tokens = max_new, .top_p = 1.0f, .top_k = 1, .seed = 1, .stop_at_eos = 1};
+  if (mode == RA_ATTN_FULL) {
+    ok(ra_state_new(F.m, (int64_t)n + max_new, (int64_t)n, RA_DTYPE_F32, &st, &err), &err);
+  } else {
+    o = offload_new(mode, 100, RA_DTYPE_F16, (int64_t)n, (int64_t)n + max_new);
+    st = ra_offload_state(o);
+    gc.forward = ra_offload_forward;
+    gc.forward_ctx = o;
+  }
+  ra_gen_result res;
+  ok(ra_generate(st, F.tok, prompt, n, &gc, NULL, NULL, &res, &err), &err);
+  size_t k = res.n_tokens;
+  memcpy(out, res.tokens, k * sizeof *out);
+  ra_gen_result_free(&res);
+  if (o) ra_offload_free(o);
+  else ra_state_free(st);
+  return k;
+}
+
+static void print_tokens(const char *label, const int32_t *ids, size_t n) {
+  char *text;
+  size_t len;
+  ra_error err;
+  ok(ra_tok_decode(F.tok, ids, n, &text, &len, &err), &err);
+  print_message("%-5s \"%s\"\n", label, text);
+  free(text);
+}
+
+static void test_needle_answer_matches_full(void **state) {
+  /* ~2K tokens of license text with a needle a third of the way in, then the question. */
+  static char prompt[65536];
+  FILE *f = fopen("/usr/share/common-licenses/GPL-3", "rb");
+  assert_non_null(f);
+  static char hay[10001];
+  size_t len = fread(hay, 1, 10000, f);
+  fclose(f);
+  hay[len] = 0;
+  size_t cut = len / 3;
+  snprintf(prompt, sizeof prompt,
+           "%.*s\nThe secret passkey is 48213. Remember it.\n%s\nWhat is the secret passkey? Answer with the number only.",
+           (int)cut, hay, hay + cut);
+  char *chat;
+  int32_t *ids;
+  size_t n;
+  ra_error err;
+  ok(ra_tok_chat_format(F.tok, NULL, prompt, &chat, &err), &err);
+  ok(ra_tok_encode(F.tok, chat, strlen(chat), ra_tok_add_bos(F.tok), 1, &ids, &n, &err), &err);
+  free(chat);
+  print_message("needle prompt: %zu tokens, %zu offloaded\n", n, n - SINK - WINDOW);
+  assert_true(n > 1500);
+  int32_t full[16], flat[16], roar[16];
+  size_t nf = answer(RA_ATTN_FULL, ids, n, 8, full);
+  size_t nl = answer(RA_ATTN_FLAT, ids, n, 8, flat);
+  size_t nr = answer(RA_ATTN_ROAR, ids, n, 8, roar);
+  print_tokens("full", full, nf);
+  print_tokens("flat", flat, nl);
+  print_tokens("roar", roar, nr);
+  assert_true(nf > 0);
+  assert_int_equal(nl, nf);
+  assert_memory_equal(flat, full, nf * sizeof *full);
+  assert_int_equal(nr, nf);
+  assert_memory_equal(roar, full, nf * sizeof *full);
+  free(ids);
+}
+
+/* The logits after every step of a teacher-forced offload decode, against full attention. */
+typedef struct agreement {
+  size_t positions, same_top1;
+  double kl_mean, max_abs;
+} agreement;
+
+static agreement forced(ra_attn_mode mode, uint32_t top_k, ra_dtype store_dtype, const int32_t *ids,
+                        const float *full_logits) {
+  int vocab = F.m->cfg.vocab;
+  ra_offload *o = offload_new(mode, top_k, store_dtype, PROMPT, PROMPT + FORCED);
+  ra_state *st = ra_offload_state(o);
+  ra_error err;
+  float *lg = malloc((size_t)vocab * sizeof *lg);
+  agreement a = {0};
+  ok(ra_offload_prefill(o, ids, PROMPT, NULL, &err), &err);
+  for (int t = 0; t < FORCED; t++) {
+    if (t > 0) ok(ra_offload_decode(o, ids[PROMPT + t - 1], NULL, &err), &err);
+    ok(st->be->ops->download(st->be, &st->logits, 0, lg, (size_t)vocab, &err), &err);
+    const float *ref = full_logits + (size_t)(PROMPT + t - 1) * vocab;
+    int am = 0, ar = 0;
+    double zm = 0, zr = 0, mm = lg[0], mr = ref[0];
+    for (int v = 0; v < vocab; v++) {
+      if (lg[v] > lg[am]) am = v;
+      if (ref[v] > ref[ar]) ar = v;
+      a.max_abs = fmax(a.max_abs, fabs((double)lg[v] - ref[v]));
+      mm = fmax(mm, lg[v]);
+      mr = fmax(mr, ref[v]);
+    }
+    for (int v = 0; v < vocab; v++) {
+      zm += exp(lg[v] - mm);
+      zr += exp(ref[v] - mr);
+    }
+    double kl = 0;
+    for (int v = 0; v < vocab; v++) {
+      double lp = ref[v] - mr - log(zr), lq = lg[v] - mm - log(zm);
+      kl += exp(lp) * (lp - lq);
+    }
+    a.kl_mean += kl / FORCED;
+    a.same_top1 += am == ar;
+    a.positions++;
+  }
+  free(lg);
+  ra_offload_free(o);
+  return a;
+}
+
+static void test_teacher_forced_agreement_and_exact_flat(void **state) {
+  size_t n;
+  int32_t *ids = file_tokens("/usr/share/common-licenses/GPL-3", PROMPT + FORCED, &n);
+  assert_int_equal(n, PROMPT + FORCED);
+  /* full attention: the logits of every position in one forward */
+  ra_state *st;
+  ra_error err;
+  ok(ra_state_new(F.m, PROMPT + FORCED, PROMPT + FORCED, RA_DTYPE_F32, &st, &err), &err);
+  ok(ra_model_forward(st, ids, PROMPT + FORCED, 1, NULL, &err), &err);
+  size_t nl = (size_t)(PROMPT + FORCED) * (size_t)F.m->cfg.vocab;
+  float *full = malloc(nl * sizeof *full);
+  ok(st->be->ops->download(st->be, &st->logits, 0, full, nl, &err), &err);
+  ra_state_free(st);
+
+  agreement all = forced(RA_ATTN_FLAT, PROMPT + FORCED, RA_DTYPE_F32, ids, full);
+  print_message("flat k=all (f32 stores): top-1 %zu/%zu, max |logit diff| %.2e, KL %.2e\n", all.same_top1,
+                all.positions, all.max_abs, all.kl_mean);
+  assert_int_equal(all.same_top1, all.positions);
+  assert_true(all.max_abs < 1e-3);
+
+  static const ra_attn_mode modes[] = {RA_ATTN_FLAT, RA_ATTN_ROAR};
+  for (size_t i = 0; i < 2; i++) {
+    agreement a = forced(modes[i], 100, RA_DTYPE_F16, ids, full);
+    print_message("%s k=100: top-1 agreement %zu/%zu (%.1f %%), mean KL(full || %s) %.3e\n",
+                  ra_attn_mode_name(modes[i]), a.same_top1, a.positions, 100.0 * (double)a.same_top1 / (double)a.positions,
+                  ra_attn_mode_name(modes[i]), a.kl_mean);
+    assert_true((double)a.same_top1 >= 0.99 * (double)a.positions);
+  }
+  free(full);
+  free(ids);
+}
+
+static void test_store_killed_mid_decode_names_it(void **state) {
+  size_t n;
+  int32_t *ids = file_tokens("/usr/share/common-licenses/GPL-3", 400, &n);
+  ra_offload *o = offload_new(RA_ATTN_FLAT, 100, RA_DTYPE_F16, (int64_t)n, (int64_t)n + 8);
+  ra_error err;
+  ok(ra_offload_prefill(o, ids, (int64_t)n, NULL, &err), &err);
+  ok(ra_offload_decode(o, ids[1], NULL, &err), &err);
+  kill(F.st[1].pid, SIGKILL);
+  waitpid(F.st[1].pid, NULL, 0);
+  F.st[1].pid = 0;
+  int rc = ra_offload_decode(o, ids[2], NULL, &err);
+  print_message("after killing %s: %s\n", F.st[1].addr, err.msg);
+  assert_true(rc < 0);
+  assert_non_null(strstr(err.msg, F.st[1].addr));
+  ra_offload_free(o);
+  free(ids);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_needle_answer_matches_full),
+      cmocka_unit_test(test_teacher_forced_agreement_and_exact_flat),
+      cmocka_unit_test(test_store_killed_mid_decode_names_it), /* last: it kills a store */
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
