@@ -496,7 +496,7 @@ static void write_plot(const opts *o, head_result *hr, int n_heads, char *note, 
   }
   const char *slash = strrchr(base, '/');
   fprintf(g, "# index-bench plot: mean over heads of recall vs %% of indexed keys scanned.\n"
-             "set terminal pngcairo size 1800,560 font ',10'\nset output '%s.png'\n"
+             "set terminal pngcairo size 1800,560 font ',10' noenhanced\nset output '%s.png'\n"
              "set multiplot layout 1,3 title '%s (mean over %d heads)'\n"
              "set logscale x\nset xlabel '%% of indexed keys scanned'\nset ylabel 'recall'\n"
              "set yrange [0:1.02]\nset grid\nset key bottom right\n",

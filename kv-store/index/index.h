@@ -149,7 +149,7 @@ typedef struct {
   uint32_t entry;
   double mean_degree;
   uint32_t max_degree;
-  uint32_t n_pivots;   /* roar: distinct top-1 keys of the build queries */
+  uint32_t n_pivots;   /* roar: distinct pivot keys (top-`pivots` of the build queries' lists) */
   uint32_t n_repaired; /* keys linked by the connectivity repair */
 } ra_index_graph_stats;
 void ra_index_get_graph_stats(const ra_index *ix, ra_index_graph_stats *st);

@@ -124,13 +124,15 @@ int ra_roar_build(ra_index *ix, const ra_keys *keys, const ra_queries *qs, ra_er
   lists = own;
   stride = nq;
 
-  /* Queries grouped by pivot (CSR, query order kept), and the largest candidate union. */
-  off = calloc((size_t)n + 1, sizeof *off);
-  byp = malloc((size_t)m * sizeof *byp);
-  if (!off || !byp) goto nomem;
+  /* (query, pivot) pairs grouped by pivot key (CSR, query order kept), and the largest group. */
   uint32_t ppq = ix->params.pivots < nq ? ix->params.pivots : nq;
-  byp = realloc(byp, (size_t)m * ppq * sizeof *byp);
-  if (!byp) goto nomem;
+  if ((uint64_t)m * ppq > UINT32_MAX) {
+    rc = ra_errorf(err, RA_EINVAL, "roar: %u queries x %u pivots is too many", m, ppq);
+    goto fail;
+  }
+  off = calloc((size_t)n + 1, sizeof *off);
+  byp = malloc((size_t)m * ppq * sizeof *byp);
+  if (!off || !byp) goto nomem;
   for (uint32_t i = 0; i < m; i++)
     for (uint32_t j = 0; j < ppq; j++) off[lists[(size_t)i * stride + j] + 1]++;
   uint32_t max_group = 0, n_pivots = 0;

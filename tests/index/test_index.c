@@ -17,8 +17,8 @@
 #include "knn.h"
 
 #define DIM 32
-#define NK 3000
-#define NQ 1500
+#define NK 2000
+#define NQ 1000
 
 typedef struct {
   float *keys;  /* [NK + extra, DIM] */
@@ -528,7 +528,7 @@ static void test_estimate_covers_bytes(void **state) {
     size_t est = ra_index_estimate_bytes(&p, NK, DIM, NQ), got = ra_index_bytes(ix);
     print_message("%s: %zu bytes held, %zu estimated\n", ra_index_kind_name(kinds[t]), got, est);
     assert_true(got <= est);
-    if (kinds[t] == RA_INDEX_ROAR) assert_true(got >= (size_t)NK * 32 * 4);
+    if (kinds[t] == RA_INDEX_ROAR) assert_true(got >= (size_t)NK * p.degree * 4);
     ra_index_free(ix);
   }
   free_data(&d);
@@ -572,22 +572,27 @@ static void test_concurrent_search(void **state) {
   free_data(&d);
 }
 
+/* Two executables from this file (RA_TEST_GROUP 1: search, 2: build and insertion) keep each
+ * ctest entry well under its time budget, also under ASan. */
 int main(void) {
-  const struct CMUnitTest tests[] = {
+  const struct CMUnitTest search_tests[] = {
       cmocka_unit_test(test_knn_matches_naive),
       cmocka_unit_test(test_flat_is_exact),
       cmocka_unit_test(test_roar_exact_when_beam_covers),
       cmocka_unit_test(test_kgraph_exact_when_beam_covers),
       cmocka_unit_test(test_ivf_all_probes_exact),
-      cmocka_unit_test(test_roar_recall_on_shifted_queries),
-      cmocka_unit_test(test_insertion_keeps_invariants_and_recall),
-      cmocka_unit_test(test_insert_into_empty),
-      cmocka_unit_test(test_build_is_deterministic),
-      cmocka_unit_test(test_roar_from_knn_lists),
       cmocka_unit_test(test_f16_keys),
       cmocka_unit_test(test_errors),
-      cmocka_unit_test(test_estimate_covers_bytes),
       cmocka_unit_test(test_concurrent_search),
+      cmocka_unit_test(test_roar_from_knn_lists),
+      cmocka_unit_test(test_insert_into_empty),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  const struct CMUnitTest build_tests[] = {
+      cmocka_unit_test(test_roar_recall_on_shifted_queries),
+      cmocka_unit_test(test_insertion_keeps_invariants_and_recall),
+      cmocka_unit_test(test_build_is_deterministic),
+      cmocka_unit_test(test_estimate_covers_bytes),
+  };
+  if (RA_TEST_GROUP == 1) return cmocka_run_group_tests(search_tests, NULL, NULL);
+  return cmocka_run_group_tests(build_tests, NULL, NULL);
 }
