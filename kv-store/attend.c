@@ -526,7 +526,7 @@ static uint32_t scan_tail(const plan *p, const search_task *t, const float *q, u
                           uint64_t *scanned) {
   const kvs_shard *sh = t->shard;
   float buf[KVS_TAIL_BLOCK];
-  if (heap->k == 0 && ra_topk_init(heap, k) != RA_OK) return UINT32_MAX;
+  if (!heap->score && ra_topk_init(heap, k) != RA_OK) return UINT32_MAX;
   ra_topk_reset(heap);
   for (uint32_t i = 0; i < n; i++) ra_topk_push(heap, scores[i], ids[i]);
   for (uint64_t r = from; r < sh->n; r += KVS_TAIL_BLOCK) {

@@ -197,9 +197,9 @@ static int build_snapshot(kvs_session *s, shard_build *b, ra_error *err) {
   if (rc == RA_OK) {
     b->charged += bytes;
     b->copy = malloc(bytes ? bytes : 1);
-    if (b->copy)
+    if (b->copy && bytes)
       memcpy(b->copy, b->sh->keys, bytes);
-    else
+    else if (!b->copy)
       rc = ra_errorf(err, RA_ENOMEM, "out of memory copying %llu keys",
                      (unsigned long long)b->n_snap);
   }

@@ -109,6 +109,51 @@ int main(int argc, char **argv) {
   write_seed("attend_layer1", FUZZ_ATTEND, &at.base);
   at.mode = RAKV__ATTEND_MODE__MODE_IVF;
   write_seed("attend_ivf", FUZZ_ATTEND, &at.base);
+  at.mode = RAKV__ATTEND_MODE__MODE_KGRAPH;
+  Rakv__SearchParams search = RAKV__SEARCH_PARAMS__INIT;
+  search.ef = 4;
+  at.search = &search;
+  write_seed("attend_kgraph_shared", FUZZ_ATTEND, &at.base);
+  heads[0] = 0;
+  at.n_q_heads = 1;
+  at.q.len = FUZZ_DIM * 4;
+  at.layer = 0;
+  at.mode = RAKV__ATTEND_MODE__MODE_ROAR;
+  at.top_k = 5;
+  write_seed("attend_roar", FUZZ_ATTEND, &at.base);
+
+  /* BuildIndex: ivf from defaults, roar from vectors, roar from knn positions (some outside the
+   * shard), a shared kgraph over the two empty shards of layer 1 kv head 1. */
+  Rakv__IndexParams ip = RAKV__INDEX_PARAMS__INIT;
+  ip.kind = RAKV__ATTEND_MODE__MODE_IVF;
+  ip.n_lists = 3;
+  Rakv__BuildIndexRequest bi = RAKV__BUILD_INDEX_REQUEST__INIT;
+  bi.session_id.data = placeholder;
+  bi.session_id.len = 16;
+  bi.q_head = 1;
+  bi.params = &ip;
+  write_seed("build_ivf", FUZZ_BUILD, &bi.base);
+  ip.kind = RAKV__ATTEND_MODE__MODE_ROAR;
+  ip.n_lists = 0;
+  ip.degree = 4;
+  ip.build_ef = 8;
+  bi.queries.data = (uint8_t *)q;
+  bi.queries.len = sizeof q;
+  bi.n_queries = 2;
+  write_seed("build_roar_queries", FUZZ_BUILD, &bi.base);
+  uint64_t knn[6] = {3, 1, 15, 2, 40, 0};
+  bi.knn_ids = knn;
+  bi.n_knn_ids = 6;
+  write_seed("build_roar_knn", FUZZ_BUILD, &bi.base);
+  bi.queries.len = 0;
+  write_seed("build_roar_knn_only", FUZZ_BUILD, &bi.base);
+  bi.n_knn_ids = 0;
+  bi.n_queries = 0;
+  bi.layer = 1;
+  bi.q_head = 2;
+  ip.kind = RAKV__ATTEND_MODE__MODE_KGRAPH;
+  ip.per_kv_head = 1;
+  write_seed("build_kgraph_shared", FUZZ_BUILD, &bi.base);
 
   Rakv__CloseSessionRequest cl = RAKV__CLOSE_SESSION_REQUEST__INIT;
   cl.session_id.data = placeholder;

@@ -69,6 +69,28 @@ static int open_live(void) {
   if (rc == RA_OK) rc = pack_into(&c.base, &b);
   if (rc == RA_OK) rc = kvs_service_put_chunk(svc, &st, b.data, b.len, &err);
   if (rc == RA_OK) rc = kvs_service_put_finish(svc, &st, &reply, &err);
+
+  float q[2 * FUZZ_DIM];
+  for (int i = 0; i < 2 * FUZZ_DIM; i++) q[i] = 0.5f - 0.125f * (float)(i % 9);
+  Rakv__IndexParams ip = RAKV__INDEX_PARAMS__INIT;
+  ip.kind = RAKV__ATTEND_MODE__MODE_ROAR;
+  Rakv__BuildIndexRequest bi = RAKV__BUILD_INDEX_REQUEST__INIT;
+  bi.session_id.data = live_id;
+  bi.session_id.len = 16;
+  bi.params = &ip;
+  bi.queries.data = (uint8_t *)q;
+  bi.queries.len = sizeof q;
+  bi.n_queries = 2;
+  if (rc == RA_OK) rc = pack_into(&bi.base, &b);
+  if (rc == RA_OK) rc = kvs_service_build_index(svc, b.data, b.len, &reply, &err);
+  ip.kind = RAKV__ATTEND_MODE__MODE_KGRAPH;
+  ip.per_kv_head = 1;
+  bi.layer = 1;
+  bi.q_head = 3;
+  bi.queries.len = 0;
+  bi.n_queries = 0;
+  if (rc == RA_OK) rc = pack_into(&bi.base, &b);
+  if (rc == RA_OK) rc = kvs_service_build_index(svc, b.data, b.len, &reply, &err);
   ra_buf_free(&b);
   return rc;
 }
@@ -130,6 +152,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case FUZZ_CLOSE: kvs_service_close_session(svc, req, len, &reply, &err); break;
     case FUZZ_STATS: kvs_service_stats(svc, req, len, &reply, &err); break;
     case FUZZ_HEALTH: kvs_service_health(svc, req, len, &reply, &err); break;
+    case FUZZ_BUILD: kvs_service_build_index(svc, req, len, &reply, &err); break;
   }
   free(req);
   kvs_session *s;
