@@ -91,7 +91,8 @@ static int parse_args(int argc, char **argv, opts *o) {
   o->dim = 64;
   o->seed = 1;
   o->dtype = RA_DTYPE_F16;
-  for (int i = 1; i < argc; i++) {
+  /* Every option takes a value: options stand at odd indices, values after them. */
+  for (int i = 1; i < argc; i += 2) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!v) return -1;
     if (!strcmp(a, "--out")) o->out = v;
@@ -107,7 +108,6 @@ static int parse_args(int argc, char **argv, opts *o) {
     } else {
       return -1;
     }
-    i++;
   }
   if (!o->out || o->tokens < 8 || o->layers < 1 || o->q_heads < 1 || o->kv_heads < 1 ||
       o->q_heads % o->kv_heads || o->dim < 8 || o->dim % 4 || o->dim > 1024)
