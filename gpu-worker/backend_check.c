@@ -74,3 +74,18 @@ int ra_backend_check_attn_decode(const char *be_name, const ra_tensor *q, const 
                        (long long)ranges[i].begin, (long long)ranges[i].end, (long long)n_ctx);
   return RA_OK;
 }
+
+int ra_backend_check_attn_merge(const char *be_name, const ra_tensor *o_acc, const ra_tensor *ml_acc,
+                                const ra_tensor *o, const ra_tensor *ml, ra_error *err) {
+  const char *op = "attn_merge";
+  int rc;
+  if ((rc = ra_backend_check_dtype(be_name, o_acc, RA_DTYPE_F32, op, "o_acc", err)) ||
+      (rc = ra_backend_check_dtype(be_name, ml_acc, RA_DTYPE_F32, op, "ml_acc", err)) ||
+      (rc = ra_backend_check_dtype(be_name, o, RA_DTYPE_F32, op, "o", err)) ||
+      (rc = ra_backend_check_dtype(be_name, ml, RA_DTYPE_F32, op, "ml", err)))
+    return rc;
+  size_t heads = nelem(ml) / 2;
+  if (heads == 0 || nelem(ml_acc) != heads * 2 || nelem(o) != nelem(o_acc) || nelem(o) % heads != 0)
+    return ra_errorf(err, RA_EINVAL, "%s %s: shapes differ", be_name, op);
+  return RA_OK;
+}

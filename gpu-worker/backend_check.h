@@ -22,4 +22,9 @@ int ra_backend_check_attn_decode(const char *be_name, const ra_tensor *q, const 
                                  const ra_tensor *vc, const ra_token_range *ranges, int n_ranges,
                                  const ra_tensor *o, const ra_tensor *ml, ra_error *err);
 
+/* o_acc, ml_acc, o, ml all F32; ml and ml_acc [n_heads, 2]; o and o_acc as many elements, a
+ * whole number per head. */
+int ra_backend_check_attn_merge(const char *be_name, const ra_tensor *o_acc, const ra_tensor *ml_acc,
+                                const ra_tensor *o, const ra_tensor *ml, ra_error *err);
+
 #endif

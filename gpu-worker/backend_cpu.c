@@ -510,15 +510,9 @@ static int cpu_attn_decode(ra_backend *be, const ra_tensor *q, const ra_tensor *
 
 static int cpu_attn_merge(ra_backend *be, ra_tensor *o_acc, ra_tensor *ml_acc, const ra_tensor *o, const ra_tensor *ml,
                           ra_error *err) {
-  int rc;
-  if ((rc = want_dtype(o_acc, RA_DTYPE_F32, "attn_merge", "o_acc", err)) ||
-      (rc = want_dtype(ml_acc, RA_DTYPE_F32, "attn_merge", "ml_acc", err)) ||
-      (rc = want_dtype(o, RA_DTYPE_F32, "attn_merge", "o", err)) || (rc = want_dtype(ml, RA_DTYPE_F32, "attn_merge", "ml", err)))
-    return rc;
+  int rc = ra_backend_check_attn_merge("cpu", o_acc, ml_acc, o, ml, err);
+  if (rc) return rc;
   size_t heads = ra_tensor_nelem(ml) / 2;
-  if (heads == 0 || ra_tensor_nelem(ml_acc) != heads * 2 || ra_tensor_nelem(o) != ra_tensor_nelem(o_acc) ||
-      ra_tensor_nelem(o) % heads != 0)
-    return ra_errorf(err, RA_EINVAL, "cpu attn_merge: shapes differ");
   int hd = (int)(ra_tensor_nelem(o) / heads);
   float *oa = o_acc->data, *mla = ml_acc->data;
   const float *ob = o->data, *mlb = ml->data;

@@ -468,14 +468,9 @@ int cu_attn_decode(ra_backend *be, const ra_tensor *q, const ra_tensor *kc, cons
 
 int cu_attn_merge(ra_backend *be, ra_tensor *o_acc, ra_tensor *ml_acc, const ra_tensor *o, const ra_tensor *ml,
                   ra_error *err) {
-  int rc;
-  if ((rc = want_dtype(o_acc, RA_DTYPE_F32, "attn_merge", "o_acc", err)) ||
-      (rc = want_dtype(ml_acc, RA_DTYPE_F32, "attn_merge", "ml_acc", err)) ||
-      (rc = want_dtype(o, RA_DTYPE_F32, "attn_merge", "o", err)) || (rc = want_dtype(ml, RA_DTYPE_F32, "attn_merge", "ml", err)))
-    return rc;
+  int rc = ra_backend_check_attn_merge("cuda", o_acc, ml_acc, o, ml, err);
+  if (rc) return rc;
   size_t heads = nelem(ml) / 2;
-  if (heads == 0 || nelem(ml_acc) != heads * 2 || nelem(o) != nelem(o_acc) || nelem(o) % heads != 0)
-    return ra_errorf(err, RA_EINVAL, "cuda attn_merge: shapes differ");
   CU_TRY("attn_merge", ra_cuda_attn_merge(impl_of(be)->stream, (float *)o_acc->data, (float *)ml_acc->data,
                                           (const float *)o->data, (const float *)ml->data, (int64_t)heads,
                                           (int64_t)(nelem(o) / heads)));
