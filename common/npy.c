@@ -210,19 +210,43 @@ out:
   return rc;
 }
 
-int ra_npy_write(const char *path, ra_dtype dtype, uint64_t rows, uint64_t cols, const void *data,
-                 ra_error *err) {
-  const char *descr = dtype == RA_DTYPE_F32 ? "<f4" : dtype == RA_DTYPE_F16 ? "<f2" : NULL;
-  if (!descr) return ra_errorf(err, RA_EINVAL, "npy: cannot write dtype %s", ra_dtype_name(dtype));
-  uint64_t es = ra_dtype_size(dtype);
-  if (cols && rows > UINT64_MAX / cols / es)
-    return ra_errorf(err, RA_EINVAL, "npy: shape overflows");
-  uint64_t bytes = rows * cols * es;
-  if (bytes && !data) return ra_errorf(err, RA_EINVAL, "npy: data is NULL");
+int ra_npy_read_f32(const char *path, ra_npy *out, ra_error *err) {
+  int rc = ra_npy_read(path, out, err);
+  if (rc || out->dtype == RA_DTYPE_F32) return rc;
+  size_t n = (size_t)(out->rows * out->cols);
+  float *f = n <= SIZE_MAX / sizeof *f ? malloc(n ? n * sizeof *f : 1) : NULL;
+  if (!f) {
+    ra_npy_free(out);
+    return ra_errorf(err, RA_ENOMEM, "%s: out of memory for %zu floats", path, n);
+  }
+  ra_dtype_to_fp32_n(out->dtype, out->data, f, n);
+  free(out->data);
+  out->data = f;
+  out->dtype = RA_DTYPE_F32;
+  return RA_OK;
+}
+
+void ra_npy_free(ra_npy *a) {
+  free(a->data);
+  memset(a, 0, sizeof *a);
+}
+
+struct ra_npy_writer {
+  FILE *f;
+  char *path;
+  ra_dtype dtype;
+  uint64_t n_rows, n_cols, written;
+  void *conv; /* one row in the file dtype */
+};
+
+/* The format 1.0 preamble and header dict for a 2-D array, padded as numpy pads it. */
+static int write_header(FILE *f, ra_dtype dtype, uint64_t rows, uint64_t cols) {
   char dict[160];
-  int dl = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (%llu, %llu), }",
-                    descr, (unsigned long long)rows, (unsigned long long)cols);
-  /* Preamble + dict + space padding + '\n' is a multiple of 64, as numpy writes it. */
+  int dl = snprintf(dict, sizeof dict,
+                    "{'descr': '%s', 'fortran_order': False, 'shape': (%llu, %llu), }",
+                    dtype == RA_DTYPE_F16 ? "<f2" : "<f4", (unsigned long long)rows,
+                    (unsigned long long)cols);
+  /* Preamble + dict + space padding + '\n' is a multiple of 64. */
   size_t pre = 10, total = (pre + (size_t)dl + 1 + 63) / 64 * 64;
   unsigned char head[256];
   memcpy(head, MAGIC, sizeof MAGIC);
@@ -234,18 +258,86 @@ int ra_npy_write(const char *path, ra_dtype dtype, uint64_t rows, uint64_t cols,
   memcpy(head + pre, dict, (size_t)dl);
   memset(head + pre + dl, ' ', total - pre - (size_t)dl - 1);
   head[total - 1] = '\n';
-  FILE *f = fopen(path, "wb");
-  if (!f) return ra_errorf(err, RA_EIO, "%s: %s", path, strerror(errno));
-  int ok = fwrite(head, 1, total, f) == total && fwrite(data, 1, (size_t)bytes, f) == bytes;
-  ok = (fclose(f) == 0) && ok;
-  if (!ok) {
-    remove(path);
-    return ra_errorf(err, RA_EIO, "%s: write failed", path);
+  return fwrite(head, 1, total, f) == total ? RA_OK : RA_EIO;
+}
+
+int ra_npy_writer_open(const char *path, ra_dtype dtype, uint64_t n_rows, uint64_t n_cols,
+                       ra_npy_writer **out, ra_error *err) {
+  if (dtype != RA_DTYPE_F32 && dtype != RA_DTYPE_F16)
+    return ra_errorf(err, RA_EINVAL, "npy: cannot write dtype %s", ra_dtype_name(dtype));
+  /* The bound keeps the one-row conversion buffer small; no dump row comes near it. */
+  if (n_cols == 0 || n_cols > (1u << 24))
+    return ra_errorf(err, RA_EINVAL, "npy: bad row length %llu", (unsigned long long)n_cols);
+  if (n_rows > UINT64_MAX / n_cols / ra_dtype_size(dtype))
+    return ra_errorf(err, RA_EINVAL, "npy: shape overflows");
+  ra_npy_writer *w = calloc(1, sizeof *w);
+  if (!w) return ra_errorf(err, RA_ENOMEM, "npy: out of memory");
+  w->dtype = dtype;
+  w->n_rows = n_rows;
+  w->n_cols = n_cols;
+  w->path = strdup(path);
+  w->conv = malloc((size_t)n_cols * ra_dtype_size(dtype));
+  w->f = fopen(path, "wb");
+  int rc = RA_OK;
+  if (!w->path || !w->conv)
+    rc = ra_errorf(err, RA_ENOMEM, "npy: out of memory");
+  else if (!w->f)
+    rc = ra_errorf(err, RA_EIO, "%s: %s", path, strerror(errno));
+  else if (write_header(w->f, dtype, n_rows, n_cols))
+    rc = ra_errorf(err, RA_EIO, "%s: write failed", path);
+  if (rc != RA_OK) {
+    if (w->f) {
+      fclose(w->f);
+      remove(path);
+    }
+    free(w->conv);
+    free(w->path);
+    free(w);
+    return rc;
   }
+  *out = w;
   return RA_OK;
 }
 
-void ra_npy_free(ra_npy *a) {
-  free(a->data);
-  memset(a, 0, sizeof *a);
+int ra_npy_writer_append(ra_npy_writer *w, const float *rows, uint64_t k, ra_error *err) {
+  if (k > w->n_rows - w->written)
+    return ra_errorf(err, RA_ESTATE, "%s: appending %llu rows past the declared %llu", w->path,
+                     (unsigned long long)k, (unsigned long long)w->n_rows);
+  size_t bytes = (size_t)w->n_cols * ra_dtype_size(w->dtype);
+  for (uint64_t r = 0; r < k; r++) {
+    const float *src = rows + r * w->n_cols;
+    const void *row = src;
+    if (w->dtype == RA_DTYPE_F16) {
+      ra_fp32_to_fp16_n(src, w->conv, (size_t)w->n_cols);
+      row = w->conv;
+    }
+    if (fwrite(row, 1, bytes, w->f) != bytes)
+      return ra_errorf(err, RA_EIO, "%s: write failed", w->path);
+  }
+  w->written += k;
+  return RA_OK;
+}
+
+int ra_npy_writer_close(ra_npy_writer *w, ra_error *err) {
+  int rc = RA_OK;
+  if (fclose(w->f) != 0)
+    rc = ra_errorf(err, RA_EIO, "%s: write failed", w->path);
+  else if (w->written != w->n_rows)
+    rc = ra_errorf(err, RA_ESTATE, "%s: got %llu rows, declared %llu", w->path,
+                   (unsigned long long)w->written, (unsigned long long)w->n_rows);
+  free(w->conv);
+  free(w->path);
+  free(w);
+  return rc;
+}
+
+int ra_npy_write_f32(const char *path, ra_dtype dtype, uint64_t rows, uint64_t cols,
+                     const float *data, ra_error *err) {
+  ra_npy_writer *w = NULL;
+  int rc = ra_npy_writer_open(path, dtype, rows, cols, &w, err);
+  if (rc) return rc;
+  rc = ra_npy_writer_append(w, data, rows, err);
+  int rc2 = ra_npy_writer_close(w, rc ? NULL : err);
+  if (rc || rc2) remove(path);
+  return rc ? rc : rc2;
 }

@@ -2,6 +2,7 @@
  * loops for everything else. Weights are dequantized to fp32 once at load (SmolLM2-135M takes
  * ~540 MB that way), which keeps every matmul a plain sgemm. */
 #include "backend.h"
+#include "backend_check.h"
 
 #include "merge.h"
 #include "quant.h"
@@ -31,10 +32,7 @@ typedef struct cpu_impl {
 /* ---------- checks ---------- */
 
 static int want_dtype(const ra_tensor *t, ra_dtype dt, const char *op, const char *name, ra_error *err) {
-  if (!t || !t->data) return ra_errorf(err, RA_EINVAL, "cpu %s: %s is not allocated", op, name);
-  if (t->dtype != dt)
-    return ra_errorf(err, RA_EINVAL, "cpu %s: %s is %s, want %s", op, name, ra_dtype_name(t->dtype), ra_dtype_name(dt));
-  return RA_OK;
+  return ra_backend_check_dtype("cpu", t, dt, op, name, err);
 }
 
 static int64_t last_dim(const ra_tensor *t) { return t->shape[t->ndim - 1]; }
@@ -358,29 +356,11 @@ RA_HOT static void prefill_block(const float *q, int64_t hq, int64_t hd, int64_t
   }
 }
 
-static int check_cache(const ra_tensor *c, const char *op, const char *name, int64_t hd, ra_error *err) {
-  if (!c || !c->data || c->ndim != 3 || c->shape[2] != hd)
-    return ra_errorf(err, RA_EINVAL, "cpu %s: %s must be [n_ctx, n_kv_heads, %lld]", op, name, (long long)hd);
-  return RA_OK;
-}
-
 static int cpu_attn_prefill(ra_backend *be, const ra_tensor *q, const ra_tensor *kc, const ra_tensor *vc, int64_t pos0,
                             float scale, ra_tensor *out, ra_error *err) {
-  int rc;
-  if ((rc = want_dtype(q, RA_DTYPE_F32, "attn_prefill", "q", err)) ||
-      (rc = want_dtype(out, RA_DTYPE_F32, "attn_prefill", "out", err)))
-    return rc;
-  if (q->ndim != 3) return ra_errorf(err, RA_EINVAL, "cpu attn_prefill: q must be [n, heads, head_dim]");
-  int64_t n = q->shape[0], hq = q->shape[1], hd = q->shape[2];
-  if ((rc = check_cache(kc, "attn_prefill", "k_cache", hd, err)) || (rc = check_cache(vc, "attn_prefill", "v_cache", hd, err)))
-    return rc;
-  int64_t hkv = kc->shape[1];
-  if (vc->shape[1] != hkv || hkv <= 0 || hq % hkv != 0 || ra_tensor_nelem(out) != ra_tensor_nelem(q))
-    return ra_errorf(err, RA_EINVAL, "cpu attn_prefill: %lld q heads do not group over %lld kv heads", (long long)hq,
-                     (long long)hkv);
-  if (pos0 < 0 || pos0 + n > kc->shape[0] || pos0 + n > vc->shape[0])
-    return ra_errorf(err, RA_EINVAL, "cpu attn_prefill: positions [%lld, %lld) exceed the cache of %lld", (long long)pos0,
-                     (long long)(pos0 + n), (long long)kc->shape[0]);
+  int rc = ra_backend_check_attn_prefill("cpu", q, kc, vc, pos0, out, err);
+  if (rc) return rc;
+  int64_t n = q->shape[0], hq = q->shape[1], hd = q->shape[2], hkv = kc->shape[1];
   int64_t group = hq / hkv, nb = (n + PF_BQ - 1) / PF_BQ;
   int failed = 0;
 #pragma omp parallel
@@ -458,25 +438,11 @@ RA_HOT static void decode_chunk(const float *q, int64_t hd, int64_t group, int64
 static int cpu_attn_decode(ra_backend *be, const ra_tensor *q, const ra_tensor *kc, const ra_tensor *vc,
                            const ra_token_range *ranges, int n_ranges, float scale, ra_tensor *o, ra_tensor *ml,
                            ra_error *err) {
-  int rc;
-  if ((rc = want_dtype(q, RA_DTYPE_F32, "attn_decode", "q", err)) || (rc = want_dtype(o, RA_DTYPE_F32, "attn_decode", "o", err)) ||
-      (rc = want_dtype(ml, RA_DTYPE_F32, "attn_decode", "ml", err)))
-    return rc;
-  int64_t hd = last_dim(q), hq = (int64_t)ra_tensor_nelem(q) / hd;
-  if ((rc = check_cache(kc, "attn_decode", "k_cache", hd, err)) || (rc = check_cache(vc, "attn_decode", "v_cache", hd, err)))
-    return rc;
-  int64_t hkv = kc->shape[1], n_ctx = kc->shape[0] < vc->shape[0] ? kc->shape[0] : vc->shape[0];
-  if (vc->shape[1] != hkv || hq % hkv != 0 || (int64_t)ra_tensor_nelem(o) != hq * hd || (int64_t)ra_tensor_nelem(ml) != hq * 2)
-    return ra_errorf(err, RA_EINVAL, "cpu attn_decode: q/o/ml shapes do not fit %lld heads of %lld", (long long)hq,
-                     (long long)hd);
-  if (n_ranges < 0 || (n_ranges > 0 && !ranges)) return ra_errorf(err, RA_EINVAL, "cpu attn_decode: bad range list");
+  int rc = ra_backend_check_attn_decode("cpu", q, kc, vc, ranges, n_ranges, o, ml, err);
+  if (rc) return rc;
+  int64_t hd = last_dim(q), hq = (int64_t)ra_tensor_nelem(q) / hd, hkv = kc->shape[1];
   int64_t n_chunks = 0;
-  for (int i = 0; i < n_ranges; i++) {
-    if (ranges[i].begin < 0 || ranges[i].end < ranges[i].begin || ranges[i].end > n_ctx)
-      return ra_errorf(err, RA_EINVAL, "cpu attn_decode: range [%lld, %lld) outside the cache of %lld",
-                       (long long)ranges[i].begin, (long long)ranges[i].end, (long long)n_ctx);
-    n_chunks += (ranges[i].end - ranges[i].begin + DEC_CHUNK - 1) / DEC_CHUNK;
-  }
+  for (int i = 0; i < n_ranges; i++) n_chunks += (ranges[i].end - ranges[i].begin + DEC_CHUNK - 1) / DEC_CHUNK;
   int64_t group = hq / hkv;
   /* chunk c covers [cb[c], cb[c] + cn[c]) */
   int64_t *cb = malloc(sizeof(int64_t) * (size_t)(n_chunks + 1) * 2);
@@ -544,15 +510,9 @@ static int cpu_attn_decode(ra_backend *be, const ra_tensor *q, const ra_tensor *
 
 static int cpu_attn_merge(ra_backend *be, ra_tensor *o_acc, ra_tensor *ml_acc, const ra_tensor *o, const ra_tensor *ml,
                           ra_error *err) {
-  int rc;
-  if ((rc = want_dtype(o_acc, RA_DTYPE_F32, "attn_merge", "o_acc", err)) ||
-      (rc = want_dtype(ml_acc, RA_DTYPE_F32, "attn_merge", "ml_acc", err)) ||
-      (rc = want_dtype(o, RA_DTYPE_F32, "attn_merge", "o", err)) || (rc = want_dtype(ml, RA_DTYPE_F32, "attn_merge", "ml", err)))
-    return rc;
+  int rc = ra_backend_check_attn_merge("cpu", o_acc, ml_acc, o, ml, err);
+  if (rc) return rc;
   size_t heads = ra_tensor_nelem(ml) / 2;
-  if (heads == 0 || ra_tensor_nelem(ml_acc) != heads * 2 || ra_tensor_nelem(o) != ra_tensor_nelem(o_acc) ||
-      ra_tensor_nelem(o) % heads != 0)
-    return ra_errorf(err, RA_EINVAL, "cpu attn_merge: shapes differ");
   int hd = (int)(ra_tensor_nelem(o) / heads);
   float *oa = o_acc->data, *mla = ml_acc->data;
   const float *ob = o->data, *mlb = ml->data;

@@ -76,9 +76,8 @@ static int write_keys(ra_state *st, const ra_dump_config *cfg, int64_t n_tokens,
     for (int64_t g = 0; rc == RA_OK && g < hkv; g++) {
       for (int64_t t = 0; t < n_tokens; t++) memcpy(col + t * hd, all + (t * hkv + g) * hd, (size_t)hd * sizeof(float));
       char path[4096];
-      uint64_t shape[2] = {(uint64_t)n_tokens, (uint64_t)hd};
       if ((rc = path_fmt(path, sizeof path, cfg->out_dir, "k", l, (int)g, err)) == RA_OK)
-        rc = ra_npy_write_f32(path, cfg->dtype, 2, shape, col, err);
+        rc = ra_npy_write_f32(path, cfg->dtype, (uint64_t)n_tokens, (uint64_t)hd, col, err);
     }
   }
   free(all);

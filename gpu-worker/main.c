@@ -363,8 +363,7 @@ static int cmd_logits(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_er
   if (rc == RA_OK) rc = ra_state_new(m, (int64_t)n, (int64_t)n, o->kv_dtype, &st, err);
   if (rc == RA_OK) rc = ra_model_forward(st, ids, (int64_t)n, 1, NULL, err);
   if (rc == RA_OK) rc = m->be->ops->download(m->be, &st->logits, 0, host, n * (size_t)m->cfg.vocab, err);
-  uint64_t shape[2] = {n, (uint64_t)m->cfg.vocab};
-  if (rc == RA_OK) rc = ra_npy_write_f32(o->out, RA_DTYPE_F32, 2, shape, host, err);
+  if (rc == RA_OK) rc = ra_npy_write_f32(o->out, RA_DTYPE_F32, n, (uint64_t)m->cfg.vocab, host, err);
   ra_state_free(st);
   free(host);
   free(ids);

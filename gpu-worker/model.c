@@ -223,7 +223,7 @@ static int gguf_find(void *ctx, const char *name, const void **raw, uint32_t *ty
 
 int ra_model_load_gguf(ra_backend *be, const ra_gguf *g, ra_model **out, ra_error *err) {
   ra_model_config cfg;
-  ra_model *m;
+  ra_model *m = NULL;
   int rc = ra_model_config_from_gguf(g, &cfg, err);
   if (rc || (rc = model_new(be, &cfg, &m, err))) return rc;
   weight_src src = {gguf_find, (void *)g, 0};
@@ -391,7 +391,7 @@ done:
 /* ---------- random ---------- */
 
 int ra_model_random(ra_backend *be, const ra_model_config *cfg, uint64_t seed, ra_model **out, ra_error *err) {
-  ra_model *m;
+  ra_model *m = NULL;
   int rc = model_new(be, cfg, &m, err);
   if (rc) return rc;
   const ra_model_config *c = &m->cfg;

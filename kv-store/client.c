@@ -319,7 +319,7 @@ int ra_kvclient_put_end(ra_kvclient_put *p, uint64_t *tokens_stored, uint64_t *b
 
 int ra_kvclient_put_kv(ra_kvclient *c, const ra_kvclient_session *s, const ra_kvclient_rows *rows,
                        size_t n_rows, uint64_t *tokens_stored, ra_error *err) {
-  ra_kvclient_put *p;
+  ra_kvclient_put *p = NULL;
   int rc = ra_kvclient_put_begin(c, s, &p, err);
   if (rc) return rc;
   for (size_t i = 0; i < n_rows; i++) {

@@ -157,7 +157,7 @@ static int parse_args(int argc, char **argv, opts *o) {
 static float *load_f32(const char *path, uint32_t rows_min, int dim, uint32_t *rows) {
   ra_npy a;
   ra_error err;
-  if (ra_npy_read(path, &a, &err)) {
+  if (ra_npy_read_f32(path, &a, &err)) {
     fprintf(stderr, "index-bench: %s\n", err.msg);
     return NULL;
   }
@@ -167,11 +167,8 @@ static float *load_f32(const char *path, uint32_t rows_min, int dim, uint32_t *r
     ra_npy_free(&a);
     return NULL;
   }
-  float *x = malloc((size_t)a.rows * dim * sizeof *x);
-  if (x) ra_dtype_to_fp32_n(a.dtype, a.data, x, (size_t)a.rows * dim);
   *rows = (uint32_t)a.rows;
-  ra_npy_free(&a);
-  return x;
+  return a.data;
 }
 
 /* A dump's keys keep their stored dtype, as the store would hold them. */

@@ -72,16 +72,11 @@ static void rope(float *x, int D, uint32_t t, const double *freq) {
 }
 
 static int write_rows(const opts *o, const char *what, int layer, int head, const float *x,
-                      uint32_t rows, void *tmp) {
+                      uint32_t rows) {
   char path[4096];
   ra_error err;
   ra_qk_path(path, sizeof path, o->out, what, layer, head);
-  const void *data = x;
-  if (o->dtype == RA_DTYPE_F16) {
-    ra_fp32_to_fp16_n(x, tmp, (size_t)rows * o->dim);
-    data = tmp;
-  }
-  if (ra_npy_write(path, o->dtype, rows, (uint64_t)o->dim, data, &err)) {
+  if (ra_npy_write_f32(path, o->dtype, rows, (uint64_t)o->dim, x, &err)) {
     fprintf(stderr, "qk-synth: %s\n", err.msg);
     return 1;
   }
@@ -96,6 +91,7 @@ static int parse_args(int argc, char **argv, opts *o) {
   o->dim = 64;
   o->seed = 1;
   o->dtype = RA_DTYPE_F16;
+  /* Every option takes a value: options stand at odd indices, values after them. */
   for (int i = 1; i < argc; i += 2) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!v) return -1;
@@ -140,14 +136,13 @@ int main(int argc, char **argv) {
   float *y = malloc((size_t)T * r * sizeof *y);
   uint8_t *heavy = malloc(T);
   float *out = malloc((size_t)T * D * sizeof *out);
-  void *tmp = malloc((size_t)T * D * sizeof(float));
   float *P = malloc((size_t)D * r * sizeof *P), *Q = malloc((size_t)D * r * sizeof *Q);
   float *Gm = malloc((size_t)r * r * sizeof *Gm);
   float *c = malloc((size_t)D * sizeof *c), *u = malloc((size_t)D * sizeof *u);
   float *sk = malloc((size_t)D * sizeof *sk), *sq = malloc((size_t)D * sizeof *sq);
   float *b = malloc((size_t)D * sizeof *b);
   uint8_t *nuis = malloc((size_t)D);
-  if (!freq || !mu || !topic || !z || !y || !heavy || !out || !tmp || !P || !Q || !Gm || !c ||
+  if (!freq || !mu || !topic || !z || !y || !heavy || !out || !P || !Q || !Gm || !c ||
       !u || !sk || !sq || !b || !nuis) {
     fprintf(stderr, "qk-synth: out of memory\n");
     return 1;
@@ -208,7 +203,7 @@ int main(int argc, char **argv) {
         }
         rope(k, D, t, freq);
       }
-      if (write_rows(&o, "k", L, g, out, N, tmp)) return 1;
+      if (write_rows(&o, "k", L, g, out, N)) return 1;
 
       for (int hh = 0; hh < G; hh++) {
         int h = g * G + hh;
@@ -232,8 +227,8 @@ int main(int argc, char **argv) {
           }
           rope(q, D, t, freq);
         }
-        if (write_rows(&o, "q", L, h, out, N, tmp)) return 1;
-        if (o.decode && write_rows(&o, "qdec", L, h, out + (size_t)N * D, o.decode, tmp)) return 1;
+        if (write_rows(&o, "q", L, h, out, N)) return 1;
+        if (o.decode && write_rows(&o, "qdec", L, h, out + (size_t)N * D, o.decode)) return 1;
       }
     }
   }
@@ -257,7 +252,6 @@ int main(int argc, char **argv) {
   free(y);
   free(heavy);
   free(out);
-  free(tmp);
   free(P);
   free(Q);
   free(Gm);

@@ -57,6 +57,12 @@ int ra_qk_meta_read(const char *dir, ra_qk_meta *m, ra_error *err) {
   for (int i = 0; i < 5 && !rc; i++) rc = get_int(buf, keys[i], 1, 1LL << 31, &v[i], err);
   if (!rc && find_value(buf, "n_decode")) rc = get_int(buf, "n_decode", 0, 1LL << 31, &v[5], err);
   else v[5] = 0;
+  /* gpu-worker dump-qk also writes the prompt / decode split: there n_tokens counts both (the
+   * keys' rows), while q holds the prompt only. */
+  if (!rc && find_value(buf, "n_prompt_tokens")) {
+    rc = get_int(buf, "n_prompt_tokens", 1, 1LL << 31, &v[4], err);
+    if (!rc) rc = get_int(buf, "n_decode_tokens", 0, 1LL << 31, &v[5], err);
+  }
   if (!rc) {
     m->layers = (int)v[0];
     m->q_heads = (int)v[1];

@@ -1,5 +1,5 @@
-/* The CUDA backend's ops table: argument checks (the same RA_EINVAL cases as the CPU backend),
- * memory, scratch buffers, cuBLAS, and dispatch to the kernels of cuda_*.cu. */
+/* The CUDA backend's ops table: argument checks (the contract shared with the CPU backend is in
+ * backend_check.h), memory, scratch buffers, cuBLAS, and dispatch to the kernels of cuda_*.cu. */
 #include "ra_cuda.cuh"
 
 #include <cublas_v2.h>
@@ -9,6 +9,7 @@
 #include <string.h>
 
 extern "C" {
+#include "backend_check.h"
 #include "backend_cuda.h"
 }
 
@@ -370,13 +371,14 @@ int cu_swiglu(ra_backend *be, const ra_tensor *gate, const ra_tensor *up, ra_ten
 
 /* ---------- attention ---------- */
 
-int check_cache(const ra_tensor *c, const char *op, const char *name, int64_t hd, ra_error *err) {
-  int rc = want_tensor(c, op, name, err);
-  if (rc) return rc;
-  if (c->ndim != 3 || c->shape[2] != hd)
-    return ra_errorf(err, RA_EINVAL, "cuda %s: %s must be [n_ctx, n_kv_heads, %lld]", op, name, (long long)hd);
-  if (!aligned16(c->data))
-    return ra_errorf(err, RA_EINVAL, "cuda %s: %s data is not 16-byte aligned", op, name);
+/* What the kernels need of valid caches (ra_backend_check_attn_*) beyond the table's contract:
+ * a dtype they convert from, one dtype for both, 16-byte alignment for vector loads. */
+int check_caches(const ra_tensor *kc, const ra_tensor *vc, const char *op, ra_error *err) {
+  int rc;
+  if ((rc = want_tensor(kc, op, "k_cache", err)) || (rc = want_tensor(vc, op, "v_cache", err))) return rc;
+  if (kc->dtype != vc->dtype) return ra_errorf(err, RA_EINVAL, "cuda %s: k and v caches differ in dtype", op);
+  if (!aligned16(kc->data) || !aligned16(vc->data))
+    return ra_errorf(err, RA_EINVAL, "cuda %s: the caches' data is not 16-byte aligned", op);
   return RA_OK;
 }
 
@@ -395,22 +397,10 @@ int check_attn_geometry(const char *op, int64_t hq, int64_t hkv, int64_t hd, ra_
 int cu_attn_prefill(ra_backend *be, const ra_tensor *q, const ra_tensor *kc, const ra_tensor *vc, int64_t pos0,
                     float scale, ra_tensor *out, ra_error *err) {
   int rc;
-  if ((rc = want_dtype(q, RA_DTYPE_F32, "attn_prefill", "q", err)) ||
-      (rc = want_dtype(out, RA_DTYPE_F32, "attn_prefill", "out", err)))
+  if ((rc = ra_backend_check_attn_prefill("cuda", q, kc, vc, pos0, out, err)) ||
+      (rc = check_caches(kc, vc, "attn_prefill", err)))
     return rc;
-  if (q->ndim != 3) return ra_errorf(err, RA_EINVAL, "cuda attn_prefill: q must be [n, heads, head_dim]");
-  int64_t n = q->shape[0], hq = q->shape[1], hd = q->shape[2];
-  if ((rc = check_cache(kc, "attn_prefill", "k_cache", hd, err)) ||
-      (rc = check_cache(vc, "attn_prefill", "v_cache", hd, err)))
-    return rc;
-  int64_t hkv = kc->shape[1];
-  if (vc->shape[1] != hkv || hkv <= 0 || hq % hkv != 0 || nelem(out) != nelem(q))
-    return ra_errorf(err, RA_EINVAL, "cuda attn_prefill: %lld q heads do not group over %lld kv heads", (long long)hq,
-                     (long long)hkv);
-  if (kc->dtype != vc->dtype) return ra_errorf(err, RA_EINVAL, "cuda attn_prefill: k and v caches differ in dtype");
-  if (pos0 < 0 || pos0 + n > kc->shape[0] || pos0 + n > vc->shape[0])
-    return ra_errorf(err, RA_EINVAL, "cuda attn_prefill: positions [%lld, %lld) exceed the cache of %lld",
-                     (long long)pos0, (long long)(pos0 + n), (long long)kc->shape[0]);
+  int64_t n = q->shape[0], hq = q->shape[1], hd = q->shape[2], hkv = kc->shape[1];
   if ((rc = check_attn_geometry("attn_prefill", hq, hkv, hd, err))) return rc;
   CU_TRY("attn_prefill", ra_cuda_attn_prefill(impl_of(be)->stream, (const float *)q->data, kc->data, vc->data,
                                               kc->dtype, n, (int)hq, (int)hkv, (int)hd, pos0, scale,
@@ -422,23 +412,11 @@ int cu_attn_decode(ra_backend *be, const ra_tensor *q, const ra_tensor *kc, cons
                    const ra_token_range *ranges, int n_ranges, float scale, ra_tensor *o, ra_tensor *ml,
                    ra_error *err) {
   int rc;
-  if ((rc = want_dtype(q, RA_DTYPE_F32, "attn_decode", "q", err)) || (rc = want_dtype(o, RA_DTYPE_F32, "attn_decode", "o", err)) ||
-      (rc = want_dtype(ml, RA_DTYPE_F32, "attn_decode", "ml", err)))
+  if ((rc = ra_backend_check_attn_decode("cuda", q, kc, vc, ranges, n_ranges, o, ml, err)) ||
+      (rc = check_caches(kc, vc, "attn_decode", err)))
     return rc;
-  int64_t hd = last_dim(q), hq = (int64_t)nelem(q) / hd;
-  if ((rc = check_cache(kc, "attn_decode", "k_cache", hd, err)) || (rc = check_cache(vc, "attn_decode", "v_cache", hd, err)))
-    return rc;
-  int64_t hkv = kc->shape[1], n_ctx = kc->shape[0] < vc->shape[0] ? kc->shape[0] : vc->shape[0];
-  if (vc->shape[1] != hkv || hq % hkv != 0 || (int64_t)nelem(o) != hq * hd || (int64_t)nelem(ml) != hq * 2)
-    return ra_errorf(err, RA_EINVAL, "cuda attn_decode: q/o/ml shapes do not fit %lld heads of %lld", (long long)hq,
-                     (long long)hd);
-  if (kc->dtype != vc->dtype) return ra_errorf(err, RA_EINVAL, "cuda attn_decode: k and v caches differ in dtype");
-  if (n_ranges < 0 || (n_ranges > 0 && !ranges)) return ra_errorf(err, RA_EINVAL, "cuda attn_decode: bad range list");
+  int64_t hd = last_dim(q), hq = (int64_t)nelem(q) / hd, hkv = kc->shape[1];
   if ((rc = check_attn_geometry("attn_decode", hq, hkv, hd, err))) return rc;
-  for (int i = 0; i < n_ranges; i++)
-    if (ranges[i].begin < 0 || ranges[i].end < ranges[i].begin || ranges[i].end > n_ctx)
-      return ra_errorf(err, RA_EINVAL, "cuda attn_decode: range [%lld, %lld) outside the cache of %lld",
-                       (long long)ranges[i].begin, (long long)ranges[i].end, (long long)n_ctx);
   cuda_impl *im = impl_of(be);
   /* the range table without empty ranges: begin[i] and prefix start[i] */
   ra_cuda_ranges r;
@@ -492,14 +470,9 @@ int cu_attn_decode(ra_backend *be, const ra_tensor *q, const ra_tensor *kc, cons
 
 int cu_attn_merge(ra_backend *be, ra_tensor *o_acc, ra_tensor *ml_acc, const ra_tensor *o, const ra_tensor *ml,
                   ra_error *err) {
-  int rc;
-  if ((rc = want_dtype(o_acc, RA_DTYPE_F32, "attn_merge", "o_acc", err)) ||
-      (rc = want_dtype(ml_acc, RA_DTYPE_F32, "attn_merge", "ml_acc", err)) ||
-      (rc = want_dtype(o, RA_DTYPE_F32, "attn_merge", "o", err)) || (rc = want_dtype(ml, RA_DTYPE_F32, "attn_merge", "ml", err)))
-    return rc;
+  int rc = ra_backend_check_attn_merge("cuda", o_acc, ml_acc, o, ml, err);
+  if (rc) return rc;
   size_t heads = nelem(ml) / 2;
-  if (heads == 0 || nelem(ml_acc) != heads * 2 || nelem(o) != nelem(o_acc) || nelem(o) % heads != 0)
-    return ra_errorf(err, RA_EINVAL, "cuda attn_merge: shapes differ");
   CU_TRY("attn_merge", ra_cuda_attn_merge(impl_of(be)->stream, (float *)o_acc->data, (float *)ml_acc->data,
                                           (const float *)o->data, (const float *)ml->data, (int64_t)heads,
                                           (int64_t)(nelem(o) / heads)));

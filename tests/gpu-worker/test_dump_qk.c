@@ -45,10 +45,10 @@ static void dump(const char *dir, const int32_t *p, size_t n, int n_decode, cons
   ra_state_free(st);
 }
 
-static ra_npy_array load(const char *dir, const char *name, int l, int h) {
+static ra_npy load(const char *dir, const char *name, int l, int h) {
   char path[512];
   snprintf(path, sizeof path, "%s/%s_L%d_H%d.npy", dir, name, l, h);
-  ra_npy_array a;
+  ra_npy a;
   ra_error err;
   if (ra_npy_read_f32(path, &a, &err) != RA_OK) fail_msg("%s", err.msg);
   return a;
@@ -94,12 +94,12 @@ static void test_dump_consistency(void **state) {
   ra_json_free(meta);
   for (int l = 0; l < m->cfg.n_layers; l++)
     for (int h = 0; h < m->cfg.n_heads; h++) {
-      ra_npy_array a = load(d0, "q", l, h), b = load(d3, "q", l, h), qd = load(d3, "qdec", l, h);
-      assert_int_equal(a.shape[0], 12);
-      assert_int_equal(a.shape[1], hd);
-      assert_int_equal(qd.shape[0], 3);
-      assert_memory_equal(a.data, b.data, a.n * sizeof(float));
-      ra_npy_array_free(&a), ra_npy_array_free(&b), ra_npy_array_free(&qd);
+      ra_npy a = load(d0, "q", l, h), b = load(d3, "q", l, h), qd = load(d3, "qdec", l, h);
+      assert_int_equal(a.rows, 12);
+      assert_int_equal(a.cols, hd);
+      assert_int_equal(qd.rows, 3);
+      assert_memory_equal(a.data, b.data, a.rows * a.cols * sizeof(float));
+      ra_npy_free(&a), ra_npy_free(&b), ra_npy_free(&qd);
     }
   /* prompt + the first generated token as a 13-token prompt: its last q row is qdec row 0 */
   int32_t p13[13];
@@ -110,15 +110,17 @@ static void test_dump_consistency(void **state) {
   snprintf(path, sizeof path, "%s/q_L0_H0.npy", dp);
   assert_int_equal(access(path, F_OK), -1); /* layer 0 not selected */
   for (int h = 0; h < m->cfg.n_heads; h++) {
-    ra_npy_array q = load(dp, "q", 1, h), qd = load(d3, "qdec", 1, h);
-    for (int d = 0; d < hd; d++) assert_true(fabsf(q.data[12 * hd + d] - qd.data[d]) < 1e-4f);
-    ra_npy_array_free(&q), ra_npy_array_free(&qd);
+    ra_npy q = load(dp, "q", 1, h), qd = load(d3, "qdec", 1, h);
+    const float *qv = q.data, *qdv = qd.data;
+    for (int d = 0; d < hd; d++) assert_true(fabsf(qv[12 * hd + d] - qdv[d]) < 1e-4f);
+    ra_npy_free(&q), ra_npy_free(&qd);
   }
   for (int g = 0; g < m->cfg.n_kv_heads; g++) {
-    ra_npy_array k = load(dp, "k", 1, g), k3 = load(d3, "k", 1, g);
-    assert_int_equal(k3.shape[0], 15);
-    for (int i = 0; i < 13 * hd; i++) assert_true(fabsf(k.data[i] - k3.data[i]) < 1e-4f);
-    ra_npy_array_free(&k), ra_npy_array_free(&k3);
+    ra_npy k = load(dp, "k", 1, g), k3 = load(d3, "k", 1, g);
+    assert_int_equal(k3.rows, 15);
+    const float *kv = k.data, *k3v = k3.data;
+    for (int i = 0; i < 13 * hd; i++) assert_true(fabsf(kv[i] - k3v[i]) < 1e-4f);
+    ra_npy_free(&k), ra_npy_free(&k3);
   }
   rm_dir(d0);
   rm_dir(d3);

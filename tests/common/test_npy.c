@@ -1,4 +1,5 @@
-/* common/npy: round trips, headers as numpy writes them (1.0 and 2.0), and refusals. */
+/* common/npy: round trips (whole and streamed), headers as numpy writes them (1.0 and 2.0), and
+ * refusals. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -49,7 +50,7 @@ static void test_roundtrip_f32_f16(void **state) {
   for (int i = 0; i < 15; i++) a[i] = (float)i * 0.25f - 1.0f;
   path_of(p, sizeof p, "a.npy");
   ra_error err;
-  assert_int_equal(ra_npy_write(p, RA_DTYPE_F32, 3, 5, a, &err), RA_OK);
+  assert_int_equal(ra_npy_write_f32(p, RA_DTYPE_F32, 3, 5, a, &err), RA_OK);
   ra_npy r;
   assert_int_equal(ra_npy_read(p, &r, &err), RA_OK);
   assert_int_equal(r.dtype, RA_DTYPE_F32);
@@ -60,7 +61,7 @@ static void test_roundtrip_f32_f16(void **state) {
 
   ra_fp16 h[4 * 2];
   ra_fp32_to_fp16_n(a, h, 8);
-  assert_int_equal(ra_npy_write(p, RA_DTYPE_F16, 4, 2, h, &err), RA_OK);
+  assert_int_equal(ra_npy_write_f32(p, RA_DTYPE_F16, 4, 2, a, &err), RA_OK);
   assert_int_equal(ra_npy_read(p, &r, &err), RA_OK);
   assert_int_equal(r.dtype, RA_DTYPE_F16);
   assert_int_equal(r.rows, 4);
@@ -77,7 +78,37 @@ static void test_roundtrip_f32_f16(void **state) {
   assert_memory_equal(buf + 10, "{'descr': '<f2', 'fortran_order': False, 'shape': (4, 2), }", 59);
   assert_int_equal(buf[69], ' ');
   assert_int_equal(buf[127], '\n');
-  assert_int_equal(ra_npy_write(p, RA_DTYPE_BF16, 1, 1, h, &err), RA_EINVAL);
+  assert_int_equal(ra_npy_write_f32(p, RA_DTYPE_BF16, 1, 1, a, &err), RA_EINVAL);
+}
+
+static void test_writer_streams_rows(void **state) {
+  (void)state;
+  char p[128];
+  path_of(p, sizeof p, "stream.npy");
+  float rows[6] = {1.5f, -2.0f, 3.25f, 0.0f, 65504.0f, -0.125f};
+  for (int dt = 0; dt < 2; dt++) {
+    ra_npy_writer *w;
+    ra_error err;
+    assert_int_equal(ra_npy_writer_open(p, dt ? RA_DTYPE_F16 : RA_DTYPE_F32, 3, 2, &w, &err), RA_OK);
+    assert_int_equal(ra_npy_writer_append(w, rows, 1, &err), RA_OK);
+    assert_int_equal(ra_npy_writer_append(w, rows + 2, 2, &err), RA_OK);
+    assert_int_equal(ra_npy_writer_append(w, rows, 1, &err), RA_ESTATE);
+    assert_int_equal(ra_npy_writer_close(w, &err), RA_OK);
+    ra_npy a;
+    assert_int_equal(ra_npy_read_f32(p, &a, &err), RA_OK);
+    assert_int_equal(a.dtype, RA_DTYPE_F32);
+    assert_int_equal(a.rows, 3);
+    assert_int_equal(a.cols, 2);
+    assert_memory_equal(a.data, rows, sizeof rows); /* all exactly representable in f16 */
+    ra_npy_free(&a);
+  }
+  /* a closed writer with missing rows, and a truncated file, are errors */
+  ra_npy_writer *w;
+  ra_error err;
+  ra_npy a;
+  assert_int_equal(ra_npy_writer_open(p, RA_DTYPE_F32, 3, 2, &w, NULL), RA_OK);
+  assert_int_equal(ra_npy_writer_close(w, &err), RA_ESTATE);
+  assert_int_equal(ra_npy_read_f32(p, &a, &err), RA_EFORMAT);
 }
 
 static void test_parses_numpy_variants(void **state) {
@@ -173,6 +204,7 @@ static void test_file_size_must_match(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_roundtrip_f32_f16),
+      cmocka_unit_test(test_writer_streams_rows),
       cmocka_unit_test(test_parses_numpy_variants),
       cmocka_unit_test(test_refuses_what_it_does_not_read),
       cmocka_unit_test(test_file_size_must_match),

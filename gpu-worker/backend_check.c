@@ -1,0 +1,91 @@
+#include "backend_check.h"
+
+/* Element count, here rather than ra_tensor_nelem so that the CUDA backend can link these
+ * checks without the CPU runtime. */
+static size_t nelem(const ra_tensor *t) {
+  size_t n = 1;
+  for (int i = 0; i < t->ndim; i++) n *= (size_t)t->shape[i];
+  return n;
+}
+
+int ra_backend_check_dtype(const char *be_name, const ra_tensor *t, ra_dtype dt, const char *op,
+                           const char *name, ra_error *err) {
+  if (!t || !t->data) return ra_errorf(err, RA_EINVAL, "%s %s: %s is not allocated", be_name, op, name);
+  if (t->dtype != dt)
+    return ra_errorf(err, RA_EINVAL, "%s %s: %s is %s, want %s", be_name, op, name, ra_dtype_name(t->dtype),
+                     ra_dtype_name(dt));
+  return RA_OK;
+}
+
+static int check_cache(const char *be_name, const ra_tensor *c, const char *op, const char *name, int64_t hd,
+                       ra_error *err) {
+  if (!c || !c->data || c->ndim != 3 || c->shape[2] != hd)
+    return ra_errorf(err, RA_EINVAL, "%s %s: %s must be [n_ctx, n_kv_heads, %lld]", be_name, op, name,
+                     (long long)hd);
+  return RA_OK;
+}
+
+int ra_backend_check_attn_prefill(const char *be_name, const ra_tensor *q, const ra_tensor *kc,
+                                  const ra_tensor *vc, int64_t pos0, const ra_tensor *out,
+                                  ra_error *err) {
+  const char *op = "attn_prefill";
+  int rc;
+  if ((rc = ra_backend_check_dtype(be_name, q, RA_DTYPE_F32, op, "q", err)) ||
+      (rc = ra_backend_check_dtype(be_name, out, RA_DTYPE_F32, op, "out", err)))
+    return rc;
+  if (q->ndim != 3) return ra_errorf(err, RA_EINVAL, "%s %s: q must be [n, heads, head_dim]", be_name, op);
+  int64_t n = q->shape[0], hq = q->shape[1], hd = q->shape[2];
+  if ((rc = check_cache(be_name, kc, op, "k_cache", hd, err)) ||
+      (rc = check_cache(be_name, vc, op, "v_cache", hd, err)))
+    return rc;
+  int64_t hkv = kc->shape[1];
+  if (vc->shape[1] != hkv || hkv <= 0 || hq % hkv != 0 || nelem(out) != nelem(q))
+    return ra_errorf(err, RA_EINVAL, "%s %s: %lld q heads do not group over %lld kv heads", be_name, op,
+                     (long long)hq, (long long)hkv);
+  if (pos0 < 0 || pos0 + n > kc->shape[0] || pos0 + n > vc->shape[0])
+    return ra_errorf(err, RA_EINVAL, "%s %s: positions [%lld, %lld) exceed the cache of %lld", be_name, op,
+                     (long long)pos0, (long long)(pos0 + n), (long long)kc->shape[0]);
+  return RA_OK;
+}
+
+int ra_backend_check_attn_decode(const char *be_name, const ra_tensor *q, const ra_tensor *kc,
+                                 const ra_tensor *vc, const ra_token_range *ranges, int n_ranges,
+                                 const ra_tensor *o, const ra_tensor *ml, ra_error *err) {
+  const char *op = "attn_decode";
+  int rc;
+  if ((rc = ra_backend_check_dtype(be_name, q, RA_DTYPE_F32, op, "q", err)) ||
+      (rc = ra_backend_check_dtype(be_name, o, RA_DTYPE_F32, op, "o", err)) ||
+      (rc = ra_backend_check_dtype(be_name, ml, RA_DTYPE_F32, op, "ml", err)))
+    return rc;
+  int64_t hd = q->shape[q->ndim - 1], hq = (int64_t)nelem(q) / hd;
+  if ((rc = check_cache(be_name, kc, op, "k_cache", hd, err)) ||
+      (rc = check_cache(be_name, vc, op, "v_cache", hd, err)))
+    return rc;
+  int64_t hkv = kc->shape[1], n_ctx = kc->shape[0] < vc->shape[0] ? kc->shape[0] : vc->shape[0];
+  if (vc->shape[1] != hkv || hkv <= 0 || hq % hkv != 0 || (int64_t)nelem(o) != hq * hd ||
+      (int64_t)nelem(ml) != hq * 2)
+    return ra_errorf(err, RA_EINVAL, "%s %s: q/o/ml shapes do not fit %lld heads of %lld", be_name, op,
+                     (long long)hq, (long long)hd);
+  if (n_ranges < 0 || (n_ranges > 0 && !ranges))
+    return ra_errorf(err, RA_EINVAL, "%s %s: bad range list", be_name, op);
+  for (int i = 0; i < n_ranges; i++)
+    if (ranges[i].begin < 0 || ranges[i].end < ranges[i].begin || ranges[i].end > n_ctx)
+      return ra_errorf(err, RA_EINVAL, "%s %s: range [%lld, %lld) outside the cache of %lld", be_name, op,
+                       (long long)ranges[i].begin, (long long)ranges[i].end, (long long)n_ctx);
+  return RA_OK;
+}
+
+int ra_backend_check_attn_merge(const char *be_name, const ra_tensor *o_acc, const ra_tensor *ml_acc,
+                                const ra_tensor *o, const ra_tensor *ml, ra_error *err) {
+  const char *op = "attn_merge";
+  int rc;
+  if ((rc = ra_backend_check_dtype(be_name, o_acc, RA_DTYPE_F32, op, "o_acc", err)) ||
+      (rc = ra_backend_check_dtype(be_name, ml_acc, RA_DTYPE_F32, op, "ml_acc", err)) ||
+      (rc = ra_backend_check_dtype(be_name, o, RA_DTYPE_F32, op, "o", err)) ||
+      (rc = ra_backend_check_dtype(be_name, ml, RA_DTYPE_F32, op, "ml", err)))
+    return rc;
+  size_t heads = nelem(ml) / 2;
+  if (heads == 0 || nelem(ml_acc) != heads * 2 || nelem(o) != nelem(o_acc) || nelem(o) % heads != 0)
+    return ra_errorf(err, RA_EINVAL, "%s %s: shapes differ", be_name, op);
+  return RA_OK;
+}
