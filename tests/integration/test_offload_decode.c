@@ -24,7 +24,9 @@
 #include "loader.h"
 #include "offload.h"
 
-enum { SINK = 32, WINDOW = 64, PROMPT = 1024, FORCED = 256 };
+/* The needle runs with a small sink and window (most of the prompt in the stores); the
+ * teacher-forced comparison with the paper's defaults. */
+enum { SINK = 32, WINDOW = 64, PAPER_SINK = 128, PAPER_WINDOW = 512, PROMPT = 2048, FORCED = 256 };
 
 static struct {
   ra_backend *be;
@@ -32,7 +34,8 @@ static struct {
   ra_tokenizer *tok;
   harness_store st[2];
   ra_shard_map map;
-  ra_offload_plan plan;
+  ra_offload_plan plan;       /* SINK, WINDOW */
+  ra_offload_plan plan_paper; /* PAPER_SINK, PAPER_WINDOW */
 } F;
 
 static void ok(int rc, const ra_error *err) {
@@ -56,7 +59,9 @@ static int setup(void **state) {
   const ra_model_config *c = &F.m->cfg;
   if (ra_shard_map_spread(addrs, 2, (uint32_t)c->n_layers, (uint32_t)c->n_kv_heads, &F.map, &err) ||
       ra_offload_plan_build(&F.map, (uint32_t)c->n_layers, (uint32_t)c->n_heads, (uint32_t)c->n_kv_heads, SINK,
-                            WINDOW, &F.plan, &err)) {
+                            WINDOW, &F.plan, &err) ||
+      ra_offload_plan_build(&F.map, (uint32_t)c->n_layers, (uint32_t)c->n_heads, (uint32_t)c->n_kv_heads,
+                            PAPER_SINK, PAPER_WINDOW, &F.plan_paper, &err)) {
     fprintf(stderr, "FAIL: %s\n", err.msg);
     return -1;
   }
@@ -68,6 +73,7 @@ static int teardown(void **state) {
   for (int i = 0; i < 2; i++)
     if (F.st[i].pid > 0 && harness_store_stop(&F.st[i], 5000) != 0) rc = -1;
   ra_offload_plan_free(&F.plan);
+  ra_offload_plan_free(&F.plan_paper);
   ra_shard_map_free(&F.map);
   ra_tok_free(F.tok);
   ra_model_free(F.m);
@@ -75,20 +81,20 @@ static int teardown(void **state) {
   return rc;
 }
 
-static ra_offload *offload_new(ra_attn_mode mode, uint32_t top_k, ra_dtype store_dtype, int64_t max_prompt,
-                               int64_t max_ctx) {
+static ra_offload *offload_new(const ra_offload_plan *plan, ra_attn_mode mode, uint32_t top_k, ra_dtype store_dtype,
+                               int64_t max_prompt, int64_t max_ctx) {
   ra_offload_config c;
   ra_offload_config_default(&c);
   c.mode = mode;
-  c.n_sink = SINK;
-  c.n_window = WINDOW;
+  c.n_sink = plan->n_sink;
+  c.n_window = plan->n_window;
   c.top_k = top_k;
   c.store_dtype = store_dtype;
   c.max_prompt = max_prompt;
   c.max_ctx = max_ctx;
   ra_offload *o;
   ra_error err;
-  ok(ra_offload_new(F.m, &F.plan, &c, &o, &err), &err);
+  ok(ra_offload_new(F.m, plan, &c, &o, &err), &err);
   return o;
 }
 
@@ -116,7 +122,7 @@ static size_t answer(ra_attn_mode mode, const int32_t *prompt, size_t n, int max
   if (mode == RA_ATTN_FULL) {
     ok(ra_state_new(F.m, (int64_t)n + max_new, (int64_t)n, RA_DTYPE_F32, &st, &err), &err);
   } else {
-    o = offload_new(mode, 100, RA_DTYPE_F16, (int64_t)n, (int64_t)n + max_new);
+    o = offload_new(&F.plan, mode, 100, RA_DTYPE_F16, (int64_t)n, (int64_t)n + max_new);
     st = ra_offload_state(o);
     gc.forward = ra_offload_forward;
     gc.forward_ctx = o;
@@ -186,7 +192,7 @@ typedef struct agreement {
 static agreement forced(ra_attn_mode mode, uint32_t top_k, ra_dtype store_dtype, const int32_t *ids,
                         const float *full_logits) {
   int vocab = F.m->cfg.vocab;
-  ra_offload *o = offload_new(mode, top_k, store_dtype, PROMPT, PROMPT + FORCED);
+  ra_offload *o = offload_new(&F.plan_paper, mode, top_k, store_dtype, PROMPT, PROMPT + FORCED);
   ra_state *st = ra_offload_state(o);
   ra_error err;
   float *lg = malloc((size_t)vocab * sizeof *lg);
@@ -258,7 +264,7 @@ static void test_teacher_forced_agreement_and_exact_flat(void **state) {
 static void test_store_killed_mid_decode_names_it(void **state) {
   size_t n;
   int32_t *ids = file_tokens("/usr/share/common-licenses/GPL-3", 400, &n);
-  ra_offload *o = offload_new(RA_ATTN_FLAT, 100, RA_DTYPE_F16, (int64_t)n, (int64_t)n + 8);
+  ra_offload *o = offload_new(&F.plan, RA_ATTN_FLAT, 100, RA_DTYPE_F16, (int64_t)n, (int64_t)n + 8);
   ra_error err;
   ok(ra_offload_prefill(o, ids, (int64_t)n, NULL, &err), &err);
   ok(ra_offload_decode(o, ids[1], NULL, &err), &err);
