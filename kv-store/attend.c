@@ -387,6 +387,28 @@ static int run_full(const plan *p, int nt, kvs_attend_result *out, ra_error *err
   return RA_OK;
 }
 
+/* The step every selecting mode ends with: each head's selection (final, by request head) sorted
+ * best first, its token positions into out->ids when asked, and the exact partial over it. */
+static void finish_selected(const plan *p, ra_topk *final, kvs_attend_result *out) {
+  uint64_t *pos = out->ids;
+  for (size_t gi = 0; gi < p->n_groups; gi++) {
+    const group *g = &p->groups[gi];
+    for (size_t j = 0; j < g->count; j++) {
+      size_t hi = p->members[g->first + j];
+      kvs_head_partial *h = &out->heads[hi];
+      ra_topk *sel = &final[hi];
+      ra_topk_sort(sel);
+      h->n_keys = g->n_keys;
+      if (pos) {
+        h->ids = pos;
+        h->n_ids = sel->n;
+        pos += sel->n;
+      }
+      partial_over_rows(p, g->kv_head, sel->id, sel->score, sel->n, h->o, &h->m, &h->l, h->ids);
+    }
+  }
+}
+
 static int run_flat(const plan *p, int nt, kvs_attend_result *out, ra_error *err) {
   uint32_t k = p->a->top_k;
   ra_topk *heaps = calloc(p->n_slots ? p->n_slots : 1, sizeof *heaps);
@@ -434,23 +456,8 @@ static int run_flat(const plan *p, int nt, kvs_attend_result *out, ra_error *err
       for (size_t i = 0; i < src->n; i++) ra_topk_push(dst, src->score[i], src->id[i]);
     }
   }
-  uint64_t *ids = out->ids;
-  for (size_t gi = 0; gi < p->n_groups; gi++) {
-    const group *g = &p->groups[gi];
-    for (size_t j = 0; j < g->count; j++) {
-      size_t hi = p->members[g->first + j];
-      kvs_head_partial *h = &out->heads[hi];
-      ra_topk *sel = &final[hi];
-      ra_topk_sort(sel);
-      h->n_scanned = h->n_keys = g->n_keys;
-      if (ids) {
-        h->ids = ids;
-        h->n_ids = sel->n;
-        ids += sel->n;
-      }
-      partial_over_rows(p, g->kv_head, sel->id, sel->score, sel->n, h->o, &h->m, &h->l, h->ids);
-    }
-  }
+  finish_selected(p, final, out);
+  for (size_t i = 0; i < p->a->n_heads; i++) out->heads[i].n_scanned = out->heads[i].n_keys; /* an exact scan */
 done:
   for (size_t i = 0; heaps && i < p->n_slots; i++) ra_topk_free(&heaps[i]);
   for (size_t i = 0; final && i < p->a->n_heads; i++) ra_topk_free(&final[i]);
@@ -624,23 +631,7 @@ static int run_index(const plan *p, int nt, kvs_attend_result *out, ra_error *er
     for (uint32_t i = 0; i < cn[ti]; i++)
       ra_topk_push(&final[t->head], csc[ti * k + i], (uint32_t)(t->row_base + cid[ti * k + i]));
   }
-  uint64_t *pos = out->ids;
-  for (size_t gi = 0; gi < p->n_groups; gi++) {
-    const group *g = &p->groups[gi];
-    for (size_t j = 0; j < g->count; j++) {
-      size_t hi = p->members[g->first + j];
-      kvs_head_partial *h = &out->heads[hi];
-      ra_topk *sel = &final[hi];
-      ra_topk_sort(sel);
-      h->n_keys = g->n_keys;
-      if (pos) {
-        h->ids = pos;
-        h->n_ids = sel->n;
-        pos += sel->n;
-      }
-      partial_over_rows(p, g->kv_head, sel->id, sel->score, sel->n, h->o, &h->m, &h->l, h->ids);
-    }
-  }
+  finish_selected(p, final, out);
 done:
   for (size_t i = 0; final && i < a->n_heads; i++) ra_topk_free(&final[i]);
   free(final);
