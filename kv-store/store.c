@@ -506,6 +506,24 @@ static int shard_reserve(kvs_session *s, kvs_shard *sh, ra_error *err) {
   return RA_OK;
 }
 
+static int cmp_shard_ptr(const void *a, const void *b) {
+  uintptr_t x = (uintptr_t)*(kvs_shard *const *)a, y = (uintptr_t)*(kvs_shard *const *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Inserts the rows just written into the indexes of every shard they went to. Shards' indexes are
+ * independent, so an Append that spans every layer (the decode's evicted token) inserts them in
+ * parallel; each shard is taken once (sorting the targets drops repeats), so no index is touched by
+ * two threads. target is reordered. */
+static void index_catch_up_all(kvs_session *s, kvs_shard **target, size_t n) {
+  qsort(target, n, sizeof *target, cmp_shard_ptr);
+  size_t u = 0;
+  for (size_t i = 0; i < n; i++)
+    if (target[i]->ix && (u == 0 || target[u - 1] != target[i])) target[u++] = target[i];
+#pragma omp parallel for schedule(dynamic, 1) if (u > 1)
+  for (size_t i = 0; i < u; i++) kvs_shard_index_catch_up(s, target[i]);
+}
+
 int kvs_session_write(kvs_session *s, const kvs_rows *rows, size_t n_rows, uint64_t *bytes_stored,
                       ra_error *err) {
   if (n_rows == 0) return ra_errorf(err, RA_EINVAL, "no chunks to store");
@@ -540,8 +558,7 @@ int kvs_session_write(kvs_session *s, const kvs_rows *rows, size_t n_rows, uint6
   }
   /* The rows are stored whatever happens to their insertion: an index that cannot take them now
    * lags and attends scan the lag exactly (store.h), so the write never fails half done. */
-  for (size_t i = 0; i < n_rows; i++)
-    if (target[i]->ix) kvs_shard_index_catch_up(s, target[i]);
+  index_catch_up_all(s, target, n_rows);
   atomic_fetch_add(&s->tokens, total);
   atomic_fetch_add(&s->store->tokens, total);
   pthread_rwlock_unlock(&s->lock);
