@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 deploy/setup.sh
-BUILD_DIR=build deploy/build.sh -DCMAKE_BUILD_TYPE=Release
+BUILD_DIR=build deploy/build.sh -DCMAKE_BUILD_TYPE=RelWithDebInfo
 BIN=build/bin
 RUN=$(mktemp -d)
 PIDS=()
