@@ -18,14 +18,15 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# Starts a kv-store on a free loopback port and prints its address once it serves.
+# Starts a kv-store on a free loopback port and waits until it serves; its address is then in
+# $RUN/NAME.addr. (Not called as $(...): the subshell would wait for the store's stdout.)
 start_store() {
   local name=$1
   "$BIN/kv-store" --listen 127.0.0.1:0 --ready-file "$RUN/$name.addr" --memory-budget 4G \
-    2>"$RUN/$name.log" &
+    >"$RUN/$name.log" 2>&1 &
   PIDS+=($!)
   for _ in $(seq 100); do
-    [ -s "$RUN/$name.addr" ] && { cat "$RUN/$name.addr"; return 0; }
+    [ -s "$RUN/$name.addr" ] && return 0
     sleep 0.1
   done
   echo "demo: kv-store $name did not start; its log:" >&2
@@ -33,8 +34,10 @@ start_store() {
   return 1
 }
 
-A=$(start_store a)
-B=$(start_store b)
+start_store a
+start_store b
+A=$(cat "$RUN/a.addr")
+B=$(cat "$RUN/b.addr")
 echo "== kv-stores listening on $A and $B"
 echo "== kvstore-demo: 16K tokens, 4 layers, 8/2 q/kv heads, sharded over both stores"
 "$BIN/kvstore-demo" --stores "$A,$B" --tokens 16384 --layers 4 --q-heads 8 --kv-heads 2 --head-dim 64
