@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char *usage_text =
     "usage: gpu-worker COMMAND [options]\n"
@@ -220,6 +221,14 @@ static int stores_plan(const opts *o, const ra_model *m, ra_shard_map *map, ra_o
   return rc;
 }
 
+/* The prefill's progress on a terminal: one line rewritten after each layer. */
+static void print_progress(void *ctx, const ra_offload_progress *p) {
+  (void)ctx;
+  fprintf(stderr, "\rprefill %lld tokens: layer %d/%d, %.2f GB offloaded, index build %.1f s%s", (long long)p->n_tokens,
+          p->layer, p->n_layers, (double)p->bytes_offloaded / 1e9, p->index_s, p->layer == p->n_layers ? "\n" : "");
+  fflush(stderr);
+}
+
 static void json_write_stats(FILE *f, const ra_offload_stats *s) {
   fprintf(f, "{\"total_us\": %.1f, \"wait_us\": %.1f, \"store_us\": %.1f, \"append_us\": %.1f, \"index_us\": %.1f, "
              "\"n_scanned\": %llu, \"n_offloaded\": %llu}",
@@ -244,6 +253,7 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
     oc.kv_dtype = o->kv_dtype;
     oc.max_ctx = ctx;
     oc.max_prompt = (int64_t)n; /* the prefill runs layer by layer over the whole prompt */
+    if (!o->json && isatty(STDERR_FILENO)) oc.progress = print_progress;
     if (oc.mode != RA_ATTN_STREAMING) rc = stores_plan(o, m, &map, &plan, err);
     if (rc == RA_OK) rc = ra_offload_new(m, oc.mode == RA_ATTN_STREAMING ? NULL : &plan, &oc, &off, err);
     if (rc == RA_OK) st = ra_offload_state(off);

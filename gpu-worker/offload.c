@@ -279,6 +279,15 @@ int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offlo
     if (rc == RA_OK) rc = prefill_offload_layer(o, l, n, &o->scratch_k, &o->scratch_v, &s, err);
     ra_state_swap_cache(st, l, &o->scratch_k, &o->scratch_v);
     if (rc == RA_OK) rc = ra_step_layer_finish(st, l, err);
+    if (rc == RA_OK && o->cfg.progress) {
+      uint64_t b = o->cfg.n_sink, e = b;
+      if (o->plan) ra_offload_plan_range(o->plan, (uint64_t)n, &b, &e);
+      ra_offload_progress pr = {.layer = l + 1, .n_layers = o->m->cfg.n_layers, .n_tokens = n,
+                                .bytes_offloaded = (uint64_t)(l + 1) * (e - b) * 2 * o->kv_row *
+                                                   ra_dtype_size(o->cfg.store_dtype),
+                                .index_s = s.index_us / 1e6};
+      o->cfg.progress(o->cfg.progress_ctx, &pr);
+    }
   }
   if (rc == RA_OK) rc = ra_step_end(st, 0, err);
   if (rc == RA_OK) rc = o->m->be->ops->sync(o->m->be, err);

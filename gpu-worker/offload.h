@@ -43,6 +43,14 @@ typedef enum ra_attn_mode {
 const char *ra_attn_mode_name(ra_attn_mode m);
 int ra_attn_mode_parse(const char *name, ra_attn_mode *out); /* 0 or RA_EINVAL */
 
+/* Where a prefill stands, after each layer. */
+typedef struct ra_offload_progress {
+  int layer, n_layers;     /* layers done, of */
+  int64_t n_tokens;        /* prompt tokens */
+  uint64_t bytes_offloaded;/* K + V bytes sent to the stores so far (session dtype) */
+  double index_s;          /* time in kNN + index builds so far */
+} ra_offload_progress;
+
 typedef struct ra_offload_config {
   ra_attn_mode mode;      /* anything but full */
   uint32_t n_sink;        /* S, default 128 */
@@ -56,6 +64,8 @@ typedef struct ra_offload_config {
   int64_t max_ctx;        /* prompt + generated tokens */
   int64_t max_prompt;     /* tokens of the prefill (one step); scratch rows */
   int timeout_ms;         /* deadline of every store reply; 0: 10 s */
+  void (*progress)(void *ctx, const ra_offload_progress *p); /* optional, after each prefill layer */
+  void *progress_ctx;
 } ra_offload_config;
 
 void ra_offload_config_default(ra_offload_config *c);
