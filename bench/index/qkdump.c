@@ -1,5 +1,7 @@
 #include "qkdump.h"
 
+#include "json.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,31 +11,13 @@ void ra_qk_path(char *out, size_t cap, const char *dir, const char *what, int la
   snprintf(out, cap, "%s/%s_L%d_H%d.npy", dir, what, layer, head);
 }
 
-/* The value text after "key": in a flat JSON object (enough for meta.json), or NULL. */
-static const char *find_value(const char *json, const char *key) {
-  char pat[64];
-  snprintf(pat, sizeof pat, "\"%s\"", key);
-  const char *p = strstr(json, pat);
-  if (!p) return NULL;
-  p += strlen(pat);
-  while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
-  if (*p != ':') return NULL;
-  p++;
-  while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
-  return p;
-}
-
-static int get_int(const char *json, const char *key, long long lo, long long hi, long long *v,
-                   ra_error *err) {
-  const char *p = find_value(json, key);
-  char *end;
-  if (!p) return ra_errorf(err, RA_EFORMAT, "meta.json: missing \"%s\"", key);
-  errno = 0;
-  long long x = strtoll(p, &end, 10);
-  if (end == p || errno || x < lo || x > hi)
-    return ra_errorf(err, RA_EFORMAT, "meta.json: \"%s\" is not an integer in [%lld, %lld]", key,
-                     lo, hi);
-  *v = x;
+/* An integer field of meta.json within [lo, hi]; RA_ENOTFOUND when absent (for optional ones). */
+static int get_int(const ra_json *meta, const char *key, double lo, double hi, uint32_t *v, ra_error *err) {
+  double x;
+  if (!ra_json_get(meta, key)) return ra_errorf(err, RA_ENOTFOUND, "meta.json: missing \"%s\"", key);
+  if (ra_json_get_num(meta, key, &x) != RA_OK || x != (double)(int64_t)x || x < lo || x > hi)
+    return ra_errorf(err, RA_EFORMAT, "meta.json: \"%s\" is not an integer in [%.0f, %.0f]", key, lo, hi);
+  *v = (uint32_t)x;
   return RA_OK;
 }
 
@@ -43,46 +27,43 @@ int ra_qk_meta_read(const char *dir, ra_qk_meta *m, ra_error *err) {
   snprintf(path, sizeof path, "%s/meta.json", dir);
   FILE *f = fopen(path, "rb");
   if (!f) return ra_errorf(err, RA_ENOTFOUND, "%s: %s", path, strerror(errno));
-  char *buf = malloc(65537);
+  char *buf = malloc(1u << 20);
   if (!buf) {
     fclose(f);
     return ra_errorf(err, RA_ENOMEM, "out of memory");
   }
-  size_t n = fread(buf, 1, 65536, f);
+  size_t n = fread(buf, 1, 1u << 20, f);
   fclose(f);
-  buf[n] = '\0';
-  long long v[6];
-  static const char *const keys[] = {"layers", "q_heads", "kv_heads", "head_dim", "n_tokens"};
-  int rc = RA_OK;
-  for (int i = 0; i < 5 && !rc; i++) rc = get_int(buf, keys[i], 1, 1LL << 31, &v[i], err);
-  if (!rc && find_value(buf, "n_decode")) rc = get_int(buf, "n_decode", 0, 1LL << 31, &v[5], err);
-  else v[5] = 0;
-  /* gpu-worker dump-qk also writes the prompt / decode split: there n_tokens counts both (the
-   * keys' rows), while q holds the prompt only. */
-  if (!rc && find_value(buf, "n_prompt_tokens")) {
-    rc = get_int(buf, "n_prompt_tokens", 1, 1LL << 31, &v[4], err);
-    if (!rc) rc = get_int(buf, "n_decode_tokens", 0, 1LL << 31, &v[5], err);
+  ra_json *meta = NULL;
+  int rc = n == 1u << 20 ? ra_errorf(err, RA_EFORMAT, "meta.json: larger than 1 MiB") : ra_json_parse(buf, n, &meta, err);
+  free(buf);
+  uint32_t v[4];
+  static const char *const keys[] = {"layers", "q_heads", "kv_heads", "head_dim"};
+  for (int i = 0; i < 4 && rc == RA_OK; i++) rc = get_int(meta, keys[i], 1, 1 << 20, &v[i], err);
+  /* gpu-worker dump-qk writes the prompt / decode split (n_tokens then counts both: the keys'
+   * rows, while q holds the prompt only); qk-synth writes n_tokens and n_decode. */
+  if (rc == RA_OK && ra_json_get(meta, "n_prompt_tokens")) {
+    rc = get_int(meta, "n_prompt_tokens", 1, 4294967295.0, &m->n_tokens, err);
+    if (rc == RA_OK) rc = get_int(meta, "n_decode_tokens", 0, 4294967295.0, &m->n_decode, err);
+  } else if (rc == RA_OK) {
+    rc = get_int(meta, "n_tokens", 1, 4294967295.0, &m->n_tokens, err);
+    if (rc == RA_OK && ra_json_get(meta, "n_decode")) rc = get_int(meta, "n_decode", 0, 4294967295.0, &m->n_decode, err);
   }
-  if (!rc) {
+  if (rc == RA_OK) {
     m->layers = (int)v[0];
     m->q_heads = (int)v[1];
     m->kv_heads = (int)v[2];
     m->head_dim = (int)v[3];
-    m->n_tokens = (uint32_t)v[4];
-    m->n_decode = (uint32_t)v[5];
     if (m->q_heads % m->kv_heads)
-      rc = ra_errorf(err, RA_EFORMAT, "meta.json: q_heads %d not a multiple of kv_heads %d",
-                     m->q_heads, m->kv_heads);
+      rc = ra_errorf(err, RA_EFORMAT, "meta.json: q_heads %d not a multiple of kv_heads %d", m->q_heads,
+                     m->kv_heads);
   }
-  const char *p = find_value(buf, "rope_applied");
-  m->rope_applied = p && strncmp(p, "true", 4) == 0;
-  p = find_value(buf, "model");
-  if (p && *p == '"') {
-    size_t i = 0;
-    for (p++; *p && *p != '"' && i + 1 < sizeof m->model; p++) m->model[i++] = *p;
-    m->model[i] = '\0';
+  const char *model = NULL;
+  if (rc == RA_OK) {
+    ra_json_get_bool(meta, "rope_applied", &m->rope_applied);
+    if (ra_json_get_str(meta, "model", &model) == RA_OK) snprintf(m->model, sizeof m->model, "%s", model);
   }
-  free(buf);
+  ra_json_free(meta);
   if (rc) ra_error_wrap(err, "%s", dir);
   return rc;
 }
