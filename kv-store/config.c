@@ -18,6 +18,8 @@ const char *kvs_config_usage(void) {
          "  --max-calls N          calls served at once (default 64)\n"
          "  --max-message SIZE     largest request message accepted (default 64M)\n"
          "  --grace-ms MS          shutdown waits this long for running calls (default 2000)\n"
+         "  --session-idle-timeout S  close sessions no request touched for S seconds: the lease\n"
+         "                         of a worker that went away (default 600; 0: never)\n"
          "  --ready-file PATH      write the bound HOST:PORT here once serving\n"
          "  --log-level LEVEL      debug|info|warn|error (default info)\n";
 }
@@ -66,6 +68,7 @@ int kvs_config_parse(int argc, char **argv, kvs_config *out, ra_error *err) {
       .max_calls = KVS_DEFAULT_MAX_CALLS,
       .max_message_bytes = KVS_DEFAULT_MAX_MESSAGE,
       .grace_ms = KVS_DEFAULT_GRACE_MS,
+      .session_idle_s = 600,
       .log_level = RA_LOG_INFO,
   };
   for (int i = 1; i < argc; i++) {
@@ -105,6 +108,10 @@ int kvs_config_parse(int argc, char **argv, kvs_config *out, ra_error *err) {
       if (parse_int(val, 0, 3600000, &n) != RA_OK)
         return ra_errorf(err, RA_EINVAL, "--grace-ms '%s' is not a number in [0, 3600000]", val);
       out->grace_ms = (int)n;
+    } else if (strcmp(flag, "--session-idle-timeout") == 0) {
+      if (parse_int(val, 0, 30 * 86400, &n) != RA_OK)
+        return ra_errorf(err, RA_EINVAL, "--session-idle-timeout '%s' is not seconds in [0, 2592000]", val);
+      out->session_idle_s = (int)n;
     } else if (strcmp(flag, "--ready-file") == 0) {
       out->ready_file = val;
     } else if (strcmp(flag, "--log-level") == 0) {

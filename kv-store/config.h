@@ -1,6 +1,7 @@
 /* kv-store command-line flags:
  *   kv-store --listen HOST:PORT [--memory-budget SIZE] [--threads N] [--max-calls N]
- *            [--max-message SIZE] [--grace-ms MS] [--ready-file PATH] [--log-level LEVEL]
+ *            [--max-message SIZE] [--grace-ms MS] [--session-idle-timeout S] [--ready-file PATH]
+ *            [--log-level LEVEL]
  * SIZE is bytes with an optional binary suffix: 4096, 512K, 512M, 64G, 1T. */
 #ifndef KVS_CONFIG_H
 #define KVS_CONFIG_H
@@ -18,6 +19,7 @@ typedef struct kvs_config {
   int max_calls;              /* calls served at once */
   size_t max_message_bytes;   /* largest request accepted */
   int grace_ms;               /* how long shutdown lets running calls finish */
+  int session_idle_s;         /* a session no request touched this long is closed; 0: never */
   const char *ready_file;     /* written with "HOST:PORT\n" once serving; NULL: none */
   enum ra_log_level log_level;
   int help;                   /* --help given: print usage, exit 0 */

@@ -6,6 +6,7 @@
 #include "rpc.h"
 #include "server.h"
 #include "service.h"
+#include "store.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,8 +16,17 @@
 typedef struct app {
   uv_signal_t sigterm;
   uv_signal_t sigint;
+  uv_timer_t lease;     /* expires idle sessions */
+  int lease_running;
+  kvs_store *store;
+  uint64_t idle_ms;
   int signum;
 } app;
+
+static void on_lease(uv_timer_t *t) {
+  app *a = t->data;
+  kvs_store_expire(a->store, a->idle_ms);
+}
 
 static void on_signal(uv_signal_t *h, int signum) {
   app *a = h->data;
@@ -25,6 +35,11 @@ static void on_signal(uv_signal_t *h, int signum) {
   uv_signal_stop(&a->sigint);
   uv_close((uv_handle_t *)&a->sigterm, NULL);
   uv_close((uv_handle_t *)&a->sigint, NULL);
+  if (a->lease_running) {
+    uv_timer_stop(&a->lease);
+    uv_close((uv_handle_t *)&a->lease, NULL);
+    a->lease_running = 0;
+  }
 }
 
 /* Writes "HOST:PORT\n" via a temporary file and rename, so a reader never sees half of it. */
@@ -77,6 +92,17 @@ static int serve(const kvs_config *cfg, ra_error *err) {
   a.sigterm.data = a.sigint.data = &a;
   uv_signal_start(&a.sigterm, on_signal, SIGTERM);
   uv_signal_start(&a.sigint, on_signal, SIGINT);
+  if (cfg->session_idle_s > 0) {
+    /* Checked four times per lease, at most every 10 s: a session lives idle_s to 1.25 idle_s. */
+    uint64_t every = (uint64_t)cfg->session_idle_s * 250u;
+    if (every > 10000) every = 10000;
+    a.store = kvs_service_store(svc);
+    a.idle_ms = (uint64_t)cfg->session_idle_s * 1000u;
+    uv_timer_init(&loop, &a.lease);
+    a.lease.data = &a;
+    uv_timer_start(&a.lease, on_lease, every, every);
+    a.lease_running = 1;
+  }
   if ((rc = ra_rpc_server_start(srv, err))) {
     on_signal(&a.sigterm, 0);
     uv_run(&loop, UV_RUN_DEFAULT);

@@ -1,10 +1,13 @@
 #include "store.h"
 
+#include "log.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <time.h>
 
 struct kvs_store {
   pthread_mutex_t mu;      /* guards sessions[] and every session's registry reference */
@@ -19,6 +22,12 @@ struct kvs_store {
   size_t n_scratch;
   size_t cap_scratch;
 };
+
+static uint64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
 
 /* Shards grow by 1/8 of their capacity (at least this many rows), so an open shard's slack is
  * bounded by ~12% of what it holds; large blocks are mremap'ed by realloc, so growth is cheap. */
@@ -317,6 +326,7 @@ int kvs_store_open(kvs_store *st, const kvs_geometry *g, const kvs_shard_spec *s
   atomic_init(&s->refs, 2); /* the registry's and the caller's */
   atomic_init(&s->bytes, meta);
   atomic_init(&s->tokens, 0);
+  atomic_init(&s->last_used_ms, now_ms());
   if (index) s->index = *index;
   snprintf(s->client, sizeof s->client, "%s", client ? client : "");
 
@@ -349,10 +359,35 @@ int kvs_store_get(kvs_store *st, const uint8_t *id, size_t id_len, kvs_session *
   if (found) {
     *out = st->sessions[at];
     atomic_fetch_add(&(*out)->refs, 1);
+    atomic_store(&(*out)->last_used_ms, now_ms());
   }
   pthread_mutex_unlock(&st->mu);
-  if (!found) return ra_errorf(err, RA_ENOTFOUND, "no session with that id (closed or never opened)");
+  if (!found) return ra_errorf(err, RA_ENOTFOUND, "no session with that id (closed, expired or never opened)");
   return RA_OK;
+}
+
+size_t kvs_store_expire(kvs_store *st, uint64_t idle_ms) {
+  uint64_t now = now_ms();
+  size_t n_expired = 0, kept = 0;
+  kvs_session **expired = NULL;
+  pthread_mutex_lock(&st->mu);
+  expired = malloc((st->n_sessions ? st->n_sessions : 1) * sizeof *expired);
+  for (size_t i = 0; expired && i < st->n_sessions; i++) {
+    kvs_session *s = st->sessions[i];
+    if (now - atomic_load(&s->last_used_ms) > idle_ms) expired[n_expired++] = s;
+    else st->sessions[kept++] = s; /* keeps the id order */
+  }
+  if (expired) st->n_sessions = kept;
+  pthread_mutex_unlock(&st->mu);
+  for (size_t i = 0; i < n_expired; i++) {
+    kvs_session *s = expired[i];
+    ra_log_info("session %02x%02x%02x%02x... of '%s' expired after %llu ms idle: %llu bytes freed", s->id[0],
+                s->id[1], s->id[2], s->id[3], s->client, (unsigned long long)idle_ms,
+                (unsigned long long)atomic_load(&s->bytes));
+    kvs_session_release(s);
+  }
+  free(expired);
+  return n_expired;
 }
 
 void kvs_session_release(kvs_session *s) {

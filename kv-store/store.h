@@ -120,6 +120,7 @@ typedef struct kvs_session {
   kvs_head_shards *heads; /* [n_layers * n_kv_heads] */
   atomic_uint_fast64_t bytes;  /* charged to the budget: metadata + KV capacity */
   atomic_uint_fast64_t tokens; /* rows filled over all shards */
+  atomic_uint_fast64_t last_used_ms; /* monotonic ms of the last request that looked it up */
   kvs_index_spec index;        /* the session's index defaults (OpenSession) */
   char client[64];
 } kvs_session;
@@ -171,6 +172,10 @@ int kvs_store_open(kvs_store *st, const kvs_geometry *g, const kvs_shard_spec *s
 /* Looks a session up by id and takes a reference; RA_ENOTFOUND when there is none. */
 int kvs_store_get(kvs_store *st, const uint8_t *id, size_t id_len, kvs_session **out,
                   ra_error *err);
+/* Closes every session no request has looked up for more than idle_ms: the lease of a worker that
+ * went away without closing. Requests in flight keep theirs until they end. Returns how many. */
+size_t kvs_store_expire(kvs_store *st, uint64_t idle_ms);
+
 /* Drops a reference; the last one frees the session and uncharges its bytes. */
 void kvs_session_release(kvs_session *s);
 /* Removes a session from the registry; its memory is freed once no attend uses it.

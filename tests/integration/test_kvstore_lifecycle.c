@@ -1,5 +1,6 @@
 /* A kv-store's life: health and stats, append then attend sees the appended token, close frees
- * the memory, several clients at once, and SIGTERM with an Attend stream open still exits 0. */
+ * the memory, several clients at once, SIGTERM with an Attend stream open still exits 0, and a
+ * session whose worker went away without closing it expires (the idle lease). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,6 +12,7 @@
 #include <cmocka.h>
 #include <math.h>
 #include <pthread.h>
+#include <unistd.h>
 
 #include "client.h"
 #include "harness.h"
@@ -198,11 +200,59 @@ static void test_shutdown_with_open_stream(void **state) {
   ra_kvclient_close(c);
 }
 
+/* A session nobody touches for --session-idle-timeout is closed and its memory freed; one in use
+ * (an attend every 300 ms) lives on. */
+static void test_idle_session_expires(void **state) {
+  (void)state;
+  harness_store st;
+  const char *args[] = {"--session-idle-timeout", "1", NULL};
+  assert_int_equal(harness_store_start(&st, args), 0);
+  ra_kvclient *c;
+  ra_error err;
+  ok(ra_kvclient_connect(st.addr, NULL, &c, &err), &err);
+  kvdata d;
+  kvdata_make(&d, &geo, 500, 3);
+  ra_kvclient_session idle = open_one(c), busy = open_one(c);
+  ra_kvclient_rows rows = kvdata_rows(&d, 0, 0, 0, 500);
+  ok(ra_kvclient_put_kv(c, &idle, &rows, 1, NULL, &err), &err);
+  ok(ra_kvclient_put_kv(c, &busy, &rows, 1, NULL, &err), &err);
+  ra_kvclient_store_stats s0, s1;
+  ok(ra_kvclient_stats(c, &s0, &err), &err);
+  assert_int_equal(s0.sessions, 2);
+
+  ra_kvclient_stream *stream;
+  ok(ra_kvclient_attend_open(c, &busy, &stream, &err), &err);
+  float q[2 * DIM] = {0}, o[2 * DIM];
+  uint32_t heads[2] = {0, 1};
+  ra_kvclient_partial parts[2] = {{.o = o}, {.o = o + DIM}};
+  ra_kvclient_attend_req req = {.layer = 0, .q_heads = heads, .n_heads = 2, .q = q, .mode = RA_KVCLIENT_FULL};
+  for (int i = 0; i < 10; i++) { /* 3 s: past the 1 s lease, checked every 250 ms */
+    ok(ra_kvclient_attend(stream, &req, parts, 5000, NULL, &err), &err);
+    usleep(300 * 1000);
+  }
+  ok(ra_kvclient_stats(c, &s1, &err), &err);
+  assert_int_equal(s1.sessions, 1);
+  assert_true(s1.bytes_used < s0.bytes_used);
+  ok(ra_kvclient_attend(stream, &req, parts, 5000, NULL, &err), &err);
+  /* The idle one is gone: its next request says so. */
+  assert_int_equal(ra_kvclient_put_kv(c, &idle, &rows, 1, NULL, &err), RA_ENOTFOUND);
+  assert_non_null(strstr(err.msg, "expired"));
+  ra_kvclient_attend_close(stream);
+  ok(ra_kvclient_close_session(c, &busy, NULL, &err), &err);
+  ok(ra_kvclient_stats(c, &s1, &err), &err);
+  assert_int_equal(s1.sessions, 0);
+  assert_int_equal(s1.bytes_used, 0);
+  ra_kvclient_close(c);
+  kvdata_free(&d);
+  assert_int_equal(harness_store_stop(&st, 5000), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_stats_append_close),
       cmocka_unit_test(test_concurrent_clients),
       cmocka_unit_test(test_shutdown_with_open_stream),
+      cmocka_unit_test(test_idle_session_expires),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
