@@ -82,15 +82,23 @@ int ra_offload_plan_build(const ra_shard_map *map, uint32_t n_layers, uint32_t n
   return RA_OK;
 }
 
+void ra_partition_offloaded(uint32_t n_sink, uint32_t n_window, uint64_t n, uint64_t *begin, uint64_t *end) {
+  *begin = n_sink;
+  *end = n > (uint64_t)n_sink + n_window ? n - n_window : n_sink;
+}
+
+int64_t ra_partition_evicted(uint32_t n_sink, uint32_t n_window, uint64_t n) {
+  /* Growing to n + 1 tokens moves position n + 1 - W - 1 = n - W out of the window. */
+  if (n < (uint64_t)n_window || n - n_window < n_sink) return -1;
+  return (int64_t)(n - n_window);
+}
+
 void ra_offload_plan_range(const ra_offload_plan *p, uint64_t n, uint64_t *begin, uint64_t *end) {
-  *begin = p->n_sink;
-  *end = n > (uint64_t)p->n_sink + p->n_window ? n - p->n_window : p->n_sink;
+  ra_partition_offloaded(p->n_sink, p->n_window, n, begin, end);
 }
 
 int64_t ra_offload_plan_evicted(const ra_offload_plan *p, uint64_t n) {
-  /* Growing to n + 1 tokens moves position n + 1 - W - 1 = n - W out of the window. */
-  if (n < (uint64_t)p->n_window || n - p->n_window < p->n_sink) return -1;
-  return (int64_t)(n - p->n_window);
+  return ra_partition_evicted(p->n_sink, p->n_window, n);
 }
 
 int ra_offload_plan_owner(const ra_offload_plan *p, uint32_t layer, uint32_t kv_head, uint64_t pos) {

@@ -49,6 +49,12 @@ int ra_offload_plan_build(const ra_shard_map *map, uint32_t n_layers, uint32_t n
                           ra_offload_plan *out, ra_error *err);
 void ra_offload_plan_free(ra_offload_plan *p);
 
+/* The partition itself, for any sink S and window W (streaming mode has no stores, hence no plan):
+ * the offloaded positions [*begin, *end) at context length n (empty when n <= S + W), and the
+ * position that leaves the window when the context grows from n to n + 1 (-1: none). */
+void ra_partition_offloaded(uint32_t n_sink, uint32_t n_window, uint64_t n, uint64_t *begin, uint64_t *end);
+int64_t ra_partition_evicted(uint32_t n_sink, uint32_t n_window, uint64_t n);
+
 /* The offloaded positions [*begin, *end) at context length n (empty when n <= S + W). */
 void ra_offload_plan_range(const ra_offload_plan *p, uint64_t n, uint64_t *begin, uint64_t *end);
 

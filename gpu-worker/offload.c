@@ -228,8 +228,8 @@ static int prefill_offload_layer(ra_offload *o, int l, int64_t n, ra_tensor *rin
   ra_backend *be = o->m->be;
   uint64_t b64, e64;
   int rc = RA_OK;
-  if (o->plan) ra_offload_plan_range(o->plan, (uint64_t)n, &b64, &e64);
-  else b64 = e64 = o->cfg.n_sink; /* streaming: nothing leaves, what falls out is dropped */
+  /* [b, e) leaves the device: to the stores, or (streaming) dropped */
+  ra_partition_offloaded(o->cfg.n_sink, o->cfg.n_window, (uint64_t)n, &b64, &e64);
   int64_t b = (int64_t)b64, e = (int64_t)e64;
   if (o->remote && e > b) {
     uint64_t t0 = uv_hrtime();
@@ -252,9 +252,9 @@ static int prefill_offload_layer(ra_offload *o, int l, int64_t n, ra_tensor *rin
     free(k);
     free(v);
   }
-  /* sink [0, min(S, n)) and window [max(S, n - W), n) into the ring */
+  /* sink [0, min(S, n)) and window [min(e, n), n) into the ring */
   int64_t s = n < (int64_t)o->cfg.n_sink ? n : (int64_t)o->cfg.n_sink;
-  int64_t w0 = n - (int64_t)o->cfg.n_window > s ? n - (int64_t)o->cfg.n_window : s;
+  int64_t w0 = e < n ? e : n;
   if (rc == RA_OK) rc = ring_fill(o, ring_k, &st->k_cache[l], 0, s, err);
   if (rc == RA_OK) rc = ring_fill(o, ring_v, &st->v_cache[l], 0, s, err);
   if (rc == RA_OK) rc = ring_fill(o, ring_k, &st->k_cache[l], w0, n, err);
@@ -280,8 +280,9 @@ int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offlo
     ra_state_swap_cache(st, l, &o->scratch_k, &o->scratch_v);
     if (rc == RA_OK) rc = ra_step_layer_finish(st, l, err);
     if (rc == RA_OK && o->cfg.progress) {
-      uint64_t b = o->cfg.n_sink, e = b;
-      if (o->plan) ra_offload_plan_range(o->plan, (uint64_t)n, &b, &e);
+      uint64_t b, e;
+      ra_partition_offloaded(o->cfg.n_sink, o->cfg.n_window, (uint64_t)n, &b, &e);
+      if (!o->remote) e = b; /* streaming sends nothing */
       ra_offload_progress pr = {.layer = l + 1, .n_layers = o->m->cfg.n_layers, .n_tokens = n,
                                 .bytes_offloaded = (uint64_t)(l + 1) * (e - b) * 2 * o->kv_row *
                                                    ra_dtype_size(o->cfg.store_dtype),
@@ -295,9 +296,9 @@ int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offlo
     st->n = 0;
     return rc;
   }
-  if (o->plan) {
+  if (o->remote) {
     uint64_t b, e;
-    ra_offload_plan_range(o->plan, (uint64_t)n, &b, &e);
+    ra_partition_offloaded(o->cfg.n_sink, o->cfg.n_window, (uint64_t)n, &b, &e);
     s.n_offloaded = e - b;
   }
   s.total_us = (double)(uv_hrtime() - t0) / 1e3;
@@ -331,12 +332,11 @@ int ra_offload_decode(ra_offload *o, int32_t token, ra_offload_stats *stats, ra_
   if (n == 0) return ra_errorf(err, RA_ESTATE, "offload: decode before prefill");
   uint64_t t0 = uv_hrtime();
   int rc = RA_OK;
-  int64_t ev = -1;
-  if (n >= (int64_t)o->cfg.n_window && n - (int64_t)o->cfg.n_window >= (int64_t)o->cfg.n_sink)
-    ev = n - (int64_t)o->cfg.n_window;
+  int64_t ev = ra_partition_evicted(o->cfg.n_sink, o->cfg.n_window, (uint64_t)n);
   if (ev >= 0 && o->remote) rc = decode_evict(o, ev, &s, err);
   /* After this step the stores hold [S, n + 1 - W); the ring holds the sink and the window. */
-  int64_t off_b = o->cfg.n_sink, off_e = ev >= 0 ? ev + 1 : off_b;
+  uint64_t off_b, off_e;
+  ra_partition_offloaded(o->cfg.n_sink, o->cfg.n_window, (uint64_t)n + 1, &off_b, &off_e);
   int remote = o->remote && off_e > off_b;
   ra_token_range ranges[2];
   int n_ranges = 0;
@@ -385,7 +385,7 @@ int ra_offload_decode(ra_offload *o, int32_t token, ra_offload_stats *stats, ra_
     st->n = 0;
     return rc;
   }
-  s.n_offloaded = (uint64_t)(off_e - off_b);
+  s.n_offloaded = o->remote ? off_e - off_b : 0;
   s.total_us = (double)(uv_hrtime() - t0) / 1e3;
   if (o->n_steps == o->steps_cap) {
     size_t cap = o->steps_cap ? 2 * o->steps_cap : 64;
