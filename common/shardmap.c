@@ -176,6 +176,33 @@ int ra_shard_map_spread(const char *const *stores, size_t n_stores, uint32_t n_l
   return rc;
 }
 
+int ra_shard_map_spread_list(const char *stores_csv, uint32_t n_layers, uint32_t n_kv_heads,
+                             ra_shard_map *out, ra_error *err) {
+  memset(out, 0, sizeof *out);
+  char *list = strdup(stores_csv);
+  size_t n = 1;
+  for (const char *c = stores_csv; *c; c++) n += *c == ',';
+  const char **addrs = malloc(n * sizeof *addrs);
+  int rc = RA_OK;
+  if (!list || !addrs) {
+    rc = ra_errorf(err, RA_ENOMEM, "shard map: out of memory");
+  } else {
+    /* split by hand: strtok would skip the empty entries this must refuse */
+    char *t = list;
+    for (size_t i = 0; i < n && rc == RA_OK; i++) {
+      char *comma = strchr(t, ',');
+      if (comma) *comma = '\0';
+      if (*t == '\0') rc = ra_errorf(err, RA_EINVAL, "store list '%s': entry %zu is empty", stores_csv, i + 1);
+      addrs[i] = t;
+      t = comma ? comma + 1 : t + strlen(t);
+    }
+  }
+  if (rc == RA_OK) rc = ra_shard_map_spread(addrs, n, n_layers, n_kv_heads, out, err);
+  free(addrs);
+  free(list);
+  return rc;
+}
+
 static int cmp_u64(const void *a, const void *b) {
   uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
   return x < y ? -1 : x > y;

@@ -42,6 +42,11 @@ int ra_shard_map_load(const char *path, ra_shard_map *out, ra_error *err);
 int ra_shard_map_spread(const char *const *stores, size_t n_stores, uint32_t n_layers,
                         uint32_t n_kv_heads, ra_shard_map *out, ra_error *err);
 
+/* The same from a comma-separated list "HOST:PORT,HOST:PORT,..." (the --stores flag); an empty
+ * entry is an error. */
+int ra_shard_map_spread_list(const char *stores_csv, uint32_t n_layers, uint32_t n_kv_heads,
+                             ra_shard_map *out, ra_error *err);
+
 /* Checks the map against a geometry: ranges in bounds, and every (layer, kv head) token axis
  * [0, inf) covered exactly once (no gap, no overlap). */
 int ra_shard_map_validate(const ra_shard_map *map, uint32_t n_layers, uint32_t n_kv_heads,

@@ -205,13 +205,7 @@ static int stores_plan(const opts *o, const ra_model *m, ra_shard_map *map, ra_o
   if (o->shard_map) {
     rc = ra_shard_map_load(o->shard_map, map, err);
   } else {
-    char *list = strdup(o->stores);
-    const char *addrs[256];
-    size_t n = 0;
-    if (!list) return ra_errorf(err, RA_ENOMEM, "out of memory");
-    for (char *sv = NULL, *t = strtok_r(list, ",", &sv); t && n < 256; t = strtok_r(NULL, ",", &sv)) addrs[n++] = t;
-    rc = ra_shard_map_spread(addrs, n, (uint32_t)c->n_layers, (uint32_t)c->n_kv_heads, map, err);
-    free(list);
+    rc = ra_shard_map_spread_list(o->stores, (uint32_t)c->n_layers, (uint32_t)c->n_kv_heads, map, err);
   }
   if (rc == RA_OK)
     rc = ra_offload_plan_build(map, (uint32_t)c->n_layers, (uint32_t)c->n_heads, (uint32_t)c->n_kv_heads,

@@ -301,13 +301,7 @@ static int demo_run(demo *d, ra_error *err) {
     if (head_kv_make(&d->kv[i], o, o->seed * 1000003u + i) != RA_OK)
       return ra_errorf(err, RA_ENOMEM, "out of memory for %u tokens of KV", o->n_tokens);
 
-  const char *stores[64];
-  size_t n_stores = 0;
-  for (char *save = NULL, *t = strtok_r(d->o.stores, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-    if (n_stores == 64) return ra_errorf(err, RA_EINVAL, "at most 64 stores");
-    stores[n_stores++] = t;
-  }
-  int rc = ra_shard_map_spread(stores, n_stores, o->n_layers, o->n_kv_heads, &d->map, err);
+  int rc = ra_shard_map_spread_list(o->stores, o->n_layers, o->n_kv_heads, &d->map, err);
   if (rc == RA_OK)
     rc = ra_offload_plan_build(&d->map, o->n_layers, o->n_q_heads, o->n_kv_heads, o->n_sink,
                                o->n_window, &d->plan, err);

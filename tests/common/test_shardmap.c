@@ -99,8 +99,26 @@ static void test_spread(void **state) {
   assert_int_equal(ra_shard_map_spread(stores, 0, 1, 1, &m, &err), RA_EINVAL);
 }
 
+static void test_spread_list(void **state) {
+  (void)state;
+  ra_shard_map m;
+  ra_error err;
+  assert_int_equal(ra_shard_map_spread_list("a:1,b:2,c:3", 2, 3, &m, &err), RA_OK);
+  assert_int_equal(m.n_stores, 3);
+  assert_int_equal(m.n_rules, 6);
+  assert_string_equal(m.stores[2], "c:3");
+  assert_int_equal(ra_shard_map_validate(&m, 2, 3, &err), RA_OK);
+  ra_shard_map_free(&m);
+  assert_int_equal(ra_shard_map_spread_list("a:1,,b:2", 2, 3, &m, &err), RA_EINVAL);
+  assert_non_null(strstr(err.msg, "entry 2 is empty"));
+  assert_int_equal(ra_shard_map_spread_list("a:1,", 2, 3, &m, &err), RA_EINVAL);
+  assert_int_equal(ra_shard_map_spread_list("nohostport", 2, 3, &m, &err), RA_EINVAL);
+  assert_non_null(strstr(err.msg, "not HOST:PORT"));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_spread_list),
       cmocka_unit_test(test_parse_example),
       cmocka_unit_test(test_parse_errors),
       cmocka_unit_test(test_validate_gaps_and_overlaps),
