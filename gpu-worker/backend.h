@@ -116,6 +116,26 @@ typedef struct ra_backend_ops {
    * x: [n, m], idx, val: host [n, k]; k <= m. Ties go to the lower index. */
   int (*topk_rows)(ra_backend *be, const ra_tensor *x, int k, int32_t *idx, float *val, ra_error *err);
 
+  /* ---- fused ops ----
+   * A decode step is ~15 tiny launches per layer when run op by op; these do in one call what
+   * the model would otherwise issue as a sequence, and must equal that sequence (to rounding).
+   * backend_fused.h has the sequences themselves: a backend points an entry at them, or falls
+   * back to them for shapes its fusion does not cover. xn and up are scratch the sequence
+   * writes; a fused implementation may leave them untouched. */
+  /* y_i = rmsnorm(x, norm_w, eps) w_i^T (+ bias_i), i < n_out (1..3): the q/k/v projections.
+   * x, xn: [n, k], w_i: [m_i, k] (weights), bias_i: [m_i] or NULL, y_i: [n, m_i] */
+  int (*norm_matmul)(ra_backend *be, const ra_tensor *x, const ra_tensor *norm_w, float eps, ra_tensor *xn, int n_out,
+                     const ra_tensor *const *w, const ra_tensor *const *bias, ra_tensor *const *y, ra_error *err);
+  /* out = silu(xn w_gate^T) * (xn w_up^T), xn = rmsnorm(x, norm_w, eps): the FFN's first half.
+   * x, xn: [n, dim], w_gate, w_up: [ffn, dim], up, out: [n, ffn] */
+  int (*norm_swiglu)(ra_backend *be, const ra_tensor *x, const ra_tensor *norm_w, float eps, ra_tensor *xn,
+                     const ra_tensor *w_gate, const ra_tensor *w_up, ra_tensor *up, ra_tensor *out, ra_error *err);
+  /* rope(q), rope(k) in place as `rope` does, then k, v -> cache rows [row, row + n) as `copy`
+   * does.  q: [n, hq, hd], k, v: [n, hkv, hd], caches: [n_ctx, hkv, hd] */
+  int (*rope_store)(ra_backend *be, ra_tensor *q, ra_tensor *k, const ra_tensor *v, int64_t pos0, int n_rot,
+                    float theta, ra_rope_style style, ra_tensor *k_cache, ra_tensor *v_cache, int64_t row,
+                    ra_error *err);
+
   /* Waits for queued work (timing). */
   int (*sync)(ra_backend *be, ra_error *err);
   void (*destroy)(ra_backend *be);

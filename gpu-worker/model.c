@@ -539,21 +539,19 @@ int ra_step_layer_qkv(ra_state *st, int l, ra_error *err) {
   const ra_layer_weights *w = &st->m->layers[l];
   const ra_backend_ops *op = st->be->ops;
   ra_backend *be = st->be;
-  size_t kv_row = (size_t)c->n_kv_heads * (size_t)c->head_dim;
   const ra_tensor *bq = c->qkv_bias ? &w->bq : NULL, *bk = c->qkv_bias ? &w->bk : NULL, *bv = c->qkv_bias ? &w->bv : NULL;
   int rc;
   if (st->cache_row < 0 || st->cache_row + st->n > st->k_cache[l].shape[0])
     return ra_errorf(err, RA_EINVAL, "model: layer %d: cache rows %lld..%lld outside its %lld rows", l,
                      (long long)st->cache_row, (long long)(st->cache_row + st->n), (long long)st->k_cache[l].shape[0]);
-  /* xn = rmsnorm(x); q = xn Wq^T: [n, heads*hd] viewed as [n, heads, hd]; same for k, v */
-  if ((rc = op->rmsnorm(be, &st->cur_x, &w->attn_norm, c->norm_eps, &st->cur_xn, err)) ||
-      (rc = op->matmul(be, &st->cur_xn, &w->wq, bq, &st->cur_q, 0, err)) ||
-      (rc = op->matmul(be, &st->cur_xn, &w->wk, bk, &st->cur_k, 0, err)) ||
-      (rc = op->matmul(be, &st->cur_xn, &w->wv, bv, &st->cur_v, 0, err)) ||
-      (rc = op->rope(be, &st->cur_q, st->pos, c->n_rot, c->rope_theta, c->rope_style, err)) ||
-      (rc = op->rope(be, &st->cur_k, st->pos, c->n_rot, c->rope_theta, c->rope_style, err)) ||
-      (rc = op->copy(be, &st->k_cache[l], (size_t)st->cache_row * kv_row, &st->cur_k, 0, (size_t)st->n * kv_row, err)) ||
-      (rc = op->copy(be, &st->v_cache[l], (size_t)st->cache_row * kv_row, &st->cur_v, 0, (size_t)st->n * kv_row, err)))
+  /* xn = rmsnorm(x); q = xn Wq^T: [n, heads*hd] viewed as [n, heads, hd]; same for k, v; then
+   * RoPE of q and k, and k, v into the cache rows of the step (fused ops: one launch each on a
+   * backend that fuses) */
+  const ra_tensor *ws[3] = {&w->wq, &w->wk, &w->wv}, *bs[3] = {bq, bk, bv};
+  ra_tensor *ys[3] = {&st->cur_q, &st->cur_k, &st->cur_v};
+  if ((rc = op->norm_matmul(be, &st->cur_x, &w->attn_norm, c->norm_eps, &st->cur_xn, 3, ws, bs, ys, err)) ||
+      (rc = op->rope_store(be, &st->cur_q, &st->cur_k, &st->cur_v, st->pos, c->n_rot, c->rope_theta, c->rope_style,
+                           &st->k_cache[l], &st->v_cache[l], st->cache_row, err)))
     return ra_error_wrap(err, "layer %d", l);
   return RA_OK;
 }
@@ -581,10 +579,8 @@ int ra_step_layer_finish(ra_state *st, int l, ra_error *err) {
   int rc;
   /* x += att Wo^T (att: [n, heads, hd] as [n, heads*hd]);  x += W_down (silu(xn W_gate^T) * (xn W_up^T)) with xn = rmsnorm(x) */
   if ((rc = op->matmul(be, &st->cur_att, &w->wo, NULL, &st->cur_x, 1, err)) ||
-      (rc = op->rmsnorm(be, &st->cur_x, &w->ffn_norm, c->norm_eps, &st->cur_xn, err)) ||
-      (rc = op->matmul(be, &st->cur_xn, &w->w_gate, NULL, &st->cur_gate, 0, err)) ||
-      (rc = op->matmul(be, &st->cur_xn, &w->w_up, NULL, &st->cur_up, 0, err)) ||
-      (rc = op->swiglu(be, &st->cur_gate, &st->cur_up, &st->cur_gate, err)) ||
+      (rc = op->norm_swiglu(be, &st->cur_x, &w->ffn_norm, c->norm_eps, &st->cur_xn, &w->w_gate, &w->w_up, &st->cur_up,
+                            &st->cur_gate, err)) ||
       (rc = op->matmul(be, &st->cur_gate, &w->w_down, NULL, &st->cur_x, 1, err)))
     return ra_error_wrap(err, "layer %d", l);
   return RA_OK;

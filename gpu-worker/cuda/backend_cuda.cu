@@ -11,6 +11,7 @@
 extern "C" {
 #include "backend_check.h"
 #include "backend_cuda.h"
+#include "backend_fused.h"
 }
 
 namespace {
@@ -394,6 +395,96 @@ int check_attn_geometry(const char *op, int64_t hq, int64_t hkv, int64_t hd, ra_
   return RA_OK;
 }
 
+/* ---- fused ops: one launch where the model would issue a sequence; anything the fused
+ * kernels do not cover (prefill rows, F32 weights, odd shapes) runs the sequence, whose ops
+ * also report bad arguments ---- */
+
+/* A batch-1 GEMV input the fused kernel takes: x [1, k] F32 with x staged in shared memory. */
+bool gemv_input_ok(const ra_tensor *x, const ra_tensor *norm_w) {
+  if (!x || !x->data || x->dtype != RA_DTYPE_F32 || x->shape[0] != 1 || !aligned16(x->data)) return false;
+  int64_t k = (int64_t)nelem(x);
+  return k % 8 == 0 && k <= RA_CUDA_GEMV_SMEM_COLS && norm_w && norm_w->data && known_dtype(norm_w->dtype) &&
+         (int64_t)nelem(norm_w) == k;
+}
+
+/* A weight [m, k] of 16-bit type wdt with its output y [1, m] F32 (and bias [m]). */
+bool gemv_output_ok(const ra_tensor *w, const ra_tensor *bias, const ra_tensor *y, int64_t k, ra_dtype wdt) {
+  if (!w || !w->data || w->dtype != wdt || (wdt != RA_DTYPE_BF16 && wdt != RA_DTYPE_F16) || last_dim(w) != k ||
+      !aligned16(w->data))
+    return false;
+  int64_t m = n_rows(w);
+  if (!y || !y->data || y->dtype != RA_DTYPE_F32 || (int64_t)nelem(y) != m) return false;
+  return !bias || (bias->data && known_dtype(bias->dtype) && (int64_t)nelem(bias) == m);
+}
+
+int cu_norm_matmul(ra_backend *be, const ra_tensor *x, const ra_tensor *norm_w, float eps, ra_tensor *xn, int n_out,
+                   const ra_tensor *const *w, const ra_tensor *const *bias, ra_tensor *const *y, ra_error *err) {
+  bool fuse = n_out >= 1 && n_out <= 3 && gemv_input_ok(x, norm_w);
+  const int64_t k = fuse ? (int64_t)nelem(x) : 0;
+  for (int i = 0; fuse && i < n_out; i++) fuse = gemv_output_ok(w[i], bias ? bias[i] : nullptr, y[i], k, w[0]->dtype);
+  if (!fuse) return ra_backend_seq_norm_matmul(be, x, norm_w, eps, xn, n_out, w, bias, y, err);
+  ra_cuda_gemv_args a = {};
+  for (int i = 0; i < n_out; i++) {
+    a.w[i] = w[i]->data;
+    a.bias[i] = bias && bias[i] ? bias[i]->data : nullptr;
+    a.bias_dtype[i] = bias && bias[i] ? bias[i]->dtype : RA_DTYPE_F32;
+    a.y[i] = (float *)y[i]->data;
+    a.m[i] = n_rows(w[i]);
+  }
+  a.w_dtype = w[0]->dtype;
+  a.x = (const float *)x->data;
+  a.k = k;
+  a.norm_w = norm_w->data;
+  a.norm_dtype = norm_w->dtype;
+  a.eps = eps;
+  CU_TRY("norm_matmul", ra_cuda_gemv_fused(impl_of(be)->stream, &a));
+  return RA_OK;
+}
+
+int cu_norm_swiglu(ra_backend *be, const ra_tensor *x, const ra_tensor *norm_w, float eps, ra_tensor *xn,
+                   const ra_tensor *w_gate, const ra_tensor *w_up, ra_tensor *up, ra_tensor *out, ra_error *err) {
+  bool fuse = gemv_input_ok(x, norm_w);
+  const int64_t k = fuse ? (int64_t)nelem(x) : 0;
+  fuse = fuse && gemv_output_ok(w_gate, nullptr, out, k, w_gate->dtype) &&
+         gemv_output_ok(w_up, nullptr, out, k, w_gate->dtype);
+  if (!fuse) return ra_backend_seq_norm_swiglu(be, x, norm_w, eps, xn, w_gate, w_up, up, out, err);
+  ra_cuda_gemv_args a = {};
+  a.w[0] = w_gate->data;
+  a.w[1] = w_up->data;
+  a.y[0] = (float *)out->data;
+  a.m[0] = a.m[1] = n_rows(w_gate);
+  a.w_dtype = w_gate->dtype;
+  a.x = (const float *)x->data;
+  a.k = k;
+  a.norm_w = norm_w->data;
+  a.norm_dtype = norm_w->dtype;
+  a.eps = eps;
+  a.swiglu = 1;
+  CU_TRY("norm_swiglu", ra_cuda_gemv_fused(impl_of(be)->stream, &a));
+  return RA_OK;
+}
+
+int cu_rope_store(ra_backend *be, ra_tensor *q, ra_tensor *k, const ra_tensor *v, int64_t pos0, int n_rot, float theta,
+                  ra_rope_style style, ra_tensor *kc, ra_tensor *vc, int64_t row, ra_error *err) {
+  bool fuse = q && k && v && kc && vc && q->data && k->data && v->data && kc->data && vc->data &&
+              q->dtype == RA_DTYPE_F32 && k->dtype == RA_DTYPE_F32 && v->dtype == RA_DTYPE_F32 && q->ndim == 3 &&
+              k->ndim == 3 && v->ndim == 3 && kc->ndim == 3 && vc->ndim == 3 && kc->dtype == vc->dtype &&
+              known_dtype(kc->dtype) && (style == RA_ROPE_NORM || style == RA_ROPE_NEOX);
+  if (fuse) {
+    const int64_t n = q->shape[0], hd = q->shape[2];
+    fuse = k->shape[0] == n && v->shape[0] == n && k->shape[2] == hd && v->shape[1] == k->shape[1] &&
+           v->shape[2] == hd && n_rot > 0 && n_rot <= hd && n_rot % 2 == 0 && row >= 0 &&
+           row + n <= kc->shape[0] && row + n <= vc->shape[0];
+    for (int d = 1; fuse && d < 3; d++) fuse = kc->shape[d] == k->shape[d] && vc->shape[d] == k->shape[d];
+  }
+  if (!fuse) return ra_backend_seq_rope_store(be, q, k, v, pos0, n_rot, theta, style, kc, vc, row, err);
+  CU_TRY("rope_store", ra_cuda_rope_store(impl_of(be)->stream, (float *)q->data, (float *)k->data,
+                                          (const float *)v->data, q->shape[0], q->shape[1], k->shape[1], q->shape[2],
+                                          pos0, n_rot, theta, style == RA_ROPE_NEOX, kc->data, vc->data, kc->dtype,
+                                          row));
+  return RA_OK;
+}
+
 int cu_attn_prefill(ra_backend *be, const ra_tensor *q, const ra_tensor *kc, const ra_tensor *vc, int64_t pos0,
                     float scale, ra_tensor *out, ra_error *err) {
   int rc;
@@ -454,7 +545,7 @@ int cu_attn_decode(ra_backend *be, const ra_tensor *q, const ra_tensor *kc, cons
   }
   int n_splits;
   int64_t chunk;
-  ra_cuda_decode_plan(total, (int)hkv, im->n_sm, &n_splits, &chunk);
+  ra_cuda_decode_plan(total, (int)hkv, (int)(hq / hkv), (int)hd, kc->dtype, im->n_sm, &n_splits, &chunk);
   float *part_o = nullptr, *part_ml = nullptr;
   if (n_splits > 1) {
     size_t floats = (size_t)n_splits * (size_t)hq * (size_t)(hd + 2);
@@ -549,6 +640,9 @@ ra_backend_ops make_ops() {
   o.attn_decode = cu_attn_decode;
   o.attn_merge = cu_attn_merge;
   o.topk_rows = cu_topk_rows;
+  o.norm_matmul = cu_norm_matmul;
+  o.norm_swiglu = cu_norm_swiglu;
+  o.rope_store = cu_rope_store;
   o.sync = cu_sync;
   o.destroy = cu_destroy;
   return o;
@@ -603,6 +697,8 @@ extern "C" int ra_backend_cuda_create(const ra_backend_config *cfg, ra_backend *
     rc = blas_fail(err, "create", st);
   else if ((e = ra_cuda_attn_init()) != cudaSuccess)
     rc = cuda_fail(err, "create", "attention kernel attributes", e);
+  else if ((e = ra_cuda_gemv_init()) != cudaSuccess)
+    rc = cuda_fail(err, "create", "GEMV kernel attributes", e);
   if (rc) {
     cu_destroy(be);
     return rc;

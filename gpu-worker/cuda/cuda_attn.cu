@@ -1,4 +1,5 @@
-/* Attention kernels.
+/* Attention kernels: prefill, and the general decode path (cuda_attn_decode.cu has the fast
+ * decode kernel for the common geometries and picks between them).
  *
  * Decode (flash-decoding): the token set of one query, an arbitrary union of cache ranges, is
  * numbered 0..T-1 ("virtual" tokens) and cut into n_splits chunks. Block (split s, kv head)
@@ -28,7 +29,6 @@ using namespace nvcuda;
 constexpr int kDecThreads = 128;
 constexpr int kTile = 32; /* tokens per shared-memory tile; the softmax step assumes == warp size */
 constexpr int kMaxAcc = RA_CUDA_ATTN_MAX_GROUP_DIM / kDecThreads;
-constexpr int kMaxSplits = 4096;
 
 struct split_args {
   const float *q;
@@ -44,21 +44,6 @@ struct split_args {
   float *part_o, *part_ml; /* [n_splits, hq, hd], [n_splits, hq, 2] */
   float *o, *ml;           /* final: [.., hq, hd] (row stride q_stride), [hq, 2] or NULL */
 };
-
-/* Cache row of virtual token v (< r.total). */
-__device__ __forceinline__ int64_t range_row(const ra_cuda_ranges &r, int64_t v) {
-  const int64_t *st = r.d_start ? r.d_start : r.start;
-  const int64_t *bg = r.d_begin ? r.d_begin : r.begin;
-  int lo = 0, hi = r.n - 1; /* last i with st[i] <= v */
-  while (lo < hi) {
-    int mid = (lo + hi + 1) >> 1;
-    if (st[mid] <= v)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  return bg[lo] + (v - st[lo]);
-}
 
 size_t split_smem_bytes(int group, int hd) {
   size_t floats = (size_t)group * hd + (size_t)kTile * (hd + 1) + (size_t)kTile * hd + (size_t)group * kTile + 3 * group;
@@ -112,7 +97,7 @@ __global__ void __launch_bounds__(kDecThreads) attn_split_kernel(split_args a) {
 
   for (int64_t t0 = v0; t0 < v1; t0 += kTile) {
     const int nt = v1 - t0 < kTile ? (int)(v1 - t0) : kTile;
-    if (tid < kTile) trow[tid] = tid < nt ? (a.prefill ? t0 + tid : range_row(a.r, t0 + tid)) : 0;
+    if (tid < kTile) trow[tid] = tid < nt ? (a.prefill ? t0 + tid : ra_cuda_range_row(a.r, t0 + tid)) : 0;
     __syncthreads();
     for (int e = tid; e < nt * vpr; e += kDecThreads) {
       const int t = e / vpr, c = (e % vpr) * 8;
@@ -196,38 +181,64 @@ __global__ void __launch_bounds__(kDecThreads) attn_split_kernel(split_args a) {
   }
 }
 
-/* One block per q head: exact log-sum-exp merge of the splits' unnormalized partials. */
-__global__ void __launch_bounds__(kDecThreads) attn_reduce_kernel(const float *__restrict__ part_o,
+/* Exact log-sum-exp merge of the splits' unnormalized partials; block (q head, 32-dim slice).
+ * The sum over splits is a chain of dependent L2 reads per output element: it is cut into 8
+ * interleaved chains (one per warp) of 4 independent accumulators each, so that reads overlap. */
+constexpr int kRedThreads = 256;
+
+__global__ void __launch_bounds__(kRedThreads) attn_reduce_kernel(const float *__restrict__ part_o,
                                                                   const float *__restrict__ part_ml, int n_splits,
                                                                   int hq, int hd, float *__restrict__ o,
                                                                   float *__restrict__ ml) {
-  __shared__ float w[kMaxSplits];
-  __shared__ float red[kDecThreads / 32];
+  __shared__ float w[RA_CUDA_MAX_SPLITS];
+  __shared__ float red[kRedThreads];
   const int h = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   float mx = -INFINITY;
-  for (int s = tid; s < n_splits; s += kDecThreads) mx = fmaxf(mx, part_ml[((int64_t)s * hq + h) * 2]);
+  for (int s = tid; s < n_splits; s += kRedThreads) mx = fmaxf(mx, part_ml[((int64_t)s * hq + h) * 2]);
   for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
   if (lane == 0) red[warp] = mx;
   __syncthreads();
   mx = red[0];
-  for (int i = 1; i < kDecThreads / 32; i++) mx = fmaxf(mx, red[i]);
+  for (int i = 1; i < kRedThreads / 32; i++) mx = fmaxf(mx, red[i]);
   __syncthreads();
   float l = 0.0f;
-  for (int s = tid; s < n_splits; s += kDecThreads) {
+  for (int s = tid; s < n_splits; s += kRedThreads) {
     const float ws = expf(part_ml[((int64_t)s * hq + h) * 2] - mx);
     w[s] = ws;
     l += part_ml[((int64_t)s * hq + h) * 2 + 1] * ws;
   }
   for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
+  __syncthreads(); /* red[] is read above; w[] complete below */
   if (lane == 0) red[warp] = l;
   __syncthreads();
   l = 0.0f;
-  for (int i = 0; i < kDecThreads / 32; i++) l += red[i];
-  for (int d = tid; d < hd; d += kDecThreads) {
-    float acc = 0.0f;
-    for (int s = 0; s < n_splits; s++) acc = fmaf(part_o[((int64_t)s * hq + h) * hd + d], w[s], acc);
-    o[(int64_t)h * hd + d] = l > 0.0f ? acc / l : 0.0f;
+  for (int i = 0; i < kRedThreads / 32; i++) l += red[i];
+  __syncthreads();
+  /* block (head, 32-dim slice): thread (chain c, dim d) sums splits c, c + 8, c + 16, ... */
+  const int d = blockIdx.y * 32 + lane, c = warp, nc = kRedThreads / 32;
+  float acc = 0.0f;
+  if (d < hd) {
+    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+    const float *po = part_o + (int64_t)h * hd + d;
+    const int64_t step = (int64_t)hq * hd;
+    int s = c;
+    for (; s + 3 * nc < n_splits; s += 4 * nc) {
+      a0 = fmaf(po[(int64_t)s * step], w[s], a0);
+      a1 = fmaf(po[(int64_t)(s + nc) * step], w[s + nc], a1);
+      a2 = fmaf(po[(int64_t)(s + 2 * nc) * step], w[s + 2 * nc], a2);
+      a3 = fmaf(po[(int64_t)(s + 3 * nc) * step], w[s + 3 * nc], a3);
+    }
+    for (; s < n_splits; s += nc) a0 = fmaf(po[(int64_t)s * step], w[s], a0);
+    acc = (a0 + a1) + (a2 + a3);
   }
+  red[tid] = acc;
+  __syncthreads();
+  if (tid < 32 && d < hd) {
+    float sum = 0.0f;
+    for (int i = 0; i < nc; i++) sum += red[i * 32 + tid];
+    o[(int64_t)h * hd + d] = l > 0.0f ? sum / l : 0.0f;
+  }
+  if (blockIdx.y != 0) return;
   if (tid == 0) {
     ml[2 * h] = mx;
     ml[2 * h + 1] = l;
@@ -479,29 +490,20 @@ cudaError_t ra_cuda_attn_prefill(cudaStream_t s, const float *q, const void *kc,
   return launch_split_dtype(s, kv_dtype, dim3((unsigned)n, (unsigned)hkv), a);
 }
 
-void ra_cuda_decode_plan(int64_t total, int hkv, int n_sm, int *n_splits, int64_t *chunk) {
-  if (total <= 0) {
-    *n_splits = 0;
-    *chunk = 0;
-    return;
-  }
-  /* ~4 blocks per SM in all, at least 64 tokens per block, at most kMaxSplits splits */
-  int64_t want = ((int64_t)4 * (n_sm > 0 ? n_sm : 1) + hkv - 1) / hkv;
-  int64_t c = (total + want - 1) / want;
-  if (c < 64) c = 64;
-  if (c * kMaxSplits < total) c = (total + kMaxSplits - 1) / kMaxSplits;
-  c = (c + kTile - 1) / kTile * kTile;
-  *chunk = c;
-  *n_splits = (int)((total + c - 1) / c);
+cudaError_t ra_cuda_attn_empty(cudaStream_t s, int hq, int hd, float *o, float *ml) {
+  attn_empty_kernel<<<(unsigned)((hq * hd + 255) / 256), 256, 0, s>>>(o, ml, hq, hd);
+  return cudaGetLastError();
 }
 
-cudaError_t ra_cuda_attn_decode(cudaStream_t s, const float *q, const void *kc, const void *vc, int kv_dtype, int hq,
-                                int hkv, int hd, const ra_cuda_ranges *r, int n_splits, int64_t chunk, float scale,
-                                float *part_o, float *part_ml, float *o, float *ml) {
-  if (n_splits == 0) {
-    attn_empty_kernel<<<(unsigned)((hq * hd + 255) / 256), 256, 0, s>>>(o, ml, hq, hd);
-    return cudaGetLastError();
-  }
+cudaError_t ra_cuda_attn_reduce(cudaStream_t s, const float *part_o, const float *part_ml, int n_splits, int hq, int hd,
+                                float *o, float *ml) {
+  attn_reduce_kernel<<<dim3((unsigned)hq, (unsigned)((hd + 31) / 32)), kRedThreads, 0, s>>>(part_o, part_ml, n_splits, hq, hd, o, ml);
+  return cudaGetLastError();
+}
+
+cudaError_t ra_cuda_attn_decode_split(cudaStream_t s, const float *q, const void *kc, const void *vc, int kv_dtype,
+                                      int hq, int hkv, int hd, const ra_cuda_ranges *r, int n_splits, int64_t chunk,
+                                      float scale, float *part_o, float *part_ml, float *o, float *ml) {
   split_args a = {};
   a.q = q;
   a.q_stride = 0;
@@ -521,6 +523,5 @@ cudaError_t ra_cuda_attn_decode(cudaStream_t s, const float *q, const void *kc, 
   a.ml = ml;
   cudaError_t e = launch_split_dtype(s, kv_dtype, dim3((unsigned)n_splits, (unsigned)hkv), a);
   if (e != cudaSuccess || n_splits == 1) return e;
-  attn_reduce_kernel<<<(unsigned)hq, kDecThreads, 0, s>>>(part_o, part_ml, n_splits, hq, hd, o, ml);
-  return cudaGetLastError();
+  return ra_cuda_attn_reduce(s, part_o, part_ml, n_splits, hq, hd, o, ml);
 }

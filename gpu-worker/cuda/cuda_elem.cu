@@ -1,5 +1,5 @@
 /* Element-wise and row-wise kernels of the CUDA backend: dtype conversion, fill_random, GGUF
- * dequantization, get_rows, bias, rmsnorm, rope, swiglu, attn_merge.
+ * dequantization, get_rows, bias, rmsnorm, rope (and rope + KV-cache store), swiglu, attn_merge.
  *
  * Where the CPU backend's arithmetic is simple enough, these kernels reproduce it bit for bit
  * (explicit __fmul_rn/__fadd_rn stop nvcc from contracting into FMAs, which the C11 build of
@@ -250,23 +250,61 @@ __global__ void rmsnorm_kernel(const float *x, const void *__restrict__ w, int w
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) yr[j] = mul(mul(xr[j], inv), ra_cuda_load(w, w_dtype, j));
 }
 
-/* One thread per (token, pair j): angle in double like the CPU backend (at 128K positions a
- * float angle loses the low bits), then the same rotation for every head. */
+/* Rotation of pair j of every head of one token at position pos: angle in double like the CPU
+ * backend (at 128K positions a float angle loses the low bits). */
+__device__ __forceinline__ void rope_token(float *x, int64_t heads, int64_t hd, int64_t pos, int j, int n_rot,
+                                           float theta, int neox) {
+  const int half = n_rot / 2;
+  double a = (double)pos * pow((double)theta, -2.0 * j / n_rot);
+  float cs = (float)cos(a), sn = (float)sin(a);
+  int i0 = neox ? j : 2 * j, i1 = neox ? j + half : 2 * j + 1;
+  for (int64_t h = 0; h < heads; h++) {
+    float *v = x + h * hd;
+    float p = v[i0], q = v[i1];
+    v[i0] = sub(mul(p, cs), mul(q, sn));
+    v[i1] = add(mul(p, sn), mul(q, cs));
+  }
+}
+
+/* One thread per (token, pair j). */
 __global__ void rope_kernel(float *x, int64_t n, int64_t heads, int64_t hd, int64_t pos0, int n_rot, float theta,
                             int neox) {
   int half = n_rot / 2;
   size_t total = (size_t)n * (size_t)half;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
     int64_t t = (int64_t)(i / (size_t)half);
-    int j = (int)(i % (size_t)half);
-    double a = (double)(pos0 + t) * pow((double)theta, -2.0 * j / n_rot);
-    float cs = (float)cos(a), sn = (float)sin(a);
-    int i0 = neox ? j : 2 * j, i1 = neox ? j + half : 2 * j + 1;
-    for (int64_t h = 0; h < heads; h++) {
-      float *v = x + (t * heads + h) * hd;
-      float p = v[i0], q = v[i1];
-      v[i0] = sub(mul(p, cs), mul(q, sn));
-      v[i1] = add(mul(p, sn), mul(q, cs));
+    rope_token(x + t * heads * hd, heads, hd, pos0 + t, (int)(i % (size_t)half), n_rot, theta, neox);
+  }
+}
+
+/* rope(q), rope(k), then k and v into cache rows [row, row + n). Phase 1 (one thread per token
+ * and pair) rotates; a grid-wide barrier is not needed because phase 2 re-reads only elements
+ * its own thread index owns: thread (t, j) stores the k elements it rotated itself, and the
+ * k elements past n_rot and all of v, which nobody rotates, go in the second index space. */
+template <typename C>
+__global__ void rope_store_kernel(float *q, float *k, const float *v, int64_t n, int64_t hq, int64_t hkv, int64_t hd,
+                                  int64_t pos0, int n_rot, float theta, int neox, C *kc, C *vc, int64_t row) {
+  const int half = n_rot / 2;
+  const size_t n_pairs = (size_t)n * (size_t)half, kv_row = (size_t)hkv * (size_t)hd;
+  const size_t total = n_pairs + (size_t)n * kv_row;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+    if (i < n_pairs) {
+      const int64_t t = (int64_t)(i / (size_t)half);
+      const int j = (int)(i % (size_t)half);
+      rope_token(q + t * hq * hd, hq, hd, pos0 + t, j, n_rot, theta, neox);
+      float *kt = k + t * (int64_t)kv_row;
+      rope_token(kt, hkv, hd, pos0 + t, j, n_rot, theta, neox);
+      const int i0 = neox ? j : 2 * j, i1 = neox ? j + half : 2 * j + 1;
+      C *dst = kc + (row + t) * (int64_t)kv_row;
+      for (int64_t h = 0; h < hkv; h++) {
+        dst[h * hd + i0] = ra_cuda_from_f32<C>(kt[h * hd + i0]);
+        dst[h * hd + i1] = ra_cuda_from_f32<C>(kt[h * hd + i1]);
+      }
+    } else {
+      const size_t e = i - n_pairs; /* element of the [n, hkv, hd] k/v block */
+      const size_t d = e % (size_t)hd, off = (size_t)row * kv_row + e;
+      vc[off] = ra_cuda_from_f32<C>(v[e]);
+      if (d >= (size_t)n_rot) kc[off] = ra_cuda_from_f32<C>(k[e]);
     }
   }
 }
@@ -399,6 +437,28 @@ cudaError_t ra_cuda_rope(cudaStream_t s, float *x, int64_t n, int64_t heads, int
   size_t total = (size_t)n * (size_t)(n_rot / 2);
   if (total == 0) return cudaSuccess;
   rope_kernel<<<grid_for(total), kThreads, 0, s>>>(x, n, heads, hd, pos0, n_rot, theta, neox);
+  return cudaGetLastError();
+}
+
+cudaError_t ra_cuda_rope_store(cudaStream_t s, float *q, float *k, const float *v, int64_t n, int64_t hq, int64_t hkv,
+                               int64_t hd, int64_t pos0, int n_rot, float theta, int neox, void *kc, void *vc,
+                               int cache_dtype, int64_t row) {
+  size_t total = (size_t)n * (size_t)(n_rot / 2) + (size_t)n * (size_t)hkv * (size_t)hd;
+  if (total == 0) return cudaSuccess;
+  switch (cache_dtype) {
+    case RA_DTYPE_F32:
+      rope_store_kernel<<<grid_for(total), kThreads, 0, s>>>(q, k, v, n, hq, hkv, hd, pos0, n_rot, theta, neox,
+                                                             (float *)kc, (float *)vc, row);
+      break;
+    case RA_DTYPE_F16:
+      rope_store_kernel<<<grid_for(total), kThreads, 0, s>>>(q, k, v, n, hq, hkv, hd, pos0, n_rot, theta, neox,
+                                                             (__half *)kc, (__half *)vc, row);
+      break;
+    default:
+      rope_store_kernel<<<grid_for(total), kThreads, 0, s>>>(q, k, v, n, hq, hkv, hd, pos0, n_rot, theta, neox,
+                                                             (__nv_bfloat16 *)kc, (__nv_bfloat16 *)vc, row);
+      break;
+  }
   return cudaGetLastError();
 }
 

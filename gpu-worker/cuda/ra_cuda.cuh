@@ -74,6 +74,23 @@ typedef struct ra_cuda_ranges {
   const int64_t *d_begin, *d_start;
 } ra_cuda_ranges;
 
+/* Cache row of virtual token v (< total) in a range table (begin[n], start[n + 1]): binary
+ * search for the last range starting <= v. */
+__device__ __forceinline__ int64_t ra_cuda_range_row_in(const int64_t *bg, const int64_t *st, int n, int64_t v) {
+  int lo = 0, hi = n - 1;
+  while (lo < hi) {
+    int mid = (lo + hi + 1) >> 1;
+    if (st[mid] <= v)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return bg[lo] + (v - st[lo]);
+}
+__device__ __forceinline__ int64_t ra_cuda_range_row(const ra_cuda_ranges &r, int64_t v) {
+  return ra_cuda_range_row_in(r.d_begin ? r.d_begin : r.begin, r.d_start ? r.d_start : r.start, r.n, v);
+}
+
 /* ---- launchers (one stream; each returns cudaGetLastError()) ---- */
 
 /* dst[i] = (dst dtype) src[i], i < n; dtypes are ra_dtype. */
@@ -95,6 +112,30 @@ cudaError_t ra_cuda_get_rows(cudaStream_t s, const void *table, int table_dtype,
 /* y[i, :] (= or +=) bias.  y: [n, m] F32, bias: [m] of bias_dtype */
 cudaError_t ra_cuda_bias_rows(cudaStream_t s, float *y, const void *bias, int bias_dtype, int64_t n, int64_t m,
                               int accumulate);
+/* Shared-memory limits of the GEMV kernels; once per device before the first launch. */
+cudaError_t ra_cuda_gemv_init(void);
+/* x stays in shared memory up to this many columns; a fused RMSNorm needs it there. */
+#define RA_CUDA_GEMV_SMEM_COLS 16384
+/* The fused GEMV (cuda_gemv.cu): segments s < 3 with m[s] rows (unused: m = 0) share x [k];
+ * y_s[j] = (norm ? rmsnorm(x) : x) . w_s[j] (+ bias_s[j]) (+ y_s[j] if accumulate); with
+ * swiglu (2 segments of equal m, no accumulate) y_0[j] = silu(gate_j) * up_j instead.
+ * Weights w_dtype (BF16/F16), 16-byte aligned rows, k % 8 == 0; norm needs
+ * k <= RA_CUDA_GEMV_SMEM_COLS. */
+typedef struct ra_cuda_gemv_args {
+  const void *w[3];
+  const void *bias[3];
+  int bias_dtype[3];
+  float *y[3];
+  int64_t m[3];
+  int w_dtype;
+  const float *x;
+  int64_t k;
+  const void *norm_w; /* NULL: no norm */
+  int norm_dtype;
+  float eps;
+  int accumulate, swiglu;
+} ra_cuda_gemv_args;
+cudaError_t ra_cuda_gemv_fused(cudaStream_t s, const ra_cuda_gemv_args *a);
 /* y[j] = sum_c w[j, c] x[c] (+ bias[j]) (+ y[j]).  w: [m, k] of w_dtype (BF16/F16), x: [k] F32.
  * Needs k % 8 == 0 and 16-byte aligned w and x (checked by the caller). */
 cudaError_t ra_cuda_gemv(cudaStream_t s, const void *w, int w_dtype, const float *x, const void *bias, int bias_dtype,
@@ -105,6 +146,11 @@ cudaError_t ra_cuda_rmsnorm(cudaStream_t s, const float *x, const void *w, int w
 /* In place.  x: [n, heads, hd] F32 */
 cudaError_t ra_cuda_rope(cudaStream_t s, float *x, int64_t n, int64_t heads, int64_t hd, int64_t pos0, int n_rot,
                          float theta, int neox);
+/* rope of q [n, hq, hd] and k [n, hkv, hd] in place (F32), then k and v [n, hkv, hd] into the
+ * cache rows [row, row + n) of kc, vc ([n_ctx, hkv, hd] of cache_dtype). */
+cudaError_t ra_cuda_rope_store(cudaStream_t s, float *q, float *k, const float *v, int64_t n, int64_t hq, int64_t hkv,
+                               int64_t hd, int64_t pos0, int n_rot, float theta, int neox, void *kc, void *vc,
+                               int cache_dtype, int64_t row);
 /* out = silu(gate) * up, n elements, F32 */
 cudaError_t ra_cuda_swiglu(cudaStream_t s, const float *gate, const float *up, float *out, size_t n);
 /* Per head: (o_acc, ml_acc) <- merge((o_acc, ml_acc), (o, ml)).  o*: [heads, hd], ml*: [heads, 2] */
@@ -121,13 +167,27 @@ cudaError_t ra_cuda_attn_init(void);
 /* q: [n, hq, hd] F32, out: [n, hq, hd] F32; query i sees cache rows [0, pos0 + i]. */
 cudaError_t ra_cuda_attn_prefill(cudaStream_t s, const float *q, const void *kc, const void *vc, int kv_dtype, int64_t n,
                                  int hq, int hkv, int hd, int64_t pos0, float scale, float *out);
-/* Splits for a decode over `total` tokens: n_splits and tokens per split (a multiple of 32). */
-void ra_cuda_decode_plan(int64_t total, int hkv, int n_sm, int *n_splits, int64_t *chunk);
+/* Decode (flash-decoding): the token set is cut into n_splits chunks, each block of a chunk and
+ * kv head writes an unnormalized partial, and a reduce merges them by log-sum-exp.
+ * Splits for a decode over `total` tokens: n_splits (<= RA_CUDA_MAX_SPLITS) and tokens per
+ * split, for the kernel ra_cuda_attn_decode will pick for this geometry. */
+#define RA_CUDA_MAX_SPLITS 4096
+void ra_cuda_decode_plan(int64_t total, int hkv, int group, int hd, int kv_dtype, int n_sm, int *n_splits,
+                         int64_t *chunk);
 /* q: [hq, hd] F32, o: [hq, hd], ml: [hq, 2]. part_o/part_ml: scratch of n_splits*hq*hd and
- * n_splits*hq*2 floats when n_splits > 1. */
+ * n_splits*hq*2 floats when n_splits > 1. n_splits and chunk come from ra_cuda_decode_plan. */
 cudaError_t ra_cuda_attn_decode(cudaStream_t s, const float *q, const void *kc, const void *vc, int kv_dtype, int hq,
                                 int hkv, int hd, const ra_cuda_ranges *r, int n_splits, int64_t chunk, float scale,
                                 float *part_o, float *part_ml, float *o, float *ml);
+/* The pieces ra_cuda_attn_decode is made of (cuda_attn.cu): the general split kernel (any
+ * geometry the split kernel accepts, chunk a multiple of 32), the partials' reduce, and the
+ * empty token set (m = -inf, l = 0, o = 0). */
+cudaError_t ra_cuda_attn_decode_split(cudaStream_t s, const float *q, const void *kc, const void *vc, int kv_dtype,
+                                      int hq, int hkv, int hd, const ra_cuda_ranges *r, int n_splits, int64_t chunk,
+                                      float scale, float *part_o, float *part_ml, float *o, float *ml);
+cudaError_t ra_cuda_attn_reduce(cudaStream_t s, const float *part_o, const float *part_ml, int n_splits, int hq, int hd,
+                                float *o, float *ml);
+cudaError_t ra_cuda_attn_empty(cudaStream_t s, int hq, int hd, float *o, float *ml);
 
 /* Top-k of every row, descending, ties to the lower index.  x: [n, m] F32 (device),
  * idx, val: device [n, k]. k <= RA_CUDA_TOPK_MAX. */

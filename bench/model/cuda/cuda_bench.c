@@ -9,8 +9,9 @@
  *            the values.
  *   prefill  32K tokens through ra_model_forward in chunks (real attn_prefill, causal):
  *            tokens/s.
- *   kernels  the FFN GEMV alone (GB/s) and attn_decode alone at 32K (GB/s), to tell which
- *            side misses the roofline.
+ *   kernels  every GEMV shape of a step and attn_decode at 8K / 32K alone (us, GB/s); each
+ *            decode result's other_ms is the step time these do not explain (small kernels,
+ *            launch gaps).
  *
  * Usage: cuda-bench [--json FILE] [--steps N] [--warmup N] [--layers N] [--chunk N]
  *                   [--prefill-ctx N] [--bw-gbps X] [--device N]
@@ -44,6 +45,17 @@ typedef struct prefill_result {
   int chunk;
   double seconds, tok_per_s, first_chunk_ms, last_chunk_ms;
 } prefill_result;
+
+enum { N_GEMV = 8, N_CTX = 2 };
+static const char *const kGemvNames[N_GEMV] = {"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "output"};
+
+typedef struct kernel_times {
+  int64_t gemv_m[N_GEMV], gemv_k[N_GEMV];
+  double gemv_bytes[N_GEMV], gemv_us[N_GEMV];
+  int64_t attn_ctx[N_CTX];
+  double attn_bytes[N_CTX], attn_us[N_CTX];
+  double attn1_us[N_CTX]; /* the same bytes as one kv head (4 q heads) of 8x the tokens */
+} kernel_times;
 
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -170,45 +182,96 @@ static int run_prefill(ra_backend *be, const ra_model *m, ra_cuda_timer *tm, con
   return rc;
 }
 
-/* The FFN up-projection GEMV alone (x [1, 4096] -> [1, 14336], BF16 weights) and attn_decode
- * alone over 32K tokens: achieved GB/s of each, medians of 50. */
-static int run_kernels(ra_backend *be, const ra_model *m, ra_cuda_timer *tm, double *gemv_gbps, double *attn_gbps,
-                       ra_error *err) {
+/* One op alone: microseconds per call (median of 20 samples of 10 back-to-back calls, after
+ * warm-up), so that launch gaps are amortized as they are inside a decode step. */
+typedef int (*op_fn)(ra_backend *be, void *ctx, ra_error *err);
+
+static int time_op(ra_cuda_timer *tm, ra_backend *be, op_fn fn, void *ctx, double *us, ra_error *err) {
+  enum { kSamples = 20, kReps = 10 };
+  double t[kSamples];
+  int rc;
+  for (int i = 0; i < 3; i++)
+    if ((rc = fn(be, ctx, err))) return rc;
+  for (int s = 0; s < kSamples; s++) {
+    float ms = 0.0f;
+    if ((rc = ra_cuda_timer_start(tm, err))) return rc;
+    for (int r = 0; r < kReps; r++)
+      if ((rc = fn(be, ctx, err))) return rc;
+    if ((rc = ra_cuda_timer_stop(tm, &ms, err))) return rc;
+    t[s] = ms * 1e3 / kReps;
+  }
+  qsort(t, kSamples, sizeof(double), cmp_double);
+  *us = pct(t, kSamples, 0.5);
+  return RA_OK;
+}
+
+typedef struct gemv_ctx {
+  const ra_tensor *w;
+  ra_tensor *x, *y;
+} gemv_ctx;
+
+static int gemv_op(ra_backend *be, void *ctx, ra_error *err) {
+  gemv_ctx *g = ctx;
+  return be->ops->matmul(be, g->x, g->w, NULL, g->y, 0, err);
+}
+
+typedef struct attn_ctx {
+  ra_tensor *q, *kc, *vc, *o, *ml;
+  ra_token_range all;
+} attn_ctx;
+
+static int attn_op(ra_backend *be, void *ctx, ra_error *err) {
+  attn_ctx *a = ctx;
+  return be->ops->attn_decode(be, a->q, a->kc, a->vc, &a->all, 1, 0.088f, a->o, a->ml, err);
+}
+
+/* Every GEMV shape of a decode step (layer 0's weights and the output matrix) and attn_decode at
+ * the decode contexts, alone: where a step's time goes. */
+static int run_kernels(ra_backend *be, const ra_model *m, ra_cuda_timer *tm, kernel_times *kt, ra_error *err) {
   const ra_model_config *c = &m->cfg;
+  const ra_layer_weights *L = &m->layers[0];
+  const ra_tensor *ws[N_GEMV] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down,
+                                 m->cfg.tied_embeddings ? &m->tok_embd : &m->output};
   ra_tensor x = {0}, y = {0}, q = {0}, kc = {0}, vc = {0}, o = {0}, ml = {0};
-  int64_t xs[2] = {1, c->dim}, ys[2] = {1, c->ffn_dim}, ctx = 32768;
+  int64_t big = c->ffn_dim > c->vocab ? c->ffn_dim : c->vocab;
+  int64_t xs[2] = {1, c->ffn_dim > c->dim ? c->ffn_dim : c->dim}, ys[2] = {1, big}, ctx = 32768;
   int64_t qs[2] = {c->n_heads, c->head_dim}, cs[3] = {ctx, c->n_kv_heads, c->head_dim}, ms[2] = {c->n_heads, 2};
-  double t[50];
   int rc;
   if ((rc = ra_tensor_new(be, &x, RA_DTYPE_F32, 2, xs, err)) || (rc = ra_tensor_new(be, &y, RA_DTYPE_F32, 2, ys, err)) ||
       (rc = be->ops->fill_random(be, &x, 5, 0.0f, 1.0f, err)))
     goto done;
-  for (int i = 0; i < 55; i++) {
-    float ms_ = 0.0f;
-    if ((rc = ra_cuda_timer_start(tm, err)) || (rc = be->ops->matmul(be, &x, &m->layers[0].w_up, NULL, &y, 0, err)) ||
-        (rc = ra_cuda_timer_stop(tm, &ms_, err)))
-      goto done;
-    if (i >= 5) t[i - 5] = ms_;
+  for (int i = 0; i < N_GEMV; i++) {
+    /* views of the shared buffers with this matrix's shapes */
+    ra_tensor xv = x, yv = y;
+    xv.shape[1] = ws[i]->shape[1];
+    xv.nbytes = (size_t)ws[i]->shape[1] * sizeof(float);
+    yv.shape[1] = ws[i]->shape[0];
+    yv.nbytes = (size_t)ws[i]->shape[0] * sizeof(float);
+    gemv_ctx g = {ws[i], &xv, &yv};
+    kt->gemv_m[i] = ws[i]->shape[0];
+    kt->gemv_k[i] = ws[i]->shape[1];
+    kt->gemv_bytes[i] = (double)ws[i]->nbytes;
+    if ((rc = time_op(tm, be, gemv_op, &g, &kt->gemv_us[i], err))) goto done;
   }
-  qsort(t, 50, sizeof(double), cmp_double);
-  *gemv_gbps = (double)m->layers[0].w_up.nbytes / (pct(t, 50, 0.5) * 1e-3) / 1e9;
   if ((rc = ra_tensor_new(be, &q, RA_DTYPE_F32, 2, qs, err)) || (rc = ra_tensor_new(be, &o, RA_DTYPE_F32, 2, qs, err)) ||
       (rc = ra_tensor_new(be, &ml, RA_DTYPE_F32, 2, ms, err)) ||
       (rc = ra_tensor_new(be, &kc, RA_DTYPE_BF16, 3, cs, err)) ||
       (rc = ra_tensor_new(be, &vc, RA_DTYPE_BF16, 3, cs, err)) || (rc = be->ops->fill_random(be, &q, 6, 0.0f, 1.0f, err)) ||
       (rc = be->ops->fill_random(be, &kc, 7, 0.0f, 1.0f, err)) || (rc = be->ops->fill_random(be, &vc, 8, 0.0f, 1.0f, err)))
     goto done;
-  ra_token_range all = {0, ctx};
-  for (int i = 0; i < 55; i++) {
-    float ms_ = 0.0f;
-    if ((rc = ra_cuda_timer_start(tm, err)) ||
-        (rc = be->ops->attn_decode(be, &q, &kc, &vc, &all, 1, 0.088f, &o, &ml, err)) ||
-        (rc = ra_cuda_timer_stop(tm, &ms_, err)))
-      goto done;
-    if (i >= 5) t[i - 5] = ms_;
+  for (int i = 0; i < N_CTX; i++) {
+    attn_ctx a = {&q, &kc, &vc, &o, &ml, {0, kt->attn_ctx[i]}};
+    kt->attn_bytes[i] = 2.0 * (double)kt->attn_ctx[i] * c->n_kv_heads * c->head_dim * 2.0;
+    if ((rc = time_op(tm, be, attn_op, &a, &kt->attn_us[i], err))) goto done;
+    /* the same cache bytes seen as one kv head: every token row is contiguous, which tells
+     * whether the [n_ctx, n_kv_heads, hd] layout (a head's rows 2 KB apart) costs bandwidth */
+    ra_tensor q1 = q, o1 = o, ml1 = ml, k1 = kc, v1 = vc;
+    q1.shape[0] = o1.shape[0] = ml1.shape[0] = 4;
+    k1.shape[0] = v1.shape[0] = ctx * c->n_kv_heads;
+    k1.shape[1] = v1.shape[1] = 1;
+    attn_ctx a1 = {&q1, &k1, &v1, &o1, &ml1, {0, kt->attn_ctx[i] * c->n_kv_heads}};
+    if ((rc = time_op(tm, be, attn_op, &a1, &kt->attn1_us[i], err))) goto done;
   }
-  qsort(t, 50, sizeof(double), cmp_double);
-  *attn_gbps = (double)(kc.nbytes + vc.nbytes) / (pct(t, 50, 0.5) * 1e-3) / 1e9;
 done:
   ra_tensor_free(&x);
   ra_tensor_free(&y);
@@ -220,9 +283,17 @@ done:
   return rc;
 }
 
-static void write_json(FILE *f, const opts *o, const char *dev, int n_sm, const ra_model_config *c,
-                       const decode_result *dec, int n_dec, const prefill_result *pf, double gemv_gbps,
-                       double attn_gbps) {
+/* The part of a decode step the big kernels do not explain: small kernels (norms, RoPE, cache
+ * writes, SwiGLU, residuals) and the gaps between launches. */
+static double step_other_ms(const ra_model *m, const kernel_times *kt, int ci, double step_ms) {
+  double layer_us = kt->attn_us[ci];
+  for (int i = 0; i < N_GEMV - 1; i++) layer_us += kt->gemv_us[i];
+  return step_ms - (layer_us * m->cfg.n_layers + kt->gemv_us[N_GEMV - 1]) / 1e3;
+}
+
+static void write_json(FILE *f, const opts *o, const char *dev, int n_sm, const ra_model *m,
+                       const decode_result *dec, int n_dec, const prefill_result *pf, const kernel_times *kt) {
+  const ra_model_config *c = &m->cfg;
   fprintf(f, "{\n  \"bench\": \"cuda-bench\",\n  \"device\": \"%s\",\n  \"n_sm\": %d,\n", dev, n_sm);
   fprintf(f,
           "  \"model\": {\"geometry\": \"llama3-8b\", \"weights\": \"random BF16 (fill_random)\", \"n_layers\": %d, "
@@ -239,11 +310,12 @@ static void write_json(FILE *f, const opts *o, const char *dev, int n_sm, const 
             "\"ms_per_token_p10\": %.4f, \"ms_per_token_p90\": %.4f, \"ms_per_token_mean\": %.4f, "
             "\"tokens_per_s\": %.2f, \"weight_bytes\": %.4g, \"kv_bytes\": %.4g, \"roofline_ms\": %.4f, "
             "\"roofline_fraction\": %.4f, \"weight_bytes_read\": %.4g, \"roofline_ms_bytes_read\": %.4f, "
-            "\"roofline_fraction_bytes_read\": %.4f, \"target_fraction\": 0.70, \"meets_target\": %s}%s\n",
+            "\"roofline_fraction_bytes_read\": %.4f, \"target_fraction\": 0.70, \"meets_target\": %s, "
+            "\"other_ms\": %.4f}%s\n",
             (long long)d->ctx, o->warmup, o->steps, d->med_ms, d->p10_ms, d->p90_ms, d->mean_ms, 1e3 / d->med_ms,
             d->weight_bytes_brief, d->kv_bytes, d->roof_ms_brief, d->roof_ms_brief / d->med_ms, d->weight_bytes_read,
             d->roof_ms_read, d->roof_ms_read / d->med_ms, d->roof_ms_brief / d->med_ms >= 0.70 ? "true" : "false",
-            i + 1 < n_dec ? "," : "");
+            step_other_ms(m, kt, i, d->med_ms), i + 1 < n_dec ? "," : "");
   }
   fprintf(f, "  ],\n");
   if (pf)
@@ -251,7 +323,18 @@ static void write_json(FILE *f, const opts *o, const char *dev, int n_sm, const 
             "  \"prefill\": {\"context\": %lld, \"chunk\": %d, \"seconds\": %.3f, \"tokens_per_s\": %.1f, "
             "\"first_chunk_ms\": %.2f, \"last_chunk_ms\": %.2f},\n",
             (long long)pf->ctx, pf->chunk, pf->seconds, pf->tok_per_s, pf->first_chunk_ms, pf->last_chunk_ms);
-  fprintf(f, "  \"kernels\": {\"gemv_ffn_up_gbps\": %.1f, \"attn_decode_32k_gbps\": %.1f}\n}\n", gemv_gbps, attn_gbps);
+  fprintf(f, "  \"kernels\": [\n");
+  for (int i = 0; i < N_GEMV; i++)
+    fprintf(f, "    {\"op\": \"gemv\", \"weight\": \"%s\", \"m\": %lld, \"k\": %lld, \"us\": %.2f, \"gbps\": %.1f},\n",
+            kGemvNames[i], (long long)kt->gemv_m[i], (long long)kt->gemv_k[i], kt->gemv_us[i],
+            kt->gemv_bytes[i] / (kt->gemv_us[i] * 1e-6) / 1e9);
+  for (int i = 0; i < N_CTX; i++)
+    fprintf(f,
+            "    {\"op\": \"attn_decode\", \"context\": %lld, \"us\": %.2f, \"gbps\": %.1f, "
+            "\"same_bytes_one_kv_head_us\": %.2f, \"same_bytes_one_kv_head_gbps\": %.1f}%s\n",
+            (long long)kt->attn_ctx[i], kt->attn_us[i], kt->attn_bytes[i] / (kt->attn_us[i] * 1e-6) / 1e9,
+            kt->attn1_us[i], kt->attn_bytes[i] / (kt->attn1_us[i] * 1e-6) / 1e9, i + 1 < N_CTX ? "," : "");
+  fprintf(f, "  ]\n}\n");
 }
 
 static int parse_int(const char *s, int lo, int hi, int *out) {
@@ -308,19 +391,22 @@ int main(int argc, char **argv) {
   ra_model_config mc;
   ra_model *m = NULL;
   ra_cuda_timer *tm = NULL;
-  decode_result dec[2];
+  decode_result dec[N_CTX];
   prefill_result pf;
   memset(dec, 0, sizeof dec);
   memset(&pf, 0, sizeof pf);
-  double gemv_gbps = 0.0, attn_gbps = 0.0;
-  const int64_t ctxs[2] = {8192, 32768};
+  kernel_times kt;
+  memset(&kt, 0, sizeof kt);
+  const int64_t ctxs[N_CTX] = {8192, 32768};
+  kt.attn_ctx[0] = ctxs[0];
+  kt.attn_ctx[1] = ctxs[1];
   if ((rc = ra_model_config_preset("llama3-8b", &mc, &err))) goto fail;
   mc.n_layers = o.layers;
   fprintf(stderr, "cuda-bench: %s, llama3-8b geometry with %d layers, random weights...\n", dev, mc.n_layers);
   if ((rc = ra_model_random(be, &mc, 42, &m, &err)) || (rc = ra_cuda_model_to_bf16(m, &err)) ||
       (rc = ra_cuda_timer_create(be, &tm, &err)))
     goto fail;
-  for (int i = 0; i < 2; i++) {
+  for (int i = 0; i < N_CTX; i++) {
     fprintf(stderr, "cuda-bench: decode at context %lld...\n", (long long)ctxs[i]);
     if ((rc = run_decode(be, m, tm, &o, ctxs[i], &dec[i], &err))) goto fail;
     fprintf(stderr, "  %.3f ms/token (roofline %.3f ms: %.1f%%)\n", dec[i].med_ms, dec[i].roof_ms_brief,
@@ -332,15 +418,15 @@ int main(int argc, char **argv) {
     fprintf(stderr, "  %.1f tokens/s (%.2f s)\n", pf.tok_per_s, pf.seconds);
   }
   fprintf(stderr, "cuda-bench: kernels alone...\n");
-  if ((rc = run_kernels(be, m, tm, &gemv_gbps, &attn_gbps, &err))) goto fail;
-  write_json(stdout, &o, dev, n_sm, &mc, dec, 2, o.prefill_ctx > 0 ? &pf : NULL, gemv_gbps, attn_gbps);
+  if ((rc = run_kernels(be, m, tm, &kt, &err))) goto fail;
+  write_json(stdout, &o, dev, n_sm, m, dec, N_CTX, o.prefill_ctx > 0 ? &pf : NULL, &kt);
   if (o.json) {
     FILE *f = fopen(o.json, "w");
     if (!f) {
       rc = ra_errorf(&err, RA_EIO, "cannot write %s", o.json);
       goto fail;
     }
-    write_json(f, &o, dev, n_sm, &mc, dec, 2, o.prefill_ctx > 0 ? &pf : NULL, gemv_gbps, attn_gbps);
+    write_json(f, &o, dev, n_sm, m, dec, N_CTX, o.prefill_ctx > 0 ? &pf : NULL, &kt);
     if (fclose(f) != 0) {
       rc = ra_errorf(&err, RA_EIO, "cannot write %s", o.json);
       goto fail;

@@ -443,6 +443,8 @@ static void test_matmul(void) {
       {1, 14336, 64, 0, 0, W_LOADED},   {1, 100, 33, 0, 0, W_LOADED},     {3, 100, 33, 1, 1, W_LOADED},
       {17, 576, 193, 0, 0, W_LOADED},   {64, 1024, 512, 1, 1, W_LOADED},  {1, 256, 300, 1, 1, W_F16},
       {9, 256, 300, 1, 0, W_F16},       {1, 128, 50, 0, 0, W_F32},        {5, 128, 50, 1, 1, W_F32},
+      /* GEMV paths: x beyond shared memory (k > 16384), two rows per warp (m >= 8192, odd m) */
+      {1, 20480, 40, 0, 1, W_LOADED},   {1, 512, 9001, 1, 1, W_LOADED},   {1, 1536, 16392, 0, 0, W_F16},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_matmul_case(&cases[i]);
 }
@@ -570,6 +572,222 @@ static int make_caches(pair *k, pair *v, ra_dtype dt, int64_t n_ctx, int64_t hkv
   return rc;
 }
 
+/* ---------- fused ops (CUDA's fusions against the CPU's sequence of basic ops) ---------- */
+
+/* A weight [m, k] on the GPU (load_weight: BF16, or F16) and the same rounded values in F32 on
+ * the CPU. */
+static int weight_pair(int f16, int64_t m, int64_t k, float scale, ra_tensor *wc, ra_tensor *wg, ra_error *err) {
+  float *w = rand_vec((size_t)(m * k), scale), *wq = NULL;
+  int64_t shape[2] = {m, k};
+  int rc;
+  memset(wc, 0, sizeof *wc);
+  memset(wg, 0, sizeof *wg);
+  if (f16) {
+    rc = ra_tensor_new(g_gpu, wg, RA_DTYPE_F16, 2, shape, err);
+    if (rc == RA_OK) rc = g_gpu->ops->upload(g_gpu, wg, 0, w, (size_t)(m * k), err);
+  } else {
+    rc = g_gpu->ops->load_weight(g_gpu, w, RA_GGML_F32, m, k, wg, err);
+  }
+  if (rc == RA_OK) rc = fetch(wg, &wq, err);
+  if (rc == RA_OK) rc = ra_tensor_new(g_cpu, wc, RA_DTYPE_F32, 2, shape, err);
+  if (rc == RA_OK) rc = g_cpu->ops->upload(g_cpu, wc, 0, wq, (size_t)(m * k), err);
+  free(w);
+  free(wq);
+  return rc;
+}
+
+static void test_norm_matmul(void) {
+  ra_error err;
+  const struct {
+    int64_t n, k, m[3];
+    int n_out, bias, f16;
+  } cases[] = {
+      {1, 4096, {4096, 1024, 1024}, 3, 0, 0}, {1, 576, {576, 192, 192}, 3, 1, 0}, {1, 256, {40, 0, 0}, 1, 1, 1},
+      {1, 20480, {16, 8, 0}, 2, 0, 0} /* x beyond shared memory: the sequence */,
+      {3, 256, {64, 32, 32}, 3, 1, 0} /* prefill rows: the sequence */,
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    int64_t n = cases[i].n, k = cases[i].k;
+    int no = cases[i].n_out;
+    char desc[112];
+    snprintf(desc, sizeof desc, "n=%lld k=%lld m=%lld,%lld,%lld %s%s", (long long)n, (long long)k,
+             (long long)cases[i].m[0], (long long)cases[i].m[1], (long long)cases[i].m[2], cases[i].f16 ? "F16" : "BF16",
+             cases[i].bias ? " +bias" : "");
+    float *x = rand_vec((size_t)(n * k), 1.0f), *nw = rand_vec((size_t)k, 1.0f), *c = NULL, *g = NULL;
+    ra_tensor wc[3], wg[3];
+    pair px, pn, pxn, pb[3], py[3];
+    memset(wc, 0, sizeof wc);
+    memset(wg, 0, sizeof wg);
+    memset(&px, 0, sizeof px);
+    memset(&pn, 0, sizeof pn);
+    memset(&pxn, 0, sizeof pxn);
+    memset(pb, 0, sizeof pb);
+    memset(py, 0, sizeof py);
+    int64_t xs[2] = {n, k}, ns[1] = {k};
+    TRY("norm_matmul", desc, pair_new(&px, RA_DTYPE_F32, 2, xs, x, &err));
+    TRY("norm_matmul", desc, pair_new(&pn, RA_DTYPE_F32, 1, ns, nw, &err));
+    TRY("norm_matmul", desc, pair_new(&pxn, RA_DTYPE_F32, 2, xs, NULL, &err));
+    const ra_tensor *wcs[3], *wgs[3], *bcs[3] = {NULL, NULL, NULL}, *bgs[3] = {NULL, NULL, NULL};
+    ra_tensor *ycs[3], *ygs[3];
+    for (int o = 0; o < no; o++) {
+      int64_t m = cases[i].m[o], ys[2] = {n, m}, bs[1] = {m};
+      TRY("norm_matmul", desc, weight_pair(cases[i].f16, m, k, 0.05f, &wc[o], &wg[o], &err));
+      TRY("norm_matmul", desc, pair_new(&py[o], RA_DTYPE_F32, 2, ys, NULL, &err));
+      wcs[o] = &wc[o];
+      wgs[o] = &wg[o];
+      ycs[o] = &py[o].c;
+      ygs[o] = &py[o].g;
+      if (cases[i].bias) {
+        float *b = rand_vec((size_t)m, 1.0f);
+        int rc = pair_new(&pb[o], RA_DTYPE_F32, 1, bs, b, &err);
+        free(b);
+        TRY("norm_matmul", desc, rc);
+        bcs[o] = &pb[o].c;
+        bgs[o] = &pb[o].g;
+      }
+    }
+    TRY("norm_matmul", desc, g_cpu->ops->norm_matmul(g_cpu, &px.c, &pn.c, 1e-5f, &pxn.c, no, wcs, bcs, ycs, &err));
+    TRY("norm_matmul", desc, g_gpu->ops->norm_matmul(g_gpu, &px.g, &pn.g, 1e-5f, &pxn.g, no, wgs, bgs, ygs, &err));
+    for (int o = 0; o < no; o++) {
+      TRY("norm_matmul", desc, fetch_pair(&py[o], &c, &g, &err));
+      /* one row: the fused GEMV (fp32 x); more: the sequence's cuBLAS (x rounded to BF16/FP16) */
+      report("norm_matmul", "rel", max_rel(c, g, (size_t)(n * cases[i].m[o])), n == 1 ? 1e-4 : 0x1p-8, "y%d %s%s", o,
+             desc, n == 1 ? " [fused]" : " [sequence]");
+      free(c);
+      free(g);
+      c = g = NULL;
+    }
+  done:
+    for (int o = 0; o < 3; o++) {
+      ra_tensor_free(&wc[o]);
+      ra_tensor_free(&wg[o]);
+      pair_free(&pb[o]);
+      pair_free(&py[o]);
+    }
+    pair_free(&px);
+    pair_free(&pn);
+    pair_free(&pxn);
+    free(x);
+    free(nw);
+    free(c);
+    free(g);
+  }
+}
+
+static void test_norm_swiglu(void) {
+  ra_error err;
+  const struct {
+    int64_t n, k, ffn;
+    int f16;
+  } cases[] = {{1, 4096, 14336, 0}, {1, 576, 1536, 1}, {2, 576, 1536, 0} /* prefill rows: the sequence */};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    int64_t n = cases[i].n, k = cases[i].k, f = cases[i].ffn;
+    char desc[112];
+    snprintf(desc, sizeof desc, "n=%lld k=%lld ffn=%lld %s", (long long)n, (long long)k, (long long)f,
+             cases[i].f16 ? "F16" : "BF16");
+    float *x = rand_vec((size_t)(n * k), 1.0f), *nw = rand_vec((size_t)k, 1.0f), *c = NULL, *g = NULL;
+    ra_tensor gc, gg, uc, ug;
+    pair px, pn, pxn, pu, po;
+    memset(&gc, 0, sizeof gc);
+    memset(&gg, 0, sizeof gg);
+    memset(&uc, 0, sizeof uc);
+    memset(&ug, 0, sizeof ug);
+    memset(&px, 0, sizeof px);
+    memset(&pn, 0, sizeof pn);
+    memset(&pxn, 0, sizeof pxn);
+    memset(&pu, 0, sizeof pu);
+    memset(&po, 0, sizeof po);
+    int64_t xs[2] = {n, k}, ns[1] = {k}, os[2] = {n, f};
+    TRY("norm_swiglu", desc, pair_new(&px, RA_DTYPE_F32, 2, xs, x, &err));
+    TRY("norm_swiglu", desc, pair_new(&pn, RA_DTYPE_F32, 1, ns, nw, &err));
+    TRY("norm_swiglu", desc, pair_new(&pxn, RA_DTYPE_F32, 2, xs, NULL, &err));
+    TRY("norm_swiglu", desc, pair_new(&pu, RA_DTYPE_F32, 2, os, NULL, &err));
+    TRY("norm_swiglu", desc, pair_new(&po, RA_DTYPE_F32, 2, os, NULL, &err));
+    TRY("norm_swiglu", desc, weight_pair(cases[i].f16, f, k, 0.05f, &gc, &gg, &err));
+    TRY("norm_swiglu", desc, weight_pair(cases[i].f16, f, k, 0.05f, &uc, &ug, &err));
+    TRY("norm_swiglu", desc, g_cpu->ops->norm_swiglu(g_cpu, &px.c, &pn.c, 1e-5f, &pxn.c, &gc, &uc, &pu.c, &po.c, &err));
+    TRY("norm_swiglu", desc, g_gpu->ops->norm_swiglu(g_gpu, &px.g, &pn.g, 1e-5f, &pxn.g, &gg, &ug, &pu.g, &po.g, &err));
+    TRY("norm_swiglu", desc, fetch_pair(&po, &c, &g, &err));
+    report("norm_swiglu", "rel", max_rel(c, g, (size_t)(n * f)), n == 1 ? 1e-4 : 0x1p-8, "%s%s", desc,
+           n == 1 ? " [fused]" : " [sequence]");
+  done:
+    ra_tensor_free(&gc);
+    ra_tensor_free(&gg);
+    ra_tensor_free(&uc);
+    ra_tensor_free(&ug);
+    pair_free(&px);
+    pair_free(&pn);
+    pair_free(&pxn);
+    pair_free(&pu);
+    pair_free(&po);
+    free(x);
+    free(nw);
+    free(c);
+    free(g);
+  }
+}
+
+static void test_rope_store(void) {
+  ra_error err;
+  const struct {
+    int64_t n, hq, hkv, hd, row;
+    int n_rot;
+    ra_rope_style style;
+    ra_dtype dt;
+  } cases[] = {{1, 32, 8, 128, 8191, 128, RA_ROPE_NORM, RA_DTYPE_BF16}, {1, 9, 3, 64, 700, 64, RA_ROPE_NEOX, RA_DTYPE_F16},
+               {5, 6, 2, 128, 40, 64, RA_ROPE_NEOX, RA_DTYPE_F32},    {3, 4, 4, 80, 0, 80, RA_ROPE_NORM, RA_DTYPE_BF16}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    int64_t n = cases[i].n, hq = cases[i].hq, hkv = cases[i].hkv, hd = cases[i].hd, row = cases[i].row;
+    int64_t n_ctx = row + n + 3, pos0 = row + 100000;
+    char desc[112];
+    snprintf(desc, sizeof desc, "n=%lld heads %lld/%lld hd %lld n_rot %d %s row %lld %s", (long long)n, (long long)hq,
+             (long long)hkv, (long long)hd, cases[i].n_rot, cases[i].style == RA_ROPE_NEOX ? "NEOX" : "NORM",
+             (long long)row, dt_name(cases[i].dt));
+    size_t nq = (size_t)(n * hq * hd), nk = (size_t)(n * hkv * hd), nc = (size_t)(n_ctx * hkv * hd);
+    float *q = rand_vec(nq, 1.0f), *k = rand_vec(nk, 1.0f), *v = rand_vec(nk, 1.0f), *c = NULL, *g = NULL;
+    pair pq, pk, pv, kc, vc;
+    memset(&pq, 0, sizeof pq);
+    memset(&pk, 0, sizeof pk);
+    memset(&pv, 0, sizeof pv);
+    memset(&kc, 0, sizeof kc);
+    memset(&vc, 0, sizeof vc);
+    int64_t qs[3] = {n, hq, hd}, ks[3] = {n, hkv, hd};
+    TRY("rope_store", desc, pair_new(&pq, RA_DTYPE_F32, 3, qs, q, &err));
+    TRY("rope_store", desc, pair_new(&pk, RA_DTYPE_F32, 3, ks, k, &err));
+    TRY("rope_store", desc, pair_new(&pv, RA_DTYPE_F32, 3, ks, v, &err));
+    TRY("rope_store", desc, make_caches(&kc, &vc, cases[i].dt, n_ctx, hkv, hd, &err));
+    TRY("rope_store", desc, g_cpu->ops->rope_store(g_cpu, &pq.c, &pk.c, &pv.c, pos0, cases[i].n_rot, 500000.0f,
+                                                   cases[i].style, &kc.c, &vc.c, row, &err));
+    TRY("rope_store", desc, g_gpu->ops->rope_store(g_gpu, &pq.g, &pk.g, &pv.g, pos0, cases[i].n_rot, 500000.0f,
+                                                   cases[i].style, &kc.g, &vc.g, row, &err));
+    /* rope is bit-exact (test_rope); a 16-bit cache may still round a 1-ulp fp32 difference */
+    double tol16 = cases[i].dt == RA_DTYPE_F32 ? 1e-5 : 1e-2;
+    TRY("rope_store", desc, fetch_pair(&pq, &c, &g, &err));
+    report("rope_store", "abs", max_abs(c, g, nq), 1e-5, "q %s", desc);
+    free(c);
+    free(g);
+    c = g = NULL;
+    TRY("rope_store", desc, fetch_pair(&kc, &c, &g, &err));
+    report("rope_store", "abs", max_abs(c, g, nc), tol16, "k cache %s", desc);
+    free(c);
+    free(g);
+    c = g = NULL;
+    TRY("rope_store", desc, fetch_pair(&vc, &c, &g, &err));
+    report("rope_store", "abs", max_abs(c, g, nc), tol16, "v cache %s", desc);
+  done:
+    pair_free(&pq);
+    pair_free(&pk);
+    pair_free(&pv);
+    pair_free(&kc);
+    pair_free(&vc);
+    free(q);
+    free(k);
+    free(v);
+    free(c);
+    free(g);
+  }
+}
+
 static void test_attn_prefill(void) {
   ra_error err;
   const struct {
@@ -626,6 +844,9 @@ static void test_attn_decode(void) {
       {4096, 32, 8, 128, RA_DTYPE_BF16, FULL},    {32768, 32, 8, 128, RA_DTYPE_BF16, FULL},
       {8192, 32, 8, 128, RA_DTYPE_BF16, SINK_WINDOW}, {5000, 6, 2, 80, RA_DTYPE_F32, SCATTERED},
       {300, 9, 3, 64, RA_DTYPE_BF16, EMPTY},      {1000, 4, 1, 16, RA_DTYPE_F16, FULL},
+      /* the warp kernel with 8 q heads per kv head; ranges in device memory (> 16 of them) */
+      {2000, 16, 2, 128, RA_DTYPE_F16, SINK_WINDOW}, {4000, 8, 1, 64, RA_DTYPE_BF16, SCATTERED},
+      {70000, 24, 3, 64, RA_DTYPE_BF16, FULL},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     int64_t T = cases[i].T, hq = cases[i].hq, hkv = cases[i].hkv, hd = cases[i].hd;
@@ -967,6 +1188,9 @@ int main(int argc, char **argv) {
   test_rmsnorm();
   test_rope();
   test_swiglu();
+  test_norm_matmul();
+  test_norm_swiglu();
+  test_rope_store();
   test_attn_prefill();
   test_attn_decode();
   test_attn_merge();
