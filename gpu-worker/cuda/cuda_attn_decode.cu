@@ -26,26 +26,6 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kMinBlocks = 3;
 
-/* 8 values from 16 bytes of 16-bit floats. */
-__device__ __forceinline__ void cvt8(const uint4 &u, float f[8], const __nv_bfloat16 *) {
-  const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
-#pragma unroll
-  for (int i = 0; i < 4; i++) {
-    float2 v = __bfloat1622float2(h[i]);
-    f[2 * i] = v.x;
-    f[2 * i + 1] = v.y;
-  }
-}
-__device__ __forceinline__ void cvt8(const uint4 &u, float f[8], const __half *) {
-  const __half2 *h = (const __half2 *)&u;
-#pragma unroll
-  for (int i = 0; i < 4; i++) {
-    float2 v = __half22float2(h[i]);
-    f[2 * i] = v.x;
-    f[2 * i + 1] = v.y;
-  }
-}
-
 struct warp_args {
   const float *q; /* [hq, HD] */
   const void *kc, *vc;
@@ -121,7 +101,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) attn_decode_warp_kern
 #pragma unroll
     for (int u = 0; u < U; u++) {
       float kf[8];
-      cvt8(kr[u], kf, (const KT *)nullptr);
+      ra_cuda_cvt8(kr[u], kf, (const KT *)nullptr);
 #pragma unroll
       for (int h = 0; h < G; h++) {
         float d = 0.0f;
@@ -157,7 +137,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) attn_decode_warp_kern
 #pragma unroll
     for (int u = 0; u < U; u++) {
       float vf[8];
-      cvt8(vr[u], vf, (const KT *)nullptr);
+      ra_cuda_cvt8(vr[u], vf, (const KT *)nullptr);
 #pragma unroll
       for (int h = 0; h < G; h++) {
         if (h < g) {

@@ -21,26 +21,11 @@ namespace {
 
 constexpr int kWarps = 8;  /* warps per block */
 
-__device__ __forceinline__ float dot8(const uint4 &u, const float x[8], const __nv_bfloat16 *) {
-  const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
-  float s = 0.0f;
+template <typename WT> __device__ __forceinline__ float dot8(const uint4 &u, const float x[8]) {
+  float w[8], s = 0.0f;
+  ra_cuda_cvt8(u, w, (const WT *)nullptr);
 #pragma unroll
-  for (int i = 0; i < 4; i++) {
-    float2 f = __bfloat1622float2(h[i]);
-    s = fmaf(f.x, x[2 * i], s);
-    s = fmaf(f.y, x[2 * i + 1], s);
-  }
-  return s;
-}
-__device__ __forceinline__ float dot8(const uint4 &u, const float x[8], const __half *) {
-  const __half2 *h = (const __half2 *)&u;
-  float s = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 4; i++) {
-    float2 f = __half22float2(h[i]);
-    s = fmaf(f.x, x[2 * i], s);
-    s = fmaf(f.y, x[2 * i + 1], s);
-  }
+  for (int i = 0; i < 8; i++) s = fmaf(w[i], x[i], s);
   return s;
 }
 
@@ -125,7 +110,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(ra_cuda_gemv_args a) 
         ra_cuda_load8(a.x + 8 * v, xv);
       }
 #pragma unroll
-      for (int r = 0; r < R; r++) acc[r] += dot8(wv[r][u], xv, (const WT *)nullptr);
+      for (int r = 0; r < R; r++) acc[r] += dot8<WT>(wv[r][u], xv);
     }
   }
 #pragma unroll

@@ -33,9 +33,8 @@ __device__ __forceinline__ float ra_cuda_load(const void *p, int dtype, int64_t 
   return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
 }
 
-/* 8 consecutive elements (16 bytes of BF16/F16, 32 of F32) starting at an 8-aligned index. */
-__device__ __forceinline__ void ra_cuda_load8(const __nv_bfloat16 *p, float out[8]) {
-  uint4 u = __ldg((const uint4 *)p);
+/* 8 values from 16 bytes of BF16/F16 already in registers (the type argument only selects). */
+__device__ __forceinline__ void ra_cuda_cvt8(const uint4 &u, float out[8], const __nv_bfloat16 *) {
   const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
 #pragma unroll
   for (int i = 0; i < 4; i++) {
@@ -44,8 +43,7 @@ __device__ __forceinline__ void ra_cuda_load8(const __nv_bfloat16 *p, float out[
     out[2 * i + 1] = f.y;
   }
 }
-__device__ __forceinline__ void ra_cuda_load8(const __half *p, float out[8]) {
-  uint4 u = __ldg((const uint4 *)p);
+__device__ __forceinline__ void ra_cuda_cvt8(const uint4 &u, float out[8], const __half *) {
   const __half2 *h = (const __half2 *)&u;
 #pragma unroll
   for (int i = 0; i < 4; i++) {
@@ -54,6 +52,12 @@ __device__ __forceinline__ void ra_cuda_load8(const __half *p, float out[8]) {
     out[2 * i + 1] = f.y;
   }
 }
+
+/* 8 consecutive elements (16 bytes of BF16/F16, 32 of F32) starting at an 8-aligned index. */
+__device__ __forceinline__ void ra_cuda_load8(const __nv_bfloat16 *p, float out[8]) {
+  ra_cuda_cvt8(__ldg((const uint4 *)p), out, p);
+}
+__device__ __forceinline__ void ra_cuda_load8(const __half *p, float out[8]) { ra_cuda_cvt8(__ldg((const uint4 *)p), out, p); }
 __device__ __forceinline__ void ra_cuda_load8(const float *p, float out[8]) {
   float4 a = __ldg((const float4 *)p), b = __ldg((const float4 *)p + 1);
   out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
