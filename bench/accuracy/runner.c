@@ -106,6 +106,7 @@ int ra_acc_run_sample(const ra_model *m, const ra_tokenizer *tok, const ra_acc_c
   rec->length = s->target_len;
   rec->n_tokens = (int)n;
   rec->depth = s->depth;
+  rec->needle_token = s->needle_token;
   int32_t *out = malloc((size_t)max_new * sizeof *out);
   ra_prefill_capture *cap = NULL;
   ra_state *st = NULL;

@@ -48,6 +48,7 @@ typedef struct ra_acc_record {
   double depth;      /* -1 for tasks without one */
   int depth_index;   /* into cfg.depths; 0 for tasks without one */
   int sample;
+  int64_t needle_token; /* where the target needle starts; -1 without one */
   double prefill_s;
   ra_acc_mode_result modes[RA_ACC_MAX_MODES]; /* parallel to cfg.modes */
 } ra_acc_record;
