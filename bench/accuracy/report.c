@@ -73,8 +73,9 @@ static double counted_mean(const ra_acc_config *cfg, const ra_acc_results *r, in
   return n ? sum / n : NAN;
 }
 
+/* *drawn: 0 when no cell has data (no counted needle task): nothing to plot. */
 static int heatmap(const char *dir, const ra_acc_config *cfg, const ra_acc_results *r, int mi, int trained_ctx,
-                   ra_error *err) {
+                   int *drawn, ra_error *err) {
   const char *mode = ra_attn_mode_name(cfg->modes[mi]);
   char dat[1024], gp[1024], png[1024];
   snprintf(dat, sizeof dat, "%s/heatmap_%s.dat", dir, mode);
@@ -83,15 +84,18 @@ static int heatmap(const char *dir, const ra_acc_config *cfg, const ra_acc_resul
   FILE *f = fopen(dat, "w");
   if (!f) return ra_errorf(err, RA_EIO, "accuracy: cannot write %s", dat);
   /* matrix: one row per depth, one column per length; percent, NaN where nothing counted */
+  *drawn = 0;
   for (int d = 0; d < cfg->n_depths; d++) {
     for (int l = 0; l < cfg->n_lengths; l++) {
       double v = counted_mean(cfg, r, mi, cfg->lengths[l], d, 1, trained_ctx);
+      *drawn |= !isnan(v);
       fprintf(f, "%s%s", l ? " " : "", isnan(v) ? "NaN" : "");
       if (!isnan(v)) fprintf(f, "%.1f", 100 * v);
     }
     fputc('\n', f);
   }
   fclose(f);
+  if (!*drawn) return RA_OK;
   if (!(f = fopen(gp, "w"))) return ra_errorf(err, RA_EIO, "accuracy: cannot write %s", gp);
   fprintf(f, "set terminal pngcairo size 720,480\nset output '%s'\n", png);
   fprintf(f, "set title '%s: exact match %% over counted needle tasks (lengths > %d: extrapolation)'\n", mode,
@@ -160,10 +164,12 @@ int ra_acc_report_write(const char *dir, const ra_acc_config *cfg, const ra_acc_
     }
     fputc('\n', f);
   }
-  int rc = RA_OK;
-  for (int i = 0; i < cfg->n_modes && rc == RA_OK; i++) rc = heatmap(dir, cfg, r, i, tc, err);
+  int rc = RA_OK, drawn = 0;
+  for (int i = 0; i < cfg->n_modes && rc == RA_OK; i++) rc = heatmap(dir, cfg, r, i, tc, &drawn, err);
   fprintf(f, "Heat maps (needle depth x length, counted needle tasks): %s\n",
-          rc == RA_OK ? "`heatmap_<mode>.png`" : "not drawn (gnuplot failed)");
+          rc != RA_OK ? "not drawn (gnuplot failed)"
+          : drawn     ? "`heatmap_<mode>.png`"
+                      : "none (no needle task counts)");
   fclose(f);
   return rc;
 }

@@ -88,8 +88,8 @@ static void write_jsonl(FILE *f, const ra_acc_config *cfg, const ra_acc_sample *
   fputs("], \"modes\": {", f);
   for (int i = 0; i < cfg->n_modes; i++) {
     const ra_acc_mode_result *r = &rec->modes[i];
-    fprintf(f, "%s\"%s\": {\"score\": %.4f, \"decode_s\": %.3f, \"tokens\": %d, \"output\": ", i ? ", " : "",
-            ra_attn_mode_name(cfg->modes[i]), r->score, r->decode_s, r->n_generated);
+    fprintf(f, "%s\"%s\": {\"score\": %.4f, \"seed_s\": %.3f, \"decode_s\": %.3f, \"tokens\": %d, \"output\": ",
+            i ? ", " : "", ra_attn_mode_name(cfg->modes[i]), r->score, r->seed_s, r->decode_s, r->n_generated);
     ra_json_write_str(f, r->output);
     fputc('}', f);
   }
@@ -127,6 +127,8 @@ int ra_acc_run_sample(const ra_model *m, const ra_tokenizer *tok, const ra_acc_c
       ra_offload *o;
       ra_offload_config oc;
       rc = mode_open(m, cfg, cfg->modes[i], cap, max_new, &oc, &o, err);
+      r->seed_s = ra_now_s() - td;
+      td = ra_now_s();
       if (rc == RA_OK) {
         rc = greedy(ra_offload_state(o), tok, offload_step, o, max_new, out, &n_out, err);
         ra_offload_free(o);

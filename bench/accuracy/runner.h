@@ -37,7 +37,8 @@ typedef struct ra_acc_config {
 typedef struct ra_acc_mode_result {
   char output[256]; /* the decoded answer (truncated) */
   double score;     /* fraction of expected values found */
-  double decode_s;  /* seeding (not full) + decode */
+  double seed_s;    /* seeding the mode's runtime from the capture: K/V puts, kNN, index build */
+  double decode_s;  /* the greedy decode */
   int n_generated;
 } ra_acc_mode_result;
 

@@ -5,7 +5,8 @@
  *   - passkey at three depths: full / streaming / roar from one prefill per sample; roar answers
  *     right wherever full does, and streaming fails every needle outside its sink + window that
  *     full finds (the suite can show a bad mode as bad); the reports (Markdown, PNG) are written;
- *   - text fidelity: roar agrees with full more often than streaming and with a smaller KL. */
+ *   - text fidelity: flat (exact top-k; the cheapest store mode, roar's index builds are the
+ *     test's main cost) is closer to full than streaming: smaller KL and attention error. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -24,7 +25,7 @@
 #include "report.h"
 #include "runner.h"
 
-enum { SINK = 64, WINDOW = 128, BUILD_QUERIES = 256 };
+enum { SINK = 64, WINDOW = 128, BUILD_QUERIES = 128 };
 
 static struct {
   ra_backend *be;
@@ -207,11 +208,11 @@ static void test_passkey_subset_roar_matches_full_streaming_fails(void **state) 
   ra_acc_results_free(&res);
 }
 
-static void test_fidelity_streaming_worse_than_roar(void **state) {
+static void test_fidelity_streaming_worse_than_flat(void **state) {
   enum { P = 768, FORCED = 16 };
   ra_acc_config cfg;
   base_config(&cfg);
-  const ra_attn_mode modes[] = {RA_ATTN_FULL, RA_ATTN_STREAMING, RA_ATTN_ROAR};
+  const ra_attn_mode modes[] = {RA_ATTN_FULL, RA_ATTN_STREAMING, RA_ATTN_FLAT};
   for (int i = 0; i < 3; i++) cfg.modes[cfg.n_modes++] = modes[i];
   cfg.tasks[cfg.n_tasks++] = RA_ACC_PASSKEY;
   cfg.lengths[cfg.n_lengths++] = 1024;
@@ -248,7 +249,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_seeded_runtime_decodes_like_direct_prefill),
       cmocka_unit_test(test_passkey_subset_roar_matches_full_streaming_fails),
-      cmocka_unit_test(test_fidelity_streaming_worse_than_roar),
+      cmocka_unit_test(test_fidelity_streaming_worse_than_flat),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
