@@ -109,7 +109,7 @@ static double max_abs_diff(const float *a, const float *b, size_t n) {
 }
 
 static void test_seeded_runtime_decodes_like_direct_prefill(void **state) {
-  enum { N = 768, FORCED = 4 };
+  enum { N = 512, FORCED = 4 };
   ra_error err;
   int32_t *ids;
   size_t n;
@@ -209,7 +209,7 @@ static void test_passkey_subset_roar_matches_full_streaming_fails(void **state) 
 }
 
 static void test_fidelity_streaming_worse_than_flat(void **state) {
-  enum { P = 768, FORCED = 16 };
+  enum { P = 512, FORCED = 16 };
   ra_acc_config cfg;
   base_config(&cfg);
   const ra_attn_mode modes[] = {RA_ATTN_FULL, RA_ATTN_STREAMING, RA_ATTN_FLAT};
