@@ -98,7 +98,7 @@ static int heatmap(const char *dir, const ra_acc_config *cfg, const ra_acc_resul
   if (!*drawn) return RA_OK;
   if (!(f = fopen(gp, "w"))) return ra_errorf(err, RA_EIO, "accuracy: cannot write %s", gp);
   fprintf(f, "set terminal pngcairo size 720,480\nset output '%s'\n", png);
-  fprintf(f, "set title '%s: exact match %% over counted needle tasks (lengths > %d: extrapolation)'\n", mode,
+  fprintf(f, "set title '%s: exact match %%, counted needle tasks (> %d tokens: extrapolation)'\n", mode,
           trained_ctx);
   fputs("set xlabel 'context length (tokens)'\nset ylabel 'needle depth'\nset cbrange [0:100]\n"
         "set palette defined (0 '#b2182b', 50 '#fee08b', 100 '#1a9850')\nset xtics (", f);
@@ -106,7 +106,11 @@ static int heatmap(const char *dir, const ra_acc_config *cfg, const ra_acc_resul
   fputs(")\nset ytics (", f);
   for (int d = 0; d < cfg->n_depths; d++) fprintf(f, "%s\"%.2f\" %d", d ? ", " : "", cfg->depths[d], d);
   fprintf(f, ")\nset xrange [-0.5:%d.5]\nset yrange [-0.5:%d.5]\nunset key\n", cfg->n_lengths - 1, cfg->n_depths - 1);
-  fprintf(f, "plot '%s' matrix with image, '' matrix using 1:2:(sprintf('%%.0f', $3)) with labels\n", dat);
+  /* one box per cell (not `with image`, which needs a 2 x 2 grid at least); '-' where nothing counted */
+  fprintf(f,
+          "plot '%s' matrix using 1:2:($1-0.5):($1+0.5):($2-0.5):($2+0.5):3 with boxxy fc palette fs solid 1.0 "
+          "noborder, '' matrix using 1:2:($3 == $3 ? sprintf('%%.0f', $3) : '-') with labels\n",
+          dat);
   fclose(f);
   char cmd[2200];
   snprintf(cmd, sizeof cmd, "gnuplot '%s' 2>/dev/null", gp);
