@@ -25,6 +25,7 @@ static void usage(FILE *f) {
         "  --knn-nq N (100) --build-queries N (1024)\n"
         "  --fidelity-prompt N (2048; 0: skip) --fidelity-tokens N (64)\n"
         "  --corpus DIR (/usr/share/common-licenses)\n"
+        "  --print-prompts 1          print every sample's prompt and expected values, run nothing\n"
         "writes DIR/samples.jsonl, DIR/summary.md, DIR/fidelity.json, DIR/heatmap_<mode>.png\n",
         f);
 }
@@ -80,10 +81,33 @@ static int parse_u32(const char *s, uint32_t *out) {
   return 0;
 }
 
+/* --print-prompts: every sample the sweep would run, generated and shown, nothing decoded. */
+static int print_samples(const ra_tokenizer *tok, const ra_acc_corpus *corpus, const ra_acc_config *cfg,
+                         ra_error *err) {
+  for (int ti = 0; ti < cfg->n_tasks; ti++) {
+    ra_acc_task t = cfg->tasks[ti];
+    int n_depths = ra_acc_task_has_depth(t) ? cfg->n_depths : 1;
+    for (int li = 0; li < cfg->n_lengths; li++)
+      for (int di = 0; di < n_depths; di++)
+        for (int k = 0; k < cfg->samples; k++) {
+          ra_acc_sample s;
+          int rc = ra_acc_generate(tok, corpus, t, cfg->lengths[li], cfg->depths[di],
+                                   ra_acc_sample_seed(cfg->seed, t, cfg->lengths[li], di, k), &s, err);
+          if (rc) return rc;
+          printf("=== %s, %zu tokens (target %d), depth %.2f, needle at token %lld, expected:", ra_acc_task_name(t),
+                 s.n_tokens, s.target_len, s.depth, (long long)s.needle_token);
+          for (int i = 0; i < s.n_values; i++) printf(" %s", s.values[i]);
+          printf("\n%s\n", s.text);
+          ra_acc_sample_free(&s);
+        }
+  }
+  return RA_OK;
+}
+
 int main(int argc, char **argv) {
   const char *model = NULL, *out = NULL, *backend = "cpu", *stores = NULL, *shard_map = NULL;
   const char *corpus_dir = "/usr/share/common-licenses";
-  uint32_t threads = 0, fid_prompt = 2048, fid_forced = 64, samples = 1;
+  uint32_t threads = 0, fid_prompt = 2048, fid_forced = 64, samples = 1, print_prompts = 0;
   unsigned long long seed = 1;
   ra_acc_config cfg = {0};
   ra_offload_config_default(&cfg.off);
@@ -113,6 +137,7 @@ int main(int argc, char **argv) {
                     : strcmp(a, "--fidelity-prompt") == 0 ? &fid_prompt
                     : strcmp(a, "--fidelity-tokens") == 0 ? &fid_forced
                     : strcmp(a, "--samples") == 0         ? &samples
+                    : strcmp(a, "--print-prompts") == 0   ? &print_prompts
                                                           : NULL;
     if (u32) {
       if (parse_u32(v, u32) != 0) return bad("%s: not a non-negative integer: %s", a, v);
@@ -146,7 +171,7 @@ int main(int argc, char **argv) {
   if (cfg.n_modes < 1 || cfg.modes[0] != RA_ATTN_FULL) return bad("--modes must start with full (the reference)");
   int need_stores = 0;
   for (int i = 1; i < cfg.n_modes; i++) need_stores |= cfg.modes[i] != RA_ATTN_STREAMING;
-  if (need_stores && !stores && !shard_map) return bad("modes flat, ivf, kgraph, roar need --stores or --shard-map");
+  if (need_stores && !stores && !shard_map && !print_prompts) return bad("modes flat, ivf, kgraph, roar need --stores or --shard-map");
   if (stores && shard_map) return bad("give --stores or --shard-map, not both");
   if (cfg.off.n_window < 1) return bad("--window must be >= 1");
   cfg.samples = (int)samples;
@@ -168,6 +193,12 @@ int main(int argc, char **argv) {
   if (rc == RA_OK) rc = ra_load_model(be, model, NULL, 1, &m, &tok, &err);
   if (rc == RA_OK && !tok) rc = ra_errorf(&err, RA_EINVAL, "%s has no tokenizer", model);
   if (rc == RA_OK) rc = ra_acc_corpus_load(corpus_dir, &corpus, &err);
+  if (rc == RA_OK && print_prompts) {
+    rc = print_samples(tok, &corpus, &cfg, &err);
+    need_stores = 0;
+    cfg.n_tasks = 0;
+    fid_prompt = 0;
+  }
   if (rc == RA_OK && need_stores) {
     const ra_model_config *c = &m->cfg;
     rc = shard_map ? ra_shard_map_load(shard_map, &map, &err)
@@ -182,7 +213,7 @@ int main(int argc, char **argv) {
   snprintf(path, sizeof path, "%s/samples.jsonl", out);
   if (rc == RA_OK && !(cfg.jsonl = fopen(path, "w"))) rc = ra_errorf(&err, RA_EIO, "cannot write %s", path);
   cfg.log = stderr;
-  if (rc == RA_OK) rc = ra_acc_run(m, tok, &corpus, &cfg, &res, &err);
+  if (rc == RA_OK && cfg.n_tasks > 0) rc = ra_acc_run(m, tok, &corpus, &cfg, &res, &err);
   if (rc == RA_OK && fid_prompt > 0 && cfg.n_modes > 1) {
     /* the prose corpus from its start: the license texts as running text */
     int32_t *ids = NULL;
@@ -218,7 +249,7 @@ int main(int argc, char **argv) {
       fclose(f);
     }
   }
-  if (rc == RA_OK) {
+  if (rc == RA_OK && cfg.n_tasks > 0) {
     ra_acc_report_info info = {.model = model, .backend = backend, .trained_ctx = m->cfg.max_ctx,
                                .fidelity = n_fid ? fid : NULL, .n_fidelity = n_fid,
                                .fidelity_prompt = (int)fid_prompt, .fidelity_forced = (int)fid_forced};
