@@ -169,16 +169,16 @@ static int ring_fill(ra_offload *o, ra_tensor *dst, const ra_tensor *src, int64_
   return RA_OK;
 }
 
-/* Index build of one layer, for every q head: a sample of the layer's prefill queries, their
- * exact top-Nq keys among the offloaded positions [b, e) computed on the backend (q K^T, then
- * top-k per row), sent with the queries to every store holding the q head's kv head.
- * q_all: host [n, n_heads, head_dim]; keys: host [e - b, n_kv_heads, head_dim]. */
-static int build_layer_index(ra_offload *o, int layer, const float *q_all, int64_t n, const float *keys, int64_t b,
-                             int64_t e, ra_error *err) {
+/* Index build of one layer, for every q head: the layer's sampled prefill queries, their exact
+ * top-Nq keys among the offloaded positions [b, e) computed on the backend (q K^T, then top-k per
+ * row), sent with the queries to every store holding the q head's kv head.
+ * q_sample: host [n_q, n_heads, head_dim] (positions ra_prefill_query_pos);
+ * keys: host [e - b, n_kv_heads, head_dim]. */
+static int build_layer_index(ra_offload *o, int layer, const float *q_sample, int64_t n_q, const float *keys,
+                             int64_t b, int64_t e, ra_error *err) {
   const ra_model_config *c = &o->m->cfg;
   ra_backend *be = o->m->be;
   int64_t n_off = e - b, hd = c->head_dim, group = c->n_heads / c->n_kv_heads;
-  int64_t n_q = n < (int64_t)o->cfg.build_queries ? n : (int64_t)o->cfg.build_queries;
   int knn = (int)(n_off < (int64_t)o->cfg.knn_nq ? n_off : (int64_t)o->cfg.knn_nq);
   if (knn < 2) return RA_OK; /* too few offloaded keys to be worth an index: the stores scan */
   float *kh = malloc((size_t)(n_off * hd) * sizeof(float)), *qh = malloc((size_t)(n_q * hd) * sizeof(float));
@@ -196,11 +196,8 @@ static int build_layer_index(ra_offload *o, int layer, const float *q_all, int64
     ra_tensor_free(&w);
     rc = be->ops->load_weight(be, kh, RA_GGML_F32, n_off, hd, &w, err);
     for (int64_t h = g * group; h < (g + 1) * group && rc == RA_OK; h++) {
-      /* n_q queries spread evenly over the prompt */
-      for (int64_t i = 0; i < n_q; i++) {
-        int64_t t = n_q == n ? i : i * n / n_q;
-        memcpy(qh + i * hd, q_all + (t * c->n_heads + h) * hd, (size_t)hd * sizeof(float));
-      }
+      for (int64_t i = 0; i < n_q; i++)
+        memcpy(qh + i * hd, q_sample + (i * c->n_heads + h) * hd, (size_t)hd * sizeof(float));
       if ((rc = be->ops->upload(be, &x, 0, qh, (size_t)(n_q * hd), err)) ||
           (rc = be->ops->matmul(be, &x, &w, NULL, &y, 0, err)) ||
           (rc = be->ops->topk_rows(be, &y, knn, idx, val, err)))
@@ -242,10 +239,14 @@ static int prefill_offload_layer(ra_offload *o, int l, int64_t n, ra_tensor *rin
     stats->append_us += (double)(uv_hrtime() - t0) / 1e3;
     if (rc == RA_OK && is_index_mode(o->cfg.mode)) {
       t0 = uv_hrtime();
-      size_t nq = (size_t)n * (size_t)o->m->cfg.n_heads * (size_t)o->m->cfg.head_dim;
-      float *q = malloc(nq * sizeof(float));
-      rc = q ? be->ops->download(be, &st->cur_q, 0, q, nq, err) : ra_errorf(err, RA_ENOMEM, "offload: out of memory");
-      if (rc == RA_OK) rc = build_layer_index(o, l, q, n, k, b, e, err);
+      /* the sampled queries of ra_prefill_query_pos, in place at the front of q */
+      size_t q_row = (size_t)o->m->cfg.n_heads * (size_t)o->m->cfg.head_dim;
+      int64_t n_q = n < (int64_t)o->cfg.build_queries ? n : (int64_t)o->cfg.build_queries;
+      float *q = malloc((size_t)n * q_row * sizeof(float));
+      rc = q ? be->ops->download(be, &st->cur_q, 0, q, (size_t)n * q_row, err) : ra_errorf(err, RA_ENOMEM, "offload: out of memory");
+      for (int64_t i = 0; rc == RA_OK && i < n_q; i++)
+        memmove(q + (size_t)i * q_row, q + (size_t)ra_prefill_query_pos(n, n_q, i) * q_row, q_row * sizeof(float));
+      if (rc == RA_OK) rc = build_layer_index(o, l, q, n_q, k, b, e, err);
       free(q);
       stats->index_us += (double)(uv_hrtime() - t0) / 1e3;
     }
@@ -301,6 +302,70 @@ int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offlo
     ra_partition_offloaded(o->cfg.n_sink, o->cfg.n_window, (uint64_t)n, &b, &e);
     s.n_offloaded = e - b;
   }
+  s.total_us = (double)(uv_hrtime() - t0) / 1e3;
+  o->prefill_stats = s;
+  if (stats) *stats = s;
+  return RA_OK;
+}
+
+/* Captured rows [p0, p1) of one layer (host [n, n_kv_heads, head_dim]) into the ring, through the
+ * scratch at their own positions so that ring_fill places them as a prefill does. */
+static int seed_ring(ra_offload *o, ra_tensor *ring, ra_tensor *scratch, const float *kv, int64_t p0, int64_t p1,
+                     ra_error *err) {
+  if (p1 <= p0) return RA_OK;
+  int rc = o->m->be->ops->upload(o->m->be, scratch, (size_t)p0 * o->kv_row, kv + (size_t)p0 * o->kv_row,
+                                 (size_t)(p1 - p0) * o->kv_row, err);
+  return rc ? rc : ring_fill(o, ring, scratch, p0, p1, err);
+}
+
+int ra_offload_seed(ra_offload *o, const ra_prefill_capture *cap, ra_offload_stats *stats, ra_error *err) {
+  ra_state *st = o->st;
+  const ra_model_config *c = &o->m->cfg;
+  ra_offload_stats s = {0};
+  int64_t n = cap->n;
+  if (st->pos != 0) return ra_errorf(err, RA_ESTATE, "offload: seed after %lld tokens", (long long)st->pos);
+  if (cap->n_layers != c->n_layers || cap->n_heads != c->n_heads || cap->n_kv_heads != c->n_kv_heads ||
+      cap->head_dim != c->head_dim || cap->vocab != c->vocab)
+    return ra_errorf(err, RA_EINVAL, "offload: the capture is of another model geometry");
+  if (n < 1 || n > o->scratch_k.shape[0])
+    return ra_errorf(err, RA_EINVAL, "offload: a seed of %lld tokens (at most %lld)", (long long)n,
+                     (long long)o->scratch_k.shape[0]);
+  int64_t n_q = n < (int64_t)o->cfg.build_queries ? n : (int64_t)o->cfg.build_queries;
+  if (is_index_mode(o->cfg.mode) && cap->n_queries != n_q)
+    return ra_errorf(err, RA_EINVAL, "offload: the capture sampled %lld queries per layer, the index build wants %lld",
+                     (long long)cap->n_queries, (long long)n_q);
+  uint64_t t0 = uv_hrtime(), b64, e64;
+  ra_partition_offloaded(o->cfg.n_sink, o->cfg.n_window, (uint64_t)n, &b64, &e64);
+  int64_t b = (int64_t)b64, e = (int64_t)e64;
+  int64_t sink_end = n < (int64_t)o->cfg.n_sink ? n : (int64_t)o->cfg.n_sink, w0 = e < n ? e : n;
+  size_t q_row = (size_t)c->n_heads * (size_t)c->head_dim;
+  int rc = RA_OK;
+  for (int l = 0; l < c->n_layers && rc == RA_OK; l++) {
+    const float *k = cap->k + (size_t)l * (size_t)n * o->kv_row, *v = cap->v + (size_t)l * (size_t)n * o->kv_row;
+    if (o->remote && e > b) {
+      uint64_t ta = uv_hrtime();
+      rc = ra_remote_put(o->remote, (uint32_t)l, k + (size_t)b * o->kv_row, v + (size_t)b * o->kv_row, (uint64_t)b,
+                         (uint64_t)(e - b), err);
+      s.append_us += (double)(uv_hrtime() - ta) / 1e3;
+      if (rc == RA_OK && is_index_mode(o->cfg.mode)) {
+        ta = uv_hrtime();
+        rc = build_layer_index(o, l, cap->q + (size_t)l * (size_t)n_q * q_row, n_q, k + (size_t)b * o->kv_row, b, e,
+                               err);
+        s.index_us += (double)(uv_hrtime() - ta) / 1e3;
+      }
+    }
+    if (rc == RA_OK) rc = seed_ring(o, &st->k_cache[l], &o->scratch_k, k, 0, sink_end, err);
+    if (rc == RA_OK) rc = seed_ring(o, &st->v_cache[l], &o->scratch_v, v, 0, sink_end, err);
+    if (rc == RA_OK) rc = seed_ring(o, &st->k_cache[l], &o->scratch_k, k, w0, n, err);
+    if (rc == RA_OK) rc = seed_ring(o, &st->v_cache[l], &o->scratch_v, v, w0, n, err);
+  }
+  if (rc == RA_OK) rc = o->m->be->ops->upload(o->m->be, &st->logits, 0, cap->logits, (size_t)c->vocab, err);
+  if (rc == RA_OK) rc = o->m->be->ops->sync(o->m->be, err);
+  if (rc != RA_OK) return rc;
+  st->pos = n;
+  st->n = 0;
+  st->n_logits = 1;
+  s.n_offloaded = o->remote && e > b ? (uint64_t)(e - b) : 0;
   s.total_us = (double)(uv_hrtime() - t0) / 1e3;
   o->prefill_stats = s;
   if (stats) *stats = s;
@@ -377,6 +442,7 @@ int ra_offload_decode(ra_offload *o, int32_t token, ra_offload_stats *stats, ra_
       if (rc == RA_OK) rc = be->ops->upload(be, &o->rem_ml, 0, o->ml_host, (size_t)c->n_heads * 2, err);
       if (rc == RA_OK) rc = be->ops->attn_merge(be, &st->cur_att, &st->dec_ml, &o->rem_o, &o->rem_ml, err);
     }
+    if (rc == RA_OK && o->cfg.on_attn) rc = o->cfg.on_attn(o->cfg.attn_ctx, st, l, err);
     if (rc == RA_OK) rc = ra_step_layer_finish(st, l, err);
   }
   if (rc == RA_OK) rc = ra_step_end(st, 0, err);

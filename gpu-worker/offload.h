@@ -27,6 +27,7 @@
 
 #include "model.h"
 #include "offload_plan.h"
+#include "prefill_capture.h"
 #include "remote.h"
 
 #include <stdint.h>
@@ -66,6 +67,10 @@ typedef struct ra_offload_config {
   int timeout_ms;         /* deadline of every store reply; 0: 10 s */
   void (*progress)(void *ctx, const ra_offload_progress *p); /* optional, after each prefill layer */
   void *progress_ctx;
+  /* optional, every decode step after layer `layer`'s attention (local and stores' merged):
+   * st->cur_att is [1, n_heads, head_dim] (the accuracy suite compares it with full attention) */
+  int (*on_attn)(void *ctx, ra_state *st, int layer, ra_error *err);
+  void *attn_ctx;
 } ra_offload_config;
 
 void ra_offload_config_default(ra_offload_config *c);
@@ -94,6 +99,16 @@ ra_state *ra_offload_state(ra_offload *o);
 /* Prefill of the first n tokens (1 <= n <= max_prompt), in one step, layer by layer. */
 int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offload_stats *stats,
                        ra_error *err);
+/* Instead of ra_offload_prefill: the runtime's state after the prefill that `cap` captured
+ * (prefill_capture.h), without running the model. Per layer, positions [S, n - W) of the
+ * captured K/V go to the stores and, in an index mode, the index is built from the captured
+ * query sample exactly as ra_offload_prefill builds it (kNN on the backend); the sink and window
+ * go to the ring; the logits are the captured ones. The result decodes as if ra_offload_prefill
+ * had run on the same tokens (same K/V, same index inputs): tests/integration/test_accuracy.c
+ * checks the logits. cap->n <= max_prompt; in an index mode cap->n_queries must be
+ * min(n, build_queries). */
+int ra_offload_seed(ra_offload *o, const ra_prefill_capture *cap, ra_offload_stats *stats, ra_error *err);
+
 /* One decode step: feeds `token` at the next position. */
 int ra_offload_decode(ra_offload *o, int32_t token, ra_offload_stats *stats, ra_error *err);
 

@@ -1,0 +1,26 @@
+#!/bin/sh
+# accuracy-bench refuses bad input with a message naming the problem and exit status 2, before
+# loading anything. $1: the accuracy-bench binary.
+bin=$1
+fail=0
+expect() { # expect WORDS-IN-MESSAGE ARGS...
+  want=$1
+  shift
+  msg=$("$bin" "$@" 2>&1)
+  rc=$?
+  case "$msg" in
+    *"$want"*) [ $rc -eq 2 ] || { echo "FAIL: exit $rc for: $*"; fail=1; } ;;
+    *) echo "FAIL: '$want' not in '$msg' for: $*"; fail=1 ;;
+  esac
+}
+expect "--model and --out are required" --tasks passkey
+expect "unknown task" --model m --out o --tasks passkey,nope
+expect "--lengths" --model m --out o --lengths 1024,abc
+expect "--depths" --model m --out o --depths 0.5,1.5
+expect "must start with full" --model m --out o --modes roar,full
+expect "need --stores" --model m --out o --modes full,roar
+expect "not a non-negative integer" --model m --out o --top-k -3
+expect "unknown option" --model m --out o --bogus 1
+expect "needs a value" --model m --out o --sink
+"$bin" --help | grep -q "usage: accuracy-bench" || { echo "FAIL: --help"; fail=1; }
+exit $fail
