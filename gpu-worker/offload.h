@@ -59,7 +59,7 @@ typedef struct ra_offload_config {
   uint32_t top_k;         /* keys per q head at the stores (default 100) */
   uint32_t ef, nprobe;    /* index search parameters; 0: store defaults */
   uint32_t knn_nq;        /* index build: top keys per sampled prefill query (default 100) */
-  uint32_t build_queries; /* index build: prefill queries sampled per q head (default 1024) */
+  uint32_t build_queries; /* index build: prefill queries sampled per q head (default 4096) */
   ra_dtype kv_dtype;      /* device ring and scratch */
   ra_dtype store_dtype;   /* KV at the stores */
   int64_t max_ctx;        /* prompt + generated tokens */

@@ -104,7 +104,8 @@ static void usage(void) {
           "usage: index-bench --qk DIR --json FILE [--layers 0,2-4] [--heads 0-8]\n"
           "  [--kinds flat,ivf,kgraph,roar,roar-kv,roar-ins] [--eval N (200)] [--kk N (200)]\n"
           "  [--threads N] [--latency] [--latency-ef L (default search ef)]\n"
-          "  [--insert-frac F (0.1)] [--M M] [--nq NQ] [--build-ef L] [--sample F] [--n-lists N]\n");
+          "  [--insert-frac F (0.1)] [--M M] [--nq NQ] [--build-ef L] [--sample F] [--n-lists N]\n"
+          "  [--pivots P]\n");
 }
 
 static int parse_args(int argc, char **argv, opts *o) {
@@ -386,10 +387,10 @@ static void write_json(const opts *o, const ra_qk_meta *m, head_result *hr, int 
   fprintf(f, "  \"setup\": {\"sink\": %u, \"window\": %u, \"eval_prefill_queries\": %u, "
              "\"kk_queries\": %u, \"threads\": %d, \"kernel\": \"%s\", \"insert_frac\": %.3f,\n"
              "    \"graph_params\": {\"degree\": %u, \"build_ef\": %u, \"knn_nq\": %u, "
-             "\"query_sample\": %.3f}, \"latency_ef\": %u},\n",
+             "\"query_sample\": %.3f, \"pivots\": %u}, \"latency_ef\": %u},\n",
           SINK, WINDOW, o->n_eval, o->n_kk, o->threads ? o->threads : omp_get_max_threads(),
           ra_vec_kernel_name(), (double)o->insert_frac, pr.degree, pr.build_ef, pr.knn_nq,
-          (double)pr.query_sample, o->lat_ef ? o->lat_ef : sd.ef);
+          (double)pr.query_sample, pr.pivots, o->lat_ef ? o->lat_ef : sd.ef);
   /* Summary: per kind, median and worst head of the scan needed for recall@100 >= 0.95. */
   fprintf(f, "  \"summary\": {\n");
   int first = 1;

@@ -29,13 +29,23 @@ static int is_graph(ra_index_kind k) { return k == RA_INDEX_KGRAPH || k == RA_IN
 
 /* Defaults, from sweeps on synthetic Q/K (qk-synth, 32K tokens, head 0, head_dim 64; one factor
  * at a time from M 32 / Nq 100 / pivots 4 / sample 1 / L_build 128; the scan fraction roar needs
- * for mean recall@100 >= 0.95 on held-out queries). To be re-checked on real SmolLM2 Q/K:
+ * for mean recall@100 >= 0.95 on held-out queries), pivots re-checked on real SmolLM2 Q/K:
  *   degree M = 16: 11.2 % scanned (72 B/key) vs 11.4 % at M 32 (136 B/key), 11.5 % at M 48;
- *     recall@2000 also needed less (34.7 % vs 36.9 %);
- *   pivots = 4: 11.4 % vs 14.4 % with RoarGraph's single top-1 pivot;
- *   knn_nq = 100: 11.4 % vs 12.4 % at Nq 50;
- *   query_sample = 1.0: 11.4 % vs 13.9 % at 0.25 (the GPU computes the lists anyway);
+ *     recall@2000 also needed less (34.7 % vs 36.9 %). SmolLM2 8K (layers 3/15/27, q heads
+ *     0/4/8, pivots 64): median 9.0 % at M 16, 8.8 % at M 12, 9.5 % at M 24;
+ *   pivots = 64: on SmolLM2 8K (same 9 heads) median 9.0 %, worst head 16.2 %, against 18.2 %
+ *     and a worst head that never reaches 0.95 at pivots 4 (32: 10.9 % / 22.2 %). A key that is
+ *     no pivot gets no candidate list of its own: occlusion pruning then drops edges to keys
+ *     that "are reached through" such a key, which has no edge onward, and real queries' top-100
+ *     lists are full of keys that rank high but seldom in the top 4. On synthetic Q/K, 4 beat 1
+ *     (11.4 % vs 14.4 %);
+ *   knn_nq = 100: 11.4 % vs 12.4 % at Nq 50 (SmolLM2 8K, pivots 4: 17.1 % at Nq 200);
+ *   query_sample = 1.0: 11.4 % vs 13.9 % at 0.25 (the GPU computes the lists anyway); SmolLM2
+ *     8K at pivots 4: 18.2 % with all ~8.1K prefill queries vs 24.3 % with 1/8 of them;
  *   build_ef = 128: 11.0 % at 64 for recall@100 but worse at @2000 (38.5 % vs 36.9 %);
+ *   (roar.c's pruning metric C = E[q q^T], not a parameter: on SmolLM2 8K at pivots 64, plain
+ *     L2 between keys gave the same median but a worse worst head, 20.0 % vs 16.2 %, though it
+ *     needed less for recall@2000, 60.9 % vs 79.4 %);
  *   ivf: n_lists = 4 sqrt(n), 10 k-means iterations (faiss-like). */
 void ra_index_params_default(ra_index_kind kind, ra_index_params *p) {
   memset(p, 0, sizeof *p);
@@ -46,7 +56,7 @@ void ra_index_params_default(ra_index_kind kind, ra_index_params *p) {
   p->n_lists = 0;
   p->max_iters = 10;
   p->query_sample = 1.0f;
-  p->pivots = 4;
+  p->pivots = 64;
   p->seed = 0x5241494E44455831ull;
   p->n_threads = 0;
 }
@@ -82,8 +92,8 @@ static int check_params(const ra_index_params *p, ra_error *err) {
   if (p->kind == RA_INDEX_ROAR) {
     if (p->knn_nq < 2 || p->knn_nq > 65536)
       return ra_errorf(err, RA_EINVAL, "index: knn_nq %u out of range [2, 65536]", p->knn_nq);
-    if (p->pivots < 1 || p->pivots > 64)
-      return ra_errorf(err, RA_EINVAL, "index: pivots %u out of range [1, 64]", p->pivots);
+    if (p->pivots < 1 || p->pivots > 65536)
+      return ra_errorf(err, RA_EINVAL, "index: pivots %u out of range [1, 65536]", p->pivots);
     if (!(p->query_sample > 0.0f && p->query_sample <= 1.0f))
       return ra_errorf(err, RA_EINVAL, "index: query_sample %g not in (0, 1]",
                        (double)p->query_sample);

@@ -59,7 +59,7 @@ typedef struct {
   uint32_t max_iters; /* ivf: k-means Lloyd iterations */
   float query_sample; /* roar: fraction in (0, 1] of the given prefill queries used */
   uint32_t pivots;    /* roar: the first `pivots` keys of each query's list are pivots of the
-                         projection (RoarGraph: 1) */
+                         projection (RoarGraph: 1; capped at knn_nq) */
   uint64_t seed;      /* every random choice; a fixed seed gives a bit-identical index */
   int n_threads;      /* build threads; 0 = OpenMP's default */
 } ra_index_params;

@@ -433,6 +433,53 @@ static void test_roar_from_knn_lists(void **state) {
   free_data(&d);
 }
 
+/* The first min(pivots, knn_k) ids of every list are pivots: n_pivots counts them, distinct. */
+static void test_roar_pivots_per_list(void **state) {
+  (void)state;
+  data d;
+  make_data(&d, NK, 12);
+  enum { KK = 16 };
+  uint32_t *knn = malloc((size_t)NQ * KK * sizeof *knn);
+  uint8_t *seen = malloc(NK);
+  assert_non_null(knn);
+  assert_non_null(seen);
+  ra_error err;
+  assert_int_equal(ra_knn_ip(d.keys, NK, DIM, NULL, d.q, NQ, KK, 0, 2, knn, NULL, &err), RA_OK);
+  ra_index_params p;
+  ra_index_params_default(RA_INDEX_ROAR, &p);
+  ra_keys k = keys_of(&d, NK);
+  ra_queries qs = {.q = d.q, .n = NQ, .knn = knn, .knn_k = KK};
+  static const uint32_t pivots[] = {1, 4, 64};
+  uint32_t prev = 0;
+  for (size_t t = 0; t < sizeof pivots / sizeof *pivots; t++) {
+    p.pivots = pivots[t];
+    uint32_t cols = pivots[t] < KK ? pivots[t] : KK, want = 0;
+    memset(seen, 0, NK);
+    for (uint32_t i = 0; i < NQ; i++)
+      for (uint32_t j = 0; j < cols; j++)
+        if (!seen[knn[(size_t)i * KK + j]]) {
+          seen[knn[(size_t)i * KK + j]] = 1;
+          want++;
+        }
+    ra_index *ix = NULL;
+    assert_int_equal(ra_index_build(&p, &k, &qs, &ix, &err), RA_OK);
+    assert_graph_invariants(ix);
+    ra_index_graph_stats st;
+    ra_index_get_graph_stats(ix, &st);
+    assert_int_equal(st.n_pivots, want);
+    assert_true(st.n_pivots > prev);
+    prev = st.n_pivots;
+    ra_index_free(ix);
+  }
+  p.pivots = 65537;
+  ra_index *ix = NULL;
+  assert_int_equal(ra_index_build(&p, &k, &qs, &ix, &err), RA_EINVAL);
+  assert_null(ix);
+  free(seen);
+  free(knn);
+  free_data(&d);
+}
+
 static void test_f16_keys(void **state) {
   (void)state;
   data d;
@@ -591,6 +638,7 @@ int main(void) {
       cmocka_unit_test(test_roar_recall_on_shifted_queries),
       cmocka_unit_test(test_insertion_keeps_invariants_and_recall),
       cmocka_unit_test(test_build_is_deterministic),
+      cmocka_unit_test(test_roar_pivots_per_list),
       cmocka_unit_test(test_estimate_covers_bytes),
   };
   if (RA_TEST_GROUP == 1) return cmocka_run_group_tests(search_tests, NULL, NULL);
