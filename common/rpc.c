@@ -575,6 +575,27 @@ void ra_rpc_call_destroy(ra_rpc_call *c) {
   call_free(c);
 }
 
+int ra_rpc_unary_start(ra_rpc_channel *ch, const char *method, const void *req, size_t req_len,
+                       int timeout_ms, ra_rpc_call **out, ra_error *err) {
+  ra_rpc_call *c;
+  int rc = ra_rpc_call_start(ch, method, timeout_ms > 0 ? timeout_ms : 0, &c, err);
+  if (rc != RA_OK) return rc;
+  if ((rc = ra_rpc_call_send(c, req, req_len, err)) != RA_OK || (rc = ra_rpc_call_close_send(c, err)) != RA_OK) {
+    ra_rpc_call_destroy(c);
+    return rc;
+  }
+  *out = c;
+  return RA_OK;
+}
+
+int ra_rpc_unary_wait(ra_rpc_call *c, ra_buf *reply, ra_error *err) {
+  int rc = ra_rpc_call_recv(c, reply, -1, err);
+  if (rc == RA_EOF) rc = ra_errorf(err, RA_EFORMAT, "%s: the call returned no reply", c->target);
+  if (rc == RA_OK) rc = ra_rpc_call_finish(c, err);
+  ra_rpc_call_destroy(c);
+  return rc;
+}
+
 int ra_rpc_unary(ra_rpc_channel *ch, const char *method, const void *req, size_t req_len,
                  ra_buf *reply, int timeout_ms, ra_error *err) {
   ra_rpc_call *c;

@@ -84,6 +84,13 @@ void ra_rpc_call_destroy(ra_rpc_call *call);
 /* One request, one reply. */
 int ra_rpc_unary(ra_rpc_channel *ch, const char *method, const void *req, size_t req_len,
                  ra_buf *reply, int timeout_ms, ra_error *err);
+/* The same call in two halves, so that one thread can keep many in flight (the server runs
+ * them in parallel): start sends the request and closes the client's side; wait receives the
+ * reply and the status and frees the call whatever happened. timeout_ms bounds the whole call
+ * (0: none). On a start error nothing is left to wait for. */
+int ra_rpc_unary_start(ra_rpc_channel *ch, const char *method, const void *req, size_t req_len,
+                       int timeout_ms, ra_rpc_call **out, ra_error *err);
+int ra_rpc_unary_wait(ra_rpc_call *call, ra_buf *reply, ra_error *err);
 
 /* ---- both sides ---- */
 

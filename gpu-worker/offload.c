@@ -176,7 +176,8 @@ static int ring_fill(ra_offload *o, ra_tensor *dst, const ra_tensor *src, int64_
 
 /* Index build of one layer, for every q head: the layer's sampled prefill queries, their exact
  * top-Nq keys among the offloaded positions [b, e) computed on the backend (q K^T, then top-k per
- * row), sent with the queries to every store holding the q head's kv head.
+ * row), sent with the queries to every store holding the q head's kv head; all of the layer's
+ * builds are in flight together, so the stores build the heads in parallel.
  * q_sample: host [n_q, n_heads, head_dim] (positions ra_prefill_query_pos);
  * keys: host [e - b, n_kv_heads, head_dim]. */
 static int build_layer_index(ra_offload *o, int layer, const float *q_sample, int64_t n_q, const float *keys,
@@ -208,9 +209,14 @@ static int build_layer_index(ra_offload *o, int layer, const float *q_sample, in
           (rc = be->ops->topk_rows(be, &y, knn, idx, val, err)))
         break;
       for (int64_t i = 0; i < n_q * knn; i++) ids[i] = (uint64_t)(b + idx[i]);
-      rc = ra_remote_build_index(o->remote, (uint32_t)layer, (uint32_t)h, qh, (uint32_t)n_q, ids, (uint32_t)knn, err);
+      rc = ra_remote_build_index_start(o->remote, (uint32_t)layer, (uint32_t)h, qh, (uint32_t)n_q, ids, (uint32_t)knn,
+                                       err);
     }
   }
+  /* the layer's builds run at the stores at once; a layer's index is complete on return */
+  ra_error werr;
+  int wrc = ra_remote_build_index_wait(o->remote, rc ? &werr : err);
+  if (rc == RA_OK) rc = wrc;
   ra_tensor_free(&w);
   ra_tensor_free(&x);
   ra_tensor_free(&y);

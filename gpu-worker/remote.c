@@ -35,6 +35,8 @@ struct ra_remote {
   int failed;      /* a store failed: no more steps (see remote.h) */
   ra_error failure;
   int in_flight;   /* attend_begin sent, attend_end not yet called */
+  ra_kvclient_build **builds; /* index builds started, not yet waited for */
+  size_t n_builds, cap_builds;
   uint64_t t_begin;
   ra_partial *acc; /* [n_q_heads] merge accumulators */
 };
@@ -108,6 +110,9 @@ static void store_close(remote_store *s) {
 
 void ra_remote_close(ra_remote *r) {
   if (!r) return;
+  ra_error ignored;
+  ra_remote_build_index_wait(r, &ignored);
+  free(r->builds);
   for (size_t i = 0; i < r->n_stores; i++) store_close(&r->stores[i]);
   free(r->stores);
   free(r->pack);
@@ -188,8 +193,8 @@ int ra_remote_put(ra_remote *r, uint32_t layer, const float *k, const float *v, 
   return rc ? remote_fail(r, rc, err) : RA_OK;
 }
 
-int ra_remote_build_index(ra_remote *r, uint32_t layer, uint32_t q_head, const float *queries,
-                          uint32_t n_queries, const uint64_t *knn_ids, uint32_t knn_k, ra_error *err) {
+int ra_remote_build_index_start(ra_remote *r, uint32_t layer, uint32_t q_head, const float *queries,
+                                uint32_t n_queries, const uint64_t *knn_ids, uint32_t knn_k, ra_error *err) {
   int rc = remote_check(r, err);
   if (rc) return rc;
   if (layer >= r->plan->n_layers || q_head >= r->plan->n_q_heads)
@@ -198,11 +203,40 @@ int ra_remote_build_index(ra_remote *r, uint32_t layer, uint32_t q_head, const f
   for (size_t i = 0; i < r->n_stores && rc == RA_OK; i++) {
     remote_store *s = &r->stores[i];
     if (!ra_offload_plan_asks(r->plan, i, layer, q_head)) continue;
-    ra_kvclient_build_result res;
-    rc = ra_kvclient_build_index(s->client, &s->session, layer, q_head, &params, queries, n_queries, knn_ids,
-                                 knn_k, &res, err);
+    if (r->n_builds == r->cap_builds) {
+      size_t cap = r->cap_builds ? 2 * r->cap_builds : 64;
+      ra_kvclient_build **nb = realloc(r->builds, cap * sizeof *nb);
+      if (!nb) return ra_errorf(err, RA_ENOMEM, "remote: out of memory for %zu index builds", cap);
+      r->builds = nb;
+      r->cap_builds = cap;
+    }
+    rc = ra_kvclient_build_index_start(s->client, &s->session, layer, q_head, &params, queries, n_queries, knn_ids,
+                                       knn_k, &r->builds[r->n_builds], err);
+    if (rc == RA_OK) r->n_builds++;
   }
   return rc ? remote_fail(r, rc, err) : RA_OK;
+}
+
+int ra_remote_build_index_wait(ra_remote *r, ra_error *err) {
+  int rc = RA_OK;
+  for (size_t i = 0; i < r->n_builds; i++) {
+    ra_error e;
+    int one = ra_kvclient_build_index_wait(r->builds[i], NULL, &e);
+    if (one && rc == RA_OK) {
+      rc = one;
+      *err = e;
+    }
+  }
+  r->n_builds = 0;
+  return rc ? remote_fail(r, rc, err) : RA_OK;
+}
+
+int ra_remote_build_index(ra_remote *r, uint32_t layer, uint32_t q_head, const float *queries,
+                          uint32_t n_queries, const uint64_t *knn_ids, uint32_t knn_k, ra_error *err) {
+  int rc = ra_remote_build_index_start(r, layer, q_head, queries, n_queries, knn_ids, knn_k, err);
+  ra_error e;
+  int wrc = ra_remote_build_index_wait(r, rc ? &e : err);
+  return rc ? rc : wrc;
 }
 
 int ra_remote_append(ra_remote *r, uint64_t pos, const float *k, const float *v, ra_error *err) {

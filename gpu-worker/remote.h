@@ -55,6 +55,13 @@ int ra_remote_put(ra_remote *r, uint32_t layer, const float *k, const float *v, 
  * kind is the config's mode (ivf, kgraph or roar). */
 int ra_remote_build_index(ra_remote *r, uint32_t layer, uint32_t q_head, const float *queries,
                           uint32_t n_queries, const uint64_t *knn_ids, uint32_t knn_k, ra_error *err);
+/* The same in two halves: start sends the build (its arguments may be reused at once) and
+ * returns; wait waits for every build started since the last wait and returns the first
+ * failure. The stores run the started builds in parallel (one per head: a store's threads
+ * would mostly idle inside one small graph's build). close waits for what is left. */
+int ra_remote_build_index_start(ra_remote *r, uint32_t layer, uint32_t q_head, const float *queries,
+                                uint32_t n_queries, const uint64_t *knn_ids, uint32_t knn_k, ra_error *err);
+int ra_remote_build_index_wait(ra_remote *r, ra_error *err);
 
 /* Decode: the position that left the window, for every layer. k, v: [n_layers, n_kv_heads,
  * head_dim] fp32. One Append call per store. */

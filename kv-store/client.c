@@ -188,10 +188,15 @@ int ra_kvclient_close_session(ra_kvclient *c, const ra_kvclient_session *s,
   return RA_OK;
 }
 
-int ra_kvclient_build_index(ra_kvclient *c, const ra_kvclient_session *s, uint32_t layer,
-                            uint32_t q_head, const ra_kvclient_index_params *params,
-                            const float *queries, uint32_t n_queries, const uint64_t *knn_ids,
-                            uint32_t knn_k, ra_kvclient_build_result *out, ra_error *err) {
+struct ra_kvclient_build {
+  ra_kvclient *c;
+  ra_rpc_call *call;
+};
+
+int ra_kvclient_build_index_start(ra_kvclient *c, const ra_kvclient_session *s, uint32_t layer,
+                                  uint32_t q_head, const ra_kvclient_index_params *params,
+                                  const float *queries, uint32_t n_queries, const uint64_t *knn_ids,
+                                  uint32_t knn_k, ra_kvclient_build **out, ra_error *err) {
   Rakv__BuildIndexRequest req = RAKV__BUILD_INDEX_REQUEST__INIT;
   Rakv__IndexParams ip;
   req.session_id.data = (uint8_t *)s->id;
@@ -211,15 +216,42 @@ int ra_kvclient_build_index(ra_kvclient *c, const ra_kvclient_session *s, uint32
     req.knn_ids = (uint64_t *)knn_ids;
     req.n_knn_ids = (size_t)n_queries * knn_k;
   }
-  int rc = unary(c, "/rakv.KvStore/BuildIndex", &req.base, err);
-  if (rc) return rc;
-  Rakv__BuildIndexReply *r = rakv__build_index_reply__unpack(NULL, c->rx.len, c->rx.data);
-  if (!r) return bad_reply(c, "BuildIndexReply", err);
-  if (out)
-    *out = (ra_kvclient_build_result){.n_keys = r->n_keys, .index_bytes = r->index_bytes,
-                                      .build_us = r->build_us};
-  rakv__build_index_reply__free_unpacked(r, NULL);
+  ra_kvclient_build *b = calloc(1, sizeof *b);
+  if (!b) return ra_errorf(err, RA_ENOMEM, "out of memory starting a BuildIndex call");
+  /* the request is packed into the client's buffer only for the send, which copies it */
+  int rc = pack(&req.base, &c->tx, err);
+  if (rc == RA_OK)
+    rc = ra_rpc_unary_start(c->ch, "/rakv.KvStore/BuildIndex", c->tx.data, c->tx.len, c->timeout_ms, &b->call, err);
+  if (rc) {
+    free(b);
+    return rc;
+  }
+  b->c = c;
+  *out = b;
   return RA_OK;
+}
+
+int ra_kvclient_build_index_wait(ra_kvclient_build *b, ra_kvclient_build_result *out, ra_error *err) {
+  ra_kvclient *c = b->c;
+  ra_buf rx = {0};
+  int rc = ra_rpc_unary_wait(b->call, &rx, err);
+  free(b);
+  Rakv__BuildIndexReply *r = NULL;
+  if (rc == RA_OK && !(r = rakv__build_index_reply__unpack(NULL, rx.len, rx.data))) rc = bad_reply(c, "BuildIndexReply", err);
+  if (rc == RA_OK && out)
+    *out = (ra_kvclient_build_result){.n_keys = r->n_keys, .index_bytes = r->index_bytes, .build_us = r->build_us};
+  if (r) rakv__build_index_reply__free_unpacked(r, NULL);
+  ra_buf_free(&rx);
+  return rc;
+}
+
+int ra_kvclient_build_index(ra_kvclient *c, const ra_kvclient_session *s, uint32_t layer,
+                            uint32_t q_head, const ra_kvclient_index_params *params,
+                            const float *queries, uint32_t n_queries, const uint64_t *knn_ids,
+                            uint32_t knn_k, ra_kvclient_build_result *out, ra_error *err) {
+  ra_kvclient_build *b;
+  int rc = ra_kvclient_build_index_start(c, s, layer, q_head, params, queries, n_queries, knn_ids, knn_k, &b, err);
+  return rc ? rc : ra_kvclient_build_index_wait(b, out, err);
 }
 
 static size_t row_bytes(const ra_kvclient_geometry *g) {

@@ -148,6 +148,15 @@ int ra_kvclient_build_index(ra_kvclient *c, const ra_kvclient_session *s, uint32
                             uint32_t q_head, const ra_kvclient_index_params *params,
                             const float *queries, uint32_t n_queries, const uint64_t *knn_ids,
                             uint32_t knn_k, ra_kvclient_build_result *out, ra_error *err);
+/* The same in two halves, so that builds of many heads run at the store at once: start sends
+ * the request (the arguments may be reused as soon as it returns); wait takes the reply and
+ * frees the call whatever happened. Every started build must be waited for. */
+typedef struct ra_kvclient_build ra_kvclient_build;
+int ra_kvclient_build_index_start(ra_kvclient *c, const ra_kvclient_session *s, uint32_t layer,
+                                  uint32_t q_head, const ra_kvclient_index_params *params,
+                                  const float *queries, uint32_t n_queries, const uint64_t *knn_ids,
+                                  uint32_t knn_k, ra_kvclient_build **out, ra_error *err);
+int ra_kvclient_build_index_wait(ra_kvclient_build *b, ra_kvclient_build_result *out, ra_error *err);
 
 /* PutKv as a stream: begin, any number of put_rows (each split into chunks of at most
  * chunk_bytes; every send waits until gRPC has taken the previous one, which is the stream's
