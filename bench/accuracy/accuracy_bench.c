@@ -26,6 +26,8 @@ static void usage(FILE *f) {
         "  --fidelity-prompt N (2048; 0: skip) --fidelity-tokens N (64)\n"
         "  --corpus DIR (/usr/share/common-licenses)\n"
         "  --print-prompts 1          print every sample's prompt and expected values, run nothing\n"
+        "  --report-from FILE.jsonl   only the reports, from the samples.jsonl of an earlier or interrupted run\n"
+        "                             (give the run's --tasks, --lengths, --depths and --modes)\n"
         "writes DIR/samples.jsonl, DIR/summary.md, DIR/fidelity.json, DIR/heatmap_<mode>.png\n",
         f);
 }
@@ -106,7 +108,7 @@ static int print_samples(const ra_tokenizer *tok, const ra_acc_corpus *corpus, c
 
 int main(int argc, char **argv) {
   const char *model = NULL, *out = NULL, *backend = "cpu", *stores = NULL, *shard_map = NULL;
-  const char *corpus_dir = "/usr/share/common-licenses";
+  const char *corpus_dir = "/usr/share/common-licenses", *report_from = NULL;
   uint32_t threads = 0, fid_prompt = 2048, fid_forced = 64, samples = 1, print_prompts = 0;
   unsigned long long seed = 1;
   ra_acc_config cfg = {0};
@@ -147,6 +149,7 @@ int main(int argc, char **argv) {
     else if (strcmp(a, "--stores") == 0) stores = v;
     else if (strcmp(a, "--shard-map") == 0) shard_map = v;
     else if (strcmp(a, "--corpus") == 0) corpus_dir = v;
+    else if (strcmp(a, "--report-from") == 0) report_from = v;
     else if (strcmp(a, "--seed") == 0) {
       char *e;
       seed = strtoull(v, &e, 10);
@@ -171,6 +174,7 @@ int main(int argc, char **argv) {
   if (cfg.n_modes < 1 || cfg.modes[0] != RA_ATTN_FULL) return bad("--modes must start with full (the reference)");
   int need_stores = 0;
   for (int i = 1; i < cfg.n_modes; i++) need_stores |= cfg.modes[i] != RA_ATTN_STREAMING;
+  if (report_from) need_stores = 0;
   if (need_stores && !stores && !shard_map && !print_prompts) return bad("modes flat, ivf, kgraph, roar need --stores or --shard-map");
   if (stores && shard_map) return bad("give --stores or --shard-map, not both");
   if (cfg.off.n_window < 1) return bad("--window must be >= 1");
@@ -189,7 +193,8 @@ int main(int argc, char **argv) {
   ra_acc_fidelity fid[RA_ACC_MAX_MODES] = {0};
   int have_plan = 0, n_fid = 0;
   ra_backend_config bc = {(int)threads, 0};
-  int rc = ra_backend_create(backend, &bc, &be, &err);
+  /* --report-from runs nothing: the CPU backend only reads the model's config */
+  int rc = ra_backend_create(report_from ? "cpu" : backend, &bc, &be, &err);
   if (rc == RA_OK) rc = ra_load_model(be, model, NULL, 1, &m, &tok, &err);
   if (rc == RA_OK && !tok) rc = ra_errorf(&err, RA_EINVAL, "%s has no tokenizer", model);
   if (rc == RA_OK) rc = ra_acc_corpus_load(corpus_dir, &corpus, &err);
@@ -211,9 +216,15 @@ int main(int argc, char **argv) {
   }
   char path[1024];
   snprintf(path, sizeof path, "%s/samples.jsonl", out);
-  if (rc == RA_OK && !(cfg.jsonl = fopen(path, "w"))) rc = ra_errorf(&err, RA_EIO, "cannot write %s", path);
+  if (report_from) {
+    /* the reports of an earlier (or interrupted) run: nothing runs */
+    if (rc == RA_OK) rc = ra_acc_results_read(report_from, &cfg, &res, &err);
+    fid_prompt = 0;
+  } else if (rc == RA_OK && !(cfg.jsonl = fopen(path, "w"))) {
+    rc = ra_errorf(&err, RA_EIO, "cannot write %s", path);
+  }
   cfg.log = stderr;
-  if (rc == RA_OK && cfg.n_tasks > 0) rc = ra_acc_run(m, tok, &corpus, &cfg, &res, &err);
+  if (rc == RA_OK && cfg.n_tasks > 0 && !report_from) rc = ra_acc_run(m, tok, &corpus, &cfg, &res, &err);
   if (rc == RA_OK && fid_prompt > 0 && cfg.n_modes > 1) {
     /* the prose corpus from its start: the license texts as running text */
     int32_t *ids = NULL;

@@ -3,7 +3,9 @@
 #include "generate.h"
 #include "json.h"
 
+#include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -159,6 +161,65 @@ static int results_push(ra_acc_results *r, const ra_acc_record *rec, ra_error *e
   }
   r->recs[r->n++] = *rec;
   return RA_OK;
+}
+
+/* One line of samples.jsonl (write_jsonl) back into a record of cfg's axes and modes. */
+static int read_record(const ra_json *o, const ra_acc_config *cfg, ra_acc_record *rec, ra_error *err) {
+  const char *task;
+  double v;
+  memset(rec, 0, sizeof *rec);
+  if (ra_json_get_str(o, "task", &task) || ra_acc_task_parse(task, &rec->task))
+    return ra_errorf(err, RA_EFORMAT, "no known \"task\"");
+  if (ra_json_get_num(o, "length", &v)) return ra_errorf(err, RA_EFORMAT, "no \"length\"");
+  rec->length = (int)v;
+  if (ra_json_get_num(o, "n_tokens", &v)) return ra_errorf(err, RA_EFORMAT, "no \"n_tokens\"");
+  rec->n_tokens = (int)v;
+  if (ra_json_get_num(o, "depth", &rec->depth)) return ra_errorf(err, RA_EFORMAT, "no \"depth\"");
+  rec->depth_index = -1;
+  for (int d = 0; d < cfg->n_depths && rec->depth >= 0; d++)
+    if (fabs(cfg->depths[d] - rec->depth) < 1e-4) rec->depth_index = d;
+  if (rec->depth < 0) rec->depth_index = 0;
+  if (rec->depth_index < 0) return ra_errorf(err, RA_EINVAL, "depth %.4f is not one of --depths", rec->depth);
+  if (!ra_json_get_num(o, "sample", &v)) rec->sample = (int)v;
+  if (!ra_json_get_num(o, "needle_token", &v)) rec->needle_token = (int64_t)v;
+  ra_json_get_num(o, "prefill_s", &rec->prefill_s);
+  const ra_json *modes = ra_json_get(o, "modes");
+  for (int i = 0; i < cfg->n_modes; i++) {
+    const char *name = ra_attn_mode_name(cfg->modes[i]), *outp = "";
+    const ra_json *mr = modes ? ra_json_get(modes, name) : NULL;
+    ra_acc_mode_result *r = &rec->modes[i];
+    if (!mr || ra_json_get_num(mr, "score", &r->score))
+      return ra_errorf(err, RA_EINVAL, "no result of mode %s (--modes must be those of the run)", name);
+    ra_json_get_num(mr, "seed_s", &r->seed_s);
+    ra_json_get_num(mr, "decode_s", &r->decode_s);
+    if (!ra_json_get_num(mr, "tokens", &v)) r->n_generated = (int)v;
+    ra_json_get_str(mr, "output", &outp);
+    snprintf(r->output, sizeof r->output, "%s", outp);
+  }
+  return RA_OK;
+}
+
+int ra_acc_results_read(const char *path, const ra_acc_config *cfg, ra_acc_results *out, ra_error *err) {
+  FILE *f = fopen(path, "r");
+  if (!f) return ra_errorf(err, RA_EIO, "cannot read %s: %s", path, strerror(errno));
+  char *line = NULL;
+  size_t cap = 0;
+  ssize_t len;
+  int rc = RA_OK, no = 0;
+  while (rc == RA_OK && (len = getline(&line, &cap, f)) > 0) {
+    no++;
+    ra_json *o = NULL;
+    ra_acc_record rec;
+    rc = ra_json_parse(line, (size_t)len, &o, err);
+    if (rc == RA_OK) rc = read_record(o, cfg, &rec, err);
+    if (rc == RA_OK) rc = results_push(out, &rec, err);
+    if (rc) ra_error_wrap(err, "%s line %d", path, no);
+    ra_json_free(o);
+  }
+  free(line);
+  fclose(f);
+  if (rc == RA_OK && no == 0) rc = ra_errorf(err, RA_EINVAL, "%s has no samples", path);
+  return rc;
 }
 
 int ra_acc_run(const ra_model *m, const ra_tokenizer *tok, const ra_acc_corpus *corpus, const ra_acc_config *cfg,

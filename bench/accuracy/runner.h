@@ -70,6 +70,9 @@ int ra_acc_run_sample(const ra_model *m, const ra_tokenizer *tok, const ra_acc_c
 int ra_acc_run(const ra_model *m, const ra_tokenizer *tok, const ra_acc_corpus *corpus, const ra_acc_config *cfg,
                ra_acc_results *out, ra_error *err);
 void ra_acc_results_free(ra_acc_results *r);
+/* Appends the records of a samples.jsonl (a finished or interrupted run) to out; cfg gives the
+ * run's depths and modes, in order (a record without one of them is an error). */
+int ra_acc_results_read(const char *path, const ra_acc_config *cfg, ra_acc_results *out, ra_error *err);
 
 /* Text fidelity, per mode: teacher-forced decode of n_forced tokens of natural text after a
  * prompt of n_prompt tokens (one captured prefill), against full attention at every step. */

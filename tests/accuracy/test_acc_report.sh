@@ -1,0 +1,30 @@
+#!/bin/sh
+# accuracy-bench --report-from: the reports of a samples.jsonl without running anything, and a
+# clear refusal of a file that does not fit the given modes. $1: accuracy-bench, $2: the model.
+bin=$1
+model=$2
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+fail=0
+cat > "$dir/samples.jsonl" <<'JSONL'
+{"task": "passkey", "length": 1024, "n_tokens": 1010, "depth": 0.2500, "sample": 0, "seed": 1, "needle_token": 200, "prefill_s": 0.1, "expected": ["41814"], "modes": {"full": {"score": 1.0000, "seed_s": 0.0, "decode_s": 0.01, "tokens": 7, "output": " 41814."}, "streaming": {"score": 0.0000, "seed_s": 0.0, "decode_s": 0.01, "tokens": 7, "output": " a key"}}}
+{"task": "passkey", "length": 1024, "n_tokens": 1010, "depth": 0.7500, "sample": 0, "seed": 2, "needle_token": 700, "prefill_s": 0.1, "expected": ["37149"], "modes": {"full": {"score": 1.0000, "seed_s": 0.0, "decode_s": 0.01, "tokens": 7, "output": " 37149."}, "streaming": {"score": 1.0000, "seed_s": 0.0, "decode_s": 0.01, "tokens": 7, "output": " 37149."}}}
+JSONL
+"$bin" --model "$model" --out "$dir/r" --report-from "$dir/samples.jsonl" --tasks passkey --lengths 1024 \
+  --depths 0.25,0.75 --modes full,streaming > "$dir/log" 2>&1 || { echo "FAIL: report run"; cat "$dir/log"; fail=1; }
+grep -q "| passkey | yes | 100 | 50 |" "$dir/r/summary.md" || { echo "FAIL: summary row"; cat "$dir/r/summary.md"; fail=1; }
+[ -s "$dir/r/heatmap_streaming.png" ] || { echo "FAIL: no heat map"; fail=1; }
+msg=$("$bin" --model "$model" --out "$dir/r2" --report-from "$dir/samples.jsonl" --tasks passkey --lengths 1024 \
+  --depths 0.25,0.75 --modes full,roar --stores 127.0.0.1:1 2>&1)
+rc=$?
+case "$msg" in
+  *"no result of mode roar"*) [ $rc -ne 0 ] || { echo "FAIL: exit 0 for a missing mode"; fail=1; } ;;
+  *) echo "FAIL: '$msg'"; fail=1 ;;
+esac
+msg=$("$bin" --model "$model" --out "$dir/r3" --report-from "$dir/samples.jsonl" --tasks passkey --lengths 1024 \
+  --depths 0.5 --modes full,streaming 2>&1)
+case "$msg" in
+  *"not one of --depths"*) ;;
+  *) echo "FAIL: '$msg'"; fail=1 ;;
+esac
+exit $fail
