@@ -20,9 +20,8 @@
 #include <sys/wait.h>
 
 #include "generate.h"
-#include "harness.h"
-#include "loader.h"
 #include "offload.h"
+#include "smol_fixture.h"
 
 /* The needle runs with a small sink and window (most of the prompt in the stores); the
  * teacher-forced comparison with the paper's defaults. */
@@ -43,22 +42,10 @@ static void ok(int rc, const ra_error *err) {
 }
 
 static int setup(void **state) {
-  char path[1024];
-  const char *src = getenv("RA_SOURCE_DIR");
-  snprintf(path, sizeof path, "%s/models/SmolLM2-135M-Instruct.Q4_1.gguf", src ? src : ".");
   ra_error err;
-  ra_backend_config bc = {0};
-  if (ra_backend_create("cpu", &bc, &F.be, &err) || ra_load_model(F.be, path, NULL, 1, &F.m, &F.tok, &err)) {
-    fprintf(stderr, "FAIL: %s (the model comes from deploy/fetch-model.sh)\n", err.msg);
-    return -1;
-  }
-  const char *args[] = {"--threads", "1", NULL};
-  for (int i = 0; i < 2; i++)
-    if (harness_store_start(&F.st[i], args) != 0) return -1;
-  const char *addrs[2] = {F.st[0].addr, F.st[1].addr};
+  if (smol_fixture_up(&F.be, &F.m, &F.tok, F.st, 2, &F.map) != 0) return -1;
   const ra_model_config *c = &F.m->cfg;
-  if (ra_shard_map_spread(addrs, 2, (uint32_t)c->n_layers, (uint32_t)c->n_kv_heads, &F.map, &err) ||
-      ra_offload_plan_build(&F.map, (uint32_t)c->n_layers, (uint32_t)c->n_heads, (uint32_t)c->n_kv_heads, SINK,
+  if (ra_offload_plan_build(&F.map, (uint32_t)c->n_layers, (uint32_t)c->n_heads, (uint32_t)c->n_kv_heads, SINK,
                             WINDOW, &F.plan, &err) ||
       ra_offload_plan_build(&F.map, (uint32_t)c->n_layers, (uint32_t)c->n_heads, (uint32_t)c->n_kv_heads,
                             PAPER_SINK, PAPER_WINDOW, &F.plan_paper, &err)) {
@@ -69,16 +56,9 @@ static int setup(void **state) {
 }
 
 static int teardown(void **state) {
-  int rc = 0;
-  for (int i = 0; i < 2; i++)
-    if (F.st[i].pid > 0 && harness_store_stop(&F.st[i], 5000) != 0) rc = -1;
   ra_offload_plan_free(&F.plan);
   ra_offload_plan_free(&F.plan_paper);
-  ra_shard_map_free(&F.map);
-  ra_tok_free(F.tok);
-  ra_model_free(F.m);
-  ra_backend_destroy(F.be);
-  return rc;
+  return smol_fixture_down(F.be, F.m, F.tok, F.st, 2, &F.map);
 }
 
 static ra_offload *offload_new(const ra_offload_plan *plan, ra_attn_mode mode, uint32_t top_k, ra_dtype store_dtype,
