@@ -176,6 +176,8 @@ cudaError_t ra_cuda_gemv_init(void) {
 }
 
 cudaError_t ra_cuda_gemv_fused(cudaStream_t s, const ra_cuda_gemv_args *a) {
+  /* the norm is computed while x is staged in shared memory: without staging it would be skipped */
+  if (a->norm_w && a->k > RA_CUDA_GEMV_SMEM_COLS) return cudaErrorInvalidValue;
   if (a->w_dtype == RA_DTYPE_F16) return launch_dtype<__half>(s, *a);
   return launch_dtype<__nv_bfloat16>(s, *a);
 }

@@ -203,10 +203,55 @@ static void test_unreachable_store_is_named_at_open(void **state) {
   ra_shard_map_free(&map);
 }
 
+/* Index builds of every head go out together and the stores build them in parallel; roar
+ * attends then scan a fraction of the keys. A build the store refuses fails the wait with the
+ * store's reason, after the other builds in flight were collected, and stops the remote. */
+static void test_builds_in_flight_together_and_a_refused_one_is_reported(void **state) {
+  fixture f;
+  memset(&f, 0, sizeof f);
+  fixture_start(&f);
+  ra_remote *r;
+  ra_error err;
+  ra_remote_config cfg = {.dtype = RA_DTYPE_F16, .mode = RA_KVCLIENT_ROAR, .top_k = 50};
+  ok(ra_remote_open(&f.plan, HD, &cfg, &r, &err), &err);
+  prefill(r, &f, N_TOKENS);
+  enum { NQ = 64 };
+  static float qs[NQ * HD];
+  for (uint32_t layer = 0; layer < N_LAYERS; layer++)
+    for (uint32_t h = 0; h < N_Q; h++) {
+      /* the kv head's own keys as queries: the stores compute their top lists */
+      const float *k = kvdata_k(&f.d, layer, h / (N_Q / N_KV));
+      for (int i = 0; i < NQ; i++) memcpy(qs + i * HD, k + (size_t)(SINK + 37 * i + h) * HD, HD * sizeof(float));
+      ok(ra_remote_build_index_start(r, layer, h, qs, NQ, NULL, 0, &err), &err);
+    }
+  ok(ra_remote_build_index_wait(r, &err), &err);
+  float q[N_Q * HD], o[N_Q * HD], m[N_Q], l[N_Q];
+  for (int i = 0; i < N_Q * HD; i++) q[i] = (float)sin((double)i) * 0.7f;
+  ra_remote_stats st;
+  ok(ra_remote_attend(r, 1, q, o, m, l, &st, &err), &err);
+  print_message("roar after parallel builds: %llu of %llu keys scanned\n", (unsigned long long)st.n_scanned,
+                (unsigned long long)st.n_keys);
+  assert_true(st.n_scanned > 0 && st.n_scanned < st.n_keys);
+
+  /* one refused build (a roar knn list needs >= 2 ids) between two good ones */
+  static uint64_t knn[NQ];
+  for (int i = 0; i < NQ; i++) knn[i] = SINK + (uint64_t)i;
+  ok(ra_remote_build_index_start(r, 0, 0, qs, NQ, NULL, 0, &err), &err);
+  ok(ra_remote_build_index_start(r, 0, 1, qs, NQ, knn, 1, &err), &err);
+  ok(ra_remote_build_index_start(r, 0, 2, qs, NQ, NULL, 0, &err), &err);
+  assert_int_equal(ra_remote_build_index_wait(r, &err), RA_EINVAL);
+  print_message("refused build: %s\n", err.msg);
+  assert_non_null(strstr(err.msg, "at least 2"));
+  assert_int_equal(ra_remote_attend(r, 1, q, o, m, l, &st, &err), RA_ESTATE);
+  ra_remote_close(r);
+  fixture_stop(&f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_full_mode_matches_direct_attention_through_decode),
       cmocka_unit_test(test_flat_with_k_covering_everything_equals_full),
+      cmocka_unit_test(test_builds_in_flight_together_and_a_refused_one_is_reported),
       cmocka_unit_test(test_store_killed_mid_decode_fails_fast_and_names_it),
       cmocka_unit_test(test_unreachable_store_is_named_at_open),
   };
