@@ -9,11 +9,12 @@
 
 #define KVC_DEFAULT_CHUNK (4u << 20)
 #define KVC_DEFAULT_TIMEOUT_MS 30000
+#define KVC_DEFAULT_BUILD_TIMEOUT_MS (30 * 60 * 1000)
 
 struct ra_kvclient {
   ra_rpc_channel *ch;
   size_t chunk_bytes;
-  int timeout_ms;
+  int timeout_ms, build_timeout_ms;
   ra_buf tx, rx;
 };
 
@@ -58,6 +59,7 @@ int ra_kvclient_connect(const char *addr, const ra_kvclient_options *opt, ra_kvc
   }
   c->chunk_bytes = o.chunk_bytes ? o.chunk_bytes : KVC_DEFAULT_CHUNK;
   c->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : KVC_DEFAULT_TIMEOUT_MS;
+  c->build_timeout_ms = o.build_timeout_ms > 0 ? o.build_timeout_ms : KVC_DEFAULT_BUILD_TIMEOUT_MS;
   *out = c;
   return RA_OK;
 }
@@ -221,7 +223,8 @@ int ra_kvclient_build_index_start(ra_kvclient *c, const ra_kvclient_session *s, 
   /* the request is packed into the client's buffer only for the send, which copies it */
   int rc = pack(&req.base, &c->tx, err);
   if (rc == RA_OK)
-    rc = ra_rpc_unary_start(c->ch, "/rakv.KvStore/BuildIndex", c->tx.data, c->tx.len, c->timeout_ms, &b->call, err);
+    rc = ra_rpc_unary_start(c->ch, "/rakv.KvStore/BuildIndex", c->tx.data, c->tx.len, c->build_timeout_ms, &b->call,
+                            err);
   if (rc) {
     free(b);
     return rc;

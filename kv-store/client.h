@@ -32,6 +32,7 @@ typedef struct ra_kvclient_options {
   size_t max_message_bytes; /* channel limit; 0: 64 MiB (the store's default) */
   size_t chunk_bytes;       /* PutKv chunk size, keys + values; 0: 4 MiB */
   int timeout_ms;           /* unary calls; 0: 30 s */
+  int build_timeout_ms;     /* BuildIndex, which takes seconds to minutes per head; 0: 30 min */
 } ra_kvclient_options;
 
 typedef struct ra_kvclient_geometry {

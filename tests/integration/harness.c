@@ -15,6 +15,30 @@ extern char **environ;
 #define HARNESS_MAX_ARGS 32
 #define HARNESS_START_MS 10000
 
+/* Stores still running when the test process exits (a failed assertion jumps past the stop):
+ * killed at exit, or they would keep the test's output pipe open and ctest would wait on it. */
+enum { MAX_LIVE = 64 };
+static pid_t live[MAX_LIVE];
+
+static void kill_live(void) {
+  for (int i = 0; i < MAX_LIVE; i++)
+    if (live[i] > 0) {
+      kill(live[i], SIGKILL);
+      waitpid(live[i], NULL, 0);
+      live[i] = 0;
+    }
+}
+
+static void track(pid_t pid, int on) {
+  static int registered;
+  if (!registered) registered = atexit(kill_live) == 0;
+  for (int i = 0; i < MAX_LIVE; i++)
+    if (on ? live[i] == 0 : live[i] == pid) {
+      live[i] = on ? pid : 0;
+      return;
+    }
+}
+
 static void sleep_ms(int ms) {
   struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
   nanosleep(&ts, NULL);
@@ -61,11 +85,13 @@ int harness_store_start(harness_store *s, const char *const *extra_args) {
     fprintf(stderr, "harness: cannot spawn %s: %s\n", bin, strerror(rc));
     return -1;
   }
+  track(s->pid, 1);
   for (int waited = 0; waited < HARNESS_START_MS; waited += 10) {
     if (read_ready(s)) return 0;
     int status;
     if (waitpid(s->pid, &status, WNOHANG) == s->pid) {
       fprintf(stderr, "harness: kv-store exited before it was ready (status %d)\n", status);
+      track(s->pid, 0);
       s->pid = 0;
       return -1;
     }
@@ -74,6 +100,7 @@ int harness_store_start(harness_store *s, const char *const *extra_args) {
   fprintf(stderr, "harness: kv-store not ready after %d ms\n", HARNESS_START_MS);
   kill(s->pid, SIGKILL);
   waitpid(s->pid, NULL, 0);
+  track(s->pid, 0);
   s->pid = 0;
   return -1;
 }
@@ -97,6 +124,7 @@ int harness_store_stop(harness_store *s, int timeout_ms) {
     sleep_ms(10);
   }
   unlink(s->ready_file);
+  track(s->pid, 0);
   s->pid = 0;
   return result;
 }

@@ -215,15 +215,15 @@ static void test_builds_in_flight_together_and_a_refused_one_is_reported(void **
   ra_remote_config cfg = {.dtype = RA_DTYPE_F16, .mode = RA_KVCLIENT_ROAR, .top_k = 50};
   ok(ra_remote_open(&f.plan, HD, &cfg, &r, &err), &err);
   prefill(r, &f, N_TOKENS);
-  enum { NQ = 64 };
+  enum { NQ = 32 };
   static float qs[NQ * HD];
-  for (uint32_t layer = 0; layer < N_LAYERS; layer++)
-    for (uint32_t h = 0; h < N_Q; h++) {
-      /* the kv head's own keys as queries: the stores compute their top lists */
-      const float *k = kvdata_k(&f.d, layer, h / (N_Q / N_KV));
-      for (int i = 0; i < NQ; i++) memcpy(qs + i * HD, k + (size_t)(SINK + 37 * i + h) * HD, HD * sizeof(float));
-      ok(ra_remote_build_index_start(r, layer, h, qs, NQ, NULL, 0, &err), &err);
-    }
+  /* layer 1's heads: the kv head split by token range makes two stores build one head */
+  for (uint32_t h = 0; h < N_Q; h++) {
+    /* the kv head's own keys as queries: the stores compute their top lists */
+    const float *k = kvdata_k(&f.d, 1, h / (N_Q / N_KV));
+    for (int i = 0; i < NQ; i++) memcpy(qs + i * HD, k + (size_t)(SINK + 37 * i + h) * HD, HD * sizeof(float));
+    ok(ra_remote_build_index_start(r, 1, h, qs, NQ, NULL, 0, &err), &err);
+  }
   ok(ra_remote_build_index_wait(r, &err), &err);
   float q[N_Q * HD], o[N_Q * HD], m[N_Q], l[N_Q];
   for (int i = 0; i < N_Q * HD; i++) q[i] = (float)sin((double)i) * 0.7f;
@@ -233,12 +233,12 @@ static void test_builds_in_flight_together_and_a_refused_one_is_reported(void **
                 (unsigned long long)st.n_keys);
   assert_true(st.n_scanned > 0 && st.n_scanned < st.n_keys);
 
-  /* one refused build (a roar knn list needs >= 2 ids) between two good ones */
-  static uint64_t knn[NQ];
-  for (int i = 0; i < NQ; i++) knn[i] = SINK + (uint64_t)i;
-  ok(ra_remote_build_index_start(r, 0, 0, qs, NQ, NULL, 0, &err), &err);
+  /* two refused builds (a roar knn list needs >= 2 ids) and a good one */
+  static uint64_t knn[2 * NQ];
+  for (int i = 0; i < 2 * NQ; i++) knn[i] = SINK + (uint64_t)i;
+  ok(ra_remote_build_index_start(r, 0, 0, qs, NQ, knn, 1, &err), &err);
   ok(ra_remote_build_index_start(r, 0, 1, qs, NQ, knn, 1, &err), &err);
-  ok(ra_remote_build_index_start(r, 0, 2, qs, NQ, NULL, 0, &err), &err);
+  ok(ra_remote_build_index_start(r, 0, 2, qs, NQ, knn, 2, &err), &err);
   assert_int_equal(ra_remote_build_index_wait(r, &err), RA_EINVAL);
   print_message("refused build: %s\n", err.msg);
   assert_non_null(strstr(err.msg, "at least 2"));
