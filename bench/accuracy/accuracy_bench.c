@@ -15,7 +15,7 @@ static void usage(FILE *f) {
   fputs("usage: accuracy-bench --model M.gguf --out DIR [options]\n"
         "  --backend cpu|cuda (cpu)   --threads N (0: all cores)\n"
         "  --stores HOST:PORT,... | --shard-map FILE   (needed by flat, ivf, kgraph, roar)\n"
-        "  --tasks all|NAME,...       niah_single_number niah_single_word niah_single_uuid niah_multikey\n"
+        "  --tasks all|none|NAME,...  (none: text fidelity only) niah_single_number niah_single_word niah_single_uuid niah_multikey\n"
         "                             niah_multivalue niah_multiquery passkey kv_retrieval variable_tracking\n"
         "                             common_words (default all)\n"
         "  --lengths N,... (1024,2048,4096,8192)   --depths D,... in [0,1] (0,0.25,0.5,0.75,1)\n"
@@ -28,6 +28,7 @@ static void usage(FILE *f) {
         "  --print-prompts 1          print every sample's prompt and expected values, run nothing\n"
         "  --report-from FILE.jsonl   only the reports, from the samples.jsonl of an earlier or interrupted run\n"
         "                             (give the run's --tasks, --lengths, --depths and --modes)\n"
+        "  --fidelity-from FILE.json  with --report-from: the fidelity.json of a run, into the summary\n"
         "writes DIR/samples.jsonl, DIR/summary.md, DIR/fidelity.json, DIR/heatmap_<mode>.png\n",
         f);
 }
@@ -108,7 +109,7 @@ static int print_samples(const ra_tokenizer *tok, const ra_acc_corpus *corpus, c
 
 int main(int argc, char **argv) {
   const char *model = NULL, *out = NULL, *backend = "cpu", *stores = NULL, *shard_map = NULL;
-  const char *corpus_dir = "/usr/share/common-licenses", *report_from = NULL;
+  const char *corpus_dir = "/usr/share/common-licenses", *report_from = NULL, *fidelity_from = NULL;
   uint32_t threads = 0, fid_prompt = 2048, fid_forced = 64, samples = 1, print_prompts = 0;
   unsigned long long seed = 1;
   ra_acc_config cfg = {0};
@@ -150,12 +151,14 @@ int main(int argc, char **argv) {
     else if (strcmp(a, "--shard-map") == 0) shard_map = v;
     else if (strcmp(a, "--corpus") == 0) corpus_dir = v;
     else if (strcmp(a, "--report-from") == 0) report_from = v;
+    else if (strcmp(a, "--fidelity-from") == 0) fidelity_from = v;
     else if (strcmp(a, "--seed") == 0) {
       char *e;
       seed = strtoull(v, &e, 10);
       if (*e || v[0] == '-') return bad("--seed: not a non-negative integer: %s", v);
     } else if (strcmp(a, "--tasks") == 0) {
-      if (strcmp(v, "all") != 0 && (cfg.n_tasks = split(v, RA_ACC_N_TASKS, parse_task, cfg.tasks)) < 1)
+      if (strcmp(v, "none") == 0) cfg.n_tasks = 0;
+      else if (strcmp(v, "all") != 0 && (cfg.n_tasks = split(v, RA_ACC_N_TASKS, parse_task, cfg.tasks)) < 1)
         return bad("--tasks: unknown task in %s", v);
     } else if (strcmp(a, "--lengths") == 0) {
       if ((cfg.n_lengths = split(v, RA_ACC_MAX_AXIS, parse_len, cfg.lengths)) < 1)
@@ -175,6 +178,8 @@ int main(int argc, char **argv) {
   int need_stores = 0;
   for (int i = 1; i < cfg.n_modes; i++) need_stores |= cfg.modes[i] != RA_ATTN_STREAMING;
   if (report_from) need_stores = 0;
+  if (fidelity_from && !report_from) return bad("--fidelity-from goes with --report-from");
+  if (report_from && cfg.n_tasks == 0) return bad("--report-from needs the run's --tasks");
   if (need_stores && !stores && !shard_map && !print_prompts) return bad("modes flat, ivf, kgraph, roar need --stores or --shard-map");
   if (stores && shard_map) return bad("give --stores or --shard-map, not both");
   if (cfg.off.n_window < 1) return bad("--window must be >= 1");
@@ -220,12 +225,16 @@ int main(int argc, char **argv) {
     /* the reports of an earlier (or interrupted) run: nothing runs */
     if (rc == RA_OK) rc = ra_acc_results_read(report_from, &cfg, &res, &err);
     fid_prompt = 0;
+    if (rc == RA_OK && fidelity_from) {
+      rc = ra_acc_fidelity_read(fidelity_from, &cfg, m->cfg.n_layers, fid, &fid_prompt, &fid_forced, &err);
+      n_fid = cfg.n_modes - 1;
+    }
   } else if (rc == RA_OK && !(cfg.jsonl = fopen(path, "w"))) {
     rc = ra_errorf(&err, RA_EIO, "cannot write %s", path);
   }
   cfg.log = stderr;
   if (rc == RA_OK && cfg.n_tasks > 0 && !report_from) rc = ra_acc_run(m, tok, &corpus, &cfg, &res, &err);
-  if (rc == RA_OK && fid_prompt > 0 && cfg.n_modes > 1) {
+  if (rc == RA_OK && !report_from && fid_prompt > 0 && cfg.n_modes > 1) {
     /* the prose corpus from its start: the license texts as running text */
     int32_t *ids = NULL;
     size_t n = 0, len = 0;
@@ -244,7 +253,7 @@ int main(int argc, char **argv) {
     }
     free(ids);
   }
-  if (rc == RA_OK && n_fid > 0) {
+  if (rc == RA_OK && n_fid > 0 && !report_from) {
     snprintf(path, sizeof path, "%s/fidelity.json", out);
     FILE *f = fopen(path, "w");
     if (!f) rc = ra_errorf(&err, RA_EIO, "cannot write %s", path);

@@ -381,3 +381,67 @@ int ra_acc_fidelity_run(const ra_model *m, const ra_acc_config *cfg, const int32
   free(row);
   return rc;
 }
+
+int ra_acc_fidelity_read(const char *path, const ra_acc_config *cfg, int n_layers, ra_acc_fidelity *out,
+                         uint32_t *prompt, uint32_t *forced, ra_error *err) {
+  FILE *f = fopen(path, "r");
+  if (!f) return ra_errorf(err, RA_EIO, "cannot read %s: %s", path, strerror(errno));
+  char *text = NULL;
+  size_t cap = 0, len = 0, got;
+  char buf[65536];
+  int rc = RA_OK;
+  while (rc == RA_OK && (got = fread(buf, 1, sizeof buf, f)) > 0) {
+    if (len + got + 1 > cap) {
+      size_t ncap = 2 * (len + got + 1);
+      char *t = realloc(text, ncap);
+      if (!t) rc = ra_errorf(err, RA_ENOMEM, "out of memory reading %s", path);
+      else {
+        text = t;
+        cap = ncap;
+      }
+    }
+    if (rc == RA_OK) {
+      memcpy(text + len, buf, got);
+      len += got;
+    }
+  }
+  fclose(f);
+  ra_json *root = NULL;
+  if (rc == RA_OK) rc = ra_json_parse(text ? text : "", len, &root, err);
+  free(text);
+  if (rc == RA_OK && root->type != RA_JSON_ARRAY) rc = ra_errorf(err, RA_EFORMAT, "not a JSON array");
+  for (int i = 1; rc == RA_OK && i < cfg->n_modes; i++) {
+    const char *name = ra_attn_mode_name(cfg->modes[i]);
+    const ra_json *e = NULL;
+    for (size_t j = 0; j < root->n && !e; j++) {
+      const char *m;
+      if (!ra_json_get_str(&root->items[j], "mode", &m) && strcmp(m, name) == 0) e = &root->items[j];
+    }
+    const ra_json *att = e ? ra_json_get(e, "att_rel") : NULL;
+    double p, fo, t1, kl;
+    if (!e || ra_json_get_num(e, "prompt", &p) || ra_json_get_num(e, "forced", &fo) ||
+        ra_json_get_num(e, "top1", &t1) || ra_json_get_num(e, "kl_mean", &kl) || !att ||
+        att->type != RA_JSON_ARRAY) {
+      rc = ra_errorf(err, RA_EINVAL, "no complete entry for mode %s", name);
+      break;
+    }
+    if (att->n != (size_t)n_layers) {
+      rc = ra_errorf(err, RA_EINVAL, "mode %s: %zu layers of attention error, the model has %d", name, att->n,
+                     n_layers);
+      break;
+    }
+    ra_acc_fidelity *fd = &out[i - 1];
+    *fd = (ra_acc_fidelity){.mode = cfg->modes[i], .positions = (int)fo, .top1 = t1, .kl_mean = kl,
+                            .n_layers = n_layers};
+    if (!(fd->att_rel = malloc((size_t)n_layers * sizeof(double)))) {
+      rc = ra_errorf(err, RA_ENOMEM, "out of memory");
+      break;
+    }
+    for (int l = 0; l < n_layers; l++) fd->att_rel[l] = att->items[l].num;
+    *prompt = (uint32_t)p;
+    *forced = (uint32_t)fo;
+  }
+  ra_json_free(root);
+  if (rc) ra_error_wrap(err, "%s", path);
+  return rc;
+}

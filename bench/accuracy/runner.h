@@ -90,6 +90,11 @@ typedef struct ra_acc_fidelity {
 int ra_acc_fidelity_run(const ra_model *m, const ra_acc_config *cfg, const int32_t *ids, int n_prompt, int n_forced,
                         ra_acc_fidelity *out, ra_error *err);
 void ra_acc_fidelity_free(ra_acc_fidelity *f);
+/* Reads a fidelity.json (as accuracy-bench writes it) into out [cfg->n_modes - 1], in cfg's mode
+ * order after full; *prompt and *forced from its entries. A mode of cfg missing from the file,
+ * or of another layer count, is an error. */
+int ra_acc_fidelity_read(const char *path, const ra_acc_config *cfg, int n_layers, ra_acc_fidelity *out,
+                         uint32_t *prompt, uint32_t *forced, ra_error *err);
 
 /* KL(p || q) of two logit vectors and whether their argmax agree. */
 double ra_acc_kl_logits(const float *p_logits, const float *q_logits, int vocab, int *same_top1);

@@ -55,6 +55,7 @@ typedef struct {
   double bytes_per_key;
   curve c[N_CURVES];
   double lat_p50_us, lat_p99_us, lat_scanned, lat_recall;
+  uint32_t lat_ef;
   ra_index_graph_stats gs;
 } result;
 
@@ -103,7 +104,7 @@ static void usage(void) {
   fprintf(stderr,
           "usage: index-bench --qk DIR --json FILE [--layers 0,2-4] [--heads 0-8]\n"
           "  [--kinds flat,ivf,kgraph,roar,roar-kv,roar-ins] [--eval N (200)] [--kk N (200)]\n"
-          "  [--threads N] [--latency] [--latency-ef L (default search ef)]\n"
+          "  [--threads N] [--latency] [--latency-ef L (default: smallest ef reaching recall 0.95)]\n"
           "  [--insert-frac F (0.1)] [--M M] [--nq NQ] [--build-ef L] [--sample F] [--n-lists N]\n"
           "  [--pivots P]\n");
 }
@@ -379,8 +380,6 @@ static void write_json(const opts *o, const ra_qk_meta *m, head_result *hr, int 
   }
   ra_index_params pr;
   params_for(o, RA_INDEX_ROAR, &pr);
-  ra_search_params sd;
-  ra_search_params_default(RA_INDEX_ROAR, &sd);
   fprintf(f, "{\n  \"dump\": {\"dir\": \"%s\", \"model\": \"%s\", \"n_tokens\": %u, \"n_decode\": %u, "
              "\"head_dim\": %d, \"q_heads\": %d, \"kv_heads\": %d},\n",
           o->qk, m->model, m->n_tokens, m->n_decode, m->head_dim, m->q_heads, m->kv_heads);
@@ -390,7 +389,7 @@ static void write_json(const opts *o, const ra_qk_meta *m, head_result *hr, int 
              "\"query_sample\": %.3f, \"pivots\": %u}, \"latency_ef\": %u},\n",
           SINK, WINDOW, o->n_eval, o->n_kk, o->threads ? o->threads : omp_get_max_threads(),
           ra_vec_kernel_name(), (double)o->insert_frac, pr.degree, pr.build_ef, pr.knn_nq,
-          (double)pr.query_sample, pr.pivots, o->lat_ef ? o->lat_ef : sd.ef);
+          (double)pr.query_sample, pr.pivots, o->lat_ef);
   /* Summary: per kind, median and worst head of the scan needed for recall@100 >= 0.95. */
   fprintf(f, "  \"summary\": {\n");
   int first = 1;
@@ -438,9 +437,9 @@ static void write_json(const opts *o, const ra_qk_meta *m, head_result *hr, int 
               f1 ? "" : ",\n", kind_names[k], r->build_s, r->bytes, r->bytes_per_key,
               r->gs.mean_degree, r->gs.n_pivots, r->gs.n_repaired);
       if (r->lat_p50_us > 0)
-        fprintf(f, ", \"latency_us_p50\": %.1f, \"latency_us_p99\": %.1f, \"latency_scanned_frac\": %.5f, "
-                   "\"latency_recall100\": %.4f",
-                r->lat_p50_us, r->lat_p99_us, r->lat_scanned, r->lat_recall);
+        fprintf(f, ", \"latency_ef\": %u, \"latency_us_p50\": %.1f, \"latency_us_p99\": %.1f, "
+                   "\"latency_scanned_frac\": %.5f, \"latency_recall100\": %.4f",
+                r->lat_ef, r->lat_p50_us, r->lat_p99_us, r->lat_scanned, r->lat_recall);
       for (int c = 0; c < N_CURVES; c++) {
         if (!r->c[c].n) continue;
         fprintf(f, ",\n        \"%s\": ", curve_names[c]);
@@ -690,9 +689,16 @@ int main(int argc, char **argv) {
         sweep(ix, kind, &keys, &qs100, k_large, threads, &r->c[C_Q2000]);
         sweep(ix, kind, &keys, &kks, 100, threads, &r->c[C_K100]);
         if (o.latency && k == K_ROAR) {
+          /* The operating point: the smallest swept ef with recall@100 >= 0.95 (the store's
+           * default ef if none reaches it), unless --latency-ef names one. */
           ra_search_params sd;
           ra_search_params_default(RA_INDEX_ROAR, &sd);
-          measure_latency(ix, &keys, &qs100, o.lat_ef ? o.lat_ef : sd.ef, r);
+          uint32_t ef = sd.ef;
+          const curve *c = &r->c[C_Q100];
+          for (uint32_t i = c->n; i-- > 0;)
+            if (c->recall[i] >= 0.95) ef = c->param[i];
+          r->lat_ef = o.lat_ef ? o.lat_ef : ef;
+          measure_latency(ix, &keys, &qs100, r->lat_ef, r);
         }
         printf("  L%d H%d %-8s build %6.2fs %6.1f B/key  Q->K@100 95%%: %7.3f%% scanned, "
                "r@1%%=%.3f r@3%%=%.3f | @2000 95%%: %7.3f%% | K->K@100 95%%: %7.3f%%",
@@ -700,7 +706,8 @@ int main(int argc, char **argv) {
                recall_at(&r->c[C_Q100], 0.01), recall_at(&r->c[C_Q100], 0.03),
                100 * scan_at(&r->c[C_Q2000], 0.95), 100 * scan_at(&r->c[C_K100], 0.95));
         if (r->lat_p50_us > 0)
-          printf("  latency p50 %.0fus p99 %.0fus (recall %.3f, %.2f%% scanned)", r->lat_p50_us,
+          printf("  latency ef %u p50 %.0fus p99 %.0fus (recall %.3f, %.2f%% scanned)", r->lat_ef,
+                 r->lat_p50_us,
                  r->lat_p99_us, r->lat_recall, 100 * r->lat_scanned);
         printf("\n");
         fflush(stdout);

@@ -3,6 +3,7 @@
 #include "index_internal.h"
 #include "vec.h"
 
+#include <cblas.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,7 @@ void ra_graph_free(ra_graph *g) {
   free(g->npin);
   free(g->hn);
   free(g->qm);
+  free(g->mk);
   memset(g, 0, sizeof *g);
 }
 
@@ -81,9 +83,46 @@ int ra_graph_set_metric(ra_graph *g, const float *C, int dim) {
 void ra_graph_work_bind(ra_graph_work *w, const ra_graph *g) {
   w->hn = g->hn;
   w->qm = g->qm;
+  w->mk = g->mk;
+}
+
+int ra_graph_cache_metric(ra_graph *g, const ra_keys *keys) {
+  const size_t d = (size_t)keys->dim, n = g->n, block = 4096;
+  free(g->mk);
+  g->mk = malloc((n ? n : 1) * d * sizeof *g->mk);
+  float *x = g->qm ? malloc(block * d * sizeof *x) : NULL;
+  if (!g->mk || (g->qm && !x)) {
+    free(g->mk);
+    g->mk = NULL;
+    return RA_ENOMEM;
+  }
+  size_t rb = ra_dtype_size(keys->dtype) * d;
+  for (size_t r0 = 0; r0 < n; r0 += block) {
+    size_t nb = n - r0 < block ? n - r0 : block;
+    const char *src = (const char *)keys->rows + r0 * rb;
+    if (!g->qm) {
+      ra_dtype_to_fp32_n(keys->dtype, src, g->mk + r0 * d, nb * d);
+      continue;
+    }
+    /* mk[r0:r0+nb] = x C^T (C is symmetric: rows of mk are C·key). */
+    ra_dtype_to_fp32_n(keys->dtype, src, x, nb * d);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, (int)d, (int)d, 1.0f, x,
+                (int)d, g->qm, (int)d, 0.0f, g->mk + r0 * d, (int)d);
+  }
+  free(x);
+  return RA_OK;
+}
+
+void ra_graph_uncache_metric(ra_graph *g) {
+  free(g->mk);
+  g->mk = NULL;
 }
 
 void ra_graph_key_to_metric(const ra_keys *keys, uint32_t id, const ra_graph_work *w, float *out) {
+  if (w->mk) {
+    memcpy(out, w->mk + (size_t)id * keys->dim, (size_t)keys->dim * sizeof *out);
+    return;
+  }
   if (!w->qm) {
     ra_graph_key_to_f32(keys, id, out);
     return;
@@ -455,23 +494,26 @@ static void attach_pinned(ra_graph *g, const ra_keys *keys, uint32_t p, uint32_t
   pin_edge(g, p, np + worst);
 }
 
-/* Links u given its beam-search results res (reachable nodes, best first): pinned parent, pruned
- * out-edges (u's current unpinned edges plus res), reverse edges. in_tree NULL = every node other
- * than u is in the tree. */
-static void link_node(ra_graph *g, const ra_keys *keys, uint32_t u, const uint32_t *res,
-                      uint32_t n_res, const uint8_t *in_tree, ra_graph_work *w) {
+/* Pins an edge to u from the first result that is in the tree and has pin room (any tree node
+ * with room if none does: the tree has n - 1 pinned edges over n nodes of room pc >= 1 each).
+ * in_tree NULL = every node other than u is in the tree. */
+static void attach_parent(ra_graph *g, const ra_keys *keys, uint32_t u, const uint32_t *res,
+                          uint32_t n_res, const uint8_t *in_tree, ra_graph_work *w) {
   const uint32_t pc = pin_cap(g);
   uint32_t parent = UINT32_MAX;
   for (uint32_t i = 0; i < n_res && parent == UINT32_MAX; i++) {
     uint32_t v = res[i];
     if (v != u && (!in_tree || in_tree[v]) && g->npin[v] < pc) parent = v;
   }
-  /* Every result can be out of pin room; the tree then still has some node with room: n - 1
-   * pinned edges over n nodes of room pc >= 1 each. */
   for (uint32_t v = 0; v < g->n && parent == UINT32_MAX; v++)
     if (v != u && (!in_tree || in_tree[v]) && g->npin[v] < pc) parent = v;
   if (parent != UINT32_MAX) attach_pinned(g, keys, parent, u, w);
+}
 
+/* u's unpinned out-edges re-chosen from its current ones plus res (pruned, filled). Writes row u
+ * only. */
+static void relink_row(ra_graph *g, const ra_keys *keys, uint32_t u, const uint32_t *res,
+                       uint32_t n_res, ra_graph_work *w) {
   uint32_t ep = mark_begin(w), m = 0, *row = row_of(g, u), np = g->npin[u];
   w->mark[u] = ep;
   for (uint32_t j = 0; j < np; j++) w->mark[row[j]] = ep;
@@ -488,10 +530,54 @@ static void link_node(ra_graph *g, const ra_keys *keys, uint32_t u, const uint32
   ra_graph_rank_cands(keys, u, m, w);
   uint32_t ns = ra_graph_prune(keys, w->cand, m, g->M - np, 1, w);
   ra_graph_set_row(g, u, w->sel, ns);
+}
+
+/* Adds the edges v -> src[0..n) at once: appended while the row has room, else one re-pruning of
+ * v's unpinned edges plus the new ones (pinned edges stay). Writes row v only. */
+static void add_edges(ra_graph *g, const ra_keys *keys, uint32_t v, const uint32_t *src,
+                      uint32_t n, ra_graph_work *w) {
+  uint32_t *row = row_of(g, v), d = g->deg[v], np = g->npin[v];
+  uint32_t ep = mark_begin(w), m = 0;
+  w->mark[v] = ep;
+  for (uint32_t j = 0; j < d; j++) w->mark[row[j]] = ep;
+  for (uint32_t i = 0; i < n; i++)
+    if (w->mark[src[i]] != ep) {
+      w->mark[src[i]] = ep;
+      w->ids[m++] = src[i];
+    }
+  if (d + m <= g->M) {
+    memcpy(row + d, w->ids, (size_t)m * sizeof *row);
+    g->deg[v] = (uint16_t)(d + m);
+    return;
+  }
+  memmove(w->ids + (d - np), w->ids, (size_t)m * sizeof *w->ids);
+  memcpy(w->ids, row + np, (size_t)(d - np) * sizeof *w->ids);
+  ra_graph_rank_cands(keys, v, d - np + m, w);
+  uint32_t ns = ra_graph_prune(keys, w->cand, d - np + m, g->M - np, 1, w);
+  ra_graph_set_row(g, v, w->sel, ns);
+}
+
+/* Links u given its beam-search results res (reachable nodes, best first): pinned parent, pruned
+ * out-edges (u's current unpinned edges plus res), reverse edges. */
+static void link_node(ra_graph *g, const ra_keys *keys, uint32_t u, const uint32_t *res,
+                      uint32_t n_res, ra_graph_work *w) {
+  attach_parent(g, keys, u, res, n_res, NULL, w);
+  relink_row(g, keys, u, res, n_res, w);
   /* add_edge reuses w->sel: walk a copy of the new row. */
-  uint32_t d = g->deg[u];
+  uint32_t d = g->deg[u], *row = row_of(g, u);
   memcpy(w->res_id, row, (size_t)d * sizeof *row);
   for (uint32_t j = 0; j < d; j++) ra_graph_add_edge(g, keys, w->res_id[j], u, w);
+}
+
+/* Reverse-edge requests (target row v gets an edge to u), ordered by v then u. */
+typedef struct rev_pair {
+  uint32_t v, u;
+} rev_pair;
+
+static int rev_cmp(const void *a, const void *b) {
+  const rev_pair *x = a, *y = b;
+  if (x->v != y->v) return x->v < y->v ? -1 : 1;
+  return x->u < y->u ? -1 : x->u > y->u;
 }
 
 int ra_graph_connect(ra_graph *g, const ra_keys *keys, uint32_t L, int n_threads, ra_error *err) {
@@ -506,10 +592,13 @@ int ra_graph_connect(ra_graph *g, const ra_keys *keys, uint32_t L, int n_threads
   if (L < g->M) L = g->M;
   uint32_t *res = malloc((size_t)batch * L * sizeof *res);
   uint32_t *res_n = malloc((size_t)batch * sizeof *res_n);
-  if (!in_tree || !queue || !works || !res || !res_n) goto nomem;
+  rev_pair *pairs = malloc((size_t)batch * g->M * sizeof *pairs);
+  uint32_t *grp = malloc(((size_t)batch * g->M + 1) * sizeof *grp);
+  uint32_t *src = malloc((size_t)batch * g->M * sizeof *src);
+  if (!in_tree || !queue || !works || !res || !res_n || !pairs || !grp || !src) goto nomem;
   for (int t = 0; t < nt; t++)
     if (ra_graph_work_init(&works[t], keys->dim, g->M) ||
-        ra_graph_work_reserve(&works[t], g->M + L + 1, n, L))
+        ra_graph_work_reserve(&works[t], g->M + (L > batch ? L : batch) + 1, n, L))
       goto nomem;
     else
       ra_graph_work_bind(&works[t], g);
@@ -537,10 +626,13 @@ int ra_graph_connect(ra_graph *g, const ra_keys *keys, uint32_t L, int n_threads
     if (!in_tree[u]) queue[n_un++] = u;
   g->n_repaired = n_un;
 
+  /* A batch is searched in parallel against the graph as the previous batches left it (none of
+   * its nodes is reachable yet, so no search finds another), then linked in phases that each
+   * write disjoint rows: parents pinned (serially: pin room is shared), each node's own row (in
+   * parallel), and the reverse edges grouped by target row (in parallel, one re-pruning per row).
+   * Every phase's result is independent of the thread count. */
   for (uint32_t b0 = 0; b0 < n_un; b0 += batch) {
     uint32_t nb = n_un - b0 < batch ? n_un - b0 : batch;
-    /* Searches of a batch read the graph as the previous batches left it; links are applied
-     * afterwards, one node at a time in id order, so the result does not depend on threads. */
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 4)
     for (uint32_t i = 0; i < nb; i++) {
       ra_graph_work *w = &works[omp_get_thread_num()];
@@ -548,11 +640,29 @@ int ra_graph_connect(ra_graph *g, const ra_keys *keys, uint32_t L, int n_threads
       ra_graph_search(g, keys, w->vec, L, L, &w->sc, res + (size_t)i * L, w->res_sc, &res_n[i],
                       NULL);
     }
+    for (uint32_t i = 0; i < nb; i++)
+      attach_parent(g, keys, queue[b0 + i], res + (size_t)i * L, res_n[i], in_tree, &works[0]);
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 4)
+    for (uint32_t i = 0; i < nb; i++)
+      relink_row(g, keys, queue[b0 + i], res + (size_t)i * L, res_n[i],
+                 &works[omp_get_thread_num()]);
+    uint32_t np = 0;
     for (uint32_t i = 0; i < nb; i++) {
-      uint32_t u = queue[b0 + i];
-      link_node(g, keys, u, res + (size_t)i * L, res_n[i], in_tree, &works[0]);
-      in_tree[u] = 1;
+      uint32_t u = queue[b0 + i], *row = row_of(g, u);
+      for (uint32_t j = 0; j < g->deg[u]; j++) pairs[np++] = (rev_pair){row[j], u};
     }
+    qsort(pairs, np, sizeof *pairs, rev_cmp);
+    uint32_t ng = 0;
+    for (uint32_t i = 0; i < np; i++) {
+      src[i] = pairs[i].u;
+      if (i == 0 || pairs[i].v != pairs[i - 1].v) grp[ng++] = i;
+    }
+    grp[ng] = np;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 4)
+    for (uint32_t e = 0; e < ng; e++)
+      add_edges(g, keys, pairs[grp[e]].v, src + grp[e], grp[e + 1] - grp[e],
+                &works[omp_get_thread_num()]);
+    for (uint32_t i = 0; i < nb; i++) in_tree[queue[b0 + i]] = 1;
   }
   goto done;
 nomem:
@@ -561,6 +671,9 @@ done:
   if (works)
     for (int t = 0; t < nt; t++) ra_graph_work_free(&works[t]);
   free(works);
+  free(pairs);
+  free(grp);
+  free(src);
   free(res);
   free(res_n);
   free(queue);
@@ -582,7 +695,7 @@ void ra_graph_insert(ra_graph *g, const ra_keys *keys, uint32_t id, uint32_t L, 
   ra_graph_key_to_metric(keys, id, w, w->vec);
   ra_graph_search(g, keys, w->vec, L, L, &w->sc, w->res_id, w->res_sc, &n_res, NULL);
   /* link_node reads res_id before it reuses that buffer for the new row. */
-  link_node(g, keys, id, w->res_id, n_res, NULL, w);
+  link_node(g, keys, id, w->res_id, n_res, w);
 }
 
 int ra_graph_check(const ra_graph *g, ra_error *err) {

@@ -25,6 +25,8 @@ typedef struct ra_graph {
   uint16_t *npin; /* [cap] pinned (spanning-tree) edges at the front of the row */
   float *hn;      /* [cap] |key|_C^2 / 2: pruning's key-key similarity is -|a - b|_C^2 / 2 */
   float *qm;      /* [dim, dim] C, the metric of key-key closeness; NULL = identity (plain L2) */
+  float *mk;      /* [n, dim] C·key of every node while a build runs (ra_graph_cache_metric), else
+                   * NULL: pruning maps each key many times, insertion once */
   int dim;
   uint32_t n_repaired;
 } ra_graph;
@@ -41,6 +43,7 @@ typedef struct ra_graph_work {
   uint32_t M;
   const float *hn; /* the graph's half squared norms and metric (ra_graph_work_bind) */
   const float *qm;
+  const float *mk;
   float *tmp;      /* [dim] */
   float *vec;      /* [dim] a key widened to fp32, used as a query */
   float *qvec;     /* [dim] the key being linked, kept while vec is reused by pruning */
@@ -65,6 +68,11 @@ void ra_graph_free(ra_graph *g);
  * |a - b|_C^2 = (a - b)^T C (a - b); roar passes the prefill queries' second moment E[q q^T], so
  * that |a - b|_C^2 = E_q[(q·a - q·b)^2]: two keys are close when queries score them alike. */
 int ra_graph_set_metric(ra_graph *g, const float *C, int dim);
+/* Fills g->mk for nodes [0, g->n) (one sgemm per block instead of a dim x dim product each time a
+ * key is pruned or linked); ra_graph_uncache_metric frees it when the build is done. Call it
+ * after ra_graph_set_metric and before binding works. 0 or RA_ENOMEM. */
+int ra_graph_cache_metric(ra_graph *g, const ra_keys *keys);
+void ra_graph_uncache_metric(ra_graph *g);
 /* hn[u] for nodes [from, to) from their keys. */
 void ra_graph_set_norms(ra_graph *g, const ra_keys *keys, uint32_t from, uint32_t to);
 /* Points w at g's norms and metric (again after g grows). */

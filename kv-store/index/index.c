@@ -125,7 +125,7 @@ size_t ra_index_estimate_bytes(const ra_index_params *p, uint32_t n_keys, int di
     size_t peak;
     if (p->kind == RA_INDEX_KGRAPH) {
       size_t lc = L < n ? L : n;
-      peak = n * d * 4 + n * lc * 8 + blocks + (size_t)512 * lc * 8;
+      peak = n * lc * 8 + blocks + (size_t)512 * lc * 8; /* knn of the cached fp32 keys */
     } else {
       size_t m = n_queries, nq = p->knn_nq < n ? p->knn_nq : n;
       /* keys fp32, sampled queries, their lists, sgemm block + heaps, pivot CSR, sample. */
@@ -136,7 +136,8 @@ size_t ra_index_estimate_bytes(const ra_index_params *p, uint32_t n_keys, int di
     size_t connect = n + n * 4 + (size_t)32 * nt * L * 4;
     size_t phase = peak > reverse ? peak : reverse;
     if (connect > phase) phase = connect;
-    total += graph + nt * work + phase + work; /* + the index's own insertion work */
+    size_t metric_cache = n * d * 4; /* graph.h's mk, alive for the whole build */
+    total += graph + metric_cache + nt * work + phase + work; /* + the index's insertion work */
   }
   return total;
 }

@@ -43,23 +43,25 @@ int ra_kgraph_build(ra_index *ix, const ra_keys *keys, ra_error *err) {
     free(g);
     return ra_errorf(err, RA_ENOMEM, "kgraph: out of memory for %u keys", n);
   }
-  float *x = NULL, *mean = NULL;
+  const float *x = NULL;
+  float *mean = NULL;
   uint32_t *lists = NULL;
   ra_graph_work *works = NULL;
   if (n <= 1) goto done_ok;
   uint32_t lc = ix->params.build_ef < n - 1 ? ix->params.build_ef : n - 1;
-  x = malloc((size_t)n * dim * sizeof *x);
+  /* Identity metric: the cache is the keys in fp32, which the key-key knn reads too. */
+  if (ra_graph_cache_metric(g, keys)) goto nomem;
+  x = g->mk;
   mean = malloc((size_t)dim * sizeof *mean);
   lists = malloc((size_t)n * lc * sizeof *lists);
   works = calloc((size_t)nt, sizeof *works);
-  if (!x || !mean || !lists || !works) goto nomem;
+  if (!mean || !lists || !works) goto nomem;
   for (int t = 0; t < nt; t++)
     if (ra_graph_work_init(&works[t], dim, M) || ra_graph_work_reserve(&works[t], lc, n, 1))
       goto nomem;
     else
       ra_graph_work_bind(&works[t], g);
   ra_graph_set_norms(g, keys, 0, n);
-  ra_dtype_to_fp32_n(keys->dtype, keys->rows, x, (size_t)n * dim);
   if ((rc = ra_knn_ip(x, n, dim, NULL, x, n, lc, 1, nt, lists, NULL, err))) goto fail;
 
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 64)
@@ -75,11 +77,10 @@ int ra_kgraph_build(ra_index *ix, const ra_keys *keys, ra_error *err) {
   free(works);
   works = NULL;
   free(lists);
-  free(x);
   lists = NULL;
-  x = NULL;
   if ((rc = ra_graph_add_reverse_edges(g, keys, nt, err))) goto fail;
   if ((rc = ra_graph_connect(g, keys, ix->params.build_ef, nt, err))) goto fail;
+  ra_graph_uncache_metric(g);
 done_ok:
   free(mean);
   ix->graph = g;
@@ -91,7 +92,6 @@ fail:
     for (int t = 0; t < nt; t++) ra_graph_work_free(&works[t]);
   free(works);
   free(lists);
-  free(x);
   free(mean);
   ra_graph_free(g);
   free(g);

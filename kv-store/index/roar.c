@@ -151,6 +151,7 @@ int ra_roar_build(ra_index *ix, const ra_keys *keys, const ra_queries *qs, ra_er
       for (uint32_t j = 0; j < ppq; j++) byp[fillp[lists[(size_t)i * stride + j]]++] = i;
     free(fillp);
   }
+  if (ra_graph_cache_metric(g, keys)) goto nomem;
   works = calloc((size_t)nt, sizeof *works);
   if (!works) goto nomem;
   uint64_t cand_max = (uint64_t)max_group * nq;
@@ -217,6 +218,7 @@ int ra_roar_build(ra_index *ix, const ra_keys *keys, const ra_queries *qs, ra_er
   own = off = byp = sel = NULL;
   if ((rc = ra_graph_add_reverse_edges(g, keys, nt, err))) goto fail;
   if ((rc = ra_graph_connect(g, keys, ix->params.build_ef, nt, err))) goto fail;
+  ra_graph_uncache_metric(g);
 done_ok:
   ix->graph = g;
   return RA_OK;

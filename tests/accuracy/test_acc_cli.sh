@@ -22,5 +22,7 @@ expect "need --stores" --model m --out o --modes full,roar
 expect "not a non-negative integer" --model m --out o --top-k -3
 expect "unknown option" --model m --out o --bogus 1
 expect "needs a value" --model m --out o --sink
+expect "goes with --report-from" --model m --out o --fidelity-from f.json
+expect "needs the run's --tasks" --model m --out o --report-from s.jsonl --tasks none
 "$bin" --help | grep -q "usage: accuracy-bench" || { echo "FAIL: --help"; fail=1; }
 exit $fail

@@ -21,6 +21,20 @@ case "$msg" in
   *"no result of mode roar"*) [ $rc -ne 0 ] || { echo "FAIL: exit 0 for a missing mode"; fail=1; } ;;
   *) echo "FAIL: '$msg'"; fail=1 ;;
 esac
+# --fidelity-from: a run's fidelity.json joins the rebuilt summary; one of another model is refused.
+att=$(seq -s, 30 | sed 's/[0-9]*/0.01/g')
+echo "[{\"mode\": \"streaming\", \"prompt\": 4096, \"forced\": 128, \"top1\": 0.8750, \"kl_mean\": 1.5e-01, \"att_rel\": [$att]}]" > "$dir/fid.json"
+"$bin" --model "$model" --out "$dir/r4" --report-from "$dir/samples.jsonl" --fidelity-from "$dir/fid.json" \
+  --tasks passkey --lengths 1024 --depths 0.25,0.75 --modes full,streaming > "$dir/log4" 2>&1 ||
+  { echo "FAIL: report with fidelity"; cat "$dir/log4"; fail=1; }
+grep -q "87.5" "$dir/r4/summary.md" || { echo "FAIL: fidelity not in summary"; cat "$dir/r4/summary.md"; fail=1; }
+echo '[{"mode": "streaming", "prompt": 4096, "forced": 128, "top1": 0.8750, "kl_mean": 0.15, "att_rel": [0.1]}]' > "$dir/fid2.json"
+msg=$("$bin" --model "$model" --out "$dir/r5" --report-from "$dir/samples.jsonl" --fidelity-from "$dir/fid2.json" \
+  --tasks passkey --lengths 1024 --depths 0.25,0.75 --modes full,streaming 2>&1)
+case "$msg" in
+  *"1 layers of attention error, the model has 30"*) ;;
+  *) echo "FAIL: '$msg'"; fail=1 ;;
+esac
 msg=$("$bin" --model "$model" --out "$dir/r3" --report-from "$dir/samples.jsonl" --tasks passkey --lengths 1024 \
   --depths 0.5 --modes full,streaming 2>&1)
 case "$msg" in
