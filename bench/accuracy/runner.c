@@ -19,9 +19,15 @@ int ra_acc_config_check(const ra_acc_config *cfg, ra_error *err) {
   }
   if (cfg->plan && (cfg->plan->n_sink != cfg->off.n_sink || cfg->plan->n_window != cfg->off.n_window))
     return ra_errorf(err, RA_EINVAL, "accuracy: the store plan's sink/window differ from the config's");
-  if (cfg->n_tasks < 1 || cfg->n_lengths < 1 || cfg->n_depths < 1 || cfg->samples < 1)
-    return ra_errorf(err, RA_EINVAL, "accuracy: no tasks, lengths, depths or samples");
   return RA_OK;
+}
+
+/* The sweep's own checks: it needs axes (fidelity alone does not). */
+static int sweep_check(const ra_acc_config *cfg, ra_error *err) {
+  int rc = ra_acc_config_check(cfg, err);
+  if (rc == RA_OK && (cfg->n_tasks < 1 || cfg->n_lengths < 1 || cfg->n_depths < 1 || cfg->samples < 1))
+    rc = ra_errorf(err, RA_EINVAL, "accuracy: no tasks, lengths, depths or samples");
+  return rc;
 }
 
 /* ---------- greedy decode in one mode ---------- */
@@ -224,7 +230,7 @@ int ra_acc_results_read(const char *path, const ra_acc_config *cfg, ra_acc_resul
 
 int ra_acc_run(const ra_model *m, const ra_tokenizer *tok, const ra_acc_corpus *corpus, const ra_acc_config *cfg,
                ra_acc_results *out, ra_error *err) {
-  int rc = ra_acc_config_check(cfg, err);
+  int rc = sweep_check(cfg, err);
   for (int ti = 0; rc == RA_OK && ti < cfg->n_tasks; ti++) {
     ra_acc_task task = cfg->tasks[ti];
     int n_depths = ra_acc_task_has_depth(task) ? cfg->n_depths : 1;

@@ -59,7 +59,8 @@ typedef struct ra_acc_results {
   size_t n, cap;
 } ra_acc_results;
 
-/* Validates the config (full first, stores for the store modes, axes non-empty). */
+/* Validates the modes (full first, stores for the store modes); ra_acc_run also wants non-empty
+ * axes. */
 int ra_acc_config_check(const ra_acc_config *cfg, ra_error *err);
 
 /* One sample in every mode of cfg; rec->modes follow cfg->modes. */
