@@ -174,7 +174,8 @@ static int ring_fill(ra_offload *o, ra_tensor *dst, const ra_tensor *src, int64_
   return RA_OK;
 }
 
-/* Index build of one layer, for every q head: the layer's sampled prefill queries, their exact
+/* Index build of one layer. ivf / kgraph: one per kv head, from the keys alone. roar: for every
+ * q head, the layer's sampled prefill queries, their exact
  * top-Nq keys among the offloaded positions [b, e) computed on the backend (q K^T, then top-k per
  * row), sent with the queries to every store holding the q head's kv head; all of the layer's
  * builds are in flight together, so the stores build the heads in parallel.
@@ -187,6 +188,15 @@ static int build_layer_index(ra_offload *o, int layer, const float *q_sample, in
   int64_t n_off = e - b, hd = c->head_dim, group = c->n_heads / c->n_kv_heads;
   int knn = (int)(n_off < (int64_t)o->cfg.knn_nq ? n_off : (int64_t)o->cfg.knn_nq);
   if (knn < 2) return RA_OK; /* too few offloaded keys to be worth an index: the stores scan */
+  if (o->cfg.mode == RA_ATTN_IVF || o->cfg.mode == RA_ATTN_KGRAPH) {
+    /* key-only indexes: one per kv head, no queries */
+    int rc = RA_OK;
+    for (int64_t g = 0; g < c->n_kv_heads && rc == RA_OK; g++)
+      rc = ra_remote_build_index_start(o->remote, (uint32_t)layer, (uint32_t)(g * group), NULL, 0, NULL, 0, err);
+    ra_error werr;
+    int wrc = ra_remote_build_index_wait(o->remote, rc ? &werr : err);
+    return rc ? rc : wrc;
+  }
   float *kh = malloc((size_t)(n_off * hd) * sizeof(float)), *qh = malloc((size_t)(n_q * hd) * sizeof(float));
   float *val = malloc((size_t)(n_q * knn) * sizeof(float));
   int32_t *idx = malloc((size_t)(n_q * knn) * sizeof(int32_t));

@@ -52,7 +52,8 @@ int ra_remote_put(ra_remote *r, uint32_t layer, const float *k, const float *v, 
 /* Index build of (layer, q head) at every store holding tokens of its kv head there: the q head's
  * sampled prefill queries [n_queries, head_dim] and their exact top-knn_k token positions
  * [n_queries, knn_k] (best first; the stores keep the ids that fall in their shards). The index
- * kind is the config's mode (ivf, kgraph or roar). */
+ * kind is the config's mode (ivf, kgraph or roar); ivf and kgraph take no queries and are built
+ * once per kv head (any q head of the group names it), shared by the group. */
 int ra_remote_build_index(ra_remote *r, uint32_t layer, uint32_t q_head, const float *queries,
                           uint32_t n_queries, const uint64_t *knn_ids, uint32_t knn_k, ra_error *err);
 /* The same in two halves: start sends the build (its arguments may be reused at once) and

@@ -4,6 +4,7 @@
 #include "kvstore.pb-c.h"
 #include "log.h"
 
+#include <omp.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +21,7 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "kv-store needs a litt
 struct kvs_service {
   kvs_store *store;
   int attend_threads;
+  ra_gate build_gate; /* the store's threads, shared by concurrent index builds */
   atomic_int draining;
   atomic_uint_fast64_t requests;
   atomic_uint_fast64_t errors;
@@ -36,6 +38,12 @@ int kvs_service_create(const kvs_service_config *cfg, kvs_service **out, ra_erro
     free(svc);
     return rc;
   }
+  int gate = cfg->attend_threads > 0 ? cfg->attend_threads : omp_get_max_threads();
+  if (ra_gate_init(&svc->build_gate, gate) != RA_OK) {
+    kvs_store_destroy(svc->store);
+    free(svc);
+    return ra_errorf(err, RA_ENOMEM, "cannot create the build gate");
+  }
   svc->attend_threads = cfg->attend_threads;
   *out = svc;
   return RA_OK;
@@ -44,6 +52,7 @@ int kvs_service_create(const kvs_service_config *cfg, kvs_service **out, ra_erro
 void kvs_service_destroy(kvs_service *svc) {
   if (!svc) return;
   kvs_store_destroy(svc->store);
+  ra_gate_destroy(&svc->build_gate);
   free(svc);
 }
 
@@ -391,6 +400,7 @@ static int build_index(kvs_service *svc, const Rakv__BuildIndexRequest *r, ra_bu
   kvs_build_args a = {.layer = r->layer, .q_head = r->q_head, .n_queries = r->n_queries};
   if ((rc = kvs_index_spec_resolve(&req, &s->index, &a.params, &a.per_kv_head, err))) goto out;
   a.params.n_threads = svc->attend_threads;
+  a.gate = &svc->build_gate;
   size_t dim = s->geo.head_dim;
   if (r->queries.len > 0) {
     size_t want = (size_t)r->n_queries * dim * sizeof(float);

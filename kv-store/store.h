@@ -22,6 +22,7 @@
 #ifndef KVS_STORE_H
 #define KVS_STORE_H
 
+#include "gate.h"
 #include "half.h"
 #include "index.h"
 #include "shardmap.h"
@@ -209,6 +210,7 @@ typedef struct kvs_build_args {
   uint32_t n_queries;
   const uint64_t *knn;      /* [n_queries, knn_k] token positions, best first, or NULL */
   uint32_t knn_k;
+  ra_gate *gate;            /* the store's build threads (NULL: params.n_threads, ungated) */
 } kvs_build_args;
 
 typedef struct kvs_build_result {

@@ -317,19 +317,99 @@ void ra_graph_search(const ra_graph *g, const ra_keys *keys, const float *q, uin
 
 /* ---- pruning ---- */
 
-static int cand_cmp(const void *a, const void *b) {
-  const ra_cand *x = a, *y = b;
-  if (x->sim != y->sim) return x->sim > y->sim ? -1 : 1;
-  return x->id < y->id ? -1 : x->id > y->id;
+/* Candidate order: descending similarity, ties by ascending id (a total order: the graph does not
+ * depend on how the sort proceeds). */
+static inline int cand_before(ra_cand a, ra_cand b) {
+  return a.sim > b.sim || (a.sim == b.sim && a.id < b.id);
 }
 
-void ra_graph_sort_cands(ra_cand *cand, uint32_t n) { qsort(cand, n, sizeof *cand, cand_cmp); }
+static inline void cand_swap(ra_cand *a, ra_cand *b) {
+  ra_cand t = *a;
+  *a = *b;
+  *b = t;
+}
+
+/* Hoare-style partition of c[0..n) (n >= 2) around the median of three; returns p with
+ * c[0..p) before-or-equal and c[p..n) after-or-equal the pivot, 0 < p < n. */
+static uint32_t cand_partition(ra_cand *c, uint32_t n) {
+  uint32_t mid = n / 2;
+  if (cand_before(c[mid], c[0])) cand_swap(&c[mid], &c[0]);
+  if (cand_before(c[n - 1], c[0])) cand_swap(&c[n - 1], &c[0]);
+  if (cand_before(c[n - 1], c[mid])) cand_swap(&c[n - 1], &c[mid]);
+  ra_cand piv = c[mid];
+  uint32_t i = 0, j = n - 1;
+  for (;;) {
+    while (cand_before(c[i], piv)) i++;
+    while (cand_before(piv, c[j])) j--;
+    if (i >= j) return j + 1 < n ? j + 1 : n - 1;
+    cand_swap(&c[i], &c[j]);
+    i++;
+    j--;
+  }
+}
+
+static void cand_insertion_sort(ra_cand *c, uint32_t n) {
+  for (uint32_t i = 1; i < n; i++) {
+    ra_cand x = c[i];
+    uint32_t j = i;
+    for (; j > 0 && cand_before(x, c[j - 1]); j--) c[j] = c[j - 1];
+    c[j] = x;
+  }
+}
+
+void ra_graph_sort_cands(ra_cand *cand, uint32_t n) {
+  while (n > 16) {
+    uint32_t p = cand_partition(cand, n);
+    /* Recurse into the smaller side, loop on the larger: O(log n) stack. */
+    if (p < n - p) {
+      ra_graph_sort_cands(cand, p);
+      cand += p;
+      n -= p;
+    } else {
+      ra_graph_sort_cands(cand + p, n - p);
+      n = p;
+    }
+  }
+  cand_insertion_sort(cand, n);
+}
+
+/* Moves the k best of c[0..n) to the front, in order; the rest stay after them, unsorted. */
+static void cand_sort_prefix(ra_cand *c, uint32_t n, uint32_t k) {
+  if (k >= n) {
+    ra_graph_sort_cands(c, n);
+    return;
+  }
+  ra_cand *lo = c;
+  uint32_t m = n, want = k;
+  while (m > 16) {
+    uint32_t p = cand_partition(lo, m);
+    if (p == want) break;
+    if (p > want) {
+      m = p;
+    } else {
+      lo += p;
+      m -= p;
+      want -= p;
+    }
+  }
+  if (m <= 16) cand_insertion_sort(lo, m);
+  ra_graph_sort_cands(c, k);
+}
+
+/* Candidates from i on are read next: sorts the rest of w->cand if rank_cands left it unsorted. */
+static inline void need_sorted(const ra_cand *cand, uint32_t i, uint32_t n_cand, ra_graph_work *w) {
+  if (cand == w->cand && i == w->n_sorted && i < n_cand) {
+    ra_graph_sort_cands(w->cand + i, n_cand - i);
+    w->n_sorted = n_cand;
+  }
+}
 
 uint32_t ra_graph_prune(const ra_keys *keys, const ra_cand *cand, uint32_t n_cand, uint32_t budget,
                         int fill, ra_graph_work *w) {
   uint32_t ns = 0;
   if (budget > w->M) budget = w->M;
   for (uint32_t i = 0; i < n_cand && ns < budget; i++) {
+    need_sorted(cand, i, n_cand, w);
     uint32_t p = cand[i].id;
     int keep = 1;
     if (ns > 0) {
@@ -345,6 +425,7 @@ uint32_t ra_graph_prune(const ra_keys *keys, const ra_cand *cand, uint32_t n_can
   }
   if (fill) {
     for (uint32_t i = 0; i < n_cand && ns < budget; i++) {
+      need_sorted(cand, i, n_cand, w);
       uint32_t p = cand[i].id, j = 0;
       while (j < ns && w->sel[j] != p) j++;
       if (j == ns) w->sel[ns++] = p;
@@ -366,7 +447,11 @@ void ra_graph_rank_cands(const ra_keys *keys, uint32_t pivot, uint32_t n, ra_gra
     w->cand[i].id = w->ids[i];
     w->cand[i].sim = w->dots[i] - w->hn[pivot] - w->hn[w->ids[i]];
   }
-  ra_graph_sort_cands(w->cand, n);
+  /* Pruning stops once M are kept, mostly within the first few M candidates: sort those now and
+   * the rest only if it gets there (need_sorted). */
+  uint32_t prefix = 4 * w->M < 64 ? 64 : 4 * w->M;
+  w->n_sorted = prefix < n ? prefix : n;
+  cand_sort_prefix(w->cand, n, w->n_sorted);
 }
 
 void ra_graph_add_edge(ra_graph *g, const ra_keys *keys, uint32_t u, uint32_t v, ra_graph_work *w) {

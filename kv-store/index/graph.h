@@ -49,6 +49,7 @@ typedef struct ra_graph_work {
   float *qvec;     /* [dim] the key being linked, kept while vec is reused by pruning */
   uint32_t *sel;   /* [M] the pruned selection */
   ra_cand *cand;   /* [cand_cap] (id, similarity to the pivot) */
+  uint32_t n_sorted; /* cand[0..n_sorted) is in order; prune sorts the rest when it gets there */
   uint32_t *ids;   /* [cand_cap] candidate ids, contiguous for the gather */
   float *dots;     /* [cand_cap] */
   uint32_t cand_cap;
@@ -97,7 +98,8 @@ void ra_graph_search(const ra_graph *g, const ra_keys *keys, const float *q, uin
 /* Sorts cand[0..n) by descending similarity, ties by ascending id. */
 void ra_graph_sort_cands(ra_cand *cand, uint32_t n);
 
-/* w->cand[0..n) = (id, s(pivot, id)) for the ids w->ids[0..n), sorted (uses w->qvec). */
+/* w->cand[0..n) = (id, s(pivot, id)) for the ids w->ids[0..n), best first (uses w->qvec): the
+ * first w->n_sorted in order, the rest after them, sorted by ra_graph_prune if it reads them. */
 void ra_graph_rank_cands(const ra_keys *keys, uint32_t pivot, uint32_t n, ra_graph_work *w);
 
 /* Occlusion pruning (HNSW heuristic / NSG's MRNG rule) with the similarity s(a, b) =

@@ -2,8 +2,10 @@
  * per-kind files (flat.c, ivf.c, kgraph.c, roar.c over graph.c). */
 #include "index_internal.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -110,13 +112,14 @@ static int threads_of(const ra_index_params *p) {
 size_t ra_index_estimate_bytes(const ra_index_params *p, uint32_t n_keys, int dim,
                                uint32_t n_queries) {
   const size_t n = n_keys, d = dim > 0 ? (size_t)dim : 1, nt = (size_t)threads_of(p);
-  const size_t blocks = (size_t)512 * 4096 * 4; /* knn.c's sgemm score block */
+  /* knn.c: per thread, a [512, 2048] sgemm score block and 512 heaps of k (id, score) pairs. */
+  const size_t blocks = nt * (size_t)512 * 2048 * 4, heaps = nt * (size_t)512 * 8;
   size_t total = sizeof(ra_index);
   if (p->kind == RA_INDEX_IVF) {
     size_t nl = p->n_lists ? p->n_lists : (size_t)(4.0 * sqrt((double)n)) + 1;
     /* Lists grow by doubling: at most twice the ids, plus 16 per list. */
     total += nl * (d * 4 + 4 + 8 + 8 + 16 * 4) + n * 4 * 2;
-    total += n * d * 4 + n * 4 + blocks + (size_t)512 * 8; /* fp32 copy, assignment, knn */
+    total += n * d * 4 + n * 4 + blocks + heaps; /* fp32 copy, assignment, knn */
   } else if (is_graph(p->kind)) {
     const size_t M = p->degree, L = p->build_ef;
     size_t graph = n * (M * 4 + 8) + d * d * 4;
@@ -125,11 +128,11 @@ size_t ra_index_estimate_bytes(const ra_index_params *p, uint32_t n_keys, int di
     size_t peak;
     if (p->kind == RA_INDEX_KGRAPH) {
       size_t lc = L < n ? L : n;
-      peak = n * lc * 8 + blocks + (size_t)512 * lc * 8; /* knn of the cached fp32 keys */
+      peak = n * lc * 8 + blocks + heaps * lc; /* knn of the cached fp32 keys */
     } else {
       size_t m = n_queries, nq = p->knn_nq < n ? p->knn_nq : n;
       /* keys fp32, sampled queries, their lists, sgemm block + heaps, pivot CSR, sample. */
-      peak = n * d * 4 + m * d * 4 + m * nq * 4 + blocks + (size_t)512 * nq * 8 + n * 4 +
+      peak = n * d * 4 + m * d * 4 + m * nq * 4 + blocks + heaps * nq + n * 4 +
              m * 4 * (size_t)(p->pivots ? p->pivots : 1) + m * 4 + d * d * 4;
     }
     size_t reverse = (n + 1) * 8 * 2 + n * M * 4; /* CSR of in-edges */
@@ -229,9 +232,16 @@ void ra_index_free(ra_index *ix) {
   free(ix);
 }
 
+/* BLAS runs single-threaded: the index's parallelism is OpenMP's (knn.c splits the sgemm by
+ * query blocks), and a store runs several builds at once; OpenBLAS's own thread pool would
+ * oversubscribe the cores and serializes concurrent callers on its lock. */
+static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
+static void blas_single_thread(void) { openblas_set_num_threads(1); }
+
 int ra_index_build(const ra_index_params *p, const ra_keys *keys, const ra_queries *queries,
                    ra_index **out, ra_error *err) {
   int rc;
+  pthread_once(&blas_once, blas_single_thread);
   if (!out) return ra_errorf(err, RA_EINVAL, "index build: out is NULL");
   *out = NULL;
   if ((rc = check_params(p, err)) || (rc = check_keys(keys, err))) return rc;

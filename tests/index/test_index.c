@@ -181,6 +181,56 @@ static void test_knn_matches_naive(void **state) {
   free_data(&d);
 }
 
+/* Reference order for the candidate sort: descending similarity, ties by ascending id. */
+static int cand_ref_cmp(const void *a, const void *b) {
+  const ra_cand *x = a, *y = b;
+  if (x->sim != y->sim) return x->sim > y->sim ? -1 : 1;
+  return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* The graph's own sort against qsort, with many ties (few distinct similarities). */
+static void test_sort_cands(void **state) {
+  (void)state;
+  const uint32_t sizes[] = {0, 1, 2, 16, 17, 100, 1000, 5000};
+  uint32_t x = 12345;
+  for (size_t t = 0; t < sizeof sizes / sizeof *sizes; t++) {
+    uint32_t n = sizes[t];
+    ra_cand *a = malloc((n ? n : 1) * sizeof *a), *b = malloc((n ? n : 1) * sizeof *b);
+    for (uint32_t i = 0; i < n; i++) {
+      x = x * 1664525u + 1013904223u;
+      a[i] = (ra_cand){.sim = (float)((x >> 10) % 7) - 3.0f, .id = (x >> 3) % 100000 * 8 + i % 8};
+    }
+    /* ids must be unique, as candidates are */
+    for (uint32_t i = 0; i < n; i++) a[i].id = a[i].id * 8192 + i;
+    memcpy(b, a, n * sizeof *a);
+    ra_graph_sort_cands(a, n);
+    qsort(b, n, sizeof *b, cand_ref_cmp);
+    for (uint32_t i = 0; i < n; i++) {
+      assert_int_equal(a[i].id, b[i].id);
+      assert_true(a[i].sim == b[i].sim);
+    }
+    free(a);
+    free(b);
+  }
+}
+
+/* knn splits queries over threads: the lists do not depend on how many. */
+static void test_knn_thread_independent(void **state) {
+  (void)state;
+  data d;
+  make_data(&d, 700, 12);
+  enum { NQK = 300, K = 30 };
+  uint32_t *a = malloc(NQK * K * sizeof *a), *b = malloc(NQK * K * sizeof *b);
+  ra_error err;
+  assert_int_equal(ra_knn_ip(d.keys, 700, DIM, NULL, d.keys, NQK, K, 1, 1, a, NULL, &err), RA_OK);
+  assert_int_equal(ra_knn_ip(d.keys, 700, DIM, NULL, d.keys, NQK, K, 1, 3, b, NULL, &err), RA_OK);
+  assert_memory_equal(a, b, NQK * K * sizeof *a);
+  for (int i = 0; i < NQK * K; i++) assert_true(a[i] != (uint32_t)(i / K)); /* self excluded */
+  free(a);
+  free(b);
+  free_data(&d);
+}
+
 static void test_flat_is_exact(void **state) {
   (void)state;
   data d;
@@ -624,6 +674,8 @@ static void test_concurrent_search(void **state) {
 int main(void) {
   const struct CMUnitTest search_tests[] = {
       cmocka_unit_test(test_knn_matches_naive),
+      cmocka_unit_test(test_sort_cands),
+      cmocka_unit_test(test_knn_thread_independent),
       cmocka_unit_test(test_flat_is_exact),
       cmocka_unit_test(test_roar_exact_when_beam_covers),
       cmocka_unit_test(test_kgraph_exact_when_beam_covers),

@@ -1,0 +1,43 @@
+#include "gate.h"
+
+#include "status.h"
+
+int ra_gate_init(ra_gate *g, int capacity) {
+  if (capacity < 1) return RA_EINVAL;
+  if (pthread_mutex_init(&g->mu, NULL) != 0) return RA_ENOMEM;
+  if (pthread_cond_init(&g->cv, NULL) != 0) {
+    pthread_mutex_destroy(&g->mu);
+    return RA_ENOMEM;
+  }
+  g->capacity = capacity;
+  g->free = capacity;
+  g->next_ticket = 0;
+  g->serving = 0;
+  return RA_OK;
+}
+
+void ra_gate_destroy(ra_gate *g) {
+  pthread_cond_destroy(&g->cv);
+  pthread_mutex_destroy(&g->mu);
+}
+
+int ra_gate_acquire(ra_gate *g, int want) {
+  if (want < 1) want = 1;
+  if (want > g->capacity) want = g->capacity;
+  pthread_mutex_lock(&g->mu);
+  uint64_t ticket = g->next_ticket++;
+  while (ticket != g->serving || g->free < want) pthread_cond_wait(&g->cv, &g->mu);
+  g->free -= want;
+  g->serving++;
+  /* The next ticket may fit in what is left. */
+  pthread_cond_broadcast(&g->cv);
+  pthread_mutex_unlock(&g->mu);
+  return want;
+}
+
+void ra_gate_release(ra_gate *g, int n) {
+  pthread_mutex_lock(&g->mu);
+  g->free += n;
+  pthread_cond_broadcast(&g->cv);
+  pthread_mutex_unlock(&g->mu);
+}

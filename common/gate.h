@@ -1,0 +1,37 @@
+/* A weighted, first-come-first-served counting semaphore: a pool of `capacity` units (a
+ * process's CPU threads) that callers take several at a time.
+ *
+ * Why: a kv-store serves many BuildIndex calls at once (a worker starts all heads of a layer
+ * together) and every build is an OpenMP team. Unbounded, n concurrent builds of T threads each
+ * put n*T spinning threads on T cores and the store crawls; serialized, small builds leave most
+ * cores idle. The gate hands each build the threads its size is worth and makes the next one
+ * wait until they are back, so concurrent builds share the cores exactly.
+ *
+ * FIFO: a waiter is served only when every earlier one has been, so a large request is not
+ * starved by a stream of small ones (a small one behind it waits instead). */
+#ifndef RA_GATE_H
+#define RA_GATE_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+typedef struct ra_gate {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int capacity;
+  int free;
+  uint64_t next_ticket; /* handed to the next arrival */
+  uint64_t serving;     /* the ticket that may take units now */
+} ra_gate;
+
+/* capacity >= 1. 0, RA_EINVAL or RA_ENOMEM. */
+int ra_gate_init(ra_gate *g, int capacity);
+void ra_gate_destroy(ra_gate *g);
+
+/* Blocks until it is this caller's turn and min(want, capacity) units are free, takes them and
+ * returns how many (>= 1; want < 1 counts as 1). */
+int ra_gate_acquire(ra_gate *g, int want);
+/* Gives back n units taken by ra_gate_acquire. */
+void ra_gate_release(ra_gate *g, int n);
+
+#endif
