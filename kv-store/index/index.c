@@ -356,6 +356,11 @@ int ra_index_search(const ra_index *ix, const ra_keys *keys, const float *q, uin
       return ra_ivf_search(ix, keys, q, k, sp->nprobe, s, ids_out, scores_out, n_out, n_scanned);
     case RA_INDEX_KGRAPH:
     case RA_INDEX_ROAR:
+      /* A beam of a quarter of the keys computes nearly every dot anyway (each expansion looks
+       * at M neighbors): the exact scan is then cheaper and exact (k = 2000 over a few thousand
+       * offloaded keys). */
+      if ((uint64_t)ef * 4 >= ix->n)
+        return ra_flat_search(ix, keys, q, k, s, ids_out, scores_out, n_out, n_scanned);
       ra_graph_search(ix->graph, keys, q, ef, k, s, ids_out, scores_out, n_out, n_scanned);
       return RA_OK;
   }

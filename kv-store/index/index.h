@@ -131,6 +131,7 @@ void ra_index_scratch_free(ra_index_scratch *s);
 /* The (up to) k keys with the largest q·k, ids_out/scores_out [k] sorted by descending score (ties
  * by ascending id). *n_out = results (< k only when fewer keys exist or, for graphs, were
  * reached); *n_scanned (may be NULL) = keys whose dot product was computed. q is fp32 [dim].
+ * Graphs whose beam max(ef, k) is at least a quarter of the keys answer by an exact scan.
  * RA_EINVAL (bad arguments, keys smaller than the index), RA_ENOMEM (scratch growth). */
 int ra_index_search(const ra_index *ix, const ra_keys *keys, const float *q, uint32_t k,
                     const ra_search_params *sp, ra_index_scratch *s, uint32_t *ids_out,

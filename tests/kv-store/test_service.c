@@ -627,7 +627,17 @@ static void test_index_insert_rebuild_close(void **state) {
   ar.n_chunks = 1;
   ar.chunks = &cp;
   assert_int_equal(call(f, kvs_service_append, &ar.base), RA_OK);
-  Rakv__AttendReply *r = attend_one(f, 1, q, RAKV__ATTEND_MODE__MODE_ROAR, 8);
+  /* A beam of 64 walks the graph (ef >= N/4 would scan exactly, index.h). */
+  uint32_t h1 = 1;
+  Rakv__SearchParams sp = RAKV__SEARCH_PARAMS__INIT;
+  sp.ef = 64;
+  attend_init(&a, f->id, &h1, 1, q);
+  a.mode = RAKV__ATTEND_MODE__MODE_ROAR;
+  a.top_k = 8;
+  a.return_ids = 1;
+  a.search = &sp;
+  assert_int_equal(call(f, kvs_service_attend, &a.base), RA_OK);
+  Rakv__AttendReply *r = rakv__attend_reply__unpack(NULL, f->reply.len, f->reply.data);
   assert_int_equal(r->heads[0]->n_keys, N + 1);
   assert_int_equal(r->heads[0]->ids[0], N);
   assert_true(r->heads[0]->n_scanned < N + 1);
