@@ -154,7 +154,8 @@ int ra_graph_work_init(ra_graph_work *w, int dim, uint32_t M) {
   w->qvec = malloc((size_t)dim * sizeof *w->qvec);
   w->tmp = malloc((size_t)dim * sizeof *w->tmp);
   w->sel = malloc((size_t)M * sizeof *w->sel);
-  if (!w->vec || !w->qvec || !w->tmp || !w->sel) {
+  w->selm = malloc((size_t)M * dim * sizeof *w->selm);
+  if (!w->vec || !w->qvec || !w->tmp || !w->sel || !w->selm) {
     ra_graph_work_free(w);
     return RA_ENOMEM;
   }
@@ -167,6 +168,7 @@ void ra_graph_work_free(ra_graph_work *w) {
   free(w->qvec);
   free(w->tmp);
   free(w->sel);
+  free(w->selm);
   free(w->cand);
   free(w->ids);
   free(w->dots);
@@ -408,20 +410,24 @@ uint32_t ra_graph_prune(const ra_keys *keys, const ra_cand *cand, uint32_t n_can
                         int fill, ra_graph_work *w) {
   uint32_t ns = 0;
   if (budget > w->M) budget = w->M;
+  const int d = keys->dim;
+  const size_t rb = ra_dtype_size(keys->dtype) * (size_t)d;
+  /* s(r, p) = (C r)·p - hn[r] - hn[p]: C r of each accepted r (at most M of them) is mapped once
+   * into w->selm, and a candidate costs one dot per accepted key, not a dim x dim product (which
+   * is what insertion pays: it has no metric cache). */
   for (uint32_t i = 0; i < n_cand && ns < budget; i++) {
     need_sorted(cand, i, n_cand, w);
     uint32_t p = cand[i].id;
+    const char *kp = (const char *)keys->rows + (size_t)p * rb;
     int keep = 1;
-    if (ns > 0) {
-      ra_graph_key_to_metric(keys, p, w, w->vec);
-      ra_vec_dot_rows(w->vec, keys->rows, keys->dtype, keys->dim, w->sel, ns, w->dots);
-      for (uint32_t j = 0; j < ns; j++)
-        if (w->dots[j] - w->hn[w->sel[j]] - w->hn[p] > cand[i].sim) {
-          keep = 0;
-          break;
-        }
+    for (uint32_t j = 0; j < ns && keep; j++)
+      if (ra_vec_dot(w->selm + (size_t)j * d, kp, keys->dtype, d) - w->hn[w->sel[j]] - w->hn[p] >
+          cand[i].sim)
+        keep = 0;
+    if (keep) {
+      ra_graph_key_to_metric(keys, p, w, w->selm + (size_t)ns * d);
+      w->sel[ns++] = p;
     }
-    if (keep) w->sel[ns++] = p;
   }
   if (fill) {
     for (uint32_t i = 0; i < n_cand && ns < budget; i++) {
