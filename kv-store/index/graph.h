@@ -124,8 +124,8 @@ void ra_graph_add_edge(ra_graph *g, const ra_keys *keys, uint32_t u, uint32_t v,
 int ra_graph_add_reverse_edges(ra_graph *g, const ra_keys *keys, int n_threads, ra_error *err);
 
 /* Pins a spanning tree from the entry (BFS over existing edges) and links every node it cannot
- * reach by a beam search of width L with the node's key as the query (batches searched in
- * parallel, applied in id order): a parent with pin room gets a pinned edge to it, it gets pruned
+ * reach by a beam search of width L for the nodes nearest it in the graph's metric (batches
+ * searched in parallel, then linked in phases): a parent with pin room gets a pinned edge to it, it gets pruned
  * out-edges to what it found, and those get reverse edges. Afterwards all nodes are reachable. */
 int ra_graph_connect(ra_graph *g, const ra_keys *keys, uint32_t L, int n_threads, ra_error *err);
 

@@ -52,11 +52,10 @@ static int is_graph(ra_index_kind k) { return k == RA_INDEX_KGRAPH || k == RA_IN
  * Tried and left out: extra entry points (the top key of each of 32 k-means clusters of the build
  * queries, all in the first beam) changed no SmolLM2 8K head by more than 0.4 points and synthetic
  * 128K not at all (4.52 % vs 4.48 %): the walk from one entry is not what costs the scan.
- * Also tried for insertion (roar-ins, the last 10 % inserted, scans 34.8 % / 13.8 % on SmolLM2 8K
- * L15 H0 / H4 where a rebuild scans 9.4 % / 6.0 %): reverse edges forced into the neighbors' rows
- * instead of re-pruned (no change), and edges from the pivots of the build queries (512 kept)
- * whose list the new key would have entered: 32.8 % / 13.0 % with 4 pivots, 31.5 % / 12.4 % with
- * 16 at 49 ms per insertion. The gap is open. */
+ * Also tried for insertion, before its neighbor search was fixed (graph.c, search_near_key):
+ * reverse edges forced into the neighbors' rows instead of re-pruned (no change), and edges from
+ * the pivots of kept build queries whose list the new key would have entered (2 points better, 49
+ * ms per insertion at 16 pivots). */
 void ra_index_params_default(ra_index_kind kind, ra_index_params *p) {
   memset(p, 0, sizeof *p);
   p->kind = kind;
