@@ -1,7 +1,8 @@
-/* kgraph: the key-key baseline. Each key's candidates are its exact top-L_build keys by inner
- * product (an idealized HNSW/NSG: exact instead of approximate neighbor lists), occlusion-pruned
- * to M by plain L2 between keys, plus reverse edges, entry at the key nearest the keys' centroid,
- * connectivity repaired.
+/* kgraph: the key-key baseline. Each key's candidates are its exact L_build nearest keys by L2
+ * (an idealized HNSW/NSG: exact instead of approximate neighbor lists), occlusion-pruned to M by
+ * the same L2, plus reverse edges, entry at the key nearest the keys' centroid, connectivity
+ * repaired. (Candidates by inner product, as before, favor large keys: on SmolLM2 8K L15 H0 / H4
+ * the scan for recall@100 0.95 was 14.9 % / 17.3 %, with L2 10.6 % / 8.8 %.)
  * Nothing in it knows where queries live, which is what the paper shows failing. */
 #include "index_internal.h"
 #include "knn.h"
@@ -62,7 +63,15 @@ int ra_kgraph_build(ra_index *ix, const ra_keys *keys, ra_error *err) {
     else
       ra_graph_work_bind(&works[t], g);
   ra_graph_set_norms(g, keys, 0, n);
-  if ((rc = ra_knn_ip(x, n, dim, NULL, x, n, lc, 1, nt, lists, NULL, err))) goto fail;
+  /* Nearest by L2: argmax_r x·r - |r|^2 / 2 (inner product alone would rank large keys first). */
+  {
+    float *neg = malloc((size_t)n * sizeof *neg);
+    if (!neg) goto nomem;
+    for (uint32_t v = 0; v < n; v++) neg[v] = -g->hn[v];
+    rc = ra_knn_ip(x, n, dim, neg, x, n, lc, 1, nt, lists, NULL, err);
+    free(neg);
+    if (rc) goto fail;
+  }
 
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 64)
   for (uint32_t u = 0; u < n; u++) {
