@@ -482,23 +482,33 @@ void ra_graph_rank_cands(const ra_keys *keys, uint32_t pivot, uint32_t n, ra_gra
   cand_sort_prefix(w->cand, n, w->n_sorted);
 }
 
-void ra_graph_add_edge(ra_graph *g, const ra_keys *keys, uint32_t u, uint32_t v, ra_graph_work *w) {
-  if (u == v) return;
-  uint32_t *row = row_of(g, u);
-  uint32_t d = g->deg[u];
-  for (uint32_t j = 0; j < d; j++)
-    if (row[j] == v) return;
-  if (d < g->M) {
-    row[d] = v;
-    g->deg[u] = (uint16_t)(d + 1);
+/* Adds the edges v -> src[0..n) at once: appended while the row has room, else one re-pruning of
+ * v's unpinned edges plus the new ones (pinned edges stay). Writes row v only. */
+static void add_edges(ra_graph *g, const ra_keys *keys, uint32_t v, const uint32_t *src,
+                      uint32_t n, ra_graph_work *w) {
+  uint32_t *row = row_of(g, v), d = g->deg[v], np = g->npin[v];
+  uint32_t ep = mark_begin(w), m = 0;
+  w->mark[v] = ep;
+  for (uint32_t j = 0; j < d; j++) w->mark[row[j]] = ep;
+  for (uint32_t i = 0; i < n; i++)
+    if (w->mark[src[i]] != ep) {
+      w->mark[src[i]] = ep;
+      w->ids[m++] = src[i];
+    }
+  if (d + m <= g->M) {
+    memcpy(row + d, w->ids, (size_t)m * sizeof *row);
+    g->deg[v] = (uint16_t)(d + m);
     return;
   }
-  uint32_t np = g->npin[u], n = 0;
-  for (uint32_t j = np; j < d; j++) w->ids[n++] = row[j];
-  w->ids[n++] = v;
-  ra_graph_rank_cands(keys, u, n, w);
-  uint32_t ns = ra_graph_prune(keys, w->cand, n, g->M - np, 1, w);
-  ra_graph_set_row(g, u, w->sel, ns);
+  memmove(w->ids + (d - np), w->ids, (size_t)m * sizeof *w->ids);
+  memcpy(w->ids, row + np, (size_t)(d - np) * sizeof *w->ids);
+  ra_graph_rank_cands(keys, v, d - np + m, w);
+  uint32_t ns = ra_graph_prune(keys, w->cand, d - np + m, g->M - np, 1, w);
+  ra_graph_set_row(g, v, w->sel, ns);
+}
+
+void ra_graph_add_edge(ra_graph *g, const ra_keys *keys, uint32_t u, uint32_t v, ra_graph_work *w) {
+  add_edges(g, keys, u, &v, 1, w);
 }
 
 int ra_graph_add_reverse_edges(ra_graph *g, const ra_keys *keys, int n_threads, ra_error *err) {
@@ -537,26 +547,8 @@ int ra_graph_add_reverse_edges(ra_graph *g, const ra_keys *keys, int n_threads, 
 
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 64)
   for (uint32_t v = 0; v < n; v++) {
-    ra_graph_work *w = &works[omp_get_thread_num()];
-    uint32_t *row = row_of(g, v);
-    uint32_t ep = mark_begin(w), np = g->npin[v], m = 0;
-    w->mark[v] = ep;
-    for (uint32_t j = 0; j < g->deg[v]; j++) w->mark[row[j]] = ep;
-    for (uint32_t j = np; j < g->deg[v]; j++) w->ids[m++] = row[j];
-    uint32_t own = m;
-    for (size_t e = off[v]; e < off[v + 1]; e++)
-      if (w->mark[src[e]] != ep) {
-        w->mark[src[e]] = ep;
-        w->ids[m++] = src[e];
-      }
-    if (m == own) continue;
-    if (np + m <= g->M) {
-      ra_graph_set_row(g, v, w->ids, m);
-      continue;
-    }
-    ra_graph_rank_cands(keys, v, m, w);
-    uint32_t ns = ra_graph_prune(keys, w->cand, m, g->M - np, 1, w);
-    ra_graph_set_row(g, v, w->sel, ns);
+    add_edges(g, keys, v, src + off[v], (uint32_t)(off[v + 1] - off[v]),
+              &works[omp_get_thread_num()]);
   }
   goto done;
 nomem:
@@ -643,31 +635,6 @@ static void relink_row(ra_graph *g, const ra_keys *keys, uint32_t u, const uint3
   ra_graph_rank_cands(keys, u, m, w);
   uint32_t ns = ra_graph_prune(keys, w->cand, m, g->M - np, 1, w);
   ra_graph_set_row(g, u, w->sel, ns);
-}
-
-/* Adds the edges v -> src[0..n) at once: appended while the row has room, else one re-pruning of
- * v's unpinned edges plus the new ones (pinned edges stay). Writes row v only. */
-static void add_edges(ra_graph *g, const ra_keys *keys, uint32_t v, const uint32_t *src,
-                      uint32_t n, ra_graph_work *w) {
-  uint32_t *row = row_of(g, v), d = g->deg[v], np = g->npin[v];
-  uint32_t ep = mark_begin(w), m = 0;
-  w->mark[v] = ep;
-  for (uint32_t j = 0; j < d; j++) w->mark[row[j]] = ep;
-  for (uint32_t i = 0; i < n; i++)
-    if (w->mark[src[i]] != ep) {
-      w->mark[src[i]] = ep;
-      w->ids[m++] = src[i];
-    }
-  if (d + m <= g->M) {
-    memcpy(row + d, w->ids, (size_t)m * sizeof *row);
-    g->deg[v] = (uint16_t)(d + m);
-    return;
-  }
-  memmove(w->ids + (d - np), w->ids, (size_t)m * sizeof *w->ids);
-  memcpy(w->ids, row + np, (size_t)(d - np) * sizeof *w->ids);
-  ra_graph_rank_cands(keys, v, d - np + m, w);
-  uint32_t ns = ra_graph_prune(keys, w->cand, d - np + m, g->M - np, 1, w);
-  ra_graph_set_row(g, v, w->sel, ns);
 }
 
 /* Links u given its beam-search results res (reachable nodes, best first): pinned parent, pruned
