@@ -165,7 +165,9 @@ int ra_roar_build(ra_index *ix, const ra_keys *keys, const ra_queries *qs, ra_er
   works = calloc((size_t)nt, sizeof *works);
   if (!works) goto nomem;
   const uint32_t cap = ROAR_MAX_CANDIDATES;
+  /* Lists are added while fewer than cap are gathered: at most cap - 1 + nq. */
   uint64_t cand_max = (uint64_t)max_group * nq;
+  if (cand_max > (uint64_t)cap + nq) cand_max = (uint64_t)cap + nq;
   if (cand_max > n) cand_max = n;
   for (int t = 0; t < nt; t++)
     if (ra_graph_work_init(&works[t], dim, M) ||
