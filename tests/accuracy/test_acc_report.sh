@@ -35,6 +35,13 @@ case "$msg" in
   *"1 layers of attention error, the model has 30"*) ;;
   *) echo "FAIL: '$msg'"; fail=1 ;;
 esac
+echo '[{"mode": "flat", "prompt": 4096, "forced": 128, "top1": 0.9, "kl_mean": 0.1, "att_rel": []}]' > "$dir/fid3.json"
+msg=$("$bin" --model "$model" --out "$dir/r6" --report-from "$dir/samples.jsonl" --fidelity-from "$dir/fid3.json" \
+  --tasks passkey --lengths 1024 --depths 0.25,0.75 --modes full,streaming 2>&1)
+case "$msg" in
+  *"no complete entry for mode streaming"*) ;;
+  *) echo "FAIL: '$msg'"; fail=1 ;;
+esac
 msg=$("$bin" --model "$model" --out "$dir/r3" --report-from "$dir/samples.jsonl" --tasks passkey --lengths 1024 \
   --depths 0.5 --modes full,streaming 2>&1)
 case "$msg" in
