@@ -174,6 +174,7 @@ void ra_graph_work_free(ra_graph_work *w) {
   free(w->dots);
   free(w->res_id);
   free(w->res_sc);
+  free(w->co_id);
   free(w->mark);
   memset(w, 0, sizeof *w);
 }
@@ -204,7 +205,8 @@ int ra_graph_work_reserve(ra_graph_work *w, uint32_t cand_cap, uint32_t n, uint3
   }
   if (L > w->res_cap) {
     if (grow((void **)&w->res_id, (size_t)L * sizeof *w->res_id) ||
-        grow((void **)&w->res_sc, (size_t)L * sizeof *w->res_sc))
+        grow((void **)&w->res_sc, (size_t)L * sizeof *w->res_sc) ||
+        grow((void **)&w->co_id, (size_t)L * sizeof *w->co_id))
       return RA_ENOMEM;
     w->res_cap = L;
   }
@@ -327,16 +329,32 @@ void ra_graph_search(const ra_graph *g, const ra_keys *keys, const float *q, uin
   search_biased(g, keys, q, NULL, L, k, s, ids, scores, n_out, n_scanned);
 }
 
-/* The nodes nearest key u in the graph's metric: -|u - r|_C^2 / 2 = (C u)·r - hn[r] - hn[u], so
- * the search scores (C u)·r - hn[r]. A plain inner-product search with C u finds keys of large
- * C-norm instead of near ones; on SmolLM2 8K that left keys inserted one by one (the last 10 %)
- * scanning 34.8 % / 13.8 % for recall@100 0.95 on L15 H0 / H4 against a rebuild's 9.4 % / 6.0 %;
- * with the bias 8.8 % / 6.6 %, and the repair step of the build itself improved (roar 7.9 % on
- * L15 H0). */
+/* The nodes to link key u with, from two beam searches with C u as the query:
+ *  - the nearest in the graph's metric: -|u - r|_C^2 / 2 = (C u)·r - hn[r] - hn[u], so scored
+ *    (C u)·r - hn[r]. They give u its local structure: ranked by (C u)·r alone, keys inserted one
+ *    by one on SmolLM2 8K (the last 10 %) scanned 34.8 % / 13.8 % for recall@100 0.95 on L15 H0 /
+ *    H4 against a rebuild's 9.4 % / 6.0 %; with the metric, 8.8 % / 6.6 %.
+ *  - the largest (C u)·r = E[(q·u)(q·r)]: the keys that queries rate along with u, which their
+ *    walks expand. Metric neighbors alone hung runs of similar keys off the graph by edges no
+ *    walk takes: at 34K (L3 H8) walks found none of the top-100 after inserting 10 % of the keys
+ *    below ef 2048, and a build needed 8.4 % scanned; with both, 3.5 % either way, while 8K
+ *    stays as it was.
+ * Returns up to L / 2 of the first (nearest first: the parent comes from there), then the second
+ * (best first) up to L in all, without repeats. Costs two searches per linked key. */
 static void search_near_key(const ra_graph *g, const ra_keys *keys, uint32_t u, uint32_t L,
                             ra_graph_work *w, uint32_t *ids, uint32_t *n_out) {
+  uint32_t n_near = 0, n_co = 0;
   ra_graph_key_to_metric(keys, u, w, w->vec);
-  search_biased(g, keys, w->vec, g->hn, L, L, &w->sc, ids, w->res_sc, n_out, NULL);
+  search_biased(g, keys, w->vec, g->hn, L, L, &w->sc, ids, w->res_sc, &n_near, NULL);
+  search_biased(g, keys, w->vec, NULL, L, L, &w->sc, w->co_id, w->res_sc, &n_co, NULL);
+  uint32_t n = n_near < L / 2 ? n_near : L / 2, ep = mark_begin(w);
+  for (uint32_t i = 0; i < n; i++) w->mark[ids[i]] = ep;
+  for (uint32_t i = 0; i < n_co && n < L; i++)
+    if (w->mark[w->co_id[i]] != ep) {
+      w->mark[w->co_id[i]] = ep;
+      ids[n++] = w->co_id[i];
+    }
+  *n_out = n;
 }
 
 /* ---- pruning ---- */
@@ -600,9 +618,10 @@ static void attach_pinned(ra_graph *g, const ra_keys *keys, uint32_t p, uint32_t
 }
 
 /* Pins an edge to u from the first result that is in the tree and has pin room (any tree node
- * with room if none does: the tree has n - 1 pinned edges over n nodes of room pc >= 1 each).
- * in_tree NULL = every node other than u is in the tree. */
-static void attach_parent(ra_graph *g, const ra_keys *keys, uint32_t u, const uint32_t *res,
+ * with room if none does: a tree of t nodes holds t - 1 pinned edges in t * pc >= t slots, so
+ * one always has room). in_tree NULL = every node other than u is in the tree. Returns 0 once u
+ * is attached, -1 if no node could take it (an empty tree). */
+static int attach_parent(ra_graph *g, const ra_keys *keys, uint32_t u, const uint32_t *res,
                           uint32_t n_res, const uint8_t *in_tree, ra_graph_work *w) {
   const uint32_t pc = pin_cap(g);
   uint32_t parent = UINT32_MAX;
@@ -612,7 +631,9 @@ static void attach_parent(ra_graph *g, const ra_keys *keys, uint32_t u, const ui
   }
   for (uint32_t v = 0; v < g->n && parent == UINT32_MAX; v++)
     if (v != u && (!in_tree || in_tree[v]) && g->npin[v] < pc) parent = v;
-  if (parent != UINT32_MAX) attach_pinned(g, keys, parent, u, w);
+  if (parent == UINT32_MAX) return -1;
+  attach_pinned(g, keys, parent, u, w);
+  return 0;
 }
 
 /* u's unpinned out-edges re-chosen from its current ones plus res (pruned, filled). Writes row u
@@ -641,7 +662,7 @@ static void relink_row(ra_graph *g, const ra_keys *keys, uint32_t u, const uint3
  * out-edges (u's current unpinned edges plus res), reverse edges. */
 static void link_node(ra_graph *g, const ra_keys *keys, uint32_t u, const uint32_t *res,
                       uint32_t n_res, ra_graph_work *w) {
-  attach_parent(g, keys, u, res, n_res, NULL, w);
+  (void)attach_parent(g, keys, u, res, n_res, NULL, w); /* u > 0 has the other nodes as tree */
   relink_row(g, keys, u, res, n_res, w);
   /* add_edge reuses w->sel: walk a copy of the new row. */
   uint32_t d = g->deg[u], *row = row_of(g, u);
@@ -700,17 +721,27 @@ int ra_graph_connect(ra_graph *g, const ra_keys *keys, uint32_t L, int n_threads
       queue[tail++] = v;
     }
   }
-  /* The rest, in id order: queue[] now lists them (the tree nodes are no longer needed there). */
+  /* The rest: queue[] now lists them (the tree nodes are no longer needed there), in a seeded
+   * random order. In id order, a batch held consecutive tokens, which are each other's nearest
+   * keys and cannot link to each other within a batch: runs of recent tokens hung from the tree
+   * one by one, and walks could not get into them (SmolLM2 135K L27 H0: recall@100 stuck at 0.48;
+   * 2.3 % scanned for 0.95 once shuffled). */
   uint32_t n_un = 0;
   for (uint32_t u = 0; u < n; u++)
     if (!in_tree[u]) queue[n_un++] = u;
   g->n_repaired = n_un;
+  uint64_t rng = 0x9e3779b97f4a7c15ull ^ n;
+  for (uint32_t i = 0; i + 1 < n_un; i++) {
+    uint32_t j = i + ra_index_rng_below(&rng, n_un - i), t = queue[i];
+    queue[i] = queue[j];
+    queue[j] = t;
+  }
 
-  /* A batch is searched in parallel against the graph as the previous batches left it (none of
-   * its nodes is reachable yet, so no search finds another), then linked in phases that each
-   * write disjoint rows: parents pinned (serially: pin room is shared), each node's own row (in
-   * parallel), and the reverse edges grouped by target row (in parallel, one re-pruning per row).
-   * Every phase's result is independent of the thread count. */
+  /* A batch is searched in parallel against the graph as the previous batches left it (a search
+   * may meet a batch mate that edges reach but the tree does not yet hold), then linked in
+   * phases that each write disjoint rows: parents pinned (serially: pin room is shared), each
+   * node's own row (in parallel), and the reverse edges grouped by target row (in parallel, one
+   * re-pruning per row). Every phase's result is independent of the thread count. */
   for (uint32_t b0 = 0; b0 < n_un; b0 += batch) {
     uint32_t nb = n_un - b0 < batch ? n_un - b0 : batch;
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 4)
@@ -718,8 +749,17 @@ int ra_graph_connect(ra_graph *g, const ra_keys *keys, uint32_t L, int n_threads
       ra_graph_work *w = &works[omp_get_thread_num()];
       search_near_key(g, keys, queue[b0 + i], L, w, res + (size_t)i * L, &res_n[i]);
     }
-    for (uint32_t i = 0; i < nb; i++)
-      attach_parent(g, keys, queue[b0 + i], res + (size_t)i * L, res_n[i], in_tree, &works[0]);
+    /* Each node joins the tree as soon as it hangs from it, so that its batch mates can hang
+     * from it too: when the tree is small (an entry with few edges), its pin room runs out
+     * within one batch. */
+    for (uint32_t i = 0; i < nb; i++) {
+      uint32_t u = queue[b0 + i];
+      if (attach_parent(g, keys, u, res + (size_t)i * L, res_n[i], in_tree, &works[0])) {
+        rc = ra_errorf(err, RA_EINTERNAL, "graph: no tree node can take unreachable node %u", u);
+        goto done;
+      }
+      in_tree[u] = 1;
+    }
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 4)
     for (uint32_t i = 0; i < nb; i++)
       relink_row(g, keys, queue[b0 + i], res + (size_t)i * L, res_n[i],
@@ -740,7 +780,6 @@ int ra_graph_connect(ra_graph *g, const ra_keys *keys, uint32_t L, int n_threads
     for (uint32_t e = 0; e < ng; e++)
       add_edges(g, keys, pairs[grp[e]].v, src + grp[e], grp[e + 1] - grp[e],
                 &works[omp_get_thread_num()]);
-    for (uint32_t i = 0; i < nb; i++) in_tree[queue[b0 + i]] = 1;
   }
   goto done;
 nomem:

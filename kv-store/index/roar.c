@@ -13,9 +13,10 @@
  *      whose recall@100 never reached 0.95); and key-key similarity is measured in the
  *      queries' metric C = E[q q^T] (graph.h), not raw inner product;
  *   3. reverse edges, re-pruning rows that overflow M;
- *   4. entry: the key with the largest inner product with the mean query (where a decode query's
- *      walk should start), then every key not reachable from it is linked by a beam search with
- *      its own key as the query (graph.c's spanning-tree pins keep them reachable). */
+ *   4. entry: the pivot with the largest inner product with the mean query (where a decode
+ *      query's walk should start), then every key not reachable from it is linked by beam
+ *      searches with its own key as the query (graph.c's spanning-tree pins keep them
+ *      reachable). */
 #include "index_internal.h"
 #include "knn.h"
 #include "vec.h"
@@ -197,9 +198,11 @@ int ra_roar_build(ra_index *ix, const ra_keys *keys, const ra_queries *qs, ra_er
   }
   ix->n_pivots = n_pivots;
 
-  /* Entry: argmax_k mean_q·k over the sampled queries; from knn lists alone, the pivot of the
-   * most queries. */
-  if (qs->q) {
+  /* Entry: the pivot with the largest mean_q·k over the sampled queries; from knn lists alone,
+   * the pivot of the most queries. A pivot, because a key in no query's list has no edges yet:
+   * from there the walk reaches nothing and the repair would have to rebuild the whole graph
+   * (seen on SmolLM2 layer 27 at 34K keys: recall@100 0.16 at 3 % scanned). */
+  if (qs->q && n_pivots) {
     float *mean = works[0].qvec;
     memset(mean, 0, (size_t)dim * sizeof *mean);
     for (uint32_t i = 0; i < m; i++)
@@ -207,6 +210,7 @@ int ra_roar_build(ra_index *ix, const ra_keys *keys, const ra_queries *qs, ra_er
     float best = -INFINITY;
     size_t rb = ra_dtype_size(keys->dtype) * (size_t)dim;
     for (uint32_t v = 0; v < n; v++) {
+      if (off[v] == off[v + 1]) continue;
       float s = ra_vec_dot(mean, (const char *)keys->rows + (size_t)v * rb, keys->dtype, dim);
       if (s > best) {
         best = s;

@@ -531,6 +531,92 @@ static void test_roar_pivots_per_list(void **state) {
   free_data(&d);
 }
 
+/* A key in no query's list (here the one with the largest mean_q·k, appended after the lists
+ * were computed) has no edges after the projection: it must not become the entry, from which no
+ * walk would get anywhere. */
+static void test_roar_entry_is_a_pivot(void **state) {
+  (void)state;
+  data d;
+  make_data(&d, NK + 1, 13);
+  enum { KK = 16 };
+  uint32_t *knn = malloc((size_t)NQ * KK * sizeof *knn);
+  assert_non_null(knn);
+  ra_error err;
+  assert_int_equal(ra_knn_ip(d.keys, NK, DIM, NULL, d.q, NQ, KK, 0, 2, knn, NULL, &err), RA_OK);
+  float *outlier = d.keys + (size_t)NK * DIM;
+  memset(outlier, 0, DIM * sizeof *outlier);
+  for (uint32_t i = 0; i < NQ; i++)
+    for (int j = 0; j < DIM; j++) outlier[j] += 100.0f * d.q[(size_t)i * DIM + j] / NQ;
+  ra_index_params p;
+  ra_index_params_default(RA_INDEX_ROAR, &p);
+  ra_keys k = keys_of(&d, NK + 1);
+  ra_queries qs = {.q = d.q, .n = NQ, .knn = knn, .knn_k = KK};
+  ra_index *ix = NULL;
+  assert_int_equal(ra_index_build(&p, &k, &qs, &ix, &err), RA_OK);
+  assert_int_not_equal(ix->graph->entry, NK);
+  assert_true(ix->graph->deg[ix->graph->entry] > 0);
+  assert_int_equal(ra_index_check(ix, &err), RA_OK);
+  assert_graph_invariants(ix);
+  ra_index_free(ix);
+  free(knn);
+  free_data(&d);
+}
+
+/* Connectivity repair of a graph with no edges at all: everything hangs from the entry, whose pin
+ * room (M / 2) runs out within the first batch of 64, so later nodes must hang from nodes
+ * repaired before them in the same batch. */
+static void test_connect_edgeless_graph(void **state) {
+  (void)state;
+  data d;
+  make_data(&d, 300, 14);
+  ra_keys k = keys_of(&d, 300);
+  ra_graph g;
+  ra_error err;
+  assert_int_equal(ra_graph_init(&g, 8, 300, 300), RA_OK);
+  ra_graph_set_norms(&g, &k, 0, 300);
+  g.entry = 17;
+  assert_int_equal(ra_graph_connect(&g, &k, 32, 2, &err), RA_OK);
+  assert_int_equal(g.n_repaired, 299);
+  assert_int_equal(ra_graph_check(&g, &err), RA_OK);
+  ra_graph_free(&g);
+  free_data(&d);
+}
+
+/* Repair of runs of consecutive near-duplicate keys (as recent tokens are): a run must end up
+ * linked within itself, or walks reach its keys only one by one through their parents. Repair
+ * batches of consecutive ids held whole runs, whose members could not see each other. */
+static void test_connect_links_runs_of_near_keys(void **state) {
+  (void)state;
+  enum { N = 512, RUN = 8 };
+  float *x = malloc((size_t)N * DIM * sizeof *x);
+  assert_non_null(x);
+  rng_state = 15;
+  for (uint32_t r = 0; r < N / RUN; r++) {
+    float c[DIM];
+    for (int j = 0; j < DIM; j++) c[j] = 3.0f * gauss();
+    for (uint32_t i = r * RUN; i < (r + 1) * RUN; i++)
+      for (int j = 0; j < DIM; j++) x[(size_t)i * DIM + j] = c[j] + 0.01f * gauss();
+  }
+  ra_keys k = {.rows = x, .dtype = RA_DTYPE_F32, .dim = DIM, .n = N};
+  ra_graph g;
+  ra_error err;
+  assert_int_equal(ra_graph_init(&g, 8, N, N), RA_OK);
+  ra_graph_set_norms(&g, &k, 0, N);
+  g.entry = 0;
+  assert_int_equal(ra_graph_connect(&g, &k, 32, 2, &err), RA_OK);
+  assert_int_equal(ra_graph_check(&g, &err), RA_OK);
+  uint32_t linked = 0;
+  for (uint32_t u = 0; u < N; u++) {
+    uint32_t hit = 0;
+    for (uint32_t j = 0; j < g.deg[u]; j++) hit |= g.adj[(size_t)u * g.M + j] / RUN == u / RUN;
+    linked += hit;
+  }
+  print_message("%u of %u keys link to a key of their run\n", linked, N);
+  assert_true(linked >= N * 9 / 10);
+  ra_graph_free(&g);
+  free(x);
+}
+
 static void test_f16_keys(void **state) {
   (void)state;
   data d;
@@ -692,6 +778,9 @@ int main(void) {
       cmocka_unit_test(test_insertion_keeps_invariants_and_recall),
       cmocka_unit_test(test_build_is_deterministic),
       cmocka_unit_test(test_roar_pivots_per_list),
+      cmocka_unit_test(test_roar_entry_is_a_pivot),
+      cmocka_unit_test(test_connect_edgeless_graph),
+      cmocka_unit_test(test_connect_links_runs_of_near_keys),
       cmocka_unit_test(test_estimate_covers_bytes),
   };
   if (RA_TEST_GROUP == 1) return cmocka_run_group_tests(search_tests, NULL, NULL);
