@@ -11,8 +11,8 @@
  *   roar-kv  one graph per kv head from all its query heads' queries (G x less graph memory);
  *   roar-ins roar built on the first (1 - f) of the indexed keys, the last f inserted one by one
  *            (--insert-frac f, default 0.1): online insertion against a full rebuild.
- * Output: --json FILE (rewritten after each head, so a run cut short keeps what it finished), a
- * gnuplot script and data next to it, and the PNG when gnuplot exists. */
+ * Output: --json FILE, a gnuplot script and data next to it, and the PNG when gnuplot exists, all
+ * rewritten after each head, so a run cut short keeps what it finished. */
 #include "index.h"
 #include "knn.h"
 #include "npy.h"
@@ -714,8 +714,10 @@ int main(int argc, char **argv) {
         fflush(stdout);
         if (k != K_ROARKV) ra_index_free(ix);
       }
-      /* A run cut short by a time limit still leaves every finished head on disk. */
-      write_json(&o, &m, hr, n_hr, "partial: rewritten after each head; plot written at the end");
+      /* A run cut short by a time limit still leaves every finished head on disk, plot too. */
+      char part[4400];
+      write_plot(&o, hr, n_hr, part, sizeof part);
+      write_json(&o, &m, hr, n_hr, part);
       free(q);
       free(qdec);
       free(evq);

@@ -1,7 +1,7 @@
 # index-bench plot: mean over heads of recall vs % of indexed keys scanned.
 set terminal pngcairo size 1800,560 font ',10' noenhanced
 set output 'smollm2-135k-v5.png'
-set multiplot layout 1,3 title 'smollm2-135k-v5 (mean over heads; roar-ins 8, cut by the device budget)'
+set multiplot layout 1,3 title 'smollm2-135k-v5 (mean over 8 heads)'
 set logscale x
 set xlabel '% of indexed keys scanned'
 set ylabel 'recall'
