@@ -175,10 +175,10 @@ static int ring_fill(ra_offload *o, ra_tensor *dst, const ra_tensor *src, int64_
 }
 
 /* Index build of one layer. ivf / kgraph: one per kv head, from the keys alone. roar: for every
- * q head, the layer's sampled prefill queries, their exact
- * top-Nq keys among the offloaded positions [b, e) computed on the backend (q K^T, then top-k per
- * row), sent with the queries to every store holding the q head's kv head; all of the layer's
- * builds are in flight together, so the stores build the heads in parallel.
+ * q head, the layer's sampled prefill queries and their exact top-Nq keys among the offloaded
+ * positions [b, e), computed on the backend (q K^T, then top-k per row), sent to every store
+ * holding the q head's kv head. All of the layer's builds are in flight together, so the stores
+ * build the heads in parallel.
  * q_sample: host [n_q, n_heads, head_dim] (positions ra_prefill_query_pos);
  * keys: host [e - b, n_kv_heads, head_dim]. */
 static int build_layer_index(ra_offload *o, int layer, const float *q_sample, int64_t n_q, const float *keys,

@@ -173,7 +173,6 @@ void ra_graph_work_free(ra_graph_work *w) {
   free(w->ids);
   free(w->dots);
   free(w->res_id);
-  free(w->res_sc);
   free(w->co_id);
   free(w->mark);
   memset(w, 0, sizeof *w);
@@ -205,7 +204,6 @@ int ra_graph_work_reserve(ra_graph_work *w, uint32_t cand_cap, uint32_t n, uint3
   }
   if (L > w->res_cap) {
     if (grow((void **)&w->res_id, (size_t)L * sizeof *w->res_id) ||
-        grow((void **)&w->res_sc, (size_t)L * sizeof *w->res_sc) ||
         grow((void **)&w->co_id, (size_t)L * sizeof *w->co_id))
       return RA_ENOMEM;
     w->res_cap = L;
@@ -345,8 +343,8 @@ static void search_near_key(const ra_graph *g, const ra_keys *keys, uint32_t u, 
                             ra_graph_work *w, uint32_t *ids, uint32_t *n_out) {
   uint32_t n_near = 0, n_co = 0;
   ra_graph_key_to_metric(keys, u, w, w->vec);
-  search_biased(g, keys, w->vec, g->hn, L, L, &w->sc, ids, w->res_sc, &n_near, NULL);
-  search_biased(g, keys, w->vec, NULL, L, L, &w->sc, w->co_id, w->res_sc, &n_co, NULL);
+  search_biased(g, keys, w->vec, g->hn, L, L, &w->sc, ids, NULL, &n_near, NULL);
+  search_biased(g, keys, w->vec, NULL, L, L, &w->sc, w->co_id, NULL, &n_co, NULL);
   uint32_t n = n_near < L / 2 ? n_near : L / 2, ep = mark_begin(w);
   for (uint32_t i = 0; i < n; i++) w->mark[ids[i]] = ep;
   for (uint32_t i = 0; i < n_co && n < L; i++)

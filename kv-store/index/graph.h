@@ -55,7 +55,6 @@ typedef struct ra_graph_work {
   float *dots;     /* [cand_cap] */
   uint32_t cand_cap;
   uint32_t *res_id; /* [res_cap] a beam search's results */
-  float *res_sc;
   uint32_t *co_id; /* [res_cap] the second search of a key's neighbors (search_near_key) */
   uint32_t res_cap;
   uint32_t *mark; /* [mark_cap] epoch marks for de-duplicating candidates */
