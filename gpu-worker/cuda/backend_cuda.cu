@@ -27,6 +27,7 @@ struct scratch {
 struct cuda_impl {
   int device = 0;
   int n_sm = 0;
+  int cc_major = 0; /* compute capability: PDL needs 9 */
   size_t mem_bytes = 0;
   char dev_name[256] = {0};
   cudaStream_t stream = nullptr;
@@ -685,6 +686,7 @@ extern "C" int ra_backend_cuda_create(const ra_backend_config *cfg, ra_backend *
   be->impl = im;
   im->device = dev;
   im->n_sm = prop.multiProcessorCount;
+  im->cc_major = prop.major;
   im->mem_bytes = prop.totalGlobalMem;
   snprintf(im->dev_name, sizeof(im->dev_name), "%s", prop.name);
   int rc = RA_OK;
@@ -703,7 +705,26 @@ extern "C" int ra_backend_cuda_create(const ra_backend_config *cfg, ra_backend *
     cu_destroy(be);
     return rc;
   }
+  ra_cuda_set_pdl(prop.major >= 9);
   *out = be;
+  return RA_OK;
+}
+
+namespace {
+/* process-wide (see ra_cuda.cuh): kernel launchers take a stream, not a backend */
+bool g_pdl = false;
+}  // namespace
+
+void ra_cuda_set_pdl(bool on) { g_pdl = on; }
+bool ra_cuda_pdl_enabled(void) { return g_pdl; }
+
+extern "C" int ra_backend_cuda_set_pdl(ra_backend *be, int on, ra_error *err) {
+  if (!be || !be->name || strcmp(be->name, "cuda") != 0)
+    return ra_errorf(err, RA_EINVAL, "cuda set_pdl: not a cuda backend");
+  if (on && impl_of(be)->cc_major < 9)
+    return ra_errorf(err, RA_EUNSUPPORTED, "cuda set_pdl: programmatic dependent launch needs sm_90 (device is sm_%d)",
+                     impl_of(be)->cc_major);
+  ra_cuda_set_pdl(on != 0);
   return RA_OK;
 }
 

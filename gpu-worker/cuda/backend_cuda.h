@@ -28,6 +28,11 @@ int ra_backend_cuda_create(const ra_backend_config *cfg, ra_backend **out, ra_er
 int ra_backend_cuda_device_info(ra_backend *be, char *name, size_t name_len, int *n_sm, size_t *mem_bytes,
                                 ra_error *err);
 
+/* Programmatic dependent launch of the decode kernels (sm_90+: on by default there): each may
+ * be scheduled while the kernel before it finishes. Process-wide; off gives the plain launch
+ * order, for measuring what PDL buys. RA_EUNSUPPORTED to turn it on before sm_90. */
+int ra_backend_cuda_set_pdl(ra_backend *be, int on, ra_error *err);
+
 /* Event timing on the backend's stream: start records an event, stop records another, waits
  * for it and returns the milliseconds between the two. */
 typedef struct ra_cuda_timer ra_cuda_timer;

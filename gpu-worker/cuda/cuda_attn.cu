@@ -192,6 +192,7 @@ __global__ void __launch_bounds__(kRedThreads) attn_reduce_kernel(const float *_
                                                                   float *__restrict__ ml) {
   __shared__ float w[RA_CUDA_MAX_SPLITS];
   __shared__ float red[kRedThreads];
+  ra_cuda_pdl_entry();
   const int h = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   float mx = -INFINITY;
   for (int s = tid; s < n_splits; s += kRedThreads) mx = fmaxf(mx, part_ml[((int64_t)s * hq + h) * 2]);
@@ -497,8 +498,8 @@ cudaError_t ra_cuda_attn_empty(cudaStream_t s, int hq, int hd, float *o, float *
 
 cudaError_t ra_cuda_attn_reduce(cudaStream_t s, const float *part_o, const float *part_ml, int n_splits, int hq, int hd,
                                 float *o, float *ml) {
-  attn_reduce_kernel<<<dim3((unsigned)hq, (unsigned)((hd + 31) / 32)), kRedThreads, 0, s>>>(part_o, part_ml, n_splits, hq, hd, o, ml);
-  return cudaGetLastError();
+  return ra_cuda_launch(attn_reduce_kernel, dim3((unsigned)hq, (unsigned)((hd + 31) / 32)), kRedThreads, 0, s, part_o,
+                        part_ml, n_splits, hq, hd, o, ml);
 }
 
 cudaError_t ra_cuda_attn_decode_split(cudaStream_t s, const float *q, const void *kc, const void *vc, int kv_dtype,

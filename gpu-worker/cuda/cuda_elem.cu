@@ -214,6 +214,7 @@ struct inline_ids {
 template <typename T>
 __global__ void get_rows_kernel(const T *__restrict__ table, int64_t dim, const int32_t *__restrict__ ids,
                                 inline_ids small, float *__restrict__ out) {
+  ra_cuda_pdl_entry();
   const int32_t id = ids ? ids[blockIdx.x] : small.v[blockIdx.x];
   const T *src = table + (int64_t)id * dim;
   float *dst = out + (int64_t)blockIdx.x * dim;
@@ -233,6 +234,7 @@ __global__ void bias_rows_kernel(float *__restrict__ y, const void *__restrict__
  * the scale factors agree to the last bit nearly always. */
 __global__ void rmsnorm_kernel(const float *x, const void *__restrict__ w, int w_dtype, float eps, float *y, int64_t d) {
   __shared__ double part[kThreads / 32];
+  ra_cuda_pdl_entry();
   const float *xr = x + (int64_t)blockIdx.x * d;
   float *yr = y + (int64_t)blockIdx.x * d;
   double ss = 0.0;
@@ -284,6 +286,7 @@ __global__ void rope_kernel(float *x, int64_t n, int64_t heads, int64_t hd, int6
 template <typename C>
 __global__ void rope_store_kernel(float *q, float *k, const float *v, int64_t n, int64_t hq, int64_t hkv, int64_t hd,
                                   int64_t pos0, int n_rot, float theta, int neox, C *kc, C *vc, int64_t row) {
+  ra_cuda_pdl_entry();
   const int half = n_rot / 2;
   const size_t n_pairs = (size_t)n * (size_t)half, kv_row = (size_t)hkv * (size_t)hd;
   const size_t total = n_pairs + (size_t)n * kv_row;
@@ -319,6 +322,7 @@ __global__ void swiglu_kernel(const float *gate, const float *up, float *out, si
 /* One block per head: (o_acc, m_acc, l_acc) <- merge with (o, m, l), the arithmetic of
  * ra_partial_merge (common/merge.c) step for step. */
 __global__ void attn_merge_kernel(float *o_acc, float *ml_acc, const float *o, const float *ml, int64_t hd) {
+  ra_cuda_pdl_entry();
   int64_t h = blockIdx.x;
   float m1 = ml_acc[2 * h], l1 = ml_acc[2 * h + 1], m2 = ml[2 * h], l2 = ml[2 * h + 1];
   if (!(l2 > 0.0f)) return; /* the empty partial is the identity */
@@ -410,13 +414,15 @@ cudaError_t ra_cuda_get_rows(cudaStream_t s, const void *table, int table_dtype,
     ids = nullptr;
   }
   switch (table_dtype) {
-    case RA_DTYPE_F32: get_rows_kernel<<<(unsigned)n, kThreads, 0, s>>>((const float *)table, dim, ids, small, out); break;
-    case RA_DTYPE_F16: get_rows_kernel<<<(unsigned)n, kThreads, 0, s>>>((const __half *)table, dim, ids, small, out); break;
+    case RA_DTYPE_F32:
+      return ra_cuda_launch(get_rows_kernel<float>, (unsigned)n, kThreads, 0, s, (const float *)table, dim, ids, small, out);
+    case RA_DTYPE_F16:
+      return ra_cuda_launch(get_rows_kernel<__half>, (unsigned)n, kThreads, 0, s, (const __half *)table, dim, ids, small,
+                            out);
     default:
-      get_rows_kernel<<<(unsigned)n, kThreads, 0, s>>>((const __nv_bfloat16 *)table, dim, ids, small, out);
-      break;
+      return ra_cuda_launch(get_rows_kernel<__nv_bfloat16>, (unsigned)n, kThreads, 0, s, (const __nv_bfloat16 *)table, dim,
+                            ids, small, out);
   }
-  return cudaGetLastError();
 }
 
 cudaError_t ra_cuda_bias_rows(cudaStream_t s, float *y, const void *bias, int bias_dtype, int64_t n, int64_t m,
@@ -428,8 +434,7 @@ cudaError_t ra_cuda_bias_rows(cudaStream_t s, float *y, const void *bias, int bi
 cudaError_t ra_cuda_rmsnorm(cudaStream_t s, const float *x, const void *w, int w_dtype, float eps, float *y, int64_t n,
                             int64_t d) {
   if (n == 0) return cudaSuccess;
-  rmsnorm_kernel<<<(unsigned)n, kThreads, 0, s>>>(x, w, w_dtype, eps, y, d);
-  return cudaGetLastError();
+  return ra_cuda_launch(rmsnorm_kernel, (unsigned)n, kThreads, 0, s, x, w, w_dtype, eps, y, d);
 }
 
 cudaError_t ra_cuda_rope(cudaStream_t s, float *x, int64_t n, int64_t heads, int64_t hd, int64_t pos0, int n_rot,
@@ -445,21 +450,18 @@ cudaError_t ra_cuda_rope_store(cudaStream_t s, float *q, float *k, const float *
                                int cache_dtype, int64_t row) {
   size_t total = (size_t)n * (size_t)(n_rot / 2) + (size_t)n * (size_t)hkv * (size_t)hd;
   if (total == 0) return cudaSuccess;
+  const unsigned grid = grid_for(total);
   switch (cache_dtype) {
     case RA_DTYPE_F32:
-      rope_store_kernel<<<grid_for(total), kThreads, 0, s>>>(q, k, v, n, hq, hkv, hd, pos0, n_rot, theta, neox,
-                                                             (float *)kc, (float *)vc, row);
-      break;
+      return ra_cuda_launch(rope_store_kernel<float>, grid, kThreads, 0, s, q, k, v, n, hq, hkv, hd, pos0, n_rot, theta,
+                            neox, (float *)kc, (float *)vc, row);
     case RA_DTYPE_F16:
-      rope_store_kernel<<<grid_for(total), kThreads, 0, s>>>(q, k, v, n, hq, hkv, hd, pos0, n_rot, theta, neox,
-                                                             (__half *)kc, (__half *)vc, row);
-      break;
+      return ra_cuda_launch(rope_store_kernel<__half>, grid, kThreads, 0, s, q, k, v, n, hq, hkv, hd, pos0, n_rot, theta,
+                            neox, (__half *)kc, (__half *)vc, row);
     default:
-      rope_store_kernel<<<grid_for(total), kThreads, 0, s>>>(q, k, v, n, hq, hkv, hd, pos0, n_rot, theta, neox,
-                                                             (__nv_bfloat16 *)kc, (__nv_bfloat16 *)vc, row);
-      break;
+      return ra_cuda_launch(rope_store_kernel<__nv_bfloat16>, grid, kThreads, 0, s, q, k, v, n, hq, hkv, hd, pos0, n_rot,
+                            theta, neox, (__nv_bfloat16 *)kc, (__nv_bfloat16 *)vc, row);
   }
-  return cudaGetLastError();
 }
 
 cudaError_t ra_cuda_swiglu(cudaStream_t s, const float *gate, const float *up, float *out, size_t n) {
@@ -470,6 +472,5 @@ cudaError_t ra_cuda_swiglu(cudaStream_t s, const float *gate, const float *up, f
 
 cudaError_t ra_cuda_attn_merge(cudaStream_t s, float *o_acc, float *ml_acc, const float *o, const float *ml,
                                int64_t heads, int64_t hd) {
-  attn_merge_kernel<<<(unsigned)heads, 128, 0, s>>>(o_acc, ml_acc, o, ml, hd);
-  return cudaGetLastError();
+  return ra_cuda_launch(attn_merge_kernel, (unsigned)heads, 128, 0, s, o_acc, ml_acc, o, ml, hd);
 }

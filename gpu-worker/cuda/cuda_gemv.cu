@@ -63,12 +63,10 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(ra_cuda_gemv_args a) 
   extern __shared__ float4 xs4[]; /* [k / 4] when XSMEM */
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t k = a.k;
-  const float rinv = XSMEM ? stage_x(xs4, a.x, k, a.norm_w, a.norm_dtype, a.eps) : 1.0f;
   /* the warp's rows: R consecutive rows of the segments' joint row space, or (SWIGLU) row j
    * of the gate (segment 0) and of the up matrix (segment 1) */
   const int64_t unit = (int64_t)blockIdx.x * kWarps + warp;
   const int64_t m_all = SWIGLU ? a.m[0] : a.m[0] + a.m[1] + a.m[2];
-  if (unit * (SWIGLU ? 1 : R) >= m_all) return;
   const WT *wr[R];
   int seg[R];
   int64_t srow[R];
@@ -86,17 +84,40 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(ra_cuda_gemv_args a) 
     wr[r] = (const WT *)a.w[s] + g * k;
   }
   const int64_t nvec = k / 8;
-  float acc[R];
-#pragma unroll
-  for (int r = 0; r < R; r++) acc[r] = 0.0f;
-  for (int64_t v0 = lane; v0 < nvec; v0 += 32 * U) {
-    uint4 wv[R][U];
+  /* A round: U 16-byte loads of each of the R rows per lane. */
+  uint4 wv[R][U];
+  auto load_round = [&](int64_t v0) {
 #pragma unroll
     for (int u = 0; u < U; u++) {
       const int64_t v = v0 + 32 * u;
 #pragma unroll
       for (int r = 0; r < R; r++) wv[r][u] = v < nvec ? __ldg((const uint4 *)(wr[r] + 8 * v)) : make_uint4(0, 0, 0, 0);
     }
+  };
+  /* The weights do not depend on the kernels before this one: with PDL the first round is
+   * loaded and the second requested into L2 while the previous kernel finishes, and only then
+   * does the block wait for x (and stage it). */
+  const bool active = unit * (SWIGLU ? 1 : R) < m_all;
+  if (active) {
+    load_round(lane);
+    if ((lane & 7) == 0) {
+#pragma unroll
+      for (int u = 0; u < U; u++)
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+          const int64_t v = lane + 32 * (U + u);
+          if (v < nvec) asm volatile("prefetch.global.L2 [%0];" ::"l"(wr[r] + 8 * v));
+        }
+    }
+  }
+  ra_cuda_pdl_entry();
+  const float rinv = XSMEM ? stage_x(xs4, a.x, k, a.norm_w, a.norm_dtype, a.eps) : 1.0f;
+  if (!active) return;
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; r++) acc[r] = 0.0f;
+  for (int64_t v0 = lane; v0 < nvec; v0 += 32 * U) {
+    if (v0 != lane) load_round(v0);
 #pragma unroll
     for (int u = 0; u < U; u++) {
       const int64_t v = v0 + 32 * u;
@@ -141,10 +162,8 @@ template <typename WT, int R, int U, bool SWIGLU> cudaError_t launch(cudaStream_
   const int64_t per_block = (int64_t)kWarps * (SWIGLU ? 1 : R);
   const unsigned grid = (unsigned)((rows + per_block - 1) / per_block);
   if (a.k <= RA_CUDA_GEMV_SMEM_COLS)
-    gemv_kernel<WT, R, U, true, SWIGLU><<<grid, kWarps * 32, (size_t)a.k * sizeof(float), s>>>(a);
-  else
-    gemv_kernel<WT, R, U, false, SWIGLU><<<grid, kWarps * 32, 0, s>>>(a);
-  return cudaGetLastError();
+    return ra_cuda_launch(gemv_kernel<WT, R, U, true, SWIGLU>, grid, kWarps * 32, (size_t)a.k * sizeof(float), s, a);
+  return ra_cuda_launch(gemv_kernel<WT, R, U, false, SWIGLU>, grid, kWarps * 32, 0, s, a);
 }
 
 template <typename WT> cudaError_t launch_dtype(cudaStream_t s, const ra_cuda_gemv_args &a) {

@@ -9,6 +9,8 @@
  *            the values.
  *   prefill  32K tokens through ra_model_forward in chunks (real attn_prefill, causal):
  *            tokens/s.
+ *            Each context runs twice: kernels launched the plain way, then with programmatic
+ *            dependent launch (the backend's default on sm_90), and reports both.
  *   kernels  every GEMV shape of a step and attn_decode at 8K / 32K alone (us, GB/s); each
  *            decode result's other_ms is the step time these do not explain (small kernels,
  *            launch gaps).
@@ -38,6 +40,7 @@ typedef struct decode_result {
   double med_ms, p10_ms, p90_ms, mean_ms;
   double kv_bytes, weight_bytes_brief, weight_bytes_read;
   double roof_ms_brief, roof_ms_read;
+  double med_ms_no_pdl; /* the same steps launched without programmatic dependent launch */
 } decode_result;
 
 typedef struct prefill_result {
@@ -311,11 +314,11 @@ static void write_json(FILE *f, const opts *o, const char *dev, int n_sm, const 
             "\"tokens_per_s\": %.2f, \"weight_bytes\": %.4g, \"kv_bytes\": %.4g, \"roofline_ms\": %.4f, "
             "\"roofline_fraction\": %.4f, \"weight_bytes_read\": %.4g, \"roofline_ms_bytes_read\": %.4f, "
             "\"roofline_fraction_bytes_read\": %.4f, \"target_fraction\": 0.70, \"meets_target\": %s, "
-            "\"other_ms\": %.4f}%s\n",
+            "\"other_ms\": %.4f, \"ms_per_token_median_without_pdl\": %.4f}%s\n",
             (long long)d->ctx, o->warmup, o->steps, d->med_ms, d->p10_ms, d->p90_ms, d->mean_ms, 1e3 / d->med_ms,
             d->weight_bytes_brief, d->kv_bytes, d->roof_ms_brief, d->roof_ms_brief / d->med_ms, d->weight_bytes_read,
             d->roof_ms_read, d->roof_ms_read / d->med_ms, d->roof_ms_brief / d->med_ms >= 0.70 ? "true" : "false",
-            step_other_ms(m, kt, i, d->med_ms), i + 1 < n_dec ? "," : "");
+            step_other_ms(m, kt, i, d->med_ms), d->med_ms_no_pdl, i + 1 < n_dec ? "," : "");
   }
   fprintf(f, "  ],\n");
   if (pf)
@@ -408,9 +411,15 @@ int main(int argc, char **argv) {
     goto fail;
   for (int i = 0; i < N_CTX; i++) {
     fprintf(stderr, "cuda-bench: decode at context %lld...\n", (long long)ctxs[i]);
-    if ((rc = run_decode(be, m, tm, &o, ctxs[i], &dec[i], &err))) goto fail;
-    fprintf(stderr, "  %.3f ms/token (roofline %.3f ms: %.1f%%)\n", dec[i].med_ms, dec[i].roof_ms_brief,
-            100.0 * dec[i].roof_ms_brief / dec[i].med_ms);
+    /* plain launches first (the same steps, for the ratio), then the default: PDL on sm_90 */
+    decode_result plain;
+    if ((rc = ra_backend_cuda_set_pdl(be, 0, &err)) || (rc = run_decode(be, m, tm, &o, ctxs[i], &plain, &err)))
+      goto fail;
+    if ((rc = ra_backend_cuda_set_pdl(be, 1, &err)) == RA_EUNSUPPORTED) rc = RA_OK;
+    if (rc || (rc = run_decode(be, m, tm, &o, ctxs[i], &dec[i], &err))) goto fail;
+    dec[i].med_ms_no_pdl = plain.med_ms;
+    fprintf(stderr, "  %.3f ms/token (roofline %.3f ms: %.1f%%); without PDL %.3f ms\n", dec[i].med_ms,
+            dec[i].roof_ms_brief, 100.0 * dec[i].roof_ms_brief / dec[i].med_ms, plain.med_ms);
   }
   if (o.prefill_ctx > 0) {
     fprintf(stderr, "cuda-bench: prefill of %lld tokens in chunks of %d...\n", (long long)o.prefill_ctx, o.chunk);
