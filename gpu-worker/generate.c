@@ -28,7 +28,11 @@ int ra_generate(ra_state *st, const ra_tokenizer *tok, const int32_t *prompt, si
   if ((int64_t)(n_prompt + (size_t)cfg->max_new_tokens) > st->n_ctx)
     return ra_errorf(err, RA_EINVAL, "generate: %zu prompt + %d new tokens exceed the context of %lld", n_prompt,
                      cfg->max_new_tokens, (long long)st->n_ctx);
+  /* A model whose output is wider than its tokenizer (padded vocabularies; a random model given
+   * a real tokenizer) must not emit ids the tokenizer cannot decode: pick among the first
+   * ra_tok_vocab(tok) logits only. */
   int vocab = st->m->cfg.vocab;
+  if (tok && ra_tok_vocab(tok) < vocab) vocab = ra_tok_vocab(tok);
   int k = cfg->temperature > 0.0f ? (cfg->top_k > 0 ? cfg->top_k : 40) : 1;
   if (k > vocab) k = vocab;
   int32_t *ids = malloc(sizeof(int32_t) * (size_t)k);
@@ -51,6 +55,8 @@ int ra_generate(ra_state *st, const ra_tokenizer *tok, const int32_t *prompt, si
   double td = ra_now_s();
   while (rc == RA_OK && res->n_tokens < (size_t)cfg->max_new_tokens) {
     ra_tensor row = ra_tensor_rows(&st->logits, st->n_logits - 1, 1);
+    row.shape[1] = vocab; /* one row: its first `vocab` columns are contiguous */
+    row.nbytes = (size_t)vocab * sizeof(float);
     if ((rc = be->ops->topk_rows(be, &row, k, ids, vals, err))) break;
     int32_t next = ra_sampler_pick(&smp, vals, ids, k);
     if (cfg->stop_at_eos && tok && ra_tok_is_stop(tok, next)) {

@@ -21,6 +21,8 @@ int ra_load_model(ra_backend *be, const char *spec, const char *tokenizer_gguf, 
     ra_model_config cfg;
     if ((rc = ra_model_config_preset(spec + 7, &cfg, err))) return rc;
     rc = ra_model_random(be, &cfg, seed, model, err);
+    /* the dtype the backend keeps a loaded checkpoint's matrices in (backend_cuda.h) */
+    if (rc == RA_OK && strcmp(be->name, "cuda") == 0) rc = ra_model_convert_weights(*model, RA_DTYPE_BF16, err);
   } else {
     struct stat sb;
     if (stat(spec, &sb) != 0)

@@ -390,6 +390,33 @@ done:
 
 /* ---------- random ---------- */
 
+static int convert_matrix(ra_backend *be, ra_tensor *t, ra_dtype dtype, ra_error *err) {
+  if (!t->data || t->ndim != 2 || t->shape[0] <= 1 || t->dtype == dtype) return RA_OK;
+  ra_tensor b;
+  int rc = ra_tensor_new(be, &b, dtype, 2, t->shape, err);
+  if (rc) return rc;
+  if ((rc = be->ops->copy(be, &b, 0, t, 0, ra_tensor_nelem(t), err))) {
+    ra_tensor_free(&b);
+    return rc;
+  }
+  ra_tensor_free(t);
+  *t = b;
+  return RA_OK;
+}
+
+int ra_model_convert_weights(ra_model *m, ra_dtype dtype, ra_error *err) {
+  int rc;
+  if ((rc = convert_matrix(m->be, &m->tok_embd, dtype, err)) || (rc = convert_matrix(m->be, &m->output, dtype, err)))
+    return rc;
+  for (int l = 0; l < m->cfg.n_layers; l++) {
+    ra_layer_weights *w = &m->layers[l];
+    ra_tensor *all[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+      if ((rc = convert_matrix(m->be, all[i], dtype, err))) return ra_error_wrap(err, "layer %d", l);
+  }
+  return RA_OK;
+}
+
 int ra_model_random(ra_backend *be, const ra_model_config *cfg, uint64_t seed, ra_model **out, ra_error *err) {
   ra_model *m = NULL;
   int rc = model_new(be, cfg, &m, err);

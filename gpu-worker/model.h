@@ -73,6 +73,11 @@ int ra_model_load_gguf(ra_backend *be, const ra_gguf *g, ra_model **out, ra_erro
 int ra_model_load_safetensors(ra_backend *be, const char *dir, ra_model **out, ra_error *err);
 /* Random weights from `seed`, generated on the backend (fill_random); deterministic. */
 int ra_model_random(ra_backend *be, const ra_model_config *cfg, uint64_t seed, ra_model **out, ra_error *err);
+/* Replaces every weight matrix of m (2-D, more than one row) by a copy in dtype (F16/BF16/F32),
+ * one at a time (peak memory: the model plus one converted matrix). Vectors (norms, biases)
+ * stay F32. Random models are made in F32; on CUDA, where loaded checkpoints are kept as BF16,
+ * this makes a random model run the kernels a real one runs. */
+int ra_model_convert_weights(ra_model *m, ra_dtype dtype, ra_error *err);
 void ra_model_free(ra_model *m);
 /* A named geometry for ra_model_random: "llama3-8b", "smollm2-135m", "tiny". */
 int ra_model_config_preset(const char *name, ra_model_config *cfg, ra_error *err);

@@ -259,8 +259,36 @@ static void test_safetensors_roundtrip(void **state) {
   ra_model_free(m2);
 }
 
+/* Weight conversion: every matrix becomes BF16 holding the rounded F32 values, vectors stay F32
+ * (the CPU backend, which computes in F32, then refuses the BF16 table by name instead of misreading it). */
+static void test_convert_weights(void **state) {
+  (void)state;
+  ra_model *m = tiny(0);
+  ra_error err;
+  const ra_tensor *wq = &m->layers[1].wq;
+  size_t n = ra_tensor_nelem(wq);
+  float *before = malloc(n * sizeof(float)), *after = malloc(n * sizeof(float));
+  assert_int_equal(be->ops->download(be, wq, 0, before, n, NULL), RA_OK);
+  assert_int_equal(ra_model_convert_weights(m, RA_DTYPE_BF16, &err), RA_OK);
+  assert_int_equal(m->layers[1].wq.dtype, RA_DTYPE_BF16);
+  assert_int_equal(m->layers[0].w_down.dtype, RA_DTYPE_BF16);
+  assert_int_equal(m->tok_embd.dtype, RA_DTYPE_BF16);
+  assert_int_equal(m->layers[0].attn_norm.dtype, RA_DTYPE_F32);
+  assert_int_equal(m->out_norm.dtype, RA_DTYPE_F32);
+  assert_int_equal(be->ops->download(be, &m->layers[1].wq, 0, after, n, NULL), RA_OK);
+  for (size_t i = 0; i < n; i++) assert_true(after[i] == ra_bf16_to_fp32(ra_fp32_to_bf16(before[i])));
+  ra_state *st;
+  assert_int_equal(ra_state_new(m, 4, 4, RA_DTYPE_F32, &st, &err), RA_OK);
+  assert_int_equal(ra_model_forward(st, toks, 4, 0, NULL, &err), RA_EINVAL);
+  if (!strstr(err.msg, "is bf16, want f32")) fail_msg("%s", err.msg);
+  ra_state_free(st);
+  free(before), free(after);
+  ra_model_free(m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_convert_weights),
       cmocka_unit_test(test_decode_equals_recompute_llama),
       cmocka_unit_test(test_decode_equals_recompute_qwen2_style),
       cmocka_unit_test(test_layer_api_with_merged_partials),

@@ -21,7 +21,6 @@
 #include "backend.h"
 #include "backend_cuda.h"
 #include "model.h"
-#include "model_bf16.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -406,7 +405,7 @@ int main(int argc, char **argv) {
   if ((rc = ra_model_config_preset("llama3-8b", &mc, &err))) goto fail;
   mc.n_layers = o.layers;
   fprintf(stderr, "cuda-bench: %s, llama3-8b geometry with %d layers, random weights...\n", dev, mc.n_layers);
-  if ((rc = ra_model_random(be, &mc, 42, &m, &err)) || (rc = ra_cuda_model_to_bf16(m, &err)) ||
+  if ((rc = ra_model_random(be, &mc, 42, &m, &err)) || (rc = ra_model_convert_weights(m, RA_DTYPE_BF16, &err)) ||
       (rc = ra_cuda_timer_create(be, &tm, &err)))
     goto fail;
   for (int i = 0; i < N_CTX; i++) {

@@ -23,7 +23,6 @@
 #include "gguf.h"
 #include "half.h"
 #include "model.h"
-#include "model_bf16.h"
 #include "quant.h"
 
 #include <math.h>
@@ -1097,7 +1096,7 @@ static void test_forward_random(void) {
     mc = mg = NULL;
     TRY("forward", runs[i].name, ra_model_random(g_cpu, runs[i].cfg, 99, &mc, &err));
     TRY("forward", runs[i].name, ra_model_random(g_gpu, runs[i].cfg, 99, &mg, &err));
-    if (runs[i].bf16) TRY("forward", runs[i].name, ra_cuda_model_to_bf16(mg, &err));
+    if (runs[i].bf16) TRY("forward", runs[i].name, ra_model_convert_weights(mg, RA_DTYPE_BF16, &err));
     run_forward(runs[i].name, mc, mg, 150, 64, 4, runs[i].kv, runs[i].tol);
   done:
     ra_model_free(mc);
