@@ -74,6 +74,7 @@ typedef struct {
   int threads, latency;
   float insert_frac;
   int M, nq, build_ef, n_lists, pivots;
+  int keep_queries, keep_topk; /* -1: the library's default */
   float sample;
 } opts;
 
@@ -107,7 +108,7 @@ static void usage(void) {
           "  [--kinds flat,ivf,kgraph,roar,roar-kv,roar-ins] [--eval N (200)] [--kk N (200)]\n"
           "  [--threads N] [--latency] [--latency-ef L (default: smallest ef reaching recall 0.95)]\n"
           "  [--insert-frac F (0.1)] [--M M] [--nq NQ] [--build-ef L] [--sample F] [--n-lists N]\n"
-          "  [--pivots P]\n");
+          "  [--pivots P] [--keep-queries N] [--keep-topk T]\n");
 }
 
 static int parse_args(int argc, char **argv, opts *o) {
@@ -116,6 +117,7 @@ static int parse_args(int argc, char **argv, opts *o) {
   o->n_kk = 200;
   o->insert_frac = 0.1f;
   o->n_layers = o->n_heads = -1;
+  o->keep_queries = o->keep_topk = -1;
   for (int k = 0; k < N_KINDS; k++) o->kinds[k] = 1;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -140,6 +142,8 @@ static int parse_args(int argc, char **argv, opts *o) {
     else if (!strcmp(a, "--sample")) o->sample = (float)atof(v);
     else if (!strcmp(a, "--n-lists")) o->n_lists = atoi(v);
     else if (!strcmp(a, "--pivots")) o->pivots = atoi(v);
+    else if (!strcmp(a, "--keep-queries")) o->keep_queries = atoi(v);
+    else if (!strcmp(a, "--keep-topk")) o->keep_topk = atoi(v);
     else if (!strcmp(a, "--kinds")) {
       for (int k = 0; k < N_KINDS; k++) o->kinds[k] = 0;
       char buf[256];
@@ -288,6 +292,8 @@ static void params_for(const opts *o, ra_index_kind kind, ra_index_params *p) {
   if (o->sample > 0) p->query_sample = o->sample;
   if (o->n_lists) p->n_lists = (uint32_t)o->n_lists;
   if (o->pivots) p->pivots = (uint32_t)o->pivots;
+  if (o->keep_queries >= 0) p->keep_queries = (uint32_t)o->keep_queries;
+  if (o->keep_topk >= 0) p->keep_topk = (uint32_t)o->keep_topk;
 }
 
 static ra_index *build_timed(const ra_index_params *p, const ra_keys *keys, const ra_queries *qs,
@@ -387,10 +393,11 @@ static void write_json(const opts *o, const ra_qk_meta *m, head_result *hr, int 
   fprintf(f, "  \"setup\": {\"sink\": %u, \"window\": %u, \"eval_prefill_queries\": %u, "
              "\"kk_queries\": %u, \"threads\": %d, \"kernel\": \"%s\", \"insert_frac\": %.3f,\n"
              "    \"graph_params\": {\"degree\": %u, \"build_ef\": %u, \"knn_nq\": %u, "
-             "\"query_sample\": %.3f, \"pivots\": %u}, \"latency_ef\": %u},\n",
+             "\"query_sample\": %.3f, \"pivots\": %u, \"keep_queries\": %u, \"keep_topk\": %u}, "
+             "\"latency_ef\": %u},\n",
           SINK, WINDOW, o->n_eval, o->n_kk, o->threads ? o->threads : omp_get_max_threads(),
           ra_vec_kernel_name(), (double)o->insert_frac, pr.degree, pr.build_ef, pr.knn_nq,
-          (double)pr.query_sample, pr.pivots, o->lat_ef);
+          (double)pr.query_sample, pr.pivots, pr.keep_queries, pr.keep_topk, o->lat_ef);
   /* Summary: per kind, median and worst head of the scan needed for recall@100 >= 0.95. */
   fprintf(f, "  \"summary\": {\n");
   int first = 1;

@@ -499,9 +499,10 @@ void ra_graph_rank_cands(const ra_keys *keys, uint32_t pivot, uint32_t n, ra_gra
 }
 
 /* Adds the edges v -> src[0..n) at once: appended while the row has room, else one re-pruning of
- * v's unpinned edges plus the new ones (pinned edges stay). Writes row v only. */
-static void add_edges(ra_graph *g, const ra_keys *keys, uint32_t v, const uint32_t *src,
-                      uint32_t n, ra_graph_work *w) {
+ * v's unpinned edges plus the new ones; the pinned edges and the `keep` unpinned ones after them
+ * stay (an inserted row's guided prefix, link_guided). Writes row v only. */
+static void add_edges_keep(ra_graph *g, const ra_keys *keys, uint32_t v, const uint32_t *src,
+                           uint32_t n, uint32_t keep, ra_graph_work *w) {
   uint32_t *row = row_of(g, v), d = g->deg[v], np = g->npin[v];
   uint32_t ep = mark_begin(w), m = 0;
   w->mark[v] = ep;
@@ -516,11 +517,19 @@ static void add_edges(ra_graph *g, const ra_keys *keys, uint32_t v, const uint32
     g->deg[v] = (uint16_t)(d + m);
     return;
   }
+  if (keep > d - np) keep = d - np;
+  np += keep;
   memmove(w->ids + (d - np), w->ids, (size_t)m * sizeof *w->ids);
   memcpy(w->ids, row + np, (size_t)(d - np) * sizeof *w->ids);
   ra_graph_rank_cands(keys, v, d - np + m, w);
   uint32_t ns = ra_graph_prune(keys, w->cand, d - np + m, g->M - np, 1, w);
-  ra_graph_set_row(g, v, w->sel, ns);
+  memcpy(row + np, w->sel, (size_t)ns * sizeof *row);
+  g->deg[v] = (uint16_t)(np + ns);
+}
+
+static void add_edges(ra_graph *g, const ra_keys *keys, uint32_t v, const uint32_t *src,
+                      uint32_t n, ra_graph_work *w) {
+  add_edges_keep(g, keys, v, src, n, 0, w);
 }
 
 void ra_graph_add_edge(ra_graph *g, const ra_keys *keys, uint32_t u, uint32_t v, ra_graph_work *w) {
@@ -796,7 +805,90 @@ done:
   return rc;
 }
 
-void ra_graph_insert(ra_graph *g, const ra_keys *keys, uint32_t id, uint32_t L, ra_graph_work *w) {
+/* Edges an old (built) row whose degree is full may give to inserted keys through the search's
+ * reverse edges. Each such re-pruning swaps one of its edges for a recent token, and the recent
+ * tokens are many and alike: with all of them re-pruned (the unguided insertion), walks on SmolLM2
+ * 34K L3 H4 found the old top keys behind ~300 recent ones and recall@100 at ef 320 fell from 0.905
+ * (rebuild) to 0.733. None: 0.908 there, but 8K heads then needed up to 1.5 points more scan for
+ * recall 0.95 (the recent keys lacked ways in); 2 keeps both (0.931; 8K within 0.6 points). */
+#define OLD_ROW_NEW_EDGES 2u
+
+/* Links u (inserted) with the search's results res and the guide's keys. Its row is
+ * [guided keys | metric / co-rated neighbors]: the first out_slots go to the guide's keys pruned
+ * among themselves, because pruned by key distance alongside the search's results they lost
+ * (an inserted key kept ~11 % old keys): they are the way from the run of recent keys back to the
+ * old keys that the same queries rank high. Reverse edges: from the search's neighbors (appended
+ * where a row has room; an inserted full row is re-pruned with its own guided prefix held; an
+ * old full row is re-pruned while it has fewer than OLD_ROW_NEW_EDGES edges to inserted keys),
+ * and from guide->in (re-pruned like the others, but old rows without the cap: those edges are
+ * what a query's walk that reaches its top keys takes to the new key). */
+static void link_guided(ra_graph *g, const ra_keys *keys, uint32_t u, const uint32_t *res,
+                        uint32_t n_res, const ra_graph_guide *gd, ra_graph_work *w) {
+  uint32_t sel1[RA_GRAPH_MAX_DEGREE], sel2[RA_GRAPH_MAX_DEGREE];
+  (void)attach_parent(g, keys, u, res, n_res, NULL, w);
+  uint32_t np = g->npin[u], budget = g->M - np, *row = row_of(g, u);
+  uint32_t slots = gd->out_slots < budget ? gd->out_slots : budget;
+  /* The search's results, pruned to what the guide leaves. */
+  uint32_t ep = mark_begin(w), m = 0, n1 = 0, n2 = 0;
+  w->mark[u] = ep;
+  for (uint32_t j = 0; j < np; j++) w->mark[row[j]] = ep;
+  for (uint32_t i = 0; i < n_res; i++)
+    if (w->mark[res[i]] != ep) {
+      w->mark[res[i]] = ep;
+      w->ids[m++] = res[i];
+    }
+  if (m) {
+    ra_graph_rank_cands(keys, u, m, w);
+    n1 = ra_graph_prune(keys, w->cand, m, budget - slots, 1, w);
+    memcpy(sel1, w->sel, (size_t)n1 * sizeof *sel1);
+  }
+  /* The guide's keys not linked yet, pruned among themselves into the rest. */
+  ep = mark_begin(w);
+  w->mark[u] = ep;
+  for (uint32_t j = 0; j < np; j++) w->mark[row[j]] = ep;
+  for (uint32_t i = 0; i < n1; i++) w->mark[sel1[i]] = ep;
+  m = 0;
+  for (uint32_t i = 0; i < gd->n_out; i++)
+    if (w->mark[gd->out[i]] != ep) {
+      w->mark[gd->out[i]] = ep;
+      w->ids[m++] = gd->out[i];
+    }
+  if (m && budget > n1) {
+    ra_graph_rank_cands(keys, u, m, w);
+    n2 = ra_graph_prune(keys, w->cand, m, budget - n1, 1, w);
+    memcpy(sel2, w->sel, (size_t)n2 * sizeof *sel2);
+  }
+  /* Few guide keys: the rest of the search's results, in order, fill the row. */
+  for (uint32_t i = 0; i < n_res && n1 + n2 < budget; i++)
+    if (w->mark[res[i]] != ep) {
+      w->mark[res[i]] = ep;
+      sel1[n1++] = res[i];
+    }
+  memcpy(sel2 + n2, sel1, (size_t)n1 * sizeof *sel2);
+  ra_graph_set_row(g, u, sel2, n2 + n1);
+  /* Reverse edges from the search's neighbors (sel1; add_edges reuses w's buffers). */
+  for (uint32_t j = 0; j < n1; j++) {
+    uint32_t v = sel1[j], keep = 0;
+    if (g->deg[v] >= g->M) {
+      if (v >= gd->n_built) {
+        keep = gd->out_slots;
+      } else {
+        const uint32_t *rv = row_of(g, v);
+        uint32_t recent = 0;
+        for (uint32_t i = 0; i < g->deg[v]; i++) recent += rv[i] >= gd->n_built;
+        if (recent >= OLD_ROW_NEW_EDGES) continue;
+      }
+    }
+    add_edges_keep(g, keys, v, &u, 1, keep, w);
+  }
+  for (uint32_t i = 0; i < gd->n_in; i++) {
+    uint32_t v = gd->in[i];
+    add_edges_keep(g, keys, v, &u, 1, v >= gd->n_built ? gd->out_slots : 0, w);
+  }
+}
+
+void ra_graph_insert(ra_graph *g, const ra_keys *keys, uint32_t id, uint32_t L,
+                     const ra_graph_guide *guide, ra_graph_work *w) {
   g->deg[id] = 0;
   g->npin[id] = 0;
   ra_graph_set_norms(g, keys, id, id + 1);
@@ -809,7 +901,10 @@ void ra_graph_insert(ra_graph *g, const ra_keys *keys, uint32_t id, uint32_t L, 
   uint32_t n_res = 0;
   search_near_key(g, keys, id, L, w, w->res_id, &n_res);
   /* link_node reads res_id before it reuses that buffer for the new row. */
-  link_node(g, keys, id, w->res_id, n_res, w);
+  if (guide)
+    link_guided(g, keys, id, w->res_id, n_res, guide, w);
+  else
+    link_node(g, keys, id, w->res_id, n_res, w);
 }
 
 int ra_graph_check(const ra_graph *g, ra_error *err) {

@@ -129,10 +129,24 @@ int ra_graph_add_reverse_edges(ra_graph *g, const ra_keys *keys, int n_threads, 
  * out-edges to what it found, and those get reverse edges. Afterwards all nodes are reachable. */
 int ra_graph_connect(ra_graph *g, const ra_keys *keys, uint32_t L, int n_threads, ra_error *err);
 
+/* Query-aware links for a node being inserted (roar's kept queries, roar.c). Ids may repeat. */
+typedef struct ra_graph_guide {
+  const uint32_t *out; /* keys the node should link to, most wanted first */
+  uint32_t n_out;
+  uint32_t out_slots;  /* row slots held for them; the metric neighbors get the rest */
+  const uint32_t *in;  /* keys that should link to the node (re-pruned where full) */
+  uint32_t n_in;
+  uint32_t n_built;    /* nodes [0, n_built) came from the build, the rest were inserted */
+} ra_graph_guide;
+
 /* Links node id == g->n (its key is keys row id) into the graph: beam search with width L,
- * pinned parent, pruned out-edges, reverse edges; g->n becomes id + 1. g must have room
- * (ra_graph_reserve) and w must be reserved for M + L candidates, id + 1 nodes, width L. */
-void ra_graph_insert(ra_graph *g, const ra_keys *keys, uint32_t id, uint32_t L, ra_graph_work *w);
+ * pinned parent, pruned out-edges, reverse edges; g->n becomes id + 1. With a guide, up to
+ * out_slots of the row go to guide->out (pruned among themselves), guide->in get edges to it,
+ * and the search's neighbors whose rows are full get none (see link_guided). g must have room
+ * (ra_graph_reserve) and w must be reserved for M + L + guide->n_out candidates, id + 1 nodes,
+ * width L. */
+void ra_graph_insert(ra_graph *g, const ra_keys *keys, uint32_t id, uint32_t L,
+                     const ra_graph_guide *guide, ra_graph_work *w);
 
 /* Structural invariants: degree <= M, no self loops or duplicates, ids < n, pinned edges form a
  * tree from the entry, every node reachable. RA_EINTERNAL + message, RA_ENOMEM. */

@@ -60,6 +60,9 @@ typedef struct {
   float query_sample; /* roar: fraction in (0, 1] of the given prefill queries used */
   uint32_t pivots;    /* roar: the first `pivots` keys of each query's list are pivots of the
                          projection (RoarGraph: 1; capped at knn_nq) */
+  uint32_t keep_queries; /* roar: sampled build queries kept (fp16) with their top-T lists for
+                            query-aware insertion (roar.c); 0 = none. Needs query vectors */
+  uint32_t keep_topk;    /* roar: T, the top keys each kept query tracks (capped at knn_nq) */
   uint64_t seed;      /* every random choice; a fixed seed gives a bit-identical index */
   int n_threads;      /* build threads; 0 = OpenMP's default */
 } ra_index_params;
@@ -103,7 +106,8 @@ int ra_index_build(const ra_index_params *p, const ra_keys *keys, const ra_queri
 /* Adds key `id`, which must equal ra_index_count(ix) and be < keys->n (the shard appended it):
  * a token evicted from the GPU window. It is retrievable by the next search. Graphs link it by a
  * beam search (L_build) + occlusion pruning + reverse edges, keeping the degree bound and
- * reachability from the entry. On failure the index is unchanged. */
+ * reachability from the entry; roar also links it through the kept build queries whose top
+ * lists it enters (roar.c). On failure the index is unchanged. */
 int ra_index_insert(ra_index *ix, const ra_keys *keys, uint32_t id, ra_error *err);
 
 /* Per-thread search state: visited marks (uint32 epochs per key), the beam, top-k buffers.

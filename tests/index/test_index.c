@@ -414,6 +414,138 @@ static void test_insertion_keeps_invariants_and_recall(void **state) {
   free_data(&d);
 }
 
+static ra_index *build_roar_keep(const data *d, uint32_t n, uint32_t keep_queries) {
+  ra_index_params p;
+  ra_index_params_default(RA_INDEX_ROAR, &p);
+  p.n_threads = 2;
+  p.keep_queries = keep_queries;
+  ra_keys k = keys_of(d, n);
+  ra_queries qs = {.q = d->q, .n = NQ};
+  ra_index *ix = NULL;
+  ra_error err;
+  if (ra_index_build(&p, &k, &qs, &ix, &err)) fail_msg("build roar: %s", err.msg);
+  return ix;
+}
+
+static int in_row(const ra_graph *g, uint32_t u, uint32_t v) {
+  for (uint32_t j = 0; j < g->deg[u]; j++)
+    if (g->adj[(size_t)u * g->M + j] == v) return 1;
+  return 0;
+}
+
+/* A key that kept queries rank first enters their lists (which stay sorted, the bar rising),
+ * links to their old top keys and gets edges from their top keys; keys that no list takes leave
+ * the lists alone. */
+static void test_insert_updates_kept_queries(void **state) {
+  (void)state;
+  data d;
+  const uint32_t n0 = NK * 9 / 10;
+  make_data(&d, NK, 17);
+  ra_index *ix = build_roar_keep(&d, n0, 256);
+  const ra_roar_keep *k = ix->keep;
+  assert_non_null(k);
+  assert_int_equal(k->n, 256);
+  assert_int_equal(k->T, 32);
+  const uint32_t T = k->T, n = k->n;
+  /* New key n0: kept query 0 itself, scaled far out, so that it tops query 0's list. */
+  float *x = d.keys + (size_t)n0 * DIM, q0[DIM];
+  for (int i = 0; i < DIM; i++) q0[i] = ra_fp16_to_fp32(k->q[i]);
+  for (int i = 0; i < DIM; i++) x[i] = 8.0f * q0[i];
+  uint32_t *top0 = malloc((size_t)n * T * sizeof *top0);
+  float *thr0 = malloc((size_t)n * sizeof *thr0);
+  assert_non_null(top0);
+  assert_non_null(thr0);
+  memcpy(top0, k->top, (size_t)n * T * sizeof *top0);
+  memcpy(thr0, k->thr, (size_t)n * sizeof *thr0);
+  ra_keys keys = keys_of(&d, NK);
+  ra_error err;
+  assert_int_equal(ra_index_insert(ix, &keys, n0, &err), RA_OK);
+  const ra_graph *g = ix->graph;
+  uint32_t entered = 0, linked_out = 0, linked_in = 0;
+  uint8_t *was_top = calloc(n0, 1);
+  assert_non_null(was_top);
+  for (uint32_t i = 0; i < n; i++) {
+    float qf[DIM];
+    for (int j = 0; j < DIM; j++) qf[j] = ra_fp16_to_fp32(k->q[(size_t)i * DIM + j]);
+    float s = 0;
+    for (int j = 0; j < DIM; j++) s += qf[j] * x[j];
+    const uint32_t *l = k->top + (size_t)i * T;
+    int has = 0;
+    for (uint32_t r = 0; r < T; r++) has |= l[r] == n0;
+    if (s <= thr0[i] - 1e-3f * fabsf(thr0[i])) {
+      assert_false(has);
+      assert_memory_equal(l, top0 + (size_t)i * T, T * sizeof *l);
+      continue;
+    }
+    if (s < thr0[i] + 1e-3f * fabsf(thr0[i])) continue; /* too close to call in fp32 */
+    assert_true(has);
+    assert_true(k->thr[i] >= thr0[i]);
+    entered++;
+    for (uint32_t r = 0; r < T; r++) was_top[top0[(size_t)i * T + r]] = 1;
+    linked_in += in_row(g, top0[(size_t)i * T], n0);
+    /* Sorted by the kept query's scores. */
+    for (uint32_t r = 1; r < T; r++) {
+      float a = 0, b = 0;
+      for (int j = 0; j < DIM; j++) {
+        a += qf[j] * d.keys[(size_t)l[r - 1] * DIM + j];
+        b += qf[j] * d.keys[(size_t)l[r] * DIM + j];
+      }
+      assert_true(a >= b - 1e-3f * fabsf(b));
+    }
+  }
+  assert_int_equal(k->top[0], n0); /* query 0's best key now */
+  for (uint32_t j = 0; j < g->deg[n0]; j++) linked_out += g->adj[(size_t)n0 * g->M + j] < n0 &&
+                                                          was_top[g->adj[(size_t)n0 * g->M + j]];
+  print_message("entered %u lists; %u of %u out-edges to their old top keys; %u in-edges\n",
+                entered, linked_out, g->deg[n0], linked_in);
+  assert_true(entered >= 1);
+  assert_true(linked_out >= g->M / 2);
+  assert_true(linked_in >= 1);
+  assert_graph_invariants(ix);
+  free(was_top);
+  free(top0);
+  free(thr0);
+  ra_index_free(ix);
+  free_data(&d);
+}
+
+/* The kept queries are the index's memory: in ra_index_bytes and in the estimate the store
+ * charges before a build. */
+static void test_kept_queries_are_accounted(void **state) {
+  (void)state;
+  data d;
+  make_data(&d, NK, 18);
+  ra_index *with = build_roar_keep(&d, NK, 1024), *without = build_roar_keep(&d, NK, 0);
+  assert_non_null(with->keep);
+  assert_null(without->keep);
+  const ra_roar_keep *k = with->keep;
+  size_t extra = ra_index_bytes(with) - ra_index_bytes(without);
+  size_t least = (size_t)k->n * DIM * 2 + (size_t)k->n * k->T * 4 + (size_t)k->n * 4;
+  print_message("%u kept queries x T %u: %zu bytes\n", k->n, k->T, extra);
+  assert_int_equal(k->n, NQ);
+  assert_true(extra >= least);
+  assert_int_equal(extra, ra_roar_keep_bytes(k));
+  ra_index_params p;
+  ra_index_params_default(RA_INDEX_ROAR, &p);
+  p.n_threads = 2;
+  size_t est = ra_index_estimate_bytes(&p, NK, DIM, NQ);
+  p.keep_queries = 0;
+  size_t est0 = ra_index_estimate_bytes(&p, NK, DIM, NQ);
+  assert_true(est - est0 >= extra);
+  assert_true(ra_index_bytes(with) <= est);
+  /* Growing by insertion keeps the kept queries' bytes as they were. */
+  ra_keys keys = keys_of(&d, NK);
+  ra_error err;
+  ra_index *grown = build_roar_keep(&d, NK - 100, 1024);
+  for (uint32_t id = NK - 100; id < NK; id++)
+    assert_int_equal(ra_index_insert(grown, &keys, id, &err), RA_OK);
+  assert_int_equal(ra_roar_keep_bytes(grown->keep), ra_roar_keep_bytes(k));
+  ra_index_free(grown);
+  ra_index_free(with);
+  ra_index_free(without);
+  free_data(&d);
+}
+
 static void test_insert_into_empty(void **state) {
   (void)state;
   data d;
@@ -776,6 +908,8 @@ int main(void) {
   const struct CMUnitTest build_tests[] = {
       cmocka_unit_test(test_roar_recall_on_shifted_queries),
       cmocka_unit_test(test_insertion_keeps_invariants_and_recall),
+      cmocka_unit_test(test_insert_updates_kept_queries),
+      cmocka_unit_test(test_kept_queries_are_accounted),
       cmocka_unit_test(test_build_is_deterministic),
       cmocka_unit_test(test_roar_pivots_per_list),
       cmocka_unit_test(test_roar_entry_is_a_pivot),
