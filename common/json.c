@@ -303,6 +303,25 @@ int ra_json_get_bool(const ra_json *obj, const char *key, int *out) {
   return RA_OK;
 }
 
+/* Length of the well-formed UTF-8 sequence at c (RFC 3629: no overlongs, no surrogates, nothing
+ * past U+10FFFF), or 0. */
+static int utf8_len(const unsigned char *c) {
+  int n;
+  unsigned char lo = 0x80, hi = 0xbf;
+  if (c[0] >= 0xc2 && c[0] <= 0xdf) n = 2;
+  else if (c[0] >= 0xe0 && c[0] <= 0xef) n = 3;
+  else if (c[0] >= 0xf0 && c[0] <= 0xf4) n = 4;
+  else return 0;
+  if (c[0] == 0xe0) lo = 0xa0;
+  if (c[0] == 0xed) hi = 0x9f;
+  if (c[0] == 0xf0) lo = 0x90;
+  if (c[0] == 0xf4) hi = 0x8f;
+  if (c[1] < lo || c[1] > hi) return 0;
+  for (int i = 2; i < n; i++)
+    if (c[i] < 0x80 || c[i] > 0xbf) return 0;
+  return n;
+}
+
 void ra_json_write_str(FILE *f, const char *s) {
   fputc('"', f);
   for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
@@ -311,7 +330,18 @@ void ra_json_write_str(FILE *f, const char *s) {
     else if (*c == '\t') fputs("\\t", f);
     else if (*c == '\r') fputs("\\r", f);
     else if (*c < 0x20) fprintf(f, "\\u%04x", *c);
-    else fputc(*c, f);
+    else if (*c < 0x80) fputc(*c, f);
+    else {
+      /* JSON text is UTF-8: a byte that starts no well-formed sequence (a token's partial
+       * character, a binary string) becomes U+FFFD, so that the file stays readable */
+      int n = utf8_len(c);
+      if (n == 0) {
+        fputs("\\ufffd", f);
+      } else {
+        fwrite(c, 1, (size_t)n, f);
+        c += n - 1;
+      }
+    }
   }
   fputc('"', f);
 }

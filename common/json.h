@@ -40,7 +40,8 @@ int ra_json_get_num(const ra_json *obj, const char *key, double *out);
 int ra_json_get_str(const ra_json *obj, const char *key, const char **out);
 int ra_json_get_bool(const ra_json *obj, const char *key, int *out);
 
-/* Writes s as a quoted JSON string, escaping quotes, backslashes and control characters. */
+/* Writes s as a quoted JSON string, escaping quotes, backslashes and control characters; bytes
+ * that are not well-formed UTF-8 are written as U+FFFD. */
 void ra_json_write_str(FILE *f, const char *s);
 
 #endif

@@ -1,5 +1,6 @@
 #include "offload.h"
 
+#include "job_pipe.h"
 #include "quant.h"
 
 #include <math.h>
@@ -52,6 +53,7 @@ struct ra_offload {
   float *evict_k;         /* [n_layers, n_kv_heads, head_dim]: the token leaving the window */
   float *evict_v;
   size_t kv_row;          /* floats per cache row: n_kv_heads * head_dim */
+  double pipe_append_us, pipe_index_us; /* prefill: the layer jobs' puts and builds (layer_job_run) */
   ra_offload_stats prefill_stats;
   ra_offload_stats *steps; /* [n_steps] recorded decode timings */
   size_t n_steps, steps_cap;
@@ -174,74 +176,142 @@ static int ring_fill(ra_offload *o, ra_tensor *dst, const ra_tensor *src, int64_
   return RA_OK;
 }
 
-/* Index build of one layer. ivf / kgraph: one per kv head, from the keys alone. roar: for every
- * q head, the layer's sampled prefill queries and their exact top-Nq keys among the offloaded
- * positions [b, e), computed on the backend (q K^T, then top-k per row), sent to every store
- * holding the q head's kv head. All of the layer's builds are in flight together, so the stores
- * build the heads in parallel.
- * q_sample: host [n_q, n_heads, head_dim] (positions ra_prefill_query_pos);
- * keys: host [e - b, n_kv_heads, head_dim]. */
-static int build_layer_index(ra_offload *o, int layer, const float *q_sample, int64_t n_q, const float *keys,
-                             int64_t b, int64_t e, ra_error *err) {
+/* ---- one layer's offload: a job the prefill hands to its pipe ----
+ * The device part (downloading the layer's offloaded K/V, the roar index's kNN on the backend)
+ * runs on the prefill's thread; the store part (PutKv to every store at once, then the layer's
+ * index builds, all in flight together) runs on the pipe's thread while the device computes the
+ * next layer. */
+typedef struct layer_job {
+  ra_offload *o;
+  int layer;
+  int64_t b, e;          /* offloaded positions [b, e) */
+  const float *k, *v;    /* host [e - b, n_kv_heads, head_dim] */
+  int own_kv;            /* k, v are the job's (prefill: malloc'ed) or borrowed (seed) */
+  /* roar: per q head h, its n_q sampled queries and their top-knn keys among [b, e) */
+  float *q;              /* [n_heads, n_q, head_dim] */
+  uint64_t *ids;         /* [n_heads, n_q, knn] */
+  int64_t n_q;
+  int knn;               /* 0: no index, or too few keys to be worth one */
+} layer_job;
+
+static void layer_job_free(void *arg) {
+  layer_job *j = arg;
+  if (!j) return;
+  if (j->own_kv) {
+    free((void *)j->k);
+    free((void *)j->v);
+  }
+  free(j->q);
+  free(j->ids);
+  free(j);
+}
+
+/* The roar index's input for one layer, on the backend: for every q head, the layer's sampled
+ * prefill queries and their exact top-Nq keys among the offloaded positions (q K^T, then top-k
+ * per row). ivf / kgraph learn from the keys alone and need none of it.
+ * q_sample: host [n_q, n_heads, head_dim] (positions ra_prefill_query_pos). */
+static int layer_job_knn(layer_job *j, const float *q_sample, int64_t n_q, ra_error *err) {
+  ra_offload *o = j->o;
   const ra_model_config *c = &o->m->cfg;
   ra_backend *be = o->m->be;
-  int64_t n_off = e - b, hd = c->head_dim, group = c->n_heads / c->n_kv_heads;
-  int knn = (int)(n_off < (int64_t)o->cfg.knn_nq ? n_off : (int64_t)o->cfg.knn_nq);
-  if (knn < 2) return RA_OK; /* too few offloaded keys to be worth an index: the stores scan */
-  if (o->cfg.mode == RA_ATTN_IVF || o->cfg.mode == RA_ATTN_KGRAPH) {
-    /* key-only indexes: one per kv head, no queries */
-    int rc = RA_OK;
-    for (int64_t g = 0; g < c->n_kv_heads && rc == RA_OK; g++)
-      rc = ra_remote_build_index_start(o->remote, (uint32_t)layer, (uint32_t)(g * group), NULL, 0, NULL, 0, err);
-    ra_error werr;
-    int wrc = ra_remote_build_index_wait(o->remote, rc ? &werr : err);
-    return rc ? rc : wrc;
+  int64_t n_off = j->e - j->b, hd = c->head_dim, group = c->n_heads / c->n_kv_heads;
+  j->knn = (int)(n_off < (int64_t)o->cfg.knn_nq ? n_off : (int64_t)o->cfg.knn_nq);
+  if (j->knn < 2) {
+    j->knn = 0; /* too few offloaded keys to be worth an index: the stores scan */
+    return RA_OK;
   }
-  float *kh = malloc((size_t)(n_off * hd) * sizeof(float)), *qh = malloc((size_t)(n_q * hd) * sizeof(float));
-  float *val = malloc((size_t)(n_q * knn) * sizeof(float));
-  int32_t *idx = malloc((size_t)(n_q * knn) * sizeof(int32_t));
-  uint64_t *ids = malloc((size_t)(n_q * knn) * sizeof(uint64_t));
+  if (o->cfg.mode != RA_ATTN_ROAR) return RA_OK;
+  j->n_q = n_q;
+  j->q = malloc((size_t)(c->n_heads * n_q * hd) * sizeof(float));
+  j->ids = malloc((size_t)(c->n_heads * n_q * j->knn) * sizeof(uint64_t));
+  float *kh = malloc((size_t)(n_off * hd) * sizeof(float)), *val = malloc((size_t)(n_q * j->knn) * sizeof(float));
+  int32_t *idx = malloc((size_t)(n_q * j->knn) * sizeof(int32_t));
   ra_tensor w = {0}, x = {0}, y = {0};
-  int rc = (!kh || !qh || !val || !idx || !ids) ? ra_errorf(err, RA_ENOMEM, "offload: out of memory for the index build") : RA_OK;
+  int rc = (!j->q || !j->ids || !kh || !val || !idx) ? ra_errorf(err, RA_ENOMEM, "offload: out of memory for the index build")
+                                                    : RA_OK;
   int64_t xs[2] = {n_q, hd}, ys[2] = {n_q, n_off};
   if (rc == RA_OK) rc = ra_tensor_new(be, &x, RA_DTYPE_F32, 2, xs, err);
   if (rc == RA_OK) rc = ra_tensor_new(be, &y, RA_DTYPE_F32, 2, ys, err);
   for (int64_t g = 0; g < c->n_kv_heads && rc == RA_OK; g++) {
     /* kv head g's offloaded keys, contiguous [n_off, hd], as the "weight" of q K^T */
-    for (int64_t t = 0; t < n_off; t++) memcpy(kh + t * hd, keys + (t * c->n_kv_heads + g) * hd, (size_t)hd * sizeof(float));
+    for (int64_t t = 0; t < n_off; t++) memcpy(kh + t * hd, j->k + (t * c->n_kv_heads + g) * hd, (size_t)hd * sizeof(float));
     ra_tensor_free(&w);
     rc = be->ops->load_weight(be, kh, RA_GGML_F32, n_off, hd, &w, err);
     for (int64_t h = g * group; h < (g + 1) * group && rc == RA_OK; h++) {
-      for (int64_t i = 0; i < n_q; i++)
-        memcpy(qh + i * hd, q_sample + (i * c->n_heads + h) * hd, (size_t)hd * sizeof(float));
+      float *qh = j->q + (size_t)(h * n_q * hd);
+      uint64_t *ih = j->ids + (size_t)(h * n_q * j->knn);
+      for (int64_t i = 0; i < n_q; i++) memcpy(qh + i * hd, q_sample + (i * c->n_heads + h) * hd, (size_t)hd * sizeof(float));
       if ((rc = be->ops->upload(be, &x, 0, qh, (size_t)(n_q * hd), err)) ||
           (rc = be->ops->matmul(be, &x, &w, NULL, &y, 0, err)) ||
-          (rc = be->ops->topk_rows(be, &y, knn, idx, val, err)))
+          (rc = be->ops->topk_rows(be, &y, j->knn, idx, val, err)))
         break;
-      for (int64_t i = 0; i < n_q * knn; i++) ids[i] = (uint64_t)(b + idx[i]);
-      rc = ra_remote_build_index_start(o->remote, (uint32_t)layer, (uint32_t)h, qh, (uint32_t)n_q, ids, (uint32_t)knn,
-                                       err);
+      for (int64_t i = 0; i < n_q * j->knn; i++) ih[i] = (uint64_t)(j->b + idx[i]);
     }
   }
-  /* the layer's builds run at the stores at once; a layer's index is complete on return */
-  ra_error werr;
-  int wrc = ra_remote_build_index_wait(o->remote, rc ? &werr : err);
-  if (rc == RA_OK) rc = wrc;
   ra_tensor_free(&w);
   ra_tensor_free(&x);
   ra_tensor_free(&y);
   free(kh);
-  free(qh);
   free(val);
   free(idx);
-  free(ids);
   return rc;
 }
 
+/* The store part: the layer's K/V to its stores, then its index builds (ivf / kgraph: one per
+ * kv head, from the keys; roar: one per q head, from the kNN lists), all started before any is
+ * waited for, so that the stores build them in parallel. The layer's index is complete on
+ * return. Timings go to o->pipe_append_us / o->pipe_index_us (written by one thread at a time:
+ * the pipe's, or the seed's caller). */
+static int layer_job_run(void *arg, ra_error *err) {
+  layer_job *j = arg;
+  ra_offload *o = j->o;
+  const ra_model_config *c = &o->m->cfg;
+  uint64_t t0 = uv_hrtime();
+  int rc = ra_remote_put(o->remote, (uint32_t)j->layer, j->k, j->v, (uint64_t)j->b, (uint64_t)(j->e - j->b), err);
+  uint64_t t1 = uv_hrtime();
+  o->pipe_append_us += (double)(t1 - t0) / 1e3;
+  if (rc != RA_OK || !is_index_mode(o->cfg.mode) || j->knn == 0) return rc;
+  int64_t group = c->n_heads / c->n_kv_heads, hd = c->head_dim;
+  if (o->cfg.mode == RA_ATTN_ROAR) {
+    for (int64_t h = 0; h < c->n_heads && rc == RA_OK; h++)
+      rc = ra_remote_build_index_start(o->remote, (uint32_t)j->layer, (uint32_t)h, j->q + (size_t)(h * j->n_q * hd),
+                                       (uint32_t)j->n_q, j->ids + (size_t)(h * j->n_q * j->knn), (uint32_t)j->knn, err);
+  } else {
+    for (int64_t g = 0; g < c->n_kv_heads && rc == RA_OK; g++)
+      rc = ra_remote_build_index_start(o->remote, (uint32_t)j->layer, (uint32_t)(g * group), NULL, 0, NULL, 0, err);
+  }
+  ra_error werr;
+  int wrc = ra_remote_build_index_wait(o->remote, rc ? &werr : err);
+  o->pipe_index_us += (double)(uv_hrtime() - t1) / 1e3;
+  return rc ? rc : wrc;
+}
+
+/* A job for layer l's offloaded rows [b, e) of k, v (host [.., n_kv_heads, head_dim], row 0 =
+ * position b), with the roar kNN computed from q_sample. */
+static int layer_job_new(ra_offload *o, int l, int64_t b, int64_t e, const float *k, const float *v, int own_kv,
+                         const float *q_sample, int64_t n_q, layer_job **out, ra_error *err) {
+  layer_job *j = calloc(1, sizeof *j);
+  if (!j) {
+    if (own_kv) {
+      free((void *)k);
+      free((void *)v);
+    }
+    return ra_errorf(err, RA_ENOMEM, "offload: out of memory");
+  }
+  *j = (layer_job){.o = o, .layer = l, .b = b, .e = e, .k = k, .v = v, .own_kv = own_kv};
+  int rc = is_index_mode(o->cfg.mode) ? layer_job_knn(j, q_sample, n_q, err) : RA_OK;
+  if (rc != RA_OK) {
+    layer_job_free(j);
+    return rc;
+  }
+  *out = j;
+  return RA_OK;
+}
+
 /* After layer l ran over the scratch (st->k_cache[l] is the scratch, sk/sv hold the ring):
- * offloaded positions to the stores (+ index), sink and window into the ring. */
-static int prefill_offload_layer(ra_offload *o, int l, int64_t n, ra_tensor *ring_k, ra_tensor *ring_v,
-                                 ra_offload_stats *stats, ra_error *err) {
+ * offloaded positions to the stores (+ index) through the pipe, sink and window into the ring. */
+static int prefill_offload_layer(ra_offload *o, ra_job_pipe *pipe, int l, int64_t n, ra_tensor *ring_k,
+                                 ra_tensor *ring_v, ra_offload_stats *stats, ra_error *err) {
   ra_state *st = o->st;
   ra_backend *be = o->m->be;
   uint64_t b64, e64;
@@ -252,27 +322,31 @@ static int prefill_offload_layer(ra_offload *o, int l, int64_t n, ra_tensor *rin
   if (o->remote && e > b) {
     uint64_t t0 = uv_hrtime();
     size_t nf = (size_t)(e - b) * o->kv_row;
-    float *k = malloc(nf * sizeof(float)), *v = malloc(nf * sizeof(float));
+    float *k = malloc(nf * sizeof(float)), *v = malloc(nf * sizeof(float)), *q = NULL;
     if (!k || !v) rc = ra_errorf(err, RA_ENOMEM, "offload: out of memory for %lld tokens of layer %d", (long long)(e - b), l);
     if (rc == RA_OK) rc = be->ops->download(be, &st->k_cache[l], (size_t)b * o->kv_row, k, nf, err);
     if (rc == RA_OK) rc = be->ops->download(be, &st->v_cache[l], (size_t)b * o->kv_row, v, nf, err);
-    if (rc == RA_OK) rc = ra_remote_put(o->remote, (uint32_t)l, k, v, (uint64_t)b, (uint64_t)(e - b), err);
-    stats->append_us += (double)(uv_hrtime() - t0) / 1e3;
-    if (rc == RA_OK && is_index_mode(o->cfg.mode)) {
-      t0 = uv_hrtime();
-      /* the sampled queries of ra_prefill_query_pos, in place at the front of q */
-      size_t q_row = (size_t)o->m->cfg.n_heads * (size_t)o->m->cfg.head_dim;
-      int64_t n_q = n < (int64_t)o->cfg.build_queries ? n : (int64_t)o->cfg.build_queries;
-      float *q = malloc((size_t)n * q_row * sizeof(float));
+    uint64_t t1 = uv_hrtime();
+    stats->append_us += (double)(t1 - t0) / 1e3;
+    /* the sampled queries of ra_prefill_query_pos, in place at the front of q */
+    size_t q_row = (size_t)o->m->cfg.n_heads * (size_t)o->m->cfg.head_dim;
+    int64_t n_q = n < (int64_t)o->cfg.build_queries ? n : (int64_t)o->cfg.build_queries;
+    if (rc == RA_OK && o->cfg.mode == RA_ATTN_ROAR) {
+      q = malloc((size_t)n * q_row * sizeof(float));
       rc = q ? be->ops->download(be, &st->cur_q, 0, q, (size_t)n * q_row, err) : ra_errorf(err, RA_ENOMEM, "offload: out of memory");
       for (int64_t i = 0; rc == RA_OK && i < n_q; i++)
         memmove(q + (size_t)i * q_row, q + (size_t)ra_prefill_query_pos(n, n_q, i) * q_row, q_row * sizeof(float));
-      if (rc == RA_OK) rc = build_layer_index(o, l, q, n_q, k, b, e, err);
-      free(q);
-      stats->index_us += (double)(uv_hrtime() - t0) / 1e3;
     }
+    layer_job *job = NULL;
+    if (rc == RA_OK) {
+      rc = layer_job_new(o, l, b, e, k, v, 1, q, n_q, &job, err);
+      k = v = NULL; /* the job's now, or freed */
+    }
+    free(q);
     free(k);
     free(v);
+    stats->index_us += (double)(uv_hrtime() - t1) / 1e3;
+    if (rc == RA_OK) rc = ra_job_pipe_push(pipe, layer_job_run, layer_job_free, job, err);
   }
   /* sink [0, min(S, n)) and window [min(e, n), n) into the ring */
   int64_t s = n < (int64_t)o->cfg.n_sink ? n : (int64_t)o->cfg.n_sink;
@@ -292,13 +366,18 @@ int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offlo
     return ra_errorf(err, RA_EINVAL, "offload: a prefill of %lld tokens (at most %lld)", (long long)n,
                      (long long)o->scratch_k.shape[0]);
   uint64_t t0 = uv_hrtime();
-  int rc = ra_step_begin(st, tokens, n, err);
+  /* Two layers in flight: layer l at the stores while the device computes l + 1, and l + 1's
+   * job ready behind it (host memory: two layers' offloaded K/V in fp32). */
+  ra_job_pipe *pipe = NULL;
+  o->pipe_append_us = o->pipe_index_us = 0.0;
+  int rc = o->remote ? ra_job_pipe_start(2, &pipe, err) : RA_OK;
+  if (rc == RA_OK) rc = ra_step_begin(st, tokens, n, err);
   for (int l = 0; l < o->m->cfg.n_layers && rc == RA_OK; l++) {
     /* The scratch becomes layer l's cache for this step; its ring waits in scratch_k/v. */
     ra_state_swap_cache(st, l, &o->scratch_k, &o->scratch_v);
     rc = ra_step_layer_qkv(st, l, err);
     if (rc == RA_OK) rc = ra_step_layer_attend(st, l, err);
-    if (rc == RA_OK) rc = prefill_offload_layer(o, l, n, &o->scratch_k, &o->scratch_v, &s, err);
+    if (rc == RA_OK) rc = prefill_offload_layer(o, pipe, l, n, &o->scratch_k, &o->scratch_v, &s, err);
     ra_state_swap_cache(st, l, &o->scratch_k, &o->scratch_v);
     if (rc == RA_OK) rc = ra_step_layer_finish(st, l, err);
     if (rc == RA_OK && o->cfg.progress) {
@@ -314,6 +393,14 @@ int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offlo
   }
   if (rc == RA_OK) rc = ra_step_end(st, 0, err);
   if (rc == RA_OK) rc = o->m->be->ops->sync(o->m->be, err);
+  /* the last layers' stores and builds; a store's failure surfaces here at the latest */
+  if (pipe) {
+    ra_error perr;
+    int prc = ra_job_pipe_finish(pipe, rc ? &perr : err);
+    if (rc == RA_OK) rc = prc;
+  }
+  s.append_us += o->pipe_append_us;
+  s.index_us += o->pipe_index_us;
   if (rc != RA_OK) {
     st->n = 0;
     return rc;
@@ -364,16 +451,17 @@ int ra_offload_seed(ra_offload *o, const ra_prefill_capture *cap, ra_offload_sta
   for (int l = 0; l < c->n_layers && rc == RA_OK; l++) {
     const float *k = cap->k + (size_t)l * (size_t)n * o->kv_row, *v = cap->v + (size_t)l * (size_t)n * o->kv_row;
     if (o->remote && e > b) {
+      /* as the prefill's jobs, run here: the capture's K/V are the job's borrowed rows */
       uint64_t ta = uv_hrtime();
-      rc = ra_remote_put(o->remote, (uint32_t)l, k + (size_t)b * o->kv_row, v + (size_t)b * o->kv_row, (uint64_t)b,
-                         (uint64_t)(e - b), err);
-      s.append_us += (double)(uv_hrtime() - ta) / 1e3;
-      if (rc == RA_OK && is_index_mode(o->cfg.mode)) {
-        ta = uv_hrtime();
-        rc = build_layer_index(o, l, cap->q + (size_t)l * (size_t)n_q * q_row, n_q, k + (size_t)b * o->kv_row, b, e,
-                               err);
-        s.index_us += (double)(uv_hrtime() - ta) / 1e3;
-      }
+      layer_job *job = NULL;
+      o->pipe_append_us = o->pipe_index_us = 0.0;
+      rc = layer_job_new(o, l, b, e, k + (size_t)b * o->kv_row, v + (size_t)b * o->kv_row, 0,
+                         cap->q + (size_t)l * (size_t)n_q * q_row, n_q, &job, err);
+      double knn_us = (double)(uv_hrtime() - ta) / 1e3;
+      if (rc == RA_OK) rc = layer_job_run(job, err);
+      layer_job_free(job);
+      s.append_us += o->pipe_append_us;
+      s.index_us += knn_us + o->pipe_index_us;
     }
     if (rc == RA_OK) rc = seed_ring(o, &st->k_cache[l], &o->scratch_k, k, 0, sink_end, err);
     if (rc == RA_OK) rc = seed_ring(o, &st->v_cache[l], &o->scratch_v, v, 0, sink_end, err);

@@ -1,4 +1,4 @@
-/* The strict JSON reader. */
+/* The strict JSON reader, and the string writer whose output it must accept. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -50,9 +50,37 @@ static void test_json_rejects(void **state) {
   assert_non_null(strstr(err.msg, "deep"));
 }
 
+/* Generated text can end inside a character (byte-level BPE) or be arbitrary bytes: the writer
+ * keeps well-formed UTF-8 and replaces the rest, so that the strict reader takes the file back. */
+static void test_json_write_str_round_trip(void **state) {
+  (void)state;
+  const char *in[] = {"plain \"q\" \\ \n\t\x01", "caf\xc3\xa9 \xf0\x9f\x98\x80", "cut \xe2\x82", "\xff\xfe",
+                      "\xc0\xaf overlong", "\xed\xa0\x80 surrogate", "\xf4\x90\x80\x80 > U+10FFFF"};
+  const char *want[] = {"plain \"q\" \\ \n\t\x01", "caf\xc3\xa9 \xf0\x9f\x98\x80", "cut \xef\xbf\xbd\xef\xbf\xbd",
+                        "\xef\xbf\xbd\xef\xbf\xbd", "\xef\xbf\xbd\xef\xbf\xbd overlong",
+                        "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd surrogate",
+                        "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd > U+10FFFF"};
+  for (size_t i = 0; i < sizeof in / sizeof in[0]; i++) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_non_null(f);
+    ra_json_write_str(f, in[i]);
+    fclose(f);
+    ra_json *v;
+    ra_error err;
+    if (ra_json_parse(buf, len, &v, &err) != RA_OK) fail_msg("case %zu: %s: %s", i, buf, err.msg);
+    assert_int_equal(v->type, RA_JSON_STRING);
+    assert_string_equal(v->str, want[i]);
+    ra_json_free(v);
+    free(buf);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_json_valid),
+      cmocka_unit_test(test_json_write_str_round_trip),
       cmocka_unit_test(test_json_rejects),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

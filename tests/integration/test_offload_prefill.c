@@ -1,0 +1,170 @@
+/* The distributed prefill on a tiny random model with real kv-store processes: each layer's
+ * offloaded K/V travels to its stores (every store at once) on the prefill's job pipe while the
+ * next layer computes. With k covering every offloaded key, flat decode equals full attention;
+ * roar builds its indexes through the same pipe; a store that refuses a layer's KV (its memory
+ * budget) fails the prefill with the store's reason instead of hanging it. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <math.h>
+
+#include "harness.h"
+#include "offload.h"
+#include "shardmap.h"
+
+enum { N_PROMPT = 600, N_DECODE = 4, SINK = 16, WINDOW = 48 };
+
+static void ok(int rc, const ra_error *err) {
+  if (rc != RA_OK) fail_msg("%s: %s", ra_status_name(rc), err->msg);
+}
+
+typedef struct fixture {
+  ra_backend *be;
+  ra_model *m;
+  harness_store st[2];
+  ra_shard_map map;
+  ra_offload_plan plan;
+  int32_t tokens[N_PROMPT + N_DECODE];
+} fixture;
+
+/* Two stores (store 1 with extra_args), the tiny geometry with 4 layers, kv heads dealt
+ * round-robin. */
+static void fixture_up(fixture *f, const char *const *store1_args) {
+  memset(f, 0, sizeof *f);
+  ra_error err;
+  ra_backend_config bc = {2, 0};
+  ok(ra_backend_create("cpu", &bc, &f->be, &err), &err);
+  ra_model_config c;
+  ok(ra_model_config_preset("tiny", &c, &err), &err);
+  c.n_layers = 4;
+  ok(ra_model_random(f->be, &c, 11, &f->m, &err), &err);
+  const char *const args0[] = {"--threads", "1", NULL};
+  assert_int_equal(harness_store_start(&f->st[0], args0), 0);
+  assert_int_equal(harness_store_start(&f->st[1], store1_args ? store1_args : args0), 0);
+  const char *addrs[2] = {f->st[0].addr, f->st[1].addr};
+  ok(ra_shard_map_spread(addrs, 2, (uint32_t)c.n_layers, (uint32_t)c.n_kv_heads, &f->map, &err), &err);
+  ok(ra_offload_plan_build(&f->map, (uint32_t)c.n_layers, (uint32_t)c.n_heads, (uint32_t)c.n_kv_heads, SINK, WINDOW,
+                           &f->plan, &err),
+     &err);
+  for (int i = 0; i < N_PROMPT + N_DECODE; i++) f->tokens[i] = (int32_t)((i * 37 + 11) % c.vocab);
+}
+
+static void fixture_down(fixture *f) {
+  for (int i = 0; i < 2; i++)
+    if (f->st[i].pid > 0) assert_int_equal(harness_store_stop(&f->st[i], 5000), 0);
+  ra_offload_plan_free(&f->plan);
+  ra_shard_map_free(&f->map);
+  ra_model_free(f->m);
+  ra_backend_destroy(f->be);
+}
+
+static ra_offload *offload_new(fixture *f, ra_attn_mode mode, uint32_t top_k, uint32_t ef) {
+  ra_offload_config c;
+  ra_offload_config_default(&c);
+  c.mode = mode;
+  c.n_sink = SINK;
+  c.n_window = WINDOW;
+  c.top_k = top_k;
+  c.ef = ef;
+  c.store_dtype = RA_DTYPE_F32;
+  c.build_queries = 64;
+  c.max_prompt = N_PROMPT;
+  c.max_ctx = N_PROMPT + N_DECODE;
+  c.timeout_ms = 5000;
+  ra_offload *o;
+  ra_error err;
+  ok(ra_offload_new(f->m, &f->plan, &c, &o, &err), &err);
+  return o;
+}
+
+/* The last position's logits of a state. */
+static void last_logits(ra_state *st, float *out) {
+  ra_tensor row = ra_tensor_rows(&st->logits, st->n_logits - 1, 1);
+  ra_error err;
+  ok(st->be->ops->download(st->be, &row, 0, out, (size_t)st->m->cfg.vocab, &err), &err);
+}
+
+static void test_pipelined_prefill_flat_equals_full(void **state) {
+  (void)state;
+  fixture f;
+  fixture_up(&f, NULL);
+  const int vocab = f.m->cfg.vocab;
+  float *want = malloc((size_t)vocab * sizeof *want), *got = malloc((size_t)vocab * sizeof *got);
+  ra_state *st;
+  ra_error err;
+  ok(ra_state_new(f.m, N_PROMPT + N_DECODE, N_PROMPT, RA_DTYPE_F32, &st, &err), &err);
+  ra_offload *o = offload_new(&f, RA_ATTN_FLAT, N_PROMPT + N_DECODE, 0);
+  ra_offload_stats ps;
+  ok(ra_model_forward(st, f.tokens, N_PROMPT, 0, NULL, &err), &err);
+  ok(ra_offload_prefill(o, f.tokens, N_PROMPT, &ps, &err), &err);
+  assert_int_equal(ps.n_offloaded, N_PROMPT - SINK - WINDOW);
+  assert_true(ps.append_us > 0);
+  double worst = 0;
+  for (int t = 0; t <= N_DECODE; t++) {
+    if (t > 0) {
+      ok(ra_model_forward(st, &f.tokens[N_PROMPT + t - 1], 1, 0, NULL, &err), &err);
+      ok(ra_offload_decode(o, f.tokens[N_PROMPT + t - 1], NULL, &err), &err);
+    }
+    last_logits(st, want);
+    last_logits(ra_offload_state(o), got);
+    for (int i = 0; i < vocab; i++) worst = fmax(worst, fabs((double)want[i] - got[i]));
+  }
+  print_message("flat k=all after a pipelined prefill: max |logit diff| %.2e\n", worst);
+  assert_true(worst < 1e-3);
+  ra_offload_free(o);
+  ra_state_free(st);
+  free(want);
+  free(got);
+  fixture_down(&f);
+}
+
+static void test_pipelined_prefill_builds_roar(void **state) {
+  (void)state;
+  fixture f;
+  fixture_up(&f, NULL);
+  ra_offload *o = offload_new(&f, RA_ATTN_ROAR, 16, 24) /* a beam that does not cover the ~540 keys */;
+  ra_offload_stats ps, ds;
+  ra_error err;
+  ok(ra_offload_prefill(o, f.tokens, N_PROMPT, &ps, &err), &err);
+  assert_true(ps.index_us > 0);
+  ok(ra_offload_decode(o, f.tokens[N_PROMPT], &ds, &err), &err);
+  const uint64_t all = (uint64_t)f.m->cfg.n_layers * (uint64_t)f.m->cfg.n_heads * ds.n_offloaded;
+  print_message("roar: prefill index %.1f ms, decode scanned %llu of %llu keys\n", ps.index_us / 1e3,
+                (unsigned long long)ds.n_scanned, (unsigned long long)all);
+  assert_true(ds.n_scanned > 0 && ds.n_scanned < all);
+  ra_offload_free(o);
+  fixture_down(&f);
+}
+
+static void test_refused_put_fails_the_prefill_and_names_the_store(void **state) {
+  (void)state;
+  fixture f;
+  /* room for a fraction of one layer: the first put to store 1 is refused */
+  const char *const small[] = {"--threads", "1", "--memory-budget", "16K", NULL};
+  fixture_up(&f, small);
+  ra_offload *o = offload_new(&f, RA_ATTN_FLAT, 100, 0);
+  ra_error err;
+  int rc = ra_offload_prefill(o, f.tokens, N_PROMPT, NULL, &err);
+  print_message("refused: %s\n", err.msg);
+  assert_int_equal(rc, RA_ENOMEM);
+  assert_non_null(strstr(err.msg, f.st[1].addr));
+  /* the runtime is stopped, not half-prefilled */
+  assert_int_not_equal(ra_offload_decode(o, f.tokens[N_PROMPT], NULL, &err), RA_OK);
+  ra_offload_free(o);
+  fixture_down(&f);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_pipelined_prefill_flat_equals_full),
+      cmocka_unit_test(test_pipelined_prefill_builds_roar),
+      cmocka_unit_test(test_refused_put_fails_the_prefill_and_names_the_store),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
