@@ -118,6 +118,9 @@ static void index_params_fill(Rakv__IndexParams *m, const ra_kvclient_index_para
   m->n_lists = p->n_lists;
   m->per_kv_head = p->per_kv_head != 0;
   m->seed = p->seed;
+  m->pivots = p->pivots;
+  m->keep_queries = p->keep_queries;
+  m->keep_topk = p->keep_topk;
 }
 
 int ra_kvclient_open_session(ra_kvclient *c, const ra_kvclient_geometry *geo,

@@ -89,6 +89,9 @@ typedef struct ra_kvclient_index_params {
   uint32_t n_lists;      /* ivf lists */
   int per_kv_head;       /* one index per kv head, shared by its GQA group */
   uint64_t seed;
+  uint32_t pivots;       /* roar: pivots per query's list */
+  uint32_t keep_queries; /* roar: build queries kept for query-aware insertion */
+  uint32_t keep_topk;    /* roar: top keys each kept query tracks */
 } ra_kvclient_index_params;
 
 typedef struct ra_kvclient_build_result {

@@ -97,6 +97,9 @@ static kvs_index_spec index_spec(const Rakv__IndexParams *m) {
   sp.n_lists = m->n_lists;
   sp.per_kv_head = m->per_kv_head;
   sp.seed = m->seed;
+  sp.pivots = m->pivots;
+  sp.keep_queries = m->keep_queries;
+  sp.keep_topk = m->keep_topk;
   return sp;
 }
 

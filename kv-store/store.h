@@ -102,6 +102,9 @@ typedef struct kvs_index_spec {
   uint32_t n_lists;
   int per_kv_head;
   uint64_t seed;
+  uint32_t pivots;
+  uint32_t keep_queries;
+  uint32_t keep_topk;
 } kvs_index_spec;
 
 /* Size bounds of index parameters: far above any useful value, low enough that a hostile
@@ -109,6 +112,8 @@ typedef struct kvs_index_spec {
 #define KVS_INDEX_MAX_DEGREE 1024u
 #define KVS_INDEX_MAX_EF 65536u
 #define KVS_INDEX_MAX_LISTS 65536u
+#define KVS_INDEX_MAX_KEEP 65536u     /* kept queries */
+#define KVS_INDEX_MAX_KEEP_TOPK 1024u /* a kept query's list */
 
 typedef struct kvs_session {
   uint8_t id[KVS_SESSION_ID_BYTES];

@@ -56,6 +56,14 @@ int kvs_index_spec_check(const kvs_index_spec *p, ra_error *err) {
   if (p->n_lists > KVS_INDEX_MAX_LISTS)
     return ra_errorf(err, RA_EINVAL, "index n_lists %u out of range [1, %u]", p->n_lists,
                      KVS_INDEX_MAX_LISTS);
+  if (p->pivots > KVS_INDEX_MAX_EF)
+    return ra_errorf(err, RA_EINVAL, "index pivots %u out of range [1, %u]", p->pivots, KVS_INDEX_MAX_EF);
+  if (p->keep_queries > KVS_INDEX_MAX_KEEP)
+    return ra_errorf(err, RA_EINVAL, "index keep_queries %u out of range [1, %u]", p->keep_queries,
+                     KVS_INDEX_MAX_KEEP);
+  if (p->keep_topk == 1 || p->keep_topk > KVS_INDEX_MAX_KEEP_TOPK)
+    return ra_errorf(err, RA_EINVAL, "index keep_topk %u out of range [2, %u]", p->keep_topk,
+                     KVS_INDEX_MAX_KEEP_TOPK);
   return RA_OK;
 }
 
@@ -79,6 +87,9 @@ int kvs_index_spec_resolve(const kvs_index_spec *req, const kvs_index_spec *sess
   KVS_PICK(n_lists);
   KVS_PICK(seed);
   KVS_PICK(query_sample);
+  KVS_PICK(pivots);
+  KVS_PICK(keep_queries);
+  KVS_PICK(keep_topk);
 #undef KVS_PICK
   *per_kv_head = req->per_kv_head || session->per_kv_head;
   return RA_OK;

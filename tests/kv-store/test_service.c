@@ -545,6 +545,18 @@ static void test_build_index_validation(void **state) {
   ip.n_lists = 1u << 20;
   assert_int_equal(call(f, kvs_service_open_session, &o.base), RA_EINVAL);
   expect_msg(f, "index n_lists 1048576 out of range");
+  ip.n_lists = 0;
+  ip.keep_topk = 5000;
+  assert_int_equal(call(f, kvs_service_open_session, &o.base), RA_EINVAL);
+  expect_msg(f, "index keep_topk 5000 out of range [2, 1024]");
+  ip.keep_topk = 0;
+  ip.keep_queries = 1u << 20;
+  assert_int_equal(call(f, kvs_service_open_session, &o.base), RA_EINVAL);
+  expect_msg(f, "index keep_queries 1048576 out of range");
+  ip.keep_queries = 0;
+  ip.pivots = 1u << 20;
+  assert_int_equal(call(f, kvs_service_open_session, &o.base), RA_EINVAL);
+  expect_msg(f, "index pivots 1048576 out of range");
   /* None of it touched the session. */
   Rakv__AttendReply *r = attend_one(f, 0, q, RAKV__ATTEND_MODE__MODE_FLAT, 5);
   assert_int_equal(r->heads[0]->n_keys, 200);
@@ -604,6 +616,14 @@ static void test_index_insert_rebuild_close(void **state) {
   rakv__build_index_reply__free_unpacked(br, NULL);
   uint64_t built = bytes_used(f);
   assert_true(built >= kv_bytes + ix_bytes);
+  /* The request's IndexParams reach the index: 16 kept queries (of the 64) instead of all of
+   * them cost 48 x (16 x 2 bytes of fp16 query + 32 x 4 bytes of list + 12) fewer bytes. */
+  p.keep_queries = 16;
+  assert_int_equal(call(f, kvs_service_build_index, &b.base), RA_OK);
+  br = rakv__build_index_reply__unpack(NULL, f->reply.len, f->reply.data);
+  assert_int_equal(ix_bytes - br->index_bytes, 48u * (DIM * 2 + 32 * 4 + 12));
+  rakv__build_index_reply__free_unpacked(br, NULL);
+  p.keep_queries = 0;
   assert_int_equal(call(f, kvs_service_build_index, &b.base), RA_OK);
   assert_int_equal(bytes_used(f), built);
 
