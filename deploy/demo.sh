@@ -50,7 +50,7 @@ MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 echo "== SmolLM2-135M, full attention (every token's KV on the worker)"
 "$BIN/gpu-worker" generate --model "$MODEL" --prompt-file "$RUN/needle.txt" --chat --max-new-tokens 16
 echo "== SmolLM2-135M, roar: sink 64 + window 128 on the worker, the rest in both stores behind"
-echo "   attention-aware graph indexes (the index build at prefill takes ~30 s on 2 cores)"
+echo "   attention-aware graph indexes (the index build at prefill takes ~15 s on 2 cores)"
 "$BIN/gpu-worker" generate --model "$MODEL" --prompt-file "$RUN/needle.txt" --chat --max-new-tokens 16 \
   --mode roar --stores "$A,$B" --sink 64 --window 128 --json "$RUN/roar.json"
 python3 - "$RUN/roar.json" <<'PY'

@@ -45,6 +45,7 @@ static const char *usage_text =
     "          --stores HOST:PORT,... (kv heads dealt round-robin) | --shard-map FILE\n"
     "          --sink N (128) --window N (512) --attn-top-k K (keys per head at the stores, 100)\n"
     "          --ef N --nprobe N (index search) --store-dtype f32|f16|bf16 (f16) --store-timeout-ms MS\n"
+    "          --index-per-kv-head (roar: one graph per kv head from its group's queries)\n"
     "dump-qk:  --out DIR --decode-tokens N (default 0) --layers 0,2,5-7 --dtype f16|f32 (default f16)\n"
     "logits:   --out FILE.npy\n";
 
@@ -95,6 +96,7 @@ static int parse_opts(int argc, char **argv, opts *o) {
 #define NEED_VALUE() do { if (!v) return usage_error("option %s needs a value", a); i++; } while (0)
     if (strcmp(a, "--chat") == 0) o->chat = 1;
     else if (strcmp(a, "--no-stop") == 0) o->no_stop = 1;
+    else if (strcmp(a, "--index-per-kv-head") == 0) o->off.roar_per_kv_head = 1;
     else if (strcmp(a, "--model") == 0) { NEED_VALUE(); o->model = v; }
     else if (strcmp(a, "--tokenizer") == 0) { NEED_VALUE(); o->tokenizer = v; }
     else if (strcmp(a, "--prompt-file") == 0) { NEED_VALUE(); o->prompt_file = v; }
@@ -135,6 +137,8 @@ static int parse_opts(int argc, char **argv, opts *o) {
     return usage_error("--stores / --shard-map need a --mode that uses them (flat, ivf, kgraph, roar), not %s",
                        ra_attn_mode_name(o->off.mode));
   if (o->stores && o->shard_map) return usage_error("give --stores or --shard-map, not both%s", "");
+  if (o->off.roar_per_kv_head && o->off.mode != RA_ATTN_ROAR)
+    return usage_error("--index-per-kv-head is for --mode roar, not %s", ra_attn_mode_name(o->off.mode));
   return 0;
 }
 

@@ -144,7 +144,7 @@ int ra_offload_new(const ra_model *m, const ra_offload_plan *plan, const ra_offl
   if (rc == RA_OK && plan) {
     ra_remote_config rcfg = {.dtype = cfg->store_dtype, .mode = store_mode(cfg->mode), .top_k = cfg->top_k,
                              .ef = cfg->ef, .nprobe = cfg->nprobe, .timeout_ms = cfg->timeout_ms,
-                             .client_name = "gpu-worker"};
+                             .roar_per_kv_head = cfg->roar_per_kv_head, .client_name = "gpu-worker"};
     rc = ra_remote_open(plan, (uint32_t)c->head_dim, &rcfg, &o->remote, err);
   }
   if (rc != RA_OK) {
@@ -273,9 +273,12 @@ static int layer_job_run(void *arg, ra_error *err) {
   if (rc != RA_OK || !is_index_mode(o->cfg.mode) || j->knn == 0) return rc;
   int64_t group = c->n_heads / c->n_kv_heads, hd = c->head_dim;
   if (o->cfg.mode == RA_ATTN_ROAR) {
-    for (int64_t h = 0; h < c->n_heads && rc == RA_OK; h++)
+    /* per kv head: the group's q heads are consecutive in q and ids, so their queries and lists
+     * go as one block of group * n_q */
+    const int64_t step = o->cfg.roar_per_kv_head ? group : 1, nq = step * j->n_q;
+    for (int64_t h = 0; h < c->n_heads && rc == RA_OK; h += step)
       rc = ra_remote_build_index_start(o->remote, (uint32_t)j->layer, (uint32_t)h, j->q + (size_t)(h * j->n_q * hd),
-                                       (uint32_t)j->n_q, j->ids + (size_t)(h * j->n_q * j->knn), (uint32_t)j->knn, err);
+                                       (uint32_t)nq, j->ids + (size_t)(h * j->n_q * j->knn), (uint32_t)j->knn, err);
   } else {
     for (int64_t g = 0; g < c->n_kv_heads && rc == RA_OK; g++)
       rc = ra_remote_build_index_start(o->remote, (uint32_t)j->layer, (uint32_t)(g * group), NULL, 0, NULL, 0, err);

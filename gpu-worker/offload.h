@@ -65,6 +65,8 @@ typedef struct ra_offload_config {
   int64_t max_ctx;        /* prompt + generated tokens */
   int64_t max_prompt;     /* tokens of the prefill (one step); scratch rows */
   int timeout_ms;         /* deadline of every store reply; 0: 10 s */
+  int roar_per_kv_head;   /* roar: one graph per kv head from its group's queries (the build and
+                             every decode step's insertion cost 1 / group of per-q-head graphs) */
   void (*progress)(void *ctx, const ra_offload_progress *p); /* optional, after each prefill layer */
   void *progress_ctx;
   /* optional, every decode step after layer `layer`'s attention (local and stores' merged):

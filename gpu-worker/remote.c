@@ -259,7 +259,8 @@ int ra_remote_build_index_start(ra_remote *r, uint32_t layer, uint32_t q_head, c
     return ra_errorf(err, RA_EINVAL, "remote: layer %u q head %u out of range", layer, q_head);
   /* ivf and kgraph learn from the keys alone: one index per kv head serves its whole group. */
   int key_only = r->cfg.mode == RA_KVCLIENT_IVF || r->cfg.mode == RA_KVCLIENT_KGRAPH;
-  ra_kvclient_index_params params = {.kind = r->cfg.mode, .per_kv_head = key_only};
+  ra_kvclient_index_params params = {.kind = r->cfg.mode,
+                                     .per_kv_head = key_only || (r->cfg.mode == RA_KVCLIENT_ROAR && r->cfg.roar_per_kv_head)};
   for (size_t i = 0; i < r->n_stores && rc == RA_OK; i++) {
     remote_store *s = &r->stores[i];
     if (!ra_offload_plan_asks(r->plan, i, layer, q_head)) continue;

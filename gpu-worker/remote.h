@@ -29,6 +29,7 @@ typedef struct ra_remote_config {
   uint32_t top_k;          /* keys per q head for every mode but full */
   uint32_t ef, nprobe;     /* index search parameters; 0: store defaults */
   int timeout_ms;          /* deadline of each attend reply; 0: 10 s */
+  int roar_per_kv_head;    /* roar: one graph per kv head, built from its whole group's queries */
   const char *client_name; /* for the stores' logs */
 } ra_remote_config;
 
@@ -53,7 +54,9 @@ int ra_remote_put(ra_remote *r, uint32_t layer, const float *k, const float *v, 
  * sampled prefill queries [n_queries, head_dim] and their exact top-knn_k token positions
  * [n_queries, knn_k] (best first; the stores keep the ids that fall in their shards). The index
  * kind is the config's mode (ivf, kgraph or roar); ivf and kgraph take no queries and are built
- * once per kv head (any q head of the group names it), shared by the group. */
+ * once per kv head (any q head of the group names it), shared by the group. So is roar with
+ * roar_per_kv_head: the call then names the group's first q head and carries every q head's
+ * queries and lists of the group, one after the other. */
 int ra_remote_build_index(ra_remote *r, uint32_t layer, uint32_t q_head, const float *queries,
                           uint32_t n_queries, const uint64_t *knn_ids, uint32_t knn_k, ra_error *err);
 /* The same in two halves: start sends the build (its arguments may be reused at once) and

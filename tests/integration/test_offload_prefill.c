@@ -64,7 +64,7 @@ static void fixture_down(fixture *f) {
   ra_backend_destroy(f->be);
 }
 
-static ra_offload *offload_new(fixture *f, ra_attn_mode mode, uint32_t top_k, uint32_t ef) {
+static ra_offload *offload_new(fixture *f, ra_attn_mode mode, uint32_t top_k, uint32_t ef, int per_kv_head) {
   ra_offload_config c;
   ra_offload_config_default(&c);
   c.mode = mode;
@@ -72,6 +72,7 @@ static ra_offload *offload_new(fixture *f, ra_attn_mode mode, uint32_t top_k, ui
   c.n_window = WINDOW;
   c.top_k = top_k;
   c.ef = ef;
+  c.roar_per_kv_head = per_kv_head;
   c.store_dtype = RA_DTYPE_F32;
   c.build_queries = 64;
   c.max_prompt = N_PROMPT;
@@ -99,7 +100,7 @@ static void test_pipelined_prefill_flat_equals_full(void **state) {
   ra_state *st;
   ra_error err;
   ok(ra_state_new(f.m, N_PROMPT + N_DECODE, N_PROMPT, RA_DTYPE_F32, &st, &err), &err);
-  ra_offload *o = offload_new(&f, RA_ATTN_FLAT, N_PROMPT + N_DECODE, 0);
+  ra_offload *o = offload_new(&f, RA_ATTN_FLAT, N_PROMPT + N_DECODE, 0, 0);
   ra_offload_stats ps;
   ok(ra_model_forward(st, f.tokens, N_PROMPT, 0, NULL, &err), &err);
   ok(ra_offload_prefill(o, f.tokens, N_PROMPT, &ps, &err), &err);
@@ -124,21 +125,26 @@ static void test_pipelined_prefill_flat_equals_full(void **state) {
   fixture_down(&f);
 }
 
+/* roar per q head, and per kv head (one graph from the group's queries, shared by the group):
+ * both build through the pipe and scan a part of the keys at decode. */
 static void test_pipelined_prefill_builds_roar(void **state) {
   (void)state;
   fixture f;
   fixture_up(&f, NULL);
-  ra_offload *o = offload_new(&f, RA_ATTN_ROAR, 16, 24) /* a beam that does not cover the ~540 keys */;
-  ra_offload_stats ps, ds;
-  ra_error err;
-  ok(ra_offload_prefill(o, f.tokens, N_PROMPT, &ps, &err), &err);
-  assert_true(ps.index_us > 0);
-  ok(ra_offload_decode(o, f.tokens[N_PROMPT], &ds, &err), &err);
-  const uint64_t all = (uint64_t)f.m->cfg.n_layers * (uint64_t)f.m->cfg.n_heads * ds.n_offloaded;
-  print_message("roar: prefill index %.1f ms, decode scanned %llu of %llu keys\n", ps.index_us / 1e3,
-                (unsigned long long)ds.n_scanned, (unsigned long long)all);
-  assert_true(ds.n_scanned > 0 && ds.n_scanned < all);
-  ra_offload_free(o);
+  for (int per_kv = 0; per_kv < 2; per_kv++) {
+    ra_offload *o = offload_new(&f, RA_ATTN_ROAR, 16, 24, per_kv); /* a beam short of the ~540 keys */
+    ra_offload_stats ps, ds;
+    ra_error err;
+    ok(ra_offload_prefill(o, f.tokens, N_PROMPT, &ps, &err), &err);
+    assert_true(ps.index_us > 0);
+    ok(ra_offload_decode(o, f.tokens[N_PROMPT], &ds, &err), &err);
+    const uint64_t all = (uint64_t)f.m->cfg.n_layers * (uint64_t)f.m->cfg.n_heads * ds.n_offloaded;
+    print_message("roar %s: prefill index %.1f ms, decode scanned %llu of %llu keys\n",
+                  per_kv ? "per kv head" : "per q head", ps.index_us / 1e3, (unsigned long long)ds.n_scanned,
+                  (unsigned long long)all);
+    assert_true(ds.n_scanned > 0 && ds.n_scanned < all);
+    ra_offload_free(o);
+  }
   fixture_down(&f);
 }
 
@@ -148,7 +154,7 @@ static void test_refused_put_fails_the_prefill_and_names_the_store(void **state)
   /* room for a fraction of one layer: the first put to store 1 is refused */
   const char *const small[] = {"--threads", "1", "--memory-budget", "16K", NULL};
   fixture_up(&f, small);
-  ra_offload *o = offload_new(&f, RA_ATTN_FLAT, 100, 0);
+  ra_offload *o = offload_new(&f, RA_ATTN_FLAT, 100, 0, 0);
   ra_error err;
   int rc = ra_offload_prefill(o, f.tokens, N_PROMPT, NULL, &err);
   print_message("refused: %s\n", err.msg);
