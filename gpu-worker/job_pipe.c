@@ -18,7 +18,6 @@ struct ra_job_pipe {
   int closing;
   int rc; /* the first failure */
   ra_error err;
-  double busy_us;
 };
 
 static void pipe_main(void *arg) {
@@ -33,12 +32,9 @@ static void pipe_main(void *arg) {
     /* run outside the lock: the producer keeps pushing while a job runs */
     ra_error err;
     int rc = RA_OK;
-    uint64_t t0 = uv_hrtime();
     if (!failed) rc = j.run(j.job, &err);
-    double us = (double)(uv_hrtime() - t0) / 1e3;
     j.free_fn(j.job);
     uv_mutex_lock(&p->mu);
-    p->busy_us += us;
     if (rc != RA_OK && p->rc == RA_OK) {
       p->rc = rc;
       p->err = err;
@@ -115,11 +111,4 @@ int ra_job_pipe_finish(ra_job_pipe *p, ra_error *err) {
   free(p->ring);
   free(p);
   return rc;
-}
-
-double ra_job_pipe_busy_us(ra_job_pipe *p) {
-  uv_mutex_lock(&p->mu);
-  double us = p->busy_us;
-  uv_mutex_unlock(&p->mu);
-  return us;
 }

@@ -33,7 +33,5 @@ int ra_job_pipe_push(ra_job_pipe *p, ra_job_run_fn run, ra_job_free_fn free_fn, 
 /* Waits until every queued job has run (or been dropped after a failure), stops the thread and
  * frees the pipe. Returns the first failure (err, when not NULL, gets its message). */
 int ra_job_pipe_finish(ra_job_pipe *p, ra_error *err);
-/* Microseconds the pipe's thread spent running jobs so far (for timing breakdowns). */
-double ra_job_pipe_busy_us(ra_job_pipe *p);
 
 #endif
