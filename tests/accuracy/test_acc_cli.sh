@@ -2,17 +2,7 @@
 # accuracy-bench refuses bad input with a message naming the problem and exit status 2, before
 # loading anything. $1: the accuracy-bench binary.
 bin=$1
-fail=0
-expect() { # expect WORDS-IN-MESSAGE ARGS...
-  want=$1
-  shift
-  msg=$("$bin" "$@" 2>&1)
-  rc=$?
-  case "$msg" in
-    *"$want"*) [ $rc -eq 2 ] || { echo "FAIL: exit $rc for: $*"; fail=1; } ;;
-    *) echo "FAIL: '$want' not in '$msg' for: $*"; fail=1 ;;
-  esac
-}
+. "$(dirname "$0")/../cli_expect.sh"
 expect "--model and --out are required" --tasks passkey
 expect "unknown task" --model m --out o --tasks passkey,nope
 expect "--lengths" --model m --out o --lengths 1024,abc

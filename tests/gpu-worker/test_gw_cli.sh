@@ -2,22 +2,12 @@
 # gpu-worker refuses bad command lines with a message naming the problem and exit status 2,
 # before loading a model. $1: the gpu-worker binary.
 bin=$1
-fail=0
-expect() { # expect WORDS-IN-MESSAGE ARGS...
-  want=$1
-  shift
-  msg=$("$bin" "$@" 2>&1)
-  rc=$?
-  case "$msg" in
-    *"$want"*) [ $rc -eq 2 ] || { echo "FAIL: exit $rc for: $*"; fail=1; } ;;
-    *) echo "FAIL: '$want' not in '$msg' for: $*"; fail=1 ;;
-  esac
-}
+. "$(dirname "$0")/../cli_expect.sh"
 expect "needs --model" generate --prompt hi
 expect "unknown option --bogus" generate --model m --bogus 1
 expect "needs a value" generate --model m --ctx
 expect "bad --threads" generate --model m --threads 0
-expect "bad --mode" generate --model m --mode fast
+expect "bad --mode fast" generate --model m --mode fast
 expect "--mode roar needs --stores or --shard-map" generate --model m --mode roar
 expect "need a --mode that uses them" generate --model m --stores 127.0.0.1:1
 expect "not both" generate --model m --mode flat --stores 127.0.0.1:1 --shard-map f
