@@ -308,7 +308,7 @@ int cu_matmul(ra_backend *be, const ra_tensor *x, const ra_tensor *w, const ra_t
 
   /* decode: GEMV straight from the weights (bias and residual fused) */
   if (n == 1 && w->dtype != RA_DTYPE_F32 && k % 8 == 0 && aligned16(w->data) && aligned16(x->data)) {
-    CU_TRY("matmul", ra_cuda_gemv(im->stream, w->data, w->dtype, (const float *)x->data, bp, bdt, (float *)y->data, m,
+    CU_TRY("matmul", ra_cuda_gemv(im->stream, im->n_sm, w->data, w->dtype, (const float *)x->data, bp, bdt, (float *)y->data, m,
                                   k, accumulate));
     return RA_OK;
   }
@@ -438,6 +438,7 @@ int cu_norm_matmul(ra_backend *be, const ra_tensor *x, const ra_tensor *norm_w, 
   a.norm_w = norm_w->data;
   a.norm_dtype = norm_w->dtype;
   a.eps = eps;
+  a.n_sm = impl_of(be)->n_sm;
   CU_TRY("norm_matmul", ra_cuda_gemv_fused(impl_of(be)->stream, &a));
   return RA_OK;
 }
@@ -461,6 +462,7 @@ int cu_norm_swiglu(ra_backend *be, const ra_tensor *x, const ra_tensor *norm_w, 
   a.norm_dtype = norm_w->dtype;
   a.eps = eps;
   a.swiglu = 1;
+  a.n_sm = impl_of(be)->n_sm;
   CU_TRY("norm_swiglu", ra_cuda_gemv_fused(impl_of(be)->stream, &a));
   return RA_OK;
 }

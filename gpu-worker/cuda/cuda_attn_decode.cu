@@ -11,6 +11,10 @@
  *   - q stays in registers (each lane its dims of every q head of the group);
  *   - online softmax once per round with the max over the whole warp; each lane keeps l and o
  *     for its token slot and its dims, relative to the shared max, summed once at the end.
+ * In g4, two rounds of K/V live in registers: the next round's loads are issued before the
+ * current round is used (H200, the kernel alone: 32K 61.1 -> 50.6 us, 8K 19.7 -> 18.7 us).
+ * Asking L2 for a block's whole split up front (cp.async.bulk.prefetch before the PDL wait)
+ * measured slower: 58.6 against 50.6 us at 32K.
  * g4 (groups of up to 4 q heads: Llama-3, SmolLM2, Qwen2): 8 lanes per token, 4 tokens per
  *   step. The 4 heads' partial dots are reduced over the 8 lanes by a transposed butterfly
  *   (each level sends half of the values: 4 shuffles for 4 heads, not 12), which leaves lane s
@@ -245,9 +249,9 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksG4) attn_decode_g4_kern
 #pragma unroll
     for (int i = 0; i < DPL; i++) acc[h][i] = 0.0f;
 
-  for (int64_t b = v0; b < v1; b += TW) {
-    uint4 kr[U][NV], vr[U][NV];
-    bool valid[U];
+  /* Two rounds of K and V in registers: the next round's loads go out before the current one
+   * is used, so a warp waits for memory once per round only when the math is faster. */
+  auto load = [&](uint4(&kr)[U][NV], uint4(&vr)[U][NV], bool(&valid)[U], int64_t b) {
 #pragma unroll
     for (int u = 0; u < U; u++) {
       const int64_t t = b + u * TPS + grp;
@@ -259,6 +263,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksG4) attn_decode_g4_kern
         vr[u][j] = __ldg((const uint4 *)(vc + row * row_stride + lane_off + 8 * j));
       }
     }
+  };
+  auto use = [&](const uint4(&kr)[U][NV], const uint4(&vr)[U][NV], const bool(&valid)[U]) {
     /* scores: lane sub ends with head sub / 2's q.k of its slot's token */
     float sc[U];
 #pragma unroll
@@ -324,6 +330,16 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksG4) attn_decode_g4_kern
           for (int i = 0; i < 8; i++) acc[h][8 * j + i] = fmaf(ph[h], vf[i], acc[h][8 * j + i]);
       }
     }
+  };
+  uint4 kA[U][NV], vA[U][NV], kB[U][NV], vB[U][NV];
+  bool okA[U], okB[U];
+  if (v0 < v1) load(kA, vA, okA, v0);
+  for (int64_t b = v0; b < v1; b += 2 * TW) {
+    if (b + TW < v1) load(kB, vB, okB, b + TW);
+    use(kA, vA, okA);
+    if (b + TW >= v1) break;
+    if (b + 2 * TW < v1) load(kA, vA, okA, b + 2 * TW);
+    use(kB, vB, okB);
   }
 
   /* the token slots share m: their l and o add up; slot 0 writes the kv head's partial */

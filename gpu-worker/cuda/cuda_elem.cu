@@ -252,59 +252,58 @@ __global__ void rmsnorm_kernel(const float *x, const void *__restrict__ w, int w
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) yr[j] = mul(mul(xr[j], inv), ra_cuda_load(w, w_dtype, j));
 }
 
-/* Rotation of pair j of every head of one token at position pos: angle in double like the CPU
- * backend (at 128K positions a float angle loses the low bits). */
-__device__ __forceinline__ void rope_token(float *x, int64_t heads, int64_t hd, int64_t pos, int j, int n_rot,
-                                           float theta, int neox) {
+/* Rotation of pair j of one head (x: its hd values) of a token at position pos: angle in double
+ * like the CPU backend (at 128K positions a float angle loses the low bits). */
+__device__ __forceinline__ void rope_pair(float *x, int64_t pos, int j, int n_rot, float theta, int neox) {
   const int half = n_rot / 2;
   double a = (double)pos * pow((double)theta, -2.0 * j / n_rot);
   float cs = (float)cos(a), sn = (float)sin(a);
   int i0 = neox ? j : 2 * j, i1 = neox ? j + half : 2 * j + 1;
-  for (int64_t h = 0; h < heads; h++) {
-    float *v = x + h * hd;
-    float p = v[i0], q = v[i1];
-    v[i0] = sub(mul(p, cs), mul(q, sn));
-    v[i1] = add(mul(p, sn), mul(q, cs));
-  }
+  float p = x[i0], q = x[i1];
+  x[i0] = sub(mul(p, cs), mul(q, sn));
+  x[i1] = add(mul(p, sn), mul(q, cs));
 }
 
-/* One thread per (token, pair j). */
+/* One thread per (token, head, pair): a thread that looped over the heads of a token waited for
+ * each head's load in turn (its stores may alias the next loads), ~40 L2 round trips in a
+ * decode step's rope; this way every load of the step is in flight at once. */
 __global__ void rope_kernel(float *x, int64_t n, int64_t heads, int64_t hd, int64_t pos0, int n_rot, float theta,
                             int neox) {
-  int half = n_rot / 2;
-  size_t total = (size_t)n * (size_t)half;
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-    int64_t t = (int64_t)(i / (size_t)half);
-    rope_token(x + t * heads * hd, heads, hd, pos0 + t, (int)(i % (size_t)half), n_rot, theta, neox);
+  const size_t half = (size_t)(n_rot / 2), per_token = (size_t)heads * half;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)n * per_token;
+       i += (size_t)gridDim.x * blockDim.x) {
+    const int64_t t = (int64_t)(i / per_token), h = (int64_t)(i % per_token / half);
+    rope_pair(x + (t * heads + h) * hd, pos0 + t, (int)(i % half), n_rot, theta, neox);
   }
 }
 
-/* rope(q), rope(k), then k and v into cache rows [row, row + n). Phase 1 (one thread per token
- * and pair) rotates; a grid-wide barrier is not needed because phase 2 re-reads only elements
- * its own thread index owns: thread (t, j) stores the k elements it rotated itself, and the
- * k elements past n_rot and all of v, which nobody rotates, go in the second index space. */
+/* rope(q), rope(k), then k and v into cache rows [row, row + n). Index space 1: one thread per
+ * (token, head of q then k, pair); a k thread also stores the pair it rotated. Index space 2:
+ * one thread per element of the [n, hkv, hd] k/v block, storing v and the k dims past n_rot,
+ * which nobody rotates. No barrier: every element is read and written by one thread only. */
 template <typename C>
 __global__ void rope_store_kernel(float *q, float *k, const float *v, int64_t n, int64_t hq, int64_t hkv, int64_t hd,
                                   int64_t pos0, int n_rot, float theta, int neox, C *kc, C *vc, int64_t row) {
   ra_cuda_pdl_entry();
   const int half = n_rot / 2;
-  const size_t n_pairs = (size_t)n * (size_t)half, kv_row = (size_t)hkv * (size_t)hd;
-  const size_t total = n_pairs + (size_t)n * kv_row;
+  const size_t per_token = (size_t)(hq + hkv) * (size_t)half, n_rot_threads = (size_t)n * per_token;
+  const size_t kv_row = (size_t)hkv * (size_t)hd, total = n_rot_threads + (size_t)n * kv_row;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-    if (i < n_pairs) {
-      const int64_t t = (int64_t)(i / (size_t)half);
+    if (i < n_rot_threads) {
+      const int64_t t = (int64_t)(i / per_token), h = (int64_t)(i % per_token / (size_t)half);
       const int j = (int)(i % (size_t)half);
-      rope_token(q + t * hq * hd, hq, hd, pos0 + t, j, n_rot, theta, neox);
-      float *kt = k + t * (int64_t)kv_row;
-      rope_token(kt, hkv, hd, pos0 + t, j, n_rot, theta, neox);
-      const int i0 = neox ? j : 2 * j, i1 = neox ? j + half : 2 * j + 1;
-      C *dst = kc + (row + t) * (int64_t)kv_row;
-      for (int64_t h = 0; h < hkv; h++) {
-        dst[h * hd + i0] = ra_cuda_from_f32<C>(kt[h * hd + i0]);
-        dst[h * hd + i1] = ra_cuda_from_f32<C>(kt[h * hd + i1]);
+      if (h < hq) {
+        rope_pair(q + (t * hq + h) * hd, pos0 + t, j, n_rot, theta, neox);
+        continue;
       }
+      const int64_t off = t * (int64_t)kv_row + (h - hq) * hd;
+      rope_pair(k + off, pos0 + t, j, n_rot, theta, neox);
+      const int i0 = neox ? j : 2 * j, i1 = neox ? j + half : 2 * j + 1;
+      C *dst = kc + row * (int64_t)kv_row + off;
+      dst[i0] = ra_cuda_from_f32<C>(k[off + i0]);
+      dst[i1] = ra_cuda_from_f32<C>(k[off + i1]);
     } else {
-      const size_t e = i - n_pairs; /* element of the [n, hkv, hd] k/v block */
+      const size_t e = i - n_rot_threads; /* element of the [n, hkv, hd] k/v block */
       const size_t d = e % (size_t)hd, off = (size_t)row * kv_row + e;
       vc[off] = ra_cuda_from_f32<C>(v[e]);
       if (d >= (size_t)n_rot) kc[off] = ra_cuda_from_f32<C>(k[e]);
@@ -439,7 +438,7 @@ cudaError_t ra_cuda_rmsnorm(cudaStream_t s, const float *x, const void *w, int w
 
 cudaError_t ra_cuda_rope(cudaStream_t s, float *x, int64_t n, int64_t heads, int64_t hd, int64_t pos0, int n_rot,
                          float theta, int neox) {
-  size_t total = (size_t)n * (size_t)(n_rot / 2);
+  size_t total = (size_t)n * (size_t)heads * (size_t)(n_rot / 2);
   if (total == 0) return cudaSuccess;
   rope_kernel<<<grid_for(total), kThreads, 0, s>>>(x, n, heads, hd, pos0, n_rot, theta, neox);
   return cudaGetLastError();
@@ -448,7 +447,7 @@ cudaError_t ra_cuda_rope(cudaStream_t s, float *x, int64_t n, int64_t heads, int
 cudaError_t ra_cuda_rope_store(cudaStream_t s, float *q, float *k, const float *v, int64_t n, int64_t hq, int64_t hkv,
                                int64_t hd, int64_t pos0, int n_rot, float theta, int neox, void *kc, void *vc,
                                int cache_dtype, int64_t row) {
-  size_t total = (size_t)n * (size_t)(n_rot / 2) + (size_t)n * (size_t)hkv * (size_t)hd;
+  size_t total = (size_t)n * (size_t)(hq + hkv) * (size_t)(n_rot / 2) + (size_t)n * (size_t)hkv * (size_t)hd;
   if (total == 0) return cudaSuccess;
   const unsigned grid = grid_for(total);
   switch (cache_dtype) {

@@ -13,7 +13,9 @@
  *            dependent launch (the backend's default on sm_90), and reports both.
  *   kernels  every GEMV shape of a step and attn_decode at 8K / 32K alone (us, GB/s); each
  *            decode result's other_ms is the step time these do not explain (small kernels,
- *            launch gaps).
+ *            launch gaps). It can be negative: inside a step each kernel overlaps its
+ *            neighbours' start and end (programmatic dependent launch), which a kernel timed
+ *            back to back with itself (one matrix, partly in L2) does not show the same way.
  *
  * Usage: cuda-bench [--json FILE] [--steps N] [--warmup N] [--layers N] [--chunk N]
  *                   [--prefill-ctx N] [--bw-gbps X] [--device N]
@@ -285,8 +287,9 @@ done:
   return rc;
 }
 
-/* The part of a decode step the big kernels do not explain: small kernels (norms, RoPE, cache
- * writes, SwiGLU, residuals) and the gaps between launches. */
+/* The part of a decode step the big kernels do not explain: small kernels (RoPE and cache
+ * writes, the attention reduce) and the gaps between launches; negative when the kernels overlap
+ * more inside the step than alone (see the top). */
 static double step_other_ms(const ra_model *m, const kernel_times *kt, int ci, double step_ms) {
   double layer_us = kt->attn_us[ci];
   for (int i = 0; i < N_GEMV - 1; i++) layer_us += kt->gemv_us[i];
