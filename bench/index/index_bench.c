@@ -11,6 +11,11 @@
  *   roar-kv  one graph per kv head from all its query heads' queries (G x less graph memory);
  *   roar-ins roar built on the first (1 - f) of the indexed keys, the last f inserted one by one
  *            (--insert-frac f, default 0.1): online insertion against a full rebuild.
+ * roar's build queries: by default the build samples them (--sample) and computes their lists
+ * itself; with --lists the bench samples them and computes their top-Nq lists as the worker's
+ * GPU step does (outside the build's time, printed apart), and with --key-queries T also each
+ * key's top-T queries (ra_queries.key_top_queries), which replace the build's beam-search
+ * repair. Build times are wall and CPU seconds of the whole process (build_s, build_cpu_s).
  * Output: --json FILE, a gnuplot script and data next to it, and the PNG when gnuplot exists, all
  * rewritten after each head, so a run cut short keeps what it finished. */
 #include "index.h"
@@ -51,7 +56,7 @@ typedef struct {
 
 typedef struct {
   int present;
-  double build_s;
+  double build_s, build_cpu_s, lists_s;
   size_t bytes;
   double bytes_per_key;
   curve c[N_CURVES];
@@ -76,11 +81,21 @@ typedef struct {
   int M, nq, build_ef, n_lists, pivots;
   int keep_queries, keep_topk; /* -1: the library's default */
   float sample;
+  int lists;       /* the bench computes the build queries' lists, as the GPU does */
+  int key_queries; /* t > 0: and each key's top-t queries (ra_queries.key_top_queries) */
+  int key_rank_raw; /* rank a key's queries by raw q·k instead of the margin */
 } opts;
 
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* CPU seconds of the whole process (every thread): a build's cost on a shared machine. */
+static double cpu_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -108,7 +123,12 @@ static void usage(void) {
           "  [--kinds flat,ivf,kgraph,roar,roar-kv,roar-ins] [--eval N (200)] [--kk N (200)]\n"
           "  [--threads N] [--latency] [--latency-ef L (default: smallest ef reaching recall 0.95)]\n"
           "  [--insert-frac F (0.1)] [--M M] [--nq NQ] [--build-ef L] [--sample F] [--n-lists N]\n"
-          "  [--pivots P] [--keep-queries N] [--keep-topk T]\n");
+          "  [--pivots P] [--keep-queries N] [--keep-topk T]\n"
+          "  [--lists] [--key-queries T] [--key-rank margin|raw]\n"
+          "--lists: the bench samples the build queries and computes their top-Nq lists (as the\n"
+          "  GPU does; roar and roar-ins), outside the build's time. --key-queries T: also each\n"
+          "  key's top-T sampled queries (by margin over the query's Nq-th score, or raw q.k),\n"
+          "  the build's key -> query lists.\n");
 }
 
 static int parse_args(int argc, char **argv, opts *o) {
@@ -123,6 +143,10 @@ static int parse_args(int argc, char **argv, opts *o) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--latency")) {
       o->latency = 1;
+      continue;
+    }
+    if (!strcmp(a, "--lists")) {
+      o->lists = 1;
       continue;
     }
     if (!v) return -1;
@@ -144,6 +168,11 @@ static int parse_args(int argc, char **argv, opts *o) {
     else if (!strcmp(a, "--pivots")) o->pivots = atoi(v);
     else if (!strcmp(a, "--keep-queries")) o->keep_queries = atoi(v);
     else if (!strcmp(a, "--keep-topk")) o->keep_topk = atoi(v);
+    else if (!strcmp(a, "--key-queries")) o->key_queries = atoi(v);
+    else if (!strcmp(a, "--key-rank")) {
+      if (strcmp(v, "margin") && strcmp(v, "raw")) return -1;
+      o->key_rank_raw = !strcmp(v, "raw");
+    }
     else if (!strcmp(a, "--kinds")) {
       for (int k = 0; k < N_KINDS; k++) o->kinds[k] = 0;
       char buf[256];
@@ -156,7 +185,10 @@ static int parse_args(int argc, char **argv, opts *o) {
       }
     } else return -1;
   }
-  if (!o->qk || !o->json || o->n_eval == 0 || o->insert_frac <= 0 || o->insert_frac >= 1) return -1;
+  if (!o->qk || !o->json || o->n_eval == 0 || o->insert_frac <= 0 || o->insert_frac >= 1 ||
+      o->key_queries < 0 || o->key_queries > 1024)
+    return -1;
+  if (o->key_queries) o->lists = 1;
   return 0;
 }
 
@@ -300,16 +332,94 @@ static ra_index *build_timed(const ra_index_params *p, const ra_keys *keys, cons
                              result *r) {
   ra_index *ix = NULL;
   ra_error err;
-  double t0 = now_s();
+  double t0 = now_s(), c0 = cpu_s();
   if (ra_index_build(p, keys, qs, &ix, &err)) {
     fprintf(stderr, "index-bench: build %s: %s\n", ra_index_kind_name(p->kind), err.msg);
     return NULL;
   }
   r->build_s = now_s() - t0;
+  r->build_cpu_s = cpu_s() - c0;
   r->bytes = ra_index_bytes(ix);
   r->bytes_per_key = (double)r->bytes / (keys->n ? keys->n : 1);
   ra_index_get_graph_stats(ix, &r->gs);
   return ix;
+}
+
+/* The build queries' lists as the worker's GPU step computes them: the sampled queries (seeded,
+ * ascending) of q [n_q, dim], their exact top-nq keys over k32 [n_keys, dim], and with key_t > 0
+ * each key's top-key_t sampled queries: by the margin q_j·k - s_j (s_j: query j's nq-th score)
+ * or raw q_j·k. Fills bq (query_sample 1 then: the sample is taken here); *secs = wall time. */
+typedef struct {
+  float *q;
+  uint32_t *knn, *ktq;
+} bench_lists;
+
+static void bench_lists_free(bench_lists *b) {
+  free(b->q);
+  free(b->knn);
+  free(b->ktq);
+  memset(b, 0, sizeof *b);
+}
+
+static int bench_lists_make(const float *k32, uint32_t n_keys, int dim, const float *q,
+                            uint32_t n_q, float sample, uint32_t nq, uint32_t key_t, int raw,
+                            int threads, bench_lists *b, ra_queries *bq, double *secs) {
+  memset(b, 0, sizeof *b);
+  double t0 = now_s();
+  uint32_t m = (uint32_t)lround((double)sample * n_q);
+  if (m < 1) m = 1;
+  if (m > n_q) m = n_q;
+  if (nq > n_keys) nq = n_keys;
+  uint32_t *idx = malloc((size_t)n_q * sizeof *idx);
+  uint8_t *take = calloc(n_q, 1);
+  float *sc = malloc((size_t)m * nq * sizeof *sc), *bias = malloc((size_t)m * sizeof *bias);
+  b->q = malloc((size_t)m * dim * sizeof *b->q);
+  b->knn = malloc((size_t)m * nq * sizeof *b->knn);
+  b->ktq = key_t ? malloc((size_t)n_keys * key_t * sizeof *b->ktq) : NULL;
+  ra_error err;
+  int rc = -1;
+  if (!idx || !take || !sc || !bias || !b->q || !b->knn || (key_t && !b->ktq)) goto out;
+  uint64_t rng = 0x5EEDF00Dull;
+  for (uint32_t i = 0; i < n_q; i++) idx[i] = i;
+  for (uint32_t i = 0; i < m; i++) {
+    uint64_t z = (rng += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    uint32_t j = i + (uint32_t)(((z >> 32) * (uint64_t)(n_q - i)) >> 32);
+    uint32_t t = idx[i];
+    idx[i] = idx[j];
+    idx[j] = t;
+    take[idx[i]] = 1;
+  }
+  for (uint32_t i = 0, c = 0; i < n_q; i++)
+    if (take[i]) memcpy(b->q + (size_t)c++ * dim, q + (size_t)i * dim, (size_t)dim * sizeof *b->q);
+  if (ra_knn_ip(k32, n_keys, dim, NULL, b->q, m, nq, 0, threads, b->knn, sc, &err)) goto fail;
+  if (key_t) {
+    /* Keys as the queries of a search over the sampled queries, each biased by -s_j. */
+    for (uint32_t j = 0; j < m; j++) bias[j] = raw ? 0.0f : -sc[(size_t)j * nq + nq - 1];
+    uint32_t kt = key_t < m ? key_t : m;
+    if (ra_knn_ip(b->q, m, dim, bias, k32, n_keys, kt, 0, threads, b->ktq, NULL, &err)) goto fail;
+    if (kt < key_t) { /* fewer queries than T: repack rows, pad with "none" */
+      for (uint32_t u = n_keys; u-- > 0;)
+        for (uint32_t r = key_t; r-- > 0;)
+          b->ktq[(size_t)u * key_t + r] = r < kt ? b->ktq[(size_t)u * kt + r] : RA_INDEX_NO_QUERY;
+    }
+  }
+  *bq = (ra_queries){.q = b->q, .n = m, .knn = b->knn, .knn_k = nq,
+                     .key_top_queries = b->ktq, .key_top_k = key_t};
+  *secs = now_s() - t0;
+  rc = 0;
+  goto out;
+fail:
+  fprintf(stderr, "index-bench: lists: %s\n", err.msg);
+out:
+  if (rc) bench_lists_free(b);
+  free(idx);
+  free(take);
+  free(sc);
+  free(bias);
+  return rc;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -394,10 +504,12 @@ static void write_json(const opts *o, const ra_qk_meta *m, head_result *hr, int 
              "\"kk_queries\": %u, \"threads\": %d, \"kernel\": \"%s\", \"insert_frac\": %.3f,\n"
              "    \"graph_params\": {\"degree\": %u, \"build_ef\": %u, \"knn_nq\": %u, "
              "\"query_sample\": %.3f, \"pivots\": %u, \"keep_queries\": %u, \"keep_topk\": %u}, "
-             "\"latency_ef\": %u},\n",
+             "\"latency_ef\": %u, \"bench_lists\": %d, \"key_queries\": %d, "
+             "\"key_rank\": \"%s\"},\n",
           SINK, WINDOW, o->n_eval, o->n_kk, o->threads ? o->threads : omp_get_max_threads(),
           ra_vec_kernel_name(), (double)o->insert_frac, pr.degree, pr.build_ef, pr.knn_nq,
-          (double)pr.query_sample, pr.pivots, pr.keep_queries, pr.keep_topk, o->lat_ef);
+          (double)pr.query_sample, pr.pivots, pr.keep_queries, pr.keep_topk, o->lat_ef, o->lists,
+          o->key_queries, o->key_rank_raw ? "raw" : "margin");
   /* Summary: per kind, median and worst head of the scan needed for recall@100 >= 0.95. */
   fprintf(f, "  \"summary\": {\n");
   int first = 1;
@@ -440,10 +552,11 @@ static void write_json(const opts *o, const ra_qk_meta *m, head_result *hr, int 
     for (int k = 0; k < N_KINDS; k++) {
       const result *r = &hr[h].r[k];
       if (!r->present) continue;
-      fprintf(f, "%s      \"%s\": {\"build_s\": %.3f, \"bytes\": %zu, \"bytes_per_key\": %.1f, "
+      fprintf(f, "%s      \"%s\": {\"build_s\": %.3f, \"build_cpu_s\": %.3f, \"lists_s\": %.3f, "
+                 "\"bytes\": %zu, \"bytes_per_key\": %.1f, "
                  "\"mean_degree\": %.2f, \"n_pivots\": %u, \"n_repaired\": %u",
-              f1 ? "" : ",\n", kind_names[k], r->build_s, r->bytes, r->bytes_per_key,
-              r->gs.mean_degree, r->gs.n_pivots, r->gs.n_repaired);
+              f1 ? "" : ",\n", kind_names[k], r->build_s, r->build_cpu_s, r->lists_s, r->bytes,
+              r->bytes_per_key, r->gs.mean_degree, r->gs.n_pivots, r->gs.n_repaired);
       if (r->lat_p50_us > 0)
         fprintf(f, ", \"latency_ef\": %u, \"latency_us_p50\": %.1f, \"latency_us_p99\": %.1f, "
                    "\"latency_scanned_frac\": %.5f, \"latency_recall100\": %.4f",
@@ -673,7 +786,18 @@ int main(int argc, char **argv) {
           ra_keys k0 = keys;
           k0.n = n0;
           /* The prefix index learns from the same queries, with knn over the keys it has. */
-          if (!(ix = build_timed(&p, &k0, &bq, r))) return 1;
+          bench_lists bl = {0};
+          ra_queries pq = bq;
+          if (o.lists) {
+            if (bench_lists_make(k32, n0, D, q, n_build, p.query_sample, p.knn_nq,
+                                 (uint32_t)o.key_queries, o.key_rank_raw, threads, &bl, &pq,
+                                 &r->lists_s))
+              return 1;
+            p.query_sample = 1.0f;
+          }
+          ix = build_timed(&p, &k0, &pq, r);
+          bench_lists_free(&bl);
+          if (!ix) return 1;
           double t0 = now_s();
           for (uint32_t id = n0; id < n_idx; id++)
             if (ra_index_insert(ix, &keys, id, &err)) {
@@ -689,6 +813,17 @@ int main(int argc, char **argv) {
           r->bytes_per_key = (double)r->bytes / n_idx;
           printf("  L%d H%d roar-ins: %u inserts, %.1f us each\n", L, h, n_idx - n0,
                  1e6 * dt / (n_idx - n0));
+        } else if (kind == RA_INDEX_ROAR && o.lists) {
+          bench_lists bl;
+          ra_queries lq;
+          if (bench_lists_make(k32, n_idx, D, q, n_build, p.query_sample, p.knn_nq,
+                               (uint32_t)o.key_queries, o.key_rank_raw, threads, &bl, &lq,
+                               &r->lists_s))
+            return 1;
+          p.query_sample = 1.0f;
+          ix = build_timed(&p, &keys, &lq, r);
+          bench_lists_free(&bl);
+          if (!ix) return 1;
         } else {
           if (!(ix = build_timed(&p, &keys, kind == RA_INDEX_ROAR ? &bq : NULL, r))) return 1;
         }
@@ -708,9 +843,13 @@ int main(int argc, char **argv) {
           r->lat_ef = o.lat_ef ? o.lat_ef : ef;
           measure_latency(ix, &keys, &qs100, r->lat_ef, r);
         }
-        printf("  L%d H%d %-8s build %6.2fs %6.1f B/key  Q->K@100 95%%: %7.3f%% scanned, "
-               "r@1%%=%.3f r@3%%=%.3f | @2000 95%%: %7.3f%% | K->K@100 95%%: %7.3f%%",
-               L, h, kind_names[k], r->build_s, r->bytes_per_key, 100 * scan_at(&r->c[C_Q100], 0.95),
+        if (r->lists_s > 0)
+          printf("  L%d H%d %-8s lists (bench, as the GPU would) %.2fs\n", L, h, kind_names[k],
+                 r->lists_s);
+        printf("  L%d H%d %-8s build %6.2fs (cpu %6.2fs) %6.1f B/key  Q->K@100 95%%: %7.3f%% "
+               "scanned, r@1%%=%.3f r@3%%=%.3f | @2000 95%%: %7.3f%% | K->K@100 95%%: %7.3f%%",
+               L, h, kind_names[k], r->build_s, r->build_cpu_s,
+               r->bytes_per_key, 100 * scan_at(&r->c[C_Q100], 0.95),
                recall_at(&r->c[C_Q100], 0.01), recall_at(&r->c[C_Q100], 0.03),
                100 * scan_at(&r->c[C_Q2000], 0.95), 100 * scan_at(&r->c[C_K100], 0.95));
         if (r->lat_p50_us > 0)

@@ -228,26 +228,56 @@ void ra_graph_key_to_f32(const ra_keys *keys, uint32_t id, float *out) {
 
 /* ---- beam search ---- */
 
-/* Inserts (id, sc) into the beam pid/psc [*pn <= L], kept by descending score then ascending id;
- * returns its position, or L when it does not make the beam. */
-static uint32_t beam_insert(uint32_t *pid, float *psc, uint32_t *pn, uint32_t L, uint32_t id,
-                            float sc) {
-  uint32_t lo = 0, hi = *pn;
-  while (lo < hi) {
-    uint32_t mid = (lo + hi) / 2;
-    if (psc[mid] > sc || (psc[mid] == sc && (pid[mid] & ID_MASK) < id))
-      lo = mid + 1;
-    else
-      hi = mid;
+/* Beam order: a before b (descending score, ties by ascending id; beam ids carry EXPANDED). */
+static inline int beam_before(float sa, uint32_t ia, float sb, uint32_t ib) {
+  return sa > sb || (sa == sb && (ia & ID_MASK) < (ib & ID_MASK));
+}
+
+/* Merges the m expansion results (nid, nsc; sorted here) into the beam pid/psc [*pn <= L], keeping
+ * its first L entries; returns the position of the best new entry, or L when none made it. The
+ * beam is the same as inserting them one by one (the first L of the union in a total order), but
+ * each old entry moves once per expansion, a segment at a time, instead of once per insertion
+ * (the shifting was 23 % of a 134K-key roar build's profile with the beam-search repair). */
+static uint32_t beam_merge(uint32_t *pid, float *psc, uint32_t *pn, uint32_t L, uint32_t *nid,
+                           float *nsc, uint32_t m) {
+  for (uint32_t i = 1; i < m; i++) {
+    uint32_t id = nid[i], j = i;
+    float sc = nsc[i];
+    for (; j > 0 && beam_before(sc, id, nsc[j - 1], nid[j - 1]); j--) {
+      nid[j] = nid[j - 1];
+      nsc[j] = nsc[j - 1];
+    }
+    nid[j] = id;
+    nsc[j] = sc;
   }
-  if (lo >= L) return L;
-  uint32_t last = *pn < L ? *pn : L - 1; /* entries [lo, last) shift right by one */
-  memmove(pid + lo + 1, pid + lo, (size_t)(last - lo) * sizeof *pid);
-  memmove(psc + lo + 1, psc + lo, (size_t)(last - lo) * sizeof *psc);
-  pid[lo] = id;
-  psc[lo] = sc;
-  if (*pn < L) (*pn)++;
-  return lo;
+  const uint32_t total = *pn + m, len = total < L ? total : L;
+  /* From the worst new entry up: the old entries after its place move right by the new ones at or
+   * before it (k + 1), then it goes just before them; moves and places past len are dropped. */
+  uint32_t end = *pn, pos = 0;
+  for (uint32_t k = m; k-- > 0;) {
+    uint32_t lo = 0, hi = end;
+    while (lo < hi) {
+      uint32_t mid = (lo + hi) / 2;
+      if (beam_before(psc[mid], pid[mid], nsc[k], nid[k]))
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    pos = lo;
+    uint32_t dst = pos + k + 1;
+    if (dst < len) {
+      uint32_t cnt = end - pos < len - dst ? end - pos : len - dst;
+      memmove(pid + dst, pid + pos, (size_t)cnt * sizeof *pid);
+      memmove(psc + dst, psc + pos, (size_t)cnt * sizeof *psc);
+    }
+    if (pos + k < len) {
+      pid[pos + k] = nid[k];
+      psc[pos + k] = nsc[k];
+    }
+    end = pos;
+  }
+  *pn = len;
+  return pos < len ? pos : L; /* the best new entry's place: pos + 0 */
 }
 
 /* The beam search, scoring q·key - bias[key] (bias NULL: 0). */
@@ -271,11 +301,12 @@ static void search_biased(const ra_graph *g, const ra_keys *keys, const float *q
   const uint32_t M = g->M;
 
   vis[g->entry] = ep;
-  beam_insert(pid, psc, &pn, L, g->entry,
-              ra_vec_dot(q, (const char *)keys->rows +
-                                (size_t)g->entry * keys->dim * ra_dtype_size(keys->dtype),
-                         keys->dtype, keys->dim) -
-                  (bias ? bias[g->entry] : 0.0f));
+  pid[0] = g->entry;
+  psc[0] = ra_vec_dot(q, (const char *)keys->rows +
+                             (size_t)g->entry * keys->dim * ra_dtype_size(keys->dtype),
+                      keys->dtype, keys->dim) -
+           (bias ? bias[g->entry] : 0.0f);
+  pn = 1;
   scanned = 1;
   uint32_t cur = 0;
   while (cur < pn) {
@@ -303,12 +334,19 @@ static void search_biased(const ra_graph *g, const ra_keys *keys, const float *q
     if (bias)
       for (uint32_t i = 0; i < m; i++) nsc[i] -= bias[nbr[i]];
     scanned += m;
-    uint32_t best = L;
-    for (uint32_t i = 0; i < m; i++) {
-      if (pn == L && nsc[i] < psc[L - 1]) continue;
-      uint32_t pos = beam_insert(pid, psc, &pn, L, nbr[i], nsc[i]);
-      if (pos < best) best = pos;
-    }
+    /* Only those that can make a full beam are merged; their rows are fetched now, as they may
+     * be expanded next (the row and degree loads of the next expansion were a third of this
+     * function's time). The old (beam-search repair) roar build at 134K keys, one thread, same
+     * graph: 29.5 CPU-s before, 28.5 with the merge, 25.9 with the prefetch too. */
+    uint32_t mk = 0;
+    for (uint32_t i = 0; i < m; i++)
+      if (pn < L || !beam_before(psc[L - 1], pid[L - 1], nsc[i], nbr[i])) {
+        __builtin_prefetch(g->adj + (size_t)nbr[i] * M, 0, 3);
+        __builtin_prefetch(g->deg + nbr[i], 0, 3);
+        nbr[mk] = nbr[i];
+        nsc[mk++] = nsc[i];
+      }
+    uint32_t best = mk ? beam_merge(pid, psc, &pn, L, nbr, nsc, mk) : L;
     /* Resume at the best new entry if it landed above the one just expanded. */
     cur = best <= cur ? best : cur + 1;
   }

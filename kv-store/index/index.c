@@ -149,9 +149,15 @@ size_t ra_index_estimate_bytes(const ra_index_params *p, uint32_t n_keys, int di
       peak = n * lc * 8 + blocks + heaps * lc; /* knn of the cached fp32 keys */
     } else {
       size_t m = n_queries, nq = p->knn_nq < n ? p->knn_nq : n;
-      /* keys fp32, sampled queries, their lists, sgemm block + heaps, pivot CSR, sample. */
-      peak = n * d * 4 + m * d * 4 + m * nq * 4 + blocks + heaps * nq + n * 4 +
-             m * 4 * (size_t)(p->pivots ? p->pivots : 1) + m * 4 + d * d * 4;
+      /* Lists, pivot CSR (queries' top ids), sample, metric: held into the projection. */
+      size_t held = m * nq * 4 + n * 4 + m * 4 * (size_t)(p->pivots ? p->pivots : 1) + m * 4 +
+                    d * d * 4;
+      /* The knn phase: keys fp32, sampled queries, sgemm block + heaps. */
+      peak = held + n * d * 4 + m * d * 4 + blocks + heaps * nq;
+      /* Key -> query lists (roar.c, link_by_key_queries): inverted, at most RA_INDEX_KEY_TOP_MAX
+       * per key, and a sampled row per query (no larger than the knn phase at head_dim >= 64). */
+      size_t keyq = held + n * 4 * RA_INDEX_KEY_TOP_MAX + m * 12 + 8;
+      if (keyq > peak) peak = keyq;
     }
     size_t reverse = (n + 1) * 8 * 2 + n * M * 4; /* CSR of in-edges */
     size_t connect = n + n * 4 + (size_t)32 * nt * L * 4;

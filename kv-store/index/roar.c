@@ -16,7 +16,11 @@
  *   4. entry: the pivot with the largest inner product with the mean query (where a decode
  *      query's walk should start), then every key not reachable from it is linked by beam
  *      searches with its own key as the query (graph.c's spanning-tree pins keep them
- *      reachable);
+ *      reachable). Most keys of a long context are in no sampled query's list, so this repair
+ *      was most of the build (91 % at 134K keys); given key -> query lists (each key's top
+ *      queries, ra_queries.key_top_queries: one more GEMM on the GPU), every key that is no
+ *      pivot gets a row from its queries' lists and from the keys sharing its queries before
+ *      step 3 instead (link_by_key_queries), and the repair is left a handful of keys;
  *   5. a seeded sample of the build queries (keep_queries, fp16) is kept with its top-keep_topk
  *      lists, so that an inserted key is linked the way the build links keys: through the
  *      queries that rank it high (ra_roar_insert). */
@@ -226,6 +230,115 @@ void ra_roar_insert(ra_index *ix, const ra_keys *keys, uint32_t id) {
     if (k->sc[i] > k->thr[i]) keep_enter(k, keys, i, id, k->sc[i]);
 }
 
+/* Rows from the key -> query lists (ra_queries.key_top_queries) for every key that is no pivot:
+ * at 134K keys and 4096 sampled queries 78 % of the keys were unreachable after the projection,
+ * and each of them was linked by two beam searches (ra_graph_connect): 91 % of the build. Key u's
+ * candidates come, for each of its top queries j (sampled ones; rank order), from
+ *   - the first ROAR_KEY_OUT keys of j's list: the keys j ranks best, the way from u towards
+ *     the keys of the queries that rank u high (the query-aware insertion's out-edges);
+ *   - up to ROAR_KEY_MEMBERS other keys that name j among their top queries, nearest u in id
+ *     (token position) first: the keys sharing u's queries, which the lists never contain.
+ * They are ranked by similarity to u and pruned to M like a pivot's candidates; the reverse
+ * edges that follow give the in-edges, and the repair links what is still unreachable.
+ * Measured on SmolLM2 (index-bench --key-queries 4, 2 threads; scan for recall@100 0.95 and keys
+ * left to the repair, on 134K L27 H4 / 34K L3 H4 / 34K L27 H8):
+ *   8 + 8 (these):    0.970 % / 11, 6.45 % / 2, 4.23 % / 2; the 134K build 0.87 s (1.7 CPU-s),
+ *                     this step 0.3 s of it;
+ *   the beam-search repair, same lists: 1.15 %, 6.29 %, 4.05 %; 12.6 s (24 CPU-s);
+ *   16 or 32 list keys and no members: 95-99K of the 134K keys stayed unreachable (their only
+ *     ways in were reverse edges from the list keys, whose rows keep M of thousands) and the
+ *     repair took 41-46 s;
+ *   16 + 16: 0.973 %, 6.41 %, 4.42 %, this step twice as long; 16 + 32: 0.964 % at 134K, 3x;
+ *   rows only for the keys in no list, not for list keys beyond the pivots: 0.953 %, 7.04 %,
+ *     4.03 %;
+ *   a key's top 2 queries instead of 4: 0.982 % at 134K, 50 keys left; 8: 0.959 %, twice as
+ *     long. */
+#define ROAR_KEY_OUT 8u
+#define ROAR_KEY_MEMBERS 8u
+
+/* Appends v to w->ids[*c] unless marked in round ep; 1 if it did. */
+static inline uint32_t cand_add(ra_graph_work *w, uint32_t ep, uint32_t v, uint32_t *c) {
+  if (w->mark[v] == ep) return 0;
+  w->mark[v] = ep;
+  w->ids[(*c)++] = v;
+  return 1;
+}
+
+static int link_by_key_queries(ra_graph *g, const ra_keys *keys, const ra_queries *qs,
+                               const uint32_t *sel, uint32_t m, const uint32_t *lists,
+                               size_t stride, uint32_t nq, const uint32_t *off,
+                               ra_graph_work *works, int nt, ra_error *err) {
+  const uint32_t n = g->n, t = qs->key_top_k, M = g->M;
+  const uint32_t *ktq = qs->key_top_queries;
+  int rc = RA_OK;
+  /* qrow: a query's sampled row (or none); rkey[roff[i]..roff[i+1]): the keys naming sampled
+   * row i among their top queries, ascending. */
+  uint32_t *qrow = malloc((size_t)qs->n * sizeof *qrow);
+  uint32_t *roff = calloc((size_t)m + 1, sizeof *roff);
+  uint32_t *fill = malloc(((size_t)m + 1) * sizeof *fill);
+  uint32_t *rkey = NULL;
+  if (!qrow || !roff || !fill) goto nomem;
+  for (uint32_t j = 0; j < qs->n; j++) qrow[j] = RA_INDEX_NO_QUERY;
+  for (uint32_t i = 0; i < m; i++) qrow[sel[i]] = i;
+  for (size_t e = 0; e < (size_t)n * t; e++)
+    if (ktq[e] != RA_INDEX_NO_QUERY && qrow[ktq[e]] != RA_INDEX_NO_QUERY) roff[qrow[ktq[e]] + 1]++;
+  for (uint32_t i = 0; i < m; i++) roff[i + 1] += roff[i];
+  rkey = malloc(((size_t)roff[m] + 1) * sizeof *rkey);
+  if (!rkey) goto nomem;
+  memcpy(fill, roff, (size_t)m * sizeof *fill);
+  for (uint32_t u = 0; u < n; u++)
+    for (uint32_t r = 0; r < t; r++) {
+      uint32_t j = ktq[(size_t)u * t + r];
+      if (j != RA_INDEX_NO_QUERY && qrow[j] != RA_INDEX_NO_QUERY) rkey[fill[qrow[j]]++] = u;
+    }
+  /* At most t * (ROAR_KEY_OUT + ROAR_KEY_MEMBERS) candidates, but no more than a pivot ranks. */
+  const uint32_t cap = ROAR_MAX_CANDIDATES;
+  for (int th = 0; th < nt; th++)
+    if (ra_graph_work_reserve(&works[th], cap + ROAR_KEY_OUT + ROAR_KEY_MEMBERS, n, 1)) goto nomem;
+
+  /* Each key writes its own row only, from inputs no other key changes: the rows do not depend
+   * on the thread count. */
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 64)
+  for (uint32_t u = 0; u < n; u++) {
+    if (off[u] != off[u + 1]) continue; /* a pivot has its row */
+    ra_graph_work *w = &works[omp_get_thread_num()];
+    uint32_t ep = ++w->mark_epoch, c = 0; /* n pivots + keys << 2^32 rounds: no wrap */
+    w->mark[u] = ep;
+    for (uint32_t r = 0; r < t && c < cap; r++) {
+      uint32_t j = ktq[(size_t)u * t + r];
+      if (j == RA_INDEX_NO_QUERY || qrow[j] == RA_INDEX_NO_QUERY) continue;
+      const uint32_t i = qrow[j], *l = lists + (size_t)i * stride;
+      for (uint32_t x = 0; x < ROAR_KEY_OUT && x < nq; x++) cand_add(w, ep, l[x], &c);
+      /* u's place among the members, then outwards one side and the other. */
+      uint32_t lo = roff[i], hi = roff[i + 1], a = lo, b = hi, taken = 0;
+      while (a < b) {
+        uint32_t mid = a + (b - a) / 2;
+        if (rkey[mid] < u)
+          a = mid + 1;
+        else
+          b = mid;
+      }
+      for (uint32_t left = a, right = a; taken < ROAR_KEY_MEMBERS && (left > lo || right < hi);) {
+        if (right < hi) taken += cand_add(w, ep, rkey[right++], &c);
+        if (taken < ROAR_KEY_MEMBERS && left > lo) taken += cand_add(w, ep, rkey[--left], &c);
+      }
+    }
+    if (c == 0) continue; /* no sampled query named: left to the repair */
+    ra_graph_rank_cands(keys, u, c, w);
+    uint32_t ns = ra_graph_prune(keys, w->cand, c, M, 1, w);
+    ra_graph_set_row(g, u, w->sel, ns);
+  }
+  goto done;
+nomem:
+  rc = ra_errorf(err, RA_ENOMEM, "roar: out of memory for the key -> query lists (%u keys)", n);
+done:
+  free(qrow);
+  free(roff);
+  free(fill);
+  free(rkey);
+  return rc;
+}
+
 int ra_roar_build(ra_index *ix, const ra_keys *keys, const ra_queries *qs, ra_error *err) {
   const uint32_t n = ix->n, M = ix->params.degree;
   const int dim = ix->dim;
@@ -235,6 +348,15 @@ int ra_roar_build(ra_index *ix, const ra_keys *keys, const ra_queries *qs, ra_er
     return ra_errorf(err, RA_EINVAL, "roar: needs prefill queries (vectors or knn lists)");
   if (qs->knn && qs->knn_k < 2)
     return ra_errorf(err, RA_EINVAL, "roar: knn lists of %u ids (need >= 2)", qs->knn_k);
+  if (qs->key_top_queries) {
+    if (qs->key_top_k < 1 || qs->key_top_k > RA_INDEX_KEY_TOP_MAX)
+      return ra_errorf(err, RA_EINVAL, "roar: key_top_k %u out of range [1, %u]", qs->key_top_k,
+                       RA_INDEX_KEY_TOP_MAX);
+    for (size_t i = 0; i < (size_t)n * qs->key_top_k; i++)
+      if (qs->key_top_queries[i] >= qs->n && qs->key_top_queries[i] != RA_INDEX_NO_QUERY)
+        return ra_errorf(err, RA_EINVAL, "roar: key %zu's top query %u >= %u queries",
+                         i / qs->key_top_k, qs->key_top_queries[i], qs->n);
+  }
   ra_graph *g = calloc(1, sizeof *g);
   if (!g || ra_graph_init(g, M, n, n)) {
     free(g);
@@ -368,6 +490,10 @@ int ra_roar_build(ra_index *ix, const ra_keys *keys, const ra_queries *qs, ra_er
     ra_graph_set_row(g, p, w->sel, ns);
   }
   ix->n_pivots = n_pivots;
+  if (qs->key_top_queries) {
+    if ((rc = link_by_key_queries(g, keys, qs, sel, m, lists, stride, nq, off, works, nt, err)))
+      goto fail;
+  }
 
   /* Entry: the pivot with the largest mean_q·k over the sampled queries; from knn lists alone,
    * the pivot of the most queries. A pivot, because a key in no query's list has no edges yet:

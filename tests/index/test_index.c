@@ -850,6 +850,184 @@ static void test_estimate_covers_bytes(void **state) {
   free_data(&d);
 }
 
+/* What the worker's GPU step sends for roar with key -> query lists: nb build queries' top-kk keys
+ * (knn [nb, kk]) and each of the n keys' top-t queries by the margin q_j·k - s_j, s_j the j-th
+ * query's kk-th score (ktq [n, t]); index-bench computes them the same way. */
+static void make_key_lists(const data *d, uint32_t n, uint32_t nb, uint32_t kk, uint32_t t,
+                           uint32_t *knn, uint32_t *ktq) {
+  float *sc = malloc((size_t)nb * kk * sizeof *sc), *bias = malloc((size_t)nb * sizeof *bias);
+  assert_non_null(sc);
+  assert_non_null(bias);
+  ra_error err;
+  assert_int_equal(ra_knn_ip(d->keys, n, DIM, NULL, d->q, nb, kk, 0, 2, knn, sc, &err), RA_OK);
+  for (uint32_t j = 0; j < nb; j++) bias[j] = -sc[(size_t)j * kk + kk - 1];
+  assert_int_equal(ra_knn_ip(d->q, nb, DIM, bias, d->keys, n, t, 0, 2, ktq, NULL, &err), RA_OK);
+  free(sc);
+  free(bias);
+}
+
+/* Few build queries with short lists (as 4096 queries over 134K keys): most keys are in no list. */
+enum { KQ_NB = 64, KQ_KK = 24, KQ_T = 4 };
+
+static ra_index *build_key_lists(const data *d, uint32_t n, const uint32_t *knn,
+                                 const uint32_t *ktq, int threads) {
+  ra_index_params p;
+  ra_index_params_default(RA_INDEX_ROAR, &p);
+  p.n_threads = threads;
+  ra_keys k = keys_of(d, n);
+  ra_queries qs = {.q = d->q, .n = KQ_NB, .knn = knn, .knn_k = KQ_KK, .key_top_queries = ktq,
+                   .key_top_k = ktq ? KQ_T : 0};
+  ra_index *ix = NULL;
+  ra_error err;
+  if (ra_index_build(&p, &k, &qs, &ix, &err)) fail_msg("build roar: %s", err.msg);
+  return ix;
+}
+
+static void assert_same_graph(const ra_index *a, const ra_index *b) {
+  const ra_graph *ga = a->graph, *gb = b->graph;
+  assert_int_equal(ga->n, gb->n);
+  assert_int_equal(ga->entry, gb->entry);
+  assert_memory_equal(ga->deg, gb->deg, ga->n * sizeof *ga->deg);
+  assert_memory_equal(ga->npin, gb->npin, ga->n * sizeof *ga->npin);
+  for (uint32_t u = 0; u < ga->n; u++)
+    assert_memory_equal(ga->adj + (size_t)u * ga->M, gb->adj + (size_t)u * gb->M,
+                        ga->deg[u] * sizeof *ga->adj);
+}
+
+/* The keys in no query's list get rows from the key -> query lists instead of beam searches: a
+ * valid graph with every key reachable, almost nothing left to the repair, and recall like the
+ * beam-search repair's. */
+static void test_roar_key_queries_link_uncovered(void **state) {
+  (void)state;
+  data d;
+  make_data(&d, NK, 21);
+  uint32_t *knn = malloc((size_t)KQ_NB * KQ_KK * sizeof *knn);
+  uint32_t *ktq = malloc((size_t)NK * KQ_T * sizeof *ktq);
+  assert_non_null(knn);
+  assert_non_null(ktq);
+  make_key_lists(&d, NK, KQ_NB, KQ_KK, KQ_T, knn, ktq);
+  ra_index *old = build_key_lists(&d, NK, knn, NULL, 2), *kq = build_key_lists(&d, NK, knn, ktq, 2);
+  assert_graph_invariants(kq);
+  ra_index_graph_stats so, sk;
+  ra_index_get_graph_stats(old, &so);
+  ra_index_get_graph_stats(kq, &sk);
+  double fo, fk, ro = mean_recall(old, &d, NK, 40, &fo), rk = mean_recall(kq, &d, NK, 40, &fk);
+  print_message("repaired %u -> %u of %u keys; recall@10 at ef 40 %.3f (scan %.3f) -> %.3f (scan "
+                "%.3f)\n",
+                so.n_repaired, sk.n_repaired, NK, ro, fo, rk, fk);
+  assert_true(so.n_repaired > NK / 2); /* the case this path is for */
+  assert_true(sk.n_repaired < NK / 50);
+  assert_true(rk >= ro - 0.03);
+  assert_true(fk < 0.3);
+  ra_index_free(old);
+  ra_index_free(kq);
+  free(knn);
+  free(ktq);
+  free_data(&d);
+}
+
+/* Same seed, any thread count, the same graph; lists naming no query give the old build's graph. */
+static void test_roar_key_queries_deterministic(void **state) {
+  (void)state;
+  data d;
+  make_data(&d, NK, 22);
+  uint32_t *knn = malloc((size_t)KQ_NB * KQ_KK * sizeof *knn);
+  uint32_t *ktq = malloc((size_t)NK * KQ_T * sizeof *ktq);
+  assert_non_null(knn);
+  assert_non_null(ktq);
+  make_key_lists(&d, NK, KQ_NB, KQ_KK, KQ_T, knn, ktq);
+  ra_index *a = build_key_lists(&d, NK, knn, ktq, 1), *b = build_key_lists(&d, NK, knn, ktq, 2),
+           *c = build_key_lists(&d, NK, knn, ktq, 3);
+  assert_same_graph(a, b);
+  assert_same_graph(a, c);
+  ra_index_free(a);
+  ra_index_free(b);
+  ra_index_free(c);
+  for (size_t i = 0; i < (size_t)NK * KQ_T; i++) ktq[i] = RA_INDEX_NO_QUERY;
+  a = build_key_lists(&d, NK, knn, ktq, 2);
+  b = build_key_lists(&d, NK, knn, NULL, 2);
+  assert_same_graph(a, b);
+  ra_index_free(a);
+  ra_index_free(b);
+  free(knn);
+  free(ktq);
+  free_data(&d);
+}
+
+/* Bad key -> query lists are the caller's error, reported before anything is built; queries the
+ * build did not sample are skipped. */
+static void test_roar_key_queries_validated(void **state) {
+  (void)state;
+  data d;
+  make_data(&d, NK, 23);
+  uint32_t *knn = malloc((size_t)KQ_NB * KQ_KK * sizeof *knn);
+  uint32_t *ktq = malloc((size_t)NK * KQ_T * sizeof *ktq);
+  assert_non_null(knn);
+  assert_non_null(ktq);
+  make_key_lists(&d, NK, KQ_NB, KQ_KK, KQ_T, knn, ktq);
+  ra_index_params p;
+  ra_index_params_default(RA_INDEX_ROAR, &p);
+  p.n_threads = 2;
+  ra_keys k = keys_of(&d, NK);
+  ra_queries qs = {.q = d.q, .n = KQ_NB, .knn = knn, .knn_k = KQ_KK, .key_top_queries = ktq,
+                   .key_top_k = KQ_T};
+  ra_index *ix = (ra_index *)&p; /* must be reset to NULL on failure */
+  ra_error err;
+  uint32_t saved = ktq[(size_t)1234 * KQ_T + 2];
+  ktq[(size_t)1234 * KQ_T + 2] = KQ_NB; /* one past the queries */
+  assert_int_equal(ra_index_build(&p, &k, &qs, &ix, &err), RA_EINVAL);
+  assert_null(ix);
+  assert_non_null(strstr(err.msg, "key 1234's top query 64"));
+  ktq[(size_t)1234 * KQ_T + 2] = saved;
+  qs.key_top_k = 0;
+  assert_int_equal(ra_index_build(&p, &k, &qs, &ix, &err), RA_EINVAL);
+  assert_non_null(strstr(err.msg, "key_top_k"));
+  qs.key_top_k = RA_INDEX_KEY_TOP_MAX + 1;
+  assert_int_equal(ra_index_build(&p, &k, &qs, &ix, &err), RA_EINVAL);
+  /* Rows padded with "no query", and a sample that leaves some named queries out: valid. */
+  qs.key_top_k = KQ_T;
+  for (uint32_t u = 0; u < NK; u += 3) ktq[(size_t)u * KQ_T + KQ_T - 1] = RA_INDEX_NO_QUERY;
+  for (uint32_t r = 0; r < KQ_T; r++) ktq[(size_t)7 * KQ_T + r] = RA_INDEX_NO_QUERY;
+  p.query_sample = 0.5f;
+  assert_int_equal(ra_index_build(&p, &k, &qs, &ix, &err), RA_OK);
+  assert_graph_invariants(ix);
+  ra_index_free(ix);
+  free(knn);
+  free(ktq);
+  free_data(&d);
+}
+
+/* Query-aware insertion on a graph built from key -> query lists keeps the invariants and the
+ * recall of a rebuild. */
+static void test_roar_key_queries_then_insert(void **state) {
+  (void)state;
+  data d;
+  const uint32_t n0 = NK * 9 / 10;
+  make_data(&d, NK, 24);
+  uint32_t *knn = malloc((size_t)KQ_NB * KQ_KK * sizeof *knn);
+  uint32_t *ktq = malloc((size_t)NK * KQ_T * sizeof *ktq);
+  assert_non_null(knn);
+  assert_non_null(ktq);
+  make_key_lists(&d, n0, KQ_NB, KQ_KK, KQ_T, knn, ktq);
+  ra_index *ix = build_key_lists(&d, n0, knn, ktq, 2);
+  assert_non_null(ix->keep);
+  ra_keys k = keys_of(&d, NK);
+  ra_error err;
+  for (uint32_t id = n0; id < NK; id++) assert_int_equal(ra_index_insert(ix, &k, id, &err), RA_OK);
+  assert_graph_invariants(ix);
+  make_key_lists(&d, NK, KQ_NB, KQ_KK, KQ_T, knn, ktq);
+  ra_index *full = build_key_lists(&d, NK, knn, ktq, 2);
+  double fi, ff, ri = mean_recall(ix, &d, NK, 40, &fi), rf = mean_recall(full, &d, NK, 40, &ff);
+  print_message("after insertion recall %.3f (scan %.3f); rebuilt %.3f (scan %.3f)\n", ri, fi, rf,
+                ff);
+  assert_true(ri >= rf - 0.03);
+  ra_index_free(ix);
+  ra_index_free(full);
+  free(knn);
+  free(ktq);
+  free_data(&d);
+}
+
 /* Concurrent searches, one scratch each, give the sequential answers. */
 static void test_concurrent_search(void **state) {
   (void)state;
@@ -916,6 +1094,10 @@ int main(void) {
       cmocka_unit_test(test_connect_edgeless_graph),
       cmocka_unit_test(test_connect_links_runs_of_near_keys),
       cmocka_unit_test(test_estimate_covers_bytes),
+      cmocka_unit_test(test_roar_key_queries_link_uncovered),
+      cmocka_unit_test(test_roar_key_queries_deterministic),
+      cmocka_unit_test(test_roar_key_queries_validated),
+      cmocka_unit_test(test_roar_key_queries_then_insert),
   };
   if (RA_TEST_GROUP == 1) return cmocka_run_group_tests(search_tests, NULL, NULL);
   return cmocka_run_group_tests(build_tests, NULL, NULL);
