@@ -46,6 +46,7 @@ static const char *usage_text =
     "          --sink N (128) --window N (512) --attn-top-k K (keys per head at the stores, 100)\n"
     "          --ef N --nprobe N (index search) --store-dtype f32|f16|bf16 (f16) --store-timeout-ms MS\n"
     "          --index-per-kv-head (roar: one graph per kv head from its group's queries)\n"
+    "          --key-top-queries T (roar build: every offloaded key's T best queries, from the backend; 4, 0 off)\n"
     "dump-qk:  --out DIR --decode-tokens N (default 0) --layers 0,2,5-7 --dtype f16|f32 (default f16)\n"
     "logits:   --out FILE.npy\n";
 
@@ -53,7 +54,7 @@ typedef struct opts {
   const char *cmd, *model, *tokenizer, *prompt_file, *prompt, *backend, *json, *out, *layers;
   const char *stores, *shard_map;
   ra_offload_config off; /* mode == RA_ATTN_FULL: no offload */
-  int chat, threads, max_new, decode_tokens, no_stop, top_k;
+  int chat, threads, max_new, decode_tokens, no_stop, top_k, key_top_given;
   long ctx, batch;
   float temperature, top_p;
   uint64_t seed;
@@ -125,6 +126,7 @@ static int parse_opts(int argc, char **argv, opts *o) {
     else if (strcmp(a, "--ef") == 0) { NEED_VALUE(); if (parse_int(v, 1, 1L << 20, &n)) return usage_error("bad --ef %s", v); o->off.ef = (uint32_t)n; }
     else if (strcmp(a, "--nprobe") == 0) { NEED_VALUE(); if (parse_int(v, 1, 1L << 20, &n)) return usage_error("bad --nprobe %s", v); o->off.nprobe = (uint32_t)n; }
     else if (strcmp(a, "--store-dtype") == 0) { NEED_VALUE(); if (ra_dtype_parse(v, &o->off.store_dtype)) return usage_error("bad --store-dtype %s", v); }
+    else if (strcmp(a, "--key-top-queries") == 0) { NEED_VALUE(); if (parse_int(v, 0, RA_KVCLIENT_KEY_TOP_MAX, &n)) return usage_error("bad --key-top-queries %s (0 to 64)", v); o->off.key_top_queries = (uint32_t)n; o->key_top_given = 1; }
     else if (strcmp(a, "--store-timeout-ms") == 0) { NEED_VALUE(); if (parse_int(v, 1, 3600000, &n)) return usage_error("bad --store-timeout-ms %s", v); o->off.timeout_ms = (int)n; }
     else return usage_error("unknown option %s", a);
 #undef NEED_VALUE
@@ -139,6 +141,8 @@ static int parse_opts(int argc, char **argv, opts *o) {
   if (o->stores && o->shard_map) return usage_error("give --stores or --shard-map, not both%s", "");
   if (o->off.roar_per_kv_head && o->off.mode != RA_ATTN_ROAR)
     return usage_error("--index-per-kv-head is for --mode roar, not %s", ra_attn_mode_name(o->off.mode));
+  if (o->key_top_given && o->off.mode != RA_ATTN_ROAR)
+    return usage_error("--key-top-queries is for --mode roar, not %s", ra_attn_mode_name(o->off.mode));
   return 0;
 }
 

@@ -31,7 +31,7 @@ int ra_attn_mode_parse(const char *name, ra_attn_mode *out) {
  * 2 GiB at 128K keys. */
 void ra_offload_config_default(ra_offload_config *c) {
   *c = (ra_offload_config){.mode = RA_ATTN_ROAR, .n_sink = 128, .n_window = 512, .top_k = 100,
-                           .knn_nq = 100, .build_queries = 4096, .kv_dtype = RA_DTYPE_F32,
+                           .knn_nq = 100, .build_queries = 4096, .key_top_queries = 4, .kv_dtype = RA_DTYPE_F32,
                            .store_dtype = RA_DTYPE_F16, .max_ctx = 8192, .max_prompt = 8192,
                            .timeout_ms = 10000};
 }
@@ -114,6 +114,9 @@ int ra_offload_new(const ra_model *m, const ra_offload_plan *plan, const ra_offl
                      c->n_heads, c->n_kv_heads, cfg->n_sink, cfg->n_window);
   if (is_index_mode(cfg->mode) && (cfg->knn_nq < 2 || cfg->build_queries < 1))
     return ra_errorf(err, RA_EINVAL, "offload: index build needs knn_nq >= 2 and build_queries >= 1");
+  if (cfg->key_top_queries > RA_KVCLIENT_KEY_TOP_MAX)
+    return ra_errorf(err, RA_EINVAL, "offload: key_top_queries %u (at most %d)", cfg->key_top_queries,
+                     RA_KVCLIENT_KEY_TOP_MAX);
   ra_offload *o = calloc(1, sizeof *o);
   if (!o) return ra_errorf(err, RA_ENOMEM, "offload: out of memory");
   o->m = m;
@@ -192,6 +195,10 @@ typedef struct layer_job {
   uint64_t *ids;         /* [n_heads, n_q, knn] */
   int64_t n_q;
   int knn;               /* 0: no index, or too few keys to be worth one */
+  /* roar with key_top_queries: per build (q head, or kv head with roar_per_kv_head), every
+   * offloaded key's best queries of that build's block: [n_builds, e - b, key_top] */
+  uint32_t *key_top;
+  int key_top_k;
 } layer_job;
 
 static void layer_job_free(void *arg) {
@@ -203,7 +210,51 @@ static void layer_job_free(void *arg) {
   }
   free(j->q);
   free(j->ids);
+  free(j->key_top);
   free(j);
+}
+
+int ra_offload_key_top_queries(ra_backend *be, const float *kh, int64_t n_off, int64_t hd, const float *qb,
+                               const float *thr, int64_t nq, int key_top, int64_t chunk, uint32_t *out,
+                               ra_error *err) {
+  if (n_off < 0 || hd < 1 || nq < 1 || key_top < 1 || chunk < 0)
+    return ra_errorf(err, RA_EINVAL, "offload: key lists of %lld keys, %lld queries, top %d", (long long)n_off,
+                     (long long)nq, key_top);
+  if (n_off == 0) return RA_OK;
+  /* by default a chunk's scores stay under 64M floats (256 MiB on the device) */
+  if (chunk == 0) chunk = ((int64_t)64 << 20) / nq;
+  if (chunk < 1) chunk = 1;
+  if (chunk > n_off) chunk = n_off;
+  const int t = key_top < nq ? key_top : (int)nq;
+  ra_tensor w = {0}, bias = {0}, x = {0}, y = {0};
+  float *nb = malloc((size_t)nq * sizeof(float)), *val = malloc((size_t)(chunk * t) * sizeof(float));
+  int32_t *idx = malloc((size_t)(chunk * t) * sizeof(int32_t));
+  int64_t bs[1] = {nq}, xs[2] = {chunk, hd}, ys[2] = {chunk, nq};
+  int rc = (!nb || !val || !idx) ? ra_errorf(err, RA_ENOMEM, "offload: out of memory for the key lists") : RA_OK;
+  for (int64_t i = 0; rc == RA_OK && i < nq; i++) nb[i] = -thr[i];
+  if (rc == RA_OK) rc = be->ops->load_weight(be, qb, RA_GGML_F32, nq, hd, &w, err);
+  if (rc == RA_OK) rc = ra_tensor_new(be, &bias, RA_DTYPE_F32, 1, bs, err);
+  if (rc == RA_OK) rc = be->ops->upload(be, &bias, 0, nb, (size_t)nq, err);
+  if (rc == RA_OK) rc = ra_tensor_new(be, &x, RA_DTYPE_F32, 2, xs, err);
+  if (rc == RA_OK) rc = ra_tensor_new(be, &y, RA_DTYPE_F32, 2, ys, err);
+  for (int64_t k0 = 0; rc == RA_OK && k0 < n_off; k0 += chunk) {
+    const int64_t c = n_off - k0 < chunk ? n_off - k0 : chunk;
+    ra_tensor xv = ra_tensor_rows(&x, 0, c), yv = ra_tensor_rows(&y, 0, c);
+    if ((rc = be->ops->upload(be, &xv, 0, kh + k0 * hd, (size_t)(c * hd), err)) ||
+        (rc = be->ops->matmul(be, &xv, &w, &bias, &yv, 0, err)) || (rc = be->ops->topk_rows(be, &yv, t, idx, val, err)))
+      break;
+    for (int64_t r = 0; r < c; r++)
+      for (int u = 0; u < key_top; u++)
+        out[(k0 + r) * key_top + u] = u < t ? (uint32_t)idx[r * t + u] : RA_KVCLIENT_NO_QUERY;
+  }
+  ra_tensor_free(&w);
+  ra_tensor_free(&bias);
+  ra_tensor_free(&x);
+  ra_tensor_free(&y);
+  free(nb);
+  free(val);
+  free(idx);
+  return rc;
 }
 
 /* The roar index's input for one layer, on the backend: for every q head, the layer's sampled
@@ -227,8 +278,16 @@ static int layer_job_knn(layer_job *j, const float *q_sample, int64_t n_q, ra_er
   float *kh = malloc((size_t)(n_off * hd) * sizeof(float)), *val = malloc((size_t)(n_q * j->knn) * sizeof(float));
   int32_t *idx = malloc((size_t)(n_q * j->knn) * sizeof(int32_t));
   ra_tensor w = {0}, x = {0}, y = {0};
-  int rc = (!j->q || !j->ids || !kh || !val || !idx) ? ra_errorf(err, RA_ENOMEM, "offload: out of memory for the index build")
-                                                    : RA_OK;
+  const int key_top = (int)o->cfg.key_top_queries;
+  const int64_t step = o->cfg.roar_per_kv_head ? group : 1; /* q heads per build */
+  float *thr = key_top ? malloc((size_t)(c->n_heads * n_q) * sizeof(float)) : NULL;
+  if (key_top) {
+    j->key_top_k = key_top;
+    j->key_top = malloc((size_t)(c->n_heads / step) * (size_t)n_off * (size_t)key_top * sizeof(uint32_t));
+  }
+  int rc = (!j->q || !j->ids || !kh || !val || !idx || (key_top && (!thr || !j->key_top)))
+               ? ra_errorf(err, RA_ENOMEM, "offload: out of memory for the index build")
+               : RA_OK;
   int64_t xs[2] = {n_q, hd}, ys[2] = {n_q, n_off};
   if (rc == RA_OK) rc = ra_tensor_new(be, &x, RA_DTYPE_F32, 2, xs, err);
   if (rc == RA_OK) rc = ra_tensor_new(be, &y, RA_DTYPE_F32, 2, ys, err);
@@ -246,7 +305,12 @@ static int layer_job_knn(layer_job *j, const float *q_sample, int64_t n_q, ra_er
           (rc = be->ops->topk_rows(be, &y, j->knn, idx, val, err)))
         break;
       for (int64_t i = 0; i < n_q * j->knn; i++) ih[i] = (uint64_t)(j->b + idx[i]);
+      for (int64_t i = 0; thr && i < n_q; i++) thr[h * n_q + i] = val[i * j->knn + j->knn - 1];
     }
+    /* the builds of kv head g: its q heads one by one, or the group as one block */
+    for (int64_t h = g * group; key_top && rc == RA_OK && h < (g + 1) * group; h += step)
+      rc = ra_offload_key_top_queries(be, kh, n_off, hd, j->q + (size_t)(h * n_q * hd), thr + h * n_q, step * n_q,
+                                      key_top, 0, j->key_top + (size_t)(h / step) * (size_t)n_off * (size_t)key_top, err);
   }
   ra_tensor_free(&w);
   ra_tensor_free(&x);
@@ -254,6 +318,7 @@ static int layer_job_knn(layer_job *j, const float *q_sample, int64_t n_q, ra_er
   free(kh);
   free(val);
   free(idx);
+  free(thr);
   return rc;
 }
 
@@ -276,12 +341,23 @@ static int layer_job_run(void *arg, ra_error *err) {
     /* per kv head: the group's q heads are consecutive in q and ids, so their queries and lists
      * go as one block of group * n_q */
     const int64_t step = o->cfg.roar_per_kv_head ? group : 1, nq = step * j->n_q;
-    for (int64_t h = 0; h < c->n_heads && rc == RA_OK; h += step)
-      rc = ra_remote_build_index_start(o->remote, (uint32_t)j->layer, (uint32_t)h, j->q + (size_t)(h * j->n_q * hd),
-                                       (uint32_t)nq, j->ids + (size_t)(h * j->n_q * j->knn), (uint32_t)j->knn, err);
+    const int64_t n_off = j->e - j->b;
+    for (int64_t h = 0; h < c->n_heads && rc == RA_OK; h += step) {
+      ra_kvclient_build_input in = {.queries = j->q + (size_t)(h * j->n_q * hd),
+                                    .n_queries = (uint32_t)nq,
+                                    .knn_ids = j->ids + (size_t)(h * j->n_q * j->knn),
+                                    .knn_k = (uint32_t)j->knn};
+      if (j->key_top) {
+        in.key_top_queries = j->key_top + (size_t)(h / step) * (size_t)n_off * (size_t)j->key_top_k;
+        in.key_top_k = (uint32_t)j->key_top_k;
+        in.key_pos_begin = (uint64_t)j->b;
+        in.n_key_rows = (uint64_t)n_off;
+      }
+      rc = ra_remote_build_index_start(o->remote, (uint32_t)j->layer, (uint32_t)h, &in, err);
+    }
   } else {
     for (int64_t g = 0; g < c->n_kv_heads && rc == RA_OK; g++)
-      rc = ra_remote_build_index_start(o->remote, (uint32_t)j->layer, (uint32_t)(g * group), NULL, 0, NULL, 0, err);
+      rc = ra_remote_build_index_start(o->remote, (uint32_t)j->layer, (uint32_t)(g * group), NULL, err);
   }
   ra_error werr;
   int wrc = ra_remote_build_index_wait(o->remote, rc ? &werr : err);

@@ -67,6 +67,9 @@ typedef struct ra_offload_config {
   int timeout_ms;         /* deadline of every store reply; 0: 10 s */
   int roar_per_kv_head;   /* roar: one graph per kv head from its group's queries (the build and
                              every decode step's insertion cost 1 / group of per-q-head graphs) */
+  uint32_t key_top_queries; /* roar: send every offloaded key's best t queries of its build
+                             (computed on the backend), so that the stores link the keys no
+                             query list covers without beam searches (default 4; 0: off) */
   void (*progress)(void *ctx, const ra_offload_progress *p); /* optional, after each prefill layer */
   void *progress_ctx;
   /* optional, every decode step after layer `layer`'s attention (local and stores' merged):
@@ -113,6 +116,17 @@ int ra_offload_seed(ra_offload *o, const ra_prefill_capture *cap, ra_offload_sta
 
 /* One decode step: feeds `token` at the next position. */
 int ra_offload_decode(ra_offload *o, int32_t token, ra_offload_stats *stats, ra_error *err);
+
+/* The roar build's key lists (config key_top_queries): every key of keys [n_keys, head_dim] gets
+ * the t queries of queries [n_q, head_dim] with the largest margin q.k - thr[q] (thr: each
+ * query's knn_nq-th best key score, its list's last), best first, as indices into queries;
+ * RA_KVCLIENT_NO_QUERY pads when n_q < t. The margin, not the score: a key belongs with the
+ * queries whose lists it comes closest to entering (kv-store/index/roar.c). On the backend, a
+ * matmul with a bias then top-k rows, in chunks of `chunk` keys (0: scores of a chunk under
+ * 64M floats). All buffers host; out: [n_keys, t]. */
+int ra_offload_key_top_queries(ra_backend *be, const float *keys, int64_t n_keys, int64_t head_dim,
+                               const float *queries, const float *thr, int64_t n_q, int t, int64_t chunk,
+                               uint32_t *out, ra_error *err);
 
 /* A ra_gen_forward_fn (generate.h) over the runtime `ctx`: prefill on the first call, one decode
  * step per token after. */

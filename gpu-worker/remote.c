@@ -251,8 +251,8 @@ int ra_remote_put(ra_remote *r, uint32_t layer, const float *k, const float *v, 
   return rc ? remote_fail(r, rc, err) : RA_OK;
 }
 
-int ra_remote_build_index_start(ra_remote *r, uint32_t layer, uint32_t q_head, const float *queries,
-                                uint32_t n_queries, const uint64_t *knn_ids, uint32_t knn_k, ra_error *err) {
+int ra_remote_build_index_start(ra_remote *r, uint32_t layer, uint32_t q_head, const ra_kvclient_build_input *in,
+                                ra_error *err) {
   int rc = remote_check(r, err);
   if (rc) return rc;
   if (layer >= r->plan->n_layers || q_head >= r->plan->n_q_heads)
@@ -271,8 +271,8 @@ int ra_remote_build_index_start(ra_remote *r, uint32_t layer, uint32_t q_head, c
       r->builds = nb;
       r->cap_builds = cap;
     }
-    rc = ra_kvclient_build_index_start(s->client, &s->session, layer, q_head, &params, queries, n_queries, knn_ids,
-                                       knn_k, &r->builds[r->n_builds], err);
+    rc = ra_kvclient_build_index_start(s->client, &s->session, layer, q_head, &params, in, &r->builds[r->n_builds],
+                                       err);
     if (rc == RA_OK) r->n_builds++;
   }
   return rc ? remote_fail(r, rc, err) : RA_OK;
@@ -292,9 +292,9 @@ int ra_remote_build_index_wait(ra_remote *r, ra_error *err) {
   return rc ? remote_fail(r, rc, err) : RA_OK;
 }
 
-int ra_remote_build_index(ra_remote *r, uint32_t layer, uint32_t q_head, const float *queries,
-                          uint32_t n_queries, const uint64_t *knn_ids, uint32_t knn_k, ra_error *err) {
-  int rc = ra_remote_build_index_start(r, layer, q_head, queries, n_queries, knn_ids, knn_k, err);
+int ra_remote_build_index(ra_remote *r, uint32_t layer, uint32_t q_head, const ra_kvclient_build_input *in,
+                          ra_error *err) {
+  int rc = ra_remote_build_index_start(r, layer, q_head, in, err);
   ra_error e;
   int wrc = ra_remote_build_index_wait(r, rc ? &e : err);
   return rc ? rc : wrc;

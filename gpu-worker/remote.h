@@ -50,21 +50,22 @@ int ra_remote_open(const ra_offload_plan *plan, uint32_t head_dim, const ra_remo
 int ra_remote_put(ra_remote *r, uint32_t layer, const float *k, const float *v, uint64_t pos0,
                   uint64_t n, ra_error *err);
 
-/* Index build of (layer, q head) at every store holding tokens of its kv head there: the q head's
- * sampled prefill queries [n_queries, head_dim] and their exact top-knn_k token positions
- * [n_queries, knn_k] (best first; the stores keep the ids that fall in their shards). The index
- * kind is the config's mode (ivf, kgraph or roar); ivf and kgraph take no queries and are built
- * once per kv head (any q head of the group names it), shared by the group. So is roar with
+/* Index build of (layer, q head) at every store holding tokens of its kv head there. in: the
+ * roar build's input (client.h ra_kvclient_build_input; NULL for ivf / kgraph): the q head's
+ * sampled prefill queries, their exact top-knn_k token positions (best first; the stores keep
+ * the ids that fall in their shards) and, optionally, every offloaded key's best queries. The
+ * index kind is the config's mode (ivf, kgraph or roar); ivf and kgraph are built once per kv
+ * head (any q head of the group names it), shared by the group. So is roar with
  * roar_per_kv_head: the call then names the group's first q head and carries every q head's
  * queries and lists of the group, one after the other. */
-int ra_remote_build_index(ra_remote *r, uint32_t layer, uint32_t q_head, const float *queries,
-                          uint32_t n_queries, const uint64_t *knn_ids, uint32_t knn_k, ra_error *err);
+int ra_remote_build_index(ra_remote *r, uint32_t layer, uint32_t q_head, const ra_kvclient_build_input *in,
+                          ra_error *err);
 /* The same in two halves: start sends the build (its arguments may be reused at once) and
  * returns; wait waits for every build started since the last wait and returns the first
  * failure. The stores run the started builds in parallel (one per head: a store's threads
  * would mostly idle inside one small graph's build). close waits for what is left. */
-int ra_remote_build_index_start(ra_remote *r, uint32_t layer, uint32_t q_head, const float *queries,
-                                uint32_t n_queries, const uint64_t *knn_ids, uint32_t knn_k, ra_error *err);
+int ra_remote_build_index_start(ra_remote *r, uint32_t layer, uint32_t q_head, const ra_kvclient_build_input *in,
+                                ra_error *err);
 int ra_remote_build_index_wait(ra_remote *r, ra_error *err);
 
 /* Decode: the position that left the window, for every layer. k, v: [n_layers, n_kv_heads,

@@ -10,7 +10,10 @@
  * shard of its kv head, the shard's index of that kind (the q head's own, else the kv head's
  * shared one: store.h) for the top_k keys, plus an exact scan of any rows the index lags behind;
  * the global top_k over the shards' candidates is then attended over exactly, with the same
- * gather step as flat. n_scanned counts the dot products the searches and scans computed. A
+ * gather step as flat. A shard whose indexes the background indexer is inserting into at that
+ * moment is scanned exactly instead (an attend never waits for insertion), so exact retrieval
+ * gives the same result whatever insertion is doing. n_scanned counts the dot products the
+ * searches and scans computed. A
  * non-empty shard without an index of the mode's kind fails the request with RA_ESTATE
  * (FAILED_PRECONDITION) naming the layer, q head and shard.
  *

@@ -200,8 +200,8 @@ struct ra_kvclient_build {
 
 int ra_kvclient_build_index_start(ra_kvclient *c, const ra_kvclient_session *s, uint32_t layer,
                                   uint32_t q_head, const ra_kvclient_index_params *params,
-                                  const float *queries, uint32_t n_queries, const uint64_t *knn_ids,
-                                  uint32_t knn_k, ra_kvclient_build **out, ra_error *err) {
+                                  const ra_kvclient_build_input *in, ra_kvclient_build **out,
+                                  ra_error *err) {
   Rakv__BuildIndexRequest req = RAKV__BUILD_INDEX_REQUEST__INIT;
   Rakv__IndexParams ip;
   req.session_id.data = (uint8_t *)s->id;
@@ -212,14 +212,22 @@ int ra_kvclient_build_index_start(ra_kvclient *c, const ra_kvclient_session *s, 
     index_params_fill(&ip, params);
     req.params = &ip;
   }
-  req.n_queries = n_queries;
-  if (queries) {
-    req.queries.data = (uint8_t *)queries;
-    req.queries.len = (size_t)n_queries * s->geo.head_dim * sizeof(float);
-  }
-  if (knn_ids) {
-    req.knn_ids = (uint64_t *)knn_ids;
-    req.n_knn_ids = (size_t)n_queries * knn_k;
+  if (in) {
+    req.n_queries = in->n_queries;
+    if (in->queries) {
+      req.queries.data = (uint8_t *)in->queries;
+      req.queries.len = (size_t)in->n_queries * s->geo.head_dim * sizeof(float);
+    }
+    if (in->knn_ids) {
+      req.knn_ids = (uint64_t *)in->knn_ids;
+      req.n_knn_ids = (size_t)in->n_queries * in->knn_k;
+    }
+    if (in->key_top_queries) {
+      req.key_top_queries = (uint32_t *)in->key_top_queries;
+      req.n_key_top_queries = (size_t)in->n_key_rows * in->key_top_k;
+      req.key_top_k = in->key_top_k;
+      req.key_pos_begin = in->key_pos_begin;
+    }
   }
   ra_kvclient_build *b = calloc(1, sizeof *b);
   if (!b) return ra_errorf(err, RA_ENOMEM, "out of memory starting a BuildIndex call");
@@ -245,7 +253,7 @@ int ra_kvclient_build_index_wait(ra_kvclient_build *b, ra_kvclient_build_result 
   Rakv__BuildIndexReply *r = NULL;
   if (rc == RA_OK && !(r = rakv__build_index_reply__unpack(NULL, rx.len, rx.data))) rc = bad_reply(c, "BuildIndexReply", err);
   if (rc == RA_OK && out)
-    *out = (ra_kvclient_build_result){.n_keys = r->n_keys, .index_bytes = r->index_bytes, .build_us = r->build_us};
+    *out = (ra_kvclient_build_result){.n_keys = r->n_keys, .index_bytes = r->index_bytes, .build_us = r->build_us, .n_repaired = r->n_repaired};
   if (r) rakv__build_index_reply__free_unpacked(r, NULL);
   ra_buf_free(&rx);
   return rc;
@@ -253,10 +261,10 @@ int ra_kvclient_build_index_wait(ra_kvclient_build *b, ra_kvclient_build_result 
 
 int ra_kvclient_build_index(ra_kvclient *c, const ra_kvclient_session *s, uint32_t layer,
                             uint32_t q_head, const ra_kvclient_index_params *params,
-                            const float *queries, uint32_t n_queries, const uint64_t *knn_ids,
-                            uint32_t knn_k, ra_kvclient_build_result *out, ra_error *err) {
+                            const ra_kvclient_build_input *in, ra_kvclient_build_result *out,
+                            ra_error *err) {
   ra_kvclient_build *b;
-  int rc = ra_kvclient_build_index_start(c, s, layer, q_head, params, queries, n_queries, knn_ids, knn_k, &b, err);
+  int rc = ra_kvclient_build_index_start(c, s, layer, q_head, params, in, &b, err);
   return rc ? rc : ra_kvclient_build_index_wait(b, out, err);
 }
 

@@ -4,7 +4,7 @@
  *   ra_kvclient *c;  ra_kvclient_connect("10.0.0.7:7000", NULL, &c, &err);
  *   ra_kvclient_session s;  ra_kvclient_open_session(c, &geo, shards, n, "worker-0", &s, &err);
  *   ra_kvclient_put_kv(c, &s, rows, n_rows, NULL, &err);           // prefill, chunked stream
- *   per (layer, q head):  ra_kvclient_build_index(c, &s, l, h, NULL, q, nq, NULL, 0, &r, &err);
+ *   per (layer, q head):  ra_kvclient_build_index(c, &s, l, h, NULL, &input, &r, &err);
  *   ra_kvclient_stream *st;  ra_kvclient_attend_open(c, &s, &st, &err);
  *   per layer:  ra_kvclient_attend(st, &req, partials, 50, &err);  // one long-lived stream
  *   ra_kvclient_append(c, &s, &row, 1, &err);                      // window eviction
@@ -98,6 +98,7 @@ typedef struct ra_kvclient_build_result {
   uint64_t n_keys;      /* keys indexed over the head's shards on this store */
   uint64_t index_bytes; /* bytes the new indexes hold (charged to the store's budget) */
   uint64_t build_us;    /* the store's time for the request */
+  uint64_t n_repaired;  /* graph keys linked by beam searches (the build's slow part) */
 } ra_kvclient_build_result;
 
 typedef struct ra_kvclient_attend_req {
@@ -141,25 +142,41 @@ int ra_kvclient_open_session_indexed(ra_kvclient *c, const ra_kvclient_geometry 
 int ra_kvclient_close_session(ra_kvclient *c, const ra_kvclient_session *s,
                               uint64_t *bytes_freed, ra_error *err);
 
+/* What a roar index is built from; ivf and kgraph learn from the keys alone (pass NULL). All
+ * optional: queries [n_queries, head_dim] float32 (RoPE applied); knn_ids [n_queries, knn_k]:
+ * each query's exact top-knn_k token positions, best first; key_top_queries [n_key_rows,
+ * key_top_k]: for the key at position key_pos_begin + i, the queries (indices into queries)
+ * that rank it best by the margin q.k - s_q, s_q being the query's knn_k-th best score, best
+ * first, RA_KVCLIENT_NO_QUERY padding (proto BuildIndexRequest). */
+#define RA_KVCLIENT_NO_QUERY 0xffffffffu
+#define RA_KVCLIENT_KEY_TOP_MAX 64 /* key_top_k's bound (the store's) */
+typedef struct ra_kvclient_build_input {
+  const float *queries;
+  uint32_t n_queries;
+  const uint64_t *knn_ids;
+  uint32_t knn_k;
+  const uint32_t *key_top_queries;
+  uint32_t key_top_k;
+  uint64_t key_pos_begin, n_key_rows;
+} ra_kvclient_build_input;
+
 /* Builds the index of (layer, q_head) on every shard of its kv head this store holds, replacing
  * an older one of the same kind (kv-store/service.h, BuildIndex). params: NULL or overrides of
- * the session's defaults. roar needs the q head's prefill queries: queries [n_queries, head_dim]
- * float32 (RoPE applied) and/or knn_ids [n_queries, knn_k]: each query's exact top-knn_k token
- * positions, best first (NULL / 0 when not sent). With per_kv_head, q_head is any head of the
- * group and the queries those of the whole group. Attends in the index's mode work once it
- * returns; appended tokens are inserted by the store. */
+ * the session's defaults; in: the roar build's input (NULL: none). With per_kv_head, q_head is
+ * any head of the group and the queries those of the whole group. Attends in the index's mode
+ * work once it returns; appended tokens are inserted by the store. */
 int ra_kvclient_build_index(ra_kvclient *c, const ra_kvclient_session *s, uint32_t layer,
                             uint32_t q_head, const ra_kvclient_index_params *params,
-                            const float *queries, uint32_t n_queries, const uint64_t *knn_ids,
-                            uint32_t knn_k, ra_kvclient_build_result *out, ra_error *err);
+                            const ra_kvclient_build_input *in, ra_kvclient_build_result *out,
+                            ra_error *err);
 /* The same in two halves, so that builds of many heads run at the store at once: start sends
  * the request (the arguments may be reused as soon as it returns); wait takes the reply and
  * frees the call whatever happened. Every started build must be waited for. */
 typedef struct ra_kvclient_build ra_kvclient_build;
 int ra_kvclient_build_index_start(ra_kvclient *c, const ra_kvclient_session *s, uint32_t layer,
                                   uint32_t q_head, const ra_kvclient_index_params *params,
-                                  const float *queries, uint32_t n_queries, const uint64_t *knn_ids,
-                                  uint32_t knn_k, ra_kvclient_build **out, ra_error *err);
+                                  const ra_kvclient_build_input *in, ra_kvclient_build **out,
+                                  ra_error *err);
 int ra_kvclient_build_index_wait(ra_kvclient_build *b, ra_kvclient_build_result *out, ra_error *err);
 
 /* PutKv as a stream: begin, any number of put_rows (each split into chunks of at most

@@ -44,6 +44,9 @@ int kvs_service_create(const kvs_service_config *cfg, kvs_service **out, ra_erro
     free(svc);
     return ra_errorf(err, RA_ENOMEM, "cannot create the build gate");
   }
+  /* The store's threads (--threads) insert too, like they attend and build: a decode step's
+   * Append touches every layer's shards at once, and they are independent (indexer.c). */
+  kvs_store_set_index_threads(svc->store, gate);
   svc->attend_threads = cfg->attend_threads;
   *out = svc;
   return RA_OK;
@@ -435,6 +438,24 @@ static int build_index(kvs_service *svc, const Rakv__BuildIndexRequest *r, ra_bu
     a.knn = r->knn_ids;
     a.knn_k = (uint32_t)(r->n_knn_ids / r->n_queries);
   }
+  if (r->n_key_top_queries > 0) {
+    if (!a.knn || r->key_top_k < 1 || r->key_top_k > RA_INDEX_KEY_TOP_MAX ||
+        r->n_key_top_queries % r->key_top_k != 0) {
+      rc = ra_errorf(err, RA_EINVAL, "key_top_queries: %zu entries of %u per key (1 to %u, and knn_ids with them)",
+                     r->n_key_top_queries, r->key_top_k, RA_INDEX_KEY_TOP_MAX);
+      goto out;
+    }
+    for (size_t i = 0; i < r->n_key_top_queries; i++)
+      if (r->key_top_queries[i] >= r->n_queries && r->key_top_queries[i] != RA_INDEX_NO_QUERY) {
+        rc = ra_errorf(err, RA_EINVAL, "key_top_queries: key %zu names query %u of %u", i / r->key_top_k,
+                       r->key_top_queries[i], r->n_queries);
+        goto out;
+      }
+    a.key_top_queries = r->key_top_queries;
+    a.key_top_k = r->key_top_k;
+    a.key_pos_begin = r->key_pos_begin;
+    a.n_key_rows = r->n_key_top_queries / r->key_top_k;
+  }
   if (r->n_queries > 0 && !a.queries && !a.knn) {
     rc = ra_errorf(err, RA_EINVAL, "n_queries is %u but neither queries nor knn_ids came",
                    r->n_queries);
@@ -447,15 +468,16 @@ static int build_index(kvs_service *svc, const Rakv__BuildIndexRequest *r, ra_bu
   m.n_keys = res.n_keys;
   m.index_bytes = res.index_bytes;
   m.build_us = us;
+  m.n_repaired = res.n_repaired;
   rc = pack_reply(&m.base, reply, err);
   char hex[2 * KVS_SESSION_ID_BYTES + 1];
   id_hex(s->id, hex);
   ra_log_info("session %s: %s index of layer %u %s %u: %llu keys in %u shards, %llu bytes, "
-              "%.1f ms",
+              "%llu repaired, %.1f ms",
               hex, ra_index_kind_name(a.params.kind), a.layer, a.per_kv_head ? "kv head" : "q head",
               a.per_kv_head ? a.q_head / (s->geo.n_q_heads / s->geo.n_kv_heads) : a.q_head,
               (unsigned long long)res.n_keys, res.n_shards, (unsigned long long)res.index_bytes,
-              (double)us / 1000.0);
+              (unsigned long long)res.n_repaired, (double)us / 1000.0);
 out:
   free(q);
   kvs_session_release(s);

@@ -1,5 +1,6 @@
 #include "store.h"
 
+#include "indexer.h"
 #include "log.h"
 
 #include <errno.h>
@@ -21,6 +22,7 @@ struct kvs_store {
   ra_index_scratch **scratch; /* [n_scratch] free for the next attend thread */
   size_t n_scratch;
   size_t cap_scratch;
+  kvs_indexer *indexer; /* inserts written rows into the shards' indexes (indexer.c) */
 };
 
 static uint64_t now_ms(void) {
@@ -47,6 +49,13 @@ int kvs_store_create(uint64_t budget_bytes, kvs_store **out, ra_error *err) {
     free(st);
     return ra_errorf(err, RA_EINTERNAL, "pthread_mutex_init failed");
   }
+  int rc = kvs_indexer_create(&st->indexer, err);
+  if (rc) {
+    pthread_mutex_destroy(&st->scratch_mu);
+    pthread_mutex_destroy(&st->mu);
+    free(st);
+    return rc;
+  }
   st->budget = budget_bytes;
   atomic_init(&st->used, 0);
   atomic_init(&st->tokens, 0);
@@ -58,6 +67,7 @@ static void session_free(kvs_session *s) {
   kvs_store *st = s->store;
   for (size_t i = 0; i < s->n_shards; i++) {
     kvs_shard_index_free(s, &s->shards[i]);
+    pthread_rwlock_destroy(&s->shards[i].ix_lock);
     free(s->shards[i].keys);
     free(s->shards[i].values);
   }
@@ -69,9 +79,16 @@ static void session_free(kvs_session *s) {
   free(s);
 }
 
+/* A session left the registry: the indexer lets go of it, then the registry's reference goes. */
+static void session_unregistered(kvs_store *st, kvs_session *s) {
+  kvs_indexer_cancel(st->indexer, s);
+  kvs_session_release(s);
+}
+
 void kvs_store_destroy(kvs_store *st) {
   if (!st) return;
-  for (size_t i = 0; i < st->n_sessions; i++) kvs_session_release(st->sessions[i]);
+  for (size_t i = 0; i < st->n_sessions; i++) session_unregistered(st, st->sessions[i]);
+  kvs_indexer_destroy(st->indexer);
   free(st->sessions);
   for (size_t i = 0; i < st->n_scratch; i++) {
     ra_index_scratch_free(st->scratch[i]);
@@ -109,6 +126,11 @@ int kvs_store_charge(kvs_store *st, uint64_t n, ra_error *err) {
 }
 
 void kvs_store_uncharge(kvs_store *st, uint64_t n) { atomic_fetch_sub(&st->used, n); }
+
+kvs_indexer *kvs_store_indexer(kvs_store *st) { return st->indexer; }
+void kvs_store_set_index_threads(kvs_store *st, int n) { kvs_indexer_set_threads(st->indexer, n); }
+void kvs_store_index_pause(kvs_store *st, int paused) { kvs_indexer_pause(st->indexer, paused); }
+void kvs_session_index_drain(kvs_session *s) { kvs_indexer_drain(s->store->indexer, s); }
 
 void kvs_store_settle(kvs_store *st, uint64_t charged, uint64_t actual) {
   if (actual < charged)
@@ -279,6 +301,24 @@ static int registry_insert(kvs_store *st, kvs_session *s, ra_error *err) {
   return RA_OK;
 }
 
+/* The shards' ix_locks prefer writers: searches of a shard overlapping back to back (many
+ * threads, many sessions' requests) could otherwise keep the indexer out of it indefinitely
+ * (the lag then only grows); with the preference a waiting indexer makes new attends scan that
+ * shard exactly until it is in. No thread holds two ix_locks, so a waiting writer cannot
+ * deadlock readers. *done: locks initialized. */
+static int shard_locks_init(kvs_shard *sh, size_t n, size_t *done) {
+  pthread_rwlockattr_t attr;
+  if (pthread_rwlockattr_init(&attr) != 0) return RA_EINTERNAL;
+#ifdef __GLIBC__
+  pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+#endif
+  size_t i = 0;
+  while (i < n && pthread_rwlock_init(&sh[i].ix_lock, &attr) == 0) i++;
+  *done = i;
+  pthread_rwlockattr_destroy(&attr);
+  return i == n ? RA_OK : RA_EINTERNAL;
+}
+
 int kvs_store_open(kvs_store *st, const kvs_geometry *g, const kvs_shard_spec *shards, size_t n,
                    const kvs_index_spec *index, const char *client, kvs_session **out,
                    ra_error *err) {
@@ -313,6 +353,22 @@ int kvs_store_open(kvs_store *st, const kvs_geometry *g, const kvs_shard_spec *s
   for (size_t i = 0; i < n; i++) sh[i].spec = shards[i];
   /* kvs_shard starts with its spec, so the spec order sorts shards. */
   qsort(sh, n, sizeof *sh, spec_cmp);
+  /* The locks after the sort: an initialized lock must not move. */
+  size_t locked = 0;
+  rc = shard_locks_init(sh, n, &locked);
+  if (rc) {
+    for (size_t i = 0; i < locked; i++) pthread_rwlock_destroy(&sh[i].ix_lock);
+    pthread_rwlock_destroy(&s->lock);
+    free(s);
+    free(sh);
+    free(heads);
+    kvs_store_uncharge(st, meta);
+    return ra_errorf(err, RA_EINTERNAL, "pthread_rwlock_init failed");
+  }
+  for (size_t i = 0; i < n; i++) {
+    sh[i].session = s;
+    atomic_init(&sh[i].n_stored, 0);
+  }
   for (size_t i = 0; i < n; i++) {
     kvs_head_shards *h = &heads[(size_t)sh[i].spec.layer * g->n_kv_heads + sh[i].spec.kv_head];
     if (h->count == 0) h->first = (uint32_t)i;
@@ -384,7 +440,7 @@ size_t kvs_store_expire(kvs_store *st, uint64_t idle_ms) {
     ra_log_info("session %02x%02x%02x%02x... of '%s' expired after %llu ms idle: %llu bytes freed", s->id[0],
                 s->id[1], s->id[2], s->id[3], s->client, (unsigned long long)idle_ms,
                 (unsigned long long)atomic_load(&s->bytes));
-    kvs_session_release(s);
+    session_unregistered(st, s);
   }
   free(expired);
   return n_expired;
@@ -409,6 +465,8 @@ int kvs_store_close(kvs_store *st, const uint8_t *id, size_t id_len, uint64_t *b
   }
   pthread_mutex_unlock(&st->mu);
   if (!s) return ra_errorf(err, RA_ENOTFOUND, "no session with that id (closed or never opened)");
+  /* After the indexer has let go, so that its last batch's index growth is counted. */
+  kvs_indexer_cancel(st->indexer, s);
   if (bytes_freed) *bytes_freed = atomic_load(&s->bytes);
   kvs_session_release(s);
   return RA_OK;
@@ -518,19 +576,20 @@ static int shard_reserve(kvs_session *s, kvs_shard *sh, ra_error *err) {
     rc = kvs_store_charge(s->store, delta, err);
   }
   if (rc) return rc;
+  /* The indexer reads the keys under ix_lock alone (it never takes the session lock), so moving
+   * them waits for its batch on this shard; growth is rare (1/8 of the shard at a time). */
+  pthread_rwlock_wrlock(&sh->ix_lock);
   void *k = realloc(sh->keys, cap * rb);
-  if (!k) {
-    kvs_store_uncharge(s->store, delta);
-    return ra_errorf(err, RA_ENOMEM, "out of memory growing a shard to %llu rows",
-                     (unsigned long long)cap);
-  }
-  sh->keys = k;
-  void *v = realloc(sh->values, cap * rb);
-  if (!v) {
+  if (k) sh->keys = k;
+  void *v = k ? realloc(sh->values, cap * rb) : NULL;
+  if (k && !v) {
     /* Give the keys' extra room back so the charge stays exact; shrinking cannot fail in
      * practice, and if it does the larger block is merely kept. */
     void *shrunk = realloc(sh->keys, sh->cap ? sh->cap * rb : 1);
     if (shrunk) sh->keys = shrunk;
+  }
+  pthread_rwlock_unlock(&sh->ix_lock);
+  if (!v) {
     kvs_store_uncharge(s->store, delta);
     return ra_errorf(err, RA_ENOMEM, "out of memory growing a shard to %llu rows",
                      (unsigned long long)cap);
@@ -539,24 +598,6 @@ static int shard_reserve(kvs_session *s, kvs_shard *sh, ra_error *err) {
   sh->cap = cap;
   atomic_fetch_add(&s->bytes, delta);
   return RA_OK;
-}
-
-static int cmp_shard_ptr(const void *a, const void *b) {
-  uintptr_t x = (uintptr_t)*(kvs_shard *const *)a, y = (uintptr_t)*(kvs_shard *const *)b;
-  return x < y ? -1 : x > y;
-}
-
-/* Inserts the rows just written into the indexes of every shard they went to. Shards' indexes are
- * independent, so an Append that spans every layer (the decode's evicted token) inserts them in
- * parallel; each shard is taken once (sorting the targets drops repeats), so no index is touched by
- * two threads. target is reordered. */
-static void index_catch_up_all(kvs_session *s, kvs_shard **target, size_t n) {
-  qsort(target, n, sizeof *target, cmp_shard_ptr);
-  size_t u = 0;
-  for (size_t i = 0; i < n; i++)
-    if (target[i]->ix && (u == 0 || target[u - 1] != target[i])) target[u++] = target[i];
-#pragma omp parallel for schedule(dynamic, 1) if (u > 1)
-  for (size_t i = 0; i < u; i++) kvs_shard_index_catch_up(s, target[i]);
 }
 
 int kvs_session_write(kvs_session *s, const kvs_rows *rows, size_t n_rows, uint64_t *bytes_stored,
@@ -590,10 +631,15 @@ int kvs_session_write(kvs_session *s, const kvs_rows *rows, size_t n_rows, uint6
     sh->n += rows[i].n;
     sh->pending -= rows[i].n;
     total += rows[i].n;
+    /* After the copy: the indexer may read every row below n_stored. */
+    atomic_store_explicit(&sh->n_stored, sh->n, memory_order_release);
   }
-  /* The rows are stored whatever happens to their insertion: an index that cannot take them now
-   * lags and attends scan the lag exactly (store.h), so the write never fails half done. */
-  index_catch_up_all(s, target, n_rows);
+  /* Insertion is the indexer's (store.h): until it gets there attends scan the new rows exactly,
+   * so the write returns now and never fails half done. A shard named twice is queued once. */
+  size_t n_ix = 0;
+  for (size_t i = 0; i < n_rows; i++)
+    if (target[i]->ix) target[n_ix++] = target[i];
+  kvs_indexer_enqueue(s->store->indexer, target, n_ix);
   atomic_fetch_add(&s->tokens, total);
   atomic_fetch_add(&s->store->tokens, total);
   pthread_rwlock_unlock(&s->lock);

@@ -15,10 +15,26 @@
  * Indexes (store_index.c): a shard may hold search indexes (kv-store/index/index.h) over its
  * keys, ids = rows within the shard: per q head (one per q head of the shard's GQA group and
  * kind) or per kv head (one per kind, shared by the group's q heads). Attends in an index mode
- * search them; every row written to a shard is inserted into each of its indexes under the write
- * lock. An index may lag its shard (an insertion refused by the budget or out of memory): rows
- * [ra_index_count, n) are then scanned exactly by attends and inserted by the next write, so a
- * stored row is always retrievable. Index bytes are charged like KV bytes, before they exist. */
+ * search them. An index may lag its shard: rows [ra_index_count, n) are then scanned exactly by
+ * attends (attend.c), so a stored row is always retrievable and an attend's result never depends
+ * on how far insertion has got (for exact retrieval it is the same; a graph search sees the lag
+ * exactly instead of through the graph).
+ *
+ * Insertion is not on the write path (indexer.c): a write stores its rows and queues the shards
+ * it touched; the store's background indexer inserts them. Locks, always taken in this order:
+ *   session lock   attends, snapshots: read; writes, index installs: write.
+ *   shard ix_lock  guards the contents of the shard's indexes, its index table, and the keys
+ *                  array's address: the indexer takes it for writing per short batch of
+ *                  insertions (it never takes the session lock, so writes and attends of other
+ *                  shards go on); attends try it for reading around one shard's search + lag
+ *                  scan, and scan the shard exactly when it is taken, so an attend never waits
+ *                  for the indexer; a write takes it for writing only to move (grow) the keys;
+ *                  an install for writing to swap indexes.
+ *   indexer mutex  the queue and the session / shard queue states below.
+ * The indexer reads rows [0, n_stored) of the keys: a write fills rows past n_stored, then
+ * publishes the new count (release), so the two never touch the same bytes. An insertion refused
+ * by the budget (or out of memory) leaves the index lagging until a later write retries it.
+ * Index bytes are charged like KV bytes, before they exist. */
 #ifndef KVS_STORE_H
 #define KVS_STORE_H
 
@@ -32,6 +48,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #define KVS_SESSION_ID_BYTES 16
 
@@ -63,13 +80,15 @@ typedef struct kvs_shard_spec {
 typedef struct kvs_index {
   ra_index *ix;
   uint64_t bytes;
+  uint64_t refused_at; /* n_stored when an insertion was last refused (0: none); the indexer
+                          retries once more rows are written, as a write did before */
 } kvs_index;
 
 /* Index kinds a shard can hold (ivf, kgraph, roar: numbered as ra_index_kind and kvs_mode). */
 #define KVS_INDEX_KINDS 3u
 
 typedef struct kvs_shard {
-  kvs_shard_spec spec;
+  kvs_shard_spec spec; /* first: shards sort by their spec (store.c) */
   uint64_t n;      /* rows filled: tokens [token_begin, token_begin + n) */
   uint64_t cap;    /* rows allocated in keys and values */
   void *keys;      /* [cap, head_dim] session dtype */
@@ -77,8 +96,15 @@ typedef struct kvs_shard {
   uint64_t pending; /* rows a write in progress will add (write lock held) */
   /* NULL until the first index of this shard is installed; then
    * [KVS_INDEX_KINDS][group_size + 1]: slot j < group_size is the index of the group's j-th q
-   * head, slot group_size the kv head's shared one (kvs_shard_index). */
+   * head, slot group_size the kv head's shared one (kvs_shard_index). Set, and its slots
+   * swapped, under the session write lock and ix_lock. */
   kvs_index *ix;
+  pthread_rwlock_t ix_lock;       /* see the header comment */
+  atomic_uint_fast64_t n_stored;  /* n as published to the indexer (release after the copy) */
+  struct kvs_session *session;    /* the owner (the indexer's queue holds shards) */
+  /* Indexer queue state (indexer mutex): KVS_IX_IDLE / QUEUED / RUNNING / RERUN. */
+  int ix_state;
+  struct kvs_shard *ix_next;
 } kvs_shard;
 
 /* The shards of one (layer, kv head), sorted by token_begin, non-overlapping. */
@@ -129,6 +155,10 @@ typedef struct kvs_session {
   atomic_uint_fast64_t last_used_ms; /* monotonic ms of the last request that looked it up */
   kvs_index_spec index;        /* the session's index defaults (OpenSession) */
   char client[64];
+  /* Indexer bookkeeping (indexer mutex): shards of this session queued or being indexed, and
+   * whether it was closed (no more queuing). */
+  size_t ix_busy;
+  int ix_closing;
 } kvs_session;
 
 /* One write: n rows of (layer, kv_head) starting at token position token_begin. keys and values
@@ -192,9 +222,28 @@ int kvs_store_close(kvs_store *st, const uint8_t *id, size_t id_len, uint64_t *b
 /* Writes several row blocks atomically: every block is checked (in range, owned, starting
  * exactly where its shard's filled range ends, counting earlier blocks of the same call) and
  * room reserved before any row is copied, so on failure the session is unchanged. Takes the
- * session's write lock. *bytes_stored gets the key+value bytes written. */
+ * session's write lock. *bytes_stored gets the key+value bytes written. Returns once the rows
+ * are stored: the shards with indexes are queued for the background indexer, and attends scan
+ * the rows exactly until it has inserted them. */
 int kvs_session_write(kvs_session *s, const kvs_rows *rows, size_t n_rows, uint64_t *bytes_stored,
                       ra_error *err);
+
+/* ---- the background indexer (indexer.c) ---- */
+
+/* Threads of the store's indexer; takes effect when it starts (the first write to a shard with
+ * an index). n < 1: omp_get_max_threads(). */
+void kvs_store_set_index_threads(kvs_store *st, int n);
+/* Rows written but not yet inserted, summed over every index of the session (an index refused
+ * by the budget counts too). Takes each shard's ix_lock for reading. */
+uint64_t kvs_session_index_lag(kvs_session *s);
+/* Blocks until no shard of the session is queued or being indexed: every index has then caught
+ * up with what was written before the call, or was refused (its rows stay lagging until a later
+ * write). For tests and benchmarks: nothing in serving waits for insertion. Never returns while
+ * the indexer is paused with work queued. */
+void kvs_session_index_drain(kvs_session *s);
+/* Test hook: paused, the indexer starts no batch (one running finishes), so the lag stays put
+ * and a test can attend against it deterministically. Queued work resumes with paused = 0. */
+void kvs_store_index_pause(kvs_store *st, int paused);
 
 /* ---- indexes (store_index.c) ---- */
 
@@ -215,12 +264,19 @@ typedef struct kvs_build_args {
   uint32_t n_queries;
   const uint64_t *knn;      /* [n_queries, knn_k] token positions, best first, or NULL */
   uint32_t knn_k;
+  /* roar, optional: [n_key_rows, key_top_k] for the keys at positions key_pos_begin + i, their
+   * best queries (indices into queries / knn), RA_INDEX_NO_QUERY padding (index.h) */
+  const uint32_t *key_top_queries;
+  uint32_t key_top_k;
+  uint64_t key_pos_begin, n_key_rows;
   ra_gate *gate;            /* the store's build threads (NULL: params.n_threads, ungated) */
 } kvs_build_args;
 
 typedef struct kvs_build_result {
-  uint64_t n_keys;      /* keys indexed over the head's shards */
+  uint64_t n_keys;      /* keys the new indexes answer for over the head's shards: the rows at
+                           install, those written during the build included (still lagging) */
   uint64_t index_bytes; /* bytes the new indexes hold */
+  uint64_t n_repaired;  /* graph keys the build linked by beam searches (connectivity repair) */
   uint32_t n_shards;
 } kvs_build_result;
 
@@ -231,8 +287,8 @@ typedef struct kvs_build_result {
  * is skipped for that shard). Each build's peak (ra_index_estimate_bytes + a copy of the keys)
  * is charged before it runs and settled to the index's bytes after. Builds run on a copy of
  * each shard's keys taken under the read lock, so writes and attends go on meanwhile; the write
- * lock is taken only to install, after inserting the rows written during the build. All shards'
- * indexes are installed together or none. */
+ * lock is taken only to install. Rows written during the build are left to the background
+ * indexer (scanned exactly until then). All shards' indexes are installed together or none. */
 int kvs_session_build_index(kvs_session *s, const kvs_build_args *a, kvs_build_result *out,
                             ra_error *err);
 
@@ -241,12 +297,38 @@ int kvs_session_build_index(kvs_session *s, const kvs_build_args *a, kvs_build_r
 const ra_index *kvs_shard_index(const kvs_session *s, const kvs_shard *sh, ra_index_kind kind,
                                 uint32_t q_head);
 
-/* Write lock held: inserts the rows [ra_index_count, n) of every index of sh. An index whose
- * insertion is refused (budget, memory) keeps the rows it took; the others stay for a later
- * write, and attends scan them exactly meanwhile. */
-void kvs_shard_index_catch_up(kvs_session *s, kvs_shard *sh);
+/* One batch of the indexer on sh, holding sh->ix_lock for writing (and no other lock): inserts
+ * rows [ra_index_count, n_stored) into sh's indexes until they have caught up or about budget_us
+ * have passed (at least one row). An index whose insertion is refused (budget, memory) keeps the
+ * rows it took and is skipped until more rows are written. Returns 1 when rows remain for a later
+ * batch, 0 when none does (caught up, or refused). */
+int kvs_shard_index_step(kvs_session *s, kvs_shard *sh, uint64_t budget_us);
+/* Rows written to sh but not in its indexes, summed over them; takes sh->ix_lock for reading. */
+uint64_t kvs_shard_index_lag(const kvs_session *s, kvs_shard *sh);
 /* Frees a shard's indexes and uncharges them (session teardown). */
 void kvs_shard_index_free(kvs_session *s, kvs_shard *sh);
+
+/* A hold on one shard's indexes while they are searched and their lag scanned: the indexer
+ * cannot change them meanwhile. timed: 1 when taken within max_us, 0 when the indexer kept it
+ * (an attend then scans the shard exactly instead: it waits no longer than that scan would
+ * take). ix_lock is the one field of a shard an attend changes, hence the casts from the const
+ * view it reads shards through. */
+static inline int kvs_shard_index_timed_read_lock(const kvs_shard *sh, uint64_t max_us) {
+  if (pthread_rwlock_tryrdlock((pthread_rwlock_t *)&sh->ix_lock) == 0) return 1;
+  if (max_us == 0) return 0;
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_nsec += (long)(max_us % 1000000u) * 1000L;
+  ts.tv_sec += (time_t)(max_us / 1000000u) + ts.tv_nsec / 1000000000L;
+  ts.tv_nsec %= 1000000000L;
+  return pthread_rwlock_timedrdlock((pthread_rwlock_t *)&sh->ix_lock, &ts) == 0;
+}
+static inline void kvs_shard_index_read_lock(const kvs_shard *sh) {
+  pthread_rwlock_rdlock((pthread_rwlock_t *)&sh->ix_lock);
+}
+static inline void kvs_shard_index_read_unlock(const kvs_shard *sh) {
+  pthread_rwlock_unlock((pthread_rwlock_t *)&sh->ix_lock);
+}
 
 /* The shards of (layer, kv_head); caller holds the read lock. Never NULL when count > 0. */
 static inline const kvs_shard *kvs_session_head(const kvs_session *s, uint32_t layer,

@@ -1,7 +1,9 @@
 /* The session's indexes: parameter checks, BuildIndex (snapshot, build outside the lock,
- * install), insertion of written rows, lookup and teardown. See store.h for the model. */
+ * install), the indexer's insertion batches, lag, lookup and teardown. See store.h for the model
+ * and the locks. */
 #include "store.h"
 
+#include "indexer.h"
 #include "log.h"
 
 #include <omp.h>
@@ -10,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* Keys per build thread: below this a parallel region costs more than it saves (measured on
  * SmolLM2 shards: a 4K-key roar build is ~0.1 s on one core). */
@@ -119,13 +122,19 @@ static uint64_t insert_margin(uint64_t bytes, uint64_t n) {
   return bytes / 2 + 8 * n + 64 * ((uint64_t)KVS_INDEX_MAX_DEGREE * 4 + 64) + (64u << 10);
 }
 
-/* Inserts the rows [ra_index_count, sh->n) into x, charging ahead of each insertion so that the
- * index never holds more than is charged. On failure x keeps the rows it took. */
-static int index_catch_up(kvs_session *s, const kvs_shard *sh, kvs_index *x, ra_error *err) {
-  ra_keys keys = {.rows = sh->keys, .dtype = s->geo.dtype, .dim = (int)s->geo.head_dim,
-                  .n = (uint32_t)sh->n};
+static uint64_t now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* Inserts rows [ra_index_count, keys->n) into x, charging ahead of each insertion so that the
+ * index never holds more than is charged; stops after the row during which deadline_us (a
+ * now_us() time) passed. On failure x keeps the rows it took. sh's ix_lock held for writing. */
+static int index_insert_rows(kvs_session *s, kvs_index *x, const ra_keys *keys,
+                             uint64_t deadline_us, ra_error *err) {
   int rc = RA_OK;
-  for (uint32_t id = ra_index_count(x->ix); id < keys.n; id++) {
+  for (uint32_t id = ra_index_count(x->ix); id < keys->n; id++) {
     uint64_t have = ra_index_bytes(x->ix), need = have + insert_margin(have, id);
     if (x->bytes < need) {
       rc = kvs_store_charge(s->store, need - x->bytes, err);
@@ -133,29 +142,60 @@ static int index_catch_up(kvs_session *s, const kvs_shard *sh, kvs_index *x, ra_
       atomic_fetch_add(&s->bytes, need - x->bytes);
       x->bytes = need;
     }
-    rc = ra_index_insert(x->ix, &keys, id, err);
-    if (rc) break;
+    rc = ra_index_insert(x->ix, keys, id, err);
+    if (rc || now_us() >= deadline_us) break;
   }
   index_settle(s, x, ra_index_bytes(x->ix));
   return rc;
 }
 
-void kvs_shard_index_catch_up(kvs_session *s, kvs_shard *sh) {
-  if (!sh->ix) return;
-  for (size_t i = 0; i < table_len(s); i++) {
+int kvs_shard_index_step(kvs_session *s, kvs_shard *sh, uint64_t budget_us) {
+  int more = 0;
+  pthread_rwlock_wrlock(&sh->ix_lock);
+  /* Rows below n_stored are copied and stay put while ix_lock is held (store.h). */
+  uint64_t n = atomic_load_explicit(&sh->n_stored, memory_order_acquire);
+  ra_keys keys = {.rows = sh->keys, .dtype = s->geo.dtype, .dim = (int)s->geo.head_dim,
+                  .n = (uint32_t)n};
+  uint64_t deadline = now_us() + budget_us;
+  for (size_t i = 0; sh->ix && i < table_len(s); i++) {
     kvs_index *x = &sh->ix[i];
-    if (!x->ix || ra_index_count(x->ix) >= sh->n) continue;
+    if (!x->ix || ra_index_count(x->ix) >= n || x->refused_at == n) continue;
+    if (now_us() >= deadline) {
+      more = 1;
+      break;
+    }
     ra_error err;
-    if (index_catch_up(s, sh, x, &err) != RA_OK) {
+    if (index_insert_rows(s, x, &keys, deadline, &err) != RA_OK) {
+      x->refused_at = n;
       char range[64];
       shard_range(sh, range, sizeof range);
       ra_log_warn("layer %u kv head %u shard %s: %s index lags by %llu rows (scanned exactly "
-                  "until a later write inserts them): %s",
+                  "until a later write retries): %s",
                   sh->spec.layer, sh->spec.kv_head, range,
                   ra_index_kind_name(ra_index_get_kind(x->ix)),
-                  (unsigned long long)(sh->n - ra_index_count(x->ix)), err.msg);
+                  (unsigned long long)(n - ra_index_count(x->ix)), err.msg);
+    } else if (ra_index_count(x->ix) < n) {
+      more = 1;
     }
   }
+  pthread_rwlock_unlock(&sh->ix_lock);
+  return more;
+}
+
+uint64_t kvs_shard_index_lag(const kvs_session *s, kvs_shard *sh) {
+  uint64_t lag = 0;
+  pthread_rwlock_rdlock(&sh->ix_lock);
+  uint64_t n = atomic_load_explicit(&sh->n_stored, memory_order_acquire);
+  for (size_t i = 0; sh->ix && i < table_len(s); i++)
+    if (sh->ix[i].ix) lag += n - ra_index_count(sh->ix[i].ix);
+  pthread_rwlock_unlock(&sh->ix_lock);
+  return lag;
+}
+
+uint64_t kvs_session_index_lag(kvs_session *s) {
+  uint64_t lag = 0;
+  for (size_t i = 0; i < s->n_shards; i++) lag += kvs_shard_index_lag(s, &s->shards[i]);
+  return lag;
 }
 
 static void index_drop(kvs_session *s, kvs_index *x) {
@@ -165,6 +205,7 @@ static void index_drop(kvs_session *s, kvs_index *x) {
   atomic_fetch_sub(&s->bytes, x->bytes);
   x->ix = NULL;
   x->bytes = 0;
+  x->refused_at = 0;
 }
 
 void kvs_shard_index_free(kvs_session *s, kvs_shard *sh) {
@@ -186,6 +227,7 @@ typedef struct shard_build {
   void *copy;       /* [n_snap, head_dim] the keys at the snapshot */
   float *q;         /* [nq, head_dim] queries kept for this shard, or NULL */
   uint32_t *knn;    /* [nq, knn_k] their lists as rows of this shard, or NULL */
+  uint32_t *key_top;/* [n_snap, key_top_k] the rows' best queries, renumbered as kept, or NULL */
   uint32_t nq;
   uint64_t charged; /* bytes charged to the store for this build */
   ra_index *ix;
@@ -195,9 +237,11 @@ static void build_release(kvs_session *s, shard_build *b) {
   free(b->copy);
   free(b->q);
   free(b->knn);
+  free(b->key_top);
   b->copy = NULL;
   b->q = NULL;
   b->knn = NULL;
+  b->key_top = NULL;
   ra_index_free(b->ix);
   b->ix = NULL;
   kvs_store_uncharge(s->store, b->charged);
@@ -224,6 +268,35 @@ static int build_snapshot(kvs_session *s, shard_build *b, ra_error *err) {
   return rc;
 }
 
+/* The key -> query lists of a shard's snapshot rows (kvs_build_args.key_top_queries): the row at
+ * position lo + r takes the request's row for that position, its queries renumbered as the
+ * shard kept them (kept[], RA_INDEX_NO_QUERY for a query the shard dropped); a row the request
+ * does not cover is all padding, and the index links that key the old way. Charged like the
+ * knn lists. */
+static int key_lists_for_shard(kvs_session *s, const kvs_build_args *a, shard_build *b, const uint32_t *kept,
+                               ra_queries *out, ra_error *err) {
+  const uint32_t t = a->key_top_k;
+  const uint64_t bytes = b->n_snap * t * 4;
+  int rc = kvs_store_charge(s->store, bytes, err);
+  if (rc) return rc;
+  b->charged += bytes;
+  b->key_top = malloc((size_t)b->n_snap * t * sizeof *b->key_top + 1);
+  if (!b->key_top) return ra_errorf(err, RA_ENOMEM, "out of memory for %llu key lists", (unsigned long long)b->n_snap);
+  const uint64_t lo = b->sh->spec.token_begin;
+  for (uint64_t r = 0; r < b->n_snap; r++) {
+    uint32_t *row = b->key_top + r * t;
+    const uint64_t pos = lo + r;
+    const int covered = pos >= a->key_pos_begin && pos - a->key_pos_begin < a->n_key_rows;
+    for (uint32_t u = 0; u < t; u++) {
+      const uint32_t j = covered ? a->key_top_queries[(pos - a->key_pos_begin) * t + u] : RA_INDEX_NO_QUERY;
+      row[u] = j == RA_INDEX_NO_QUERY ? RA_INDEX_NO_QUERY : kept[j];
+    }
+  }
+  out->key_top_queries = b->key_top;
+  out->key_top_k = t;
+  return RA_OK;
+}
+
 /* The roar queries of one shard: knn token positions become rows of the snapshot (positions
  * outside it dropped); a query left with fewer than 2 is skipped; a shorter list is padded with
  * its last row (projection ignores repeats) since the index takes rectangular lists. The first
@@ -245,8 +318,12 @@ static int build_queries(kvs_session *s, const kvs_build_args *a, shard_build *b
     if (!b->knn || (a->queries && !b->q))
       return ra_errorf(err, RA_ENOMEM, "out of memory mapping %u knn lists", a->n_queries);
     uint64_t lo = b->sh->spec.token_begin, hi = lo + b->n_snap;
+    /* kept[i]: query i's number among the shard's kept queries (the key lists name those) */
+    uint32_t *kept = a->key_top_queries ? malloc(((size_t)a->n_queries + 1) * sizeof *kept) : NULL;
+    if (a->key_top_queries && !kept) return ra_errorf(err, RA_ENOMEM, "out of memory mapping the key lists");
     for (uint32_t i = 0; i < a->n_queries; i++) {
       uint32_t *row = b->knn + (size_t)b->nq * a->knn_k, c = 0;
+      if (kept) kept[i] = RA_INDEX_NO_QUERY;
       for (uint32_t j = 0; j < a->knn_k; j++) {
         uint64_t t = a->knn[(size_t)i * a->knn_k + j];
         if (t >= lo && t < hi) row[c++] = (uint32_t)(t - lo);
@@ -254,12 +331,16 @@ static int build_queries(kvs_session *s, const kvs_build_args *a, shard_build *b
       if (c < 2) continue;
       for (uint32_t j = c; j < a->knn_k; j++) row[j] = row[c - 1];
       if (b->q) memcpy(b->q + (size_t)b->nq * dim, a->queries + (size_t)i * dim, dim * 4);
+      if (kept) kept[i] = b->nq;
       b->nq++;
     }
     if (b->nq > 0) {
       *out = (ra_queries){.q = b->q, .n = b->nq, .knn = b->knn, .knn_k = a->knn_k};
-      return RA_OK;
+      rc = kept ? key_lists_for_shard(s, a, b, kept, out, err) : RA_OK;
+      free(kept);
+      return rc;
     }
+    free(kept);
     if (!a->queries) {
       char range[64];
       shard_range(b->sh, range, sizeof range);
@@ -303,9 +384,11 @@ static int build_one(kvs_session *s, const kvs_build_args *a, shard_build *b, ra
   free(b->copy);
   free(b->q);
   free(b->knn);
+  free(b->key_top);
   b->copy = NULL;
   b->q = NULL;
   b->knn = NULL;
+  b->key_top = NULL;
   if (rc) return rc;
   /* The temporaries are gone: keep only the index's own bytes charged. */
   uint64_t bytes = ra_index_bytes(b->ix);
@@ -359,8 +442,12 @@ int kvs_session_build_index(kvs_session *s, const kvs_build_args *a, kvs_build_r
     if (sh[i].ix) continue;
     rc = kvs_store_charge(s->store, table, err);
     if (rc == RA_OK) {
-      sh[i].ix = calloc(table_len(s), sizeof(kvs_index));
-      if (sh[i].ix) {
+      kvs_index *t = calloc(table_len(s), sizeof(kvs_index));
+      if (t) {
+        /* ix_lock too: the indexer and kvs_shard_index_lag read the table under it alone. */
+        pthread_rwlock_wrlock(&sh[i].ix_lock);
+        sh[i].ix = t;
+        pthread_rwlock_unlock(&sh[i].ix_lock);
         atomic_fetch_add(&s->bytes, table);
       } else {
         kvs_store_uncharge(s->store, table);
@@ -375,18 +462,29 @@ int kvs_session_build_index(kvs_session *s, const kvs_build_args *a, kvs_build_r
     goto fail;
   }
   for (size_t i = 0; i < count; i++) {
+    /* ix_lock: a batch of the indexer on the old index ends before it is freed. */
+    pthread_rwlock_wrlock(&sh[i].ix_lock);
     kvs_index *x = &sh[i].ix[slot_of(s, a->params.kind, a->q_head, a->per_kv_head)];
     index_drop(s, x);
     x->ix = b[i].ix;
     x->bytes = b[i].charged;
+    x->refused_at = 0;
     atomic_fetch_add(&s->bytes, x->bytes);
     b[i].ix = NULL;
     b[i].charged = 0;
-    ra_error ignored;
-    /* Rows written during the build; any it cannot take are scanned exactly (store.h). */
-    index_catch_up(s, &sh[i], x, &ignored);
-    out->n_keys += ra_index_count(x->ix);
+    int lags = ra_index_count(x->ix) < sh[i].n;
+    out->n_keys += sh[i].n;
     out->index_bytes += ra_index_bytes(x->ix);
+    ra_index_graph_stats gs = {0};
+    ra_index_get_graph_stats(x->ix, &gs);
+    out->n_repaired += gs.n_repaired;
+    pthread_rwlock_unlock(&sh[i].ix_lock);
+    /* Rows written during the build go to the indexer like any write's (scanned exactly until
+     * then), so the install holds the write lock only for the swap. */
+    if (lags) {
+      kvs_shard *one = &sh[i];
+      kvs_indexer_enqueue(kvs_store_indexer(s->store), &one, 1);
+    }
   }
   pthread_rwlock_unlock(&s->lock);
   out->n_shards = (uint32_t)count;

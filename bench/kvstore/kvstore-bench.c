@@ -1,12 +1,20 @@
 /* kvstore-bench: one kv-store over loopback with Llama-3-8B attention geometry (32 q heads,
  * 8 kv heads, head_dim 128, fp16): PutKv ingest rate for `tokens` tokens of every kv head of
  * `layers` layers, then the attend round trip of one layer (all 32 q heads, one request on a
- * long-lived stream) in full and in flat (k = 100) mode.
+ * long-lived stream) in full and in flat (k = 100) mode. Then, on an in-process store, the
+ * decode's Append against roar indexes (append_roar.h): how long the write takes to return, how
+ * long until the rows are indexed, and the attends issued meanwhile.
  *
  *   kvstore-bench [--json FILE] [--tokens 32768] [--layers 1] [--iters 200]
  *                 [--addr HOST:PORT | --threads N]
+ *                 [--append-shards 32] [--append-tokens 4096] [--append-steps 50]
+ *                 [--append-only 1]
  * Without --addr it spawns its own store (build/bin/kv-store next to this binary) with
- * --threads N and stops it at the end. Prints JSON (and writes it to FILE). */
+ * --threads N and stops it at the end. --append-only 1 runs the append section alone. Like the
+ * kv-store process (kv-store/main.c), it runs itself again with OMP_WAIT_POLICY=passive unless
+ * a policy is set, so the in-process store waits as a real one does; the JSON names the policy.
+ * Prints JSON (and writes it to FILE). */
+#include "append_roar.h"
 #include "client.h"
 #include "vec.h"
 
@@ -35,6 +43,8 @@ typedef struct opts {
   uint32_t layers;
   int iters;
   int threads;
+  append_roar_opts append;
+  int append_only;
 } opts;
 
 static double now_s(void) {
@@ -46,13 +56,15 @@ static double now_s(void) {
 static int usage(const char *msg) {
   fprintf(stderr,
           "kvstore-bench: %s\nusage: kvstore-bench [--json FILE] [--tokens N] [--layers N] "
-          "[--iters N] [--addr HOST:PORT | --threads N]\n",
+          "[--iters N] [--addr HOST:PORT | --threads N] [--append-shards N] [--append-tokens N] "
+          "[--append-steps N] [--append-only 1]\n",
           msg);
   return 2;
 }
 
 static int parse_opts(int argc, char **argv, opts *o) {
-  *o = (opts){.tokens = 32768, .layers = 1, .iters = 200};
+  *o = (opts){.tokens = 32768, .layers = 1, .iters = 200,
+              .append = {.shards = 32, .tokens = 4096, .steps = 50}};
   for (int i = 1; i < argc; i++) {
     if (i + 1 >= argc) return usage("every flag takes a value");
     const char *f = argv[i], *v = argv[++i];
@@ -65,6 +77,11 @@ static int parse_opts(int argc, char **argv, opts *o) {
     else if (strcmp(f, "--layers") == 0 && num && n <= 32) o->layers = (uint32_t)n;
     else if (strcmp(f, "--iters") == 0 && num) o->iters = (int)n;
     else if (strcmp(f, "--threads") == 0 && num) o->threads = (int)n;
+    else if (strcmp(f, "--append-shards") == 0 && num && n % 8 == 0 && n <= 256)
+      o->append.shards = (uint32_t)n;
+    else if (strcmp(f, "--append-tokens") == 0 && num && n <= 1 << 20) o->append.tokens = (uint32_t)n;
+    else if (strcmp(f, "--append-steps") == 0 && num && n <= 100000) o->append.steps = (int)n;
+    else if (strcmp(f, "--append-only") == 0 && num) o->append_only = 1;
     else return usage("unknown flag or bad value");
   }
   return 0;
@@ -156,25 +173,29 @@ static int run_attend(ra_kvclient_stream *st, ra_kvclient_mode mode, int iters, 
   return rc;
 }
 
-int main(int argc, char **argv) {
-  opts o;
-  if (parse_opts(argc, argv, &o)) return 2;
+/* What the remote section measured. */
+typedef struct remote_result {
+  double ingest_bytes, ingest_s;
+  lat full, flat;
+} remote_result;
+
+/* The remote section: a store over loopback (spawned unless --addr), PutKv ingest, then one
+ * layer's attends in full and flat mode. *store_ok: the spawned store exited cleanly. */
+static int run_remote(const opts *o, remote_result *res, int *store_ok, ra_error *err) {
   char addr[128];
   pid_t pid = -1;
-  if (o.addr) {
-    snprintf(addr, sizeof addr, "%s", o.addr);
-  } else if ((pid = spawn_store(&o, addr, sizeof addr)) < 0) {
-    fprintf(stderr, "kvstore-bench: cannot start kv-store\n");
-    return 1;
+  *store_ok = 1;
+  if (o->addr) {
+    snprintf(addr, sizeof addr, "%s", o->addr);
+  } else if ((pid = spawn_store(o, addr, sizeof addr)) < 0) {
+    return ra_errorf(err, RA_EINTERNAL, "cannot start kv-store");
   }
-  ra_error err;
-  ra_error_clear(&err);
   ra_kvclient *c = NULL;
   ra_kvclient_stream *st = NULL;
-  int rc = ra_kvclient_connect(addr, NULL, &c, &err);
+  int rc = ra_kvclient_connect(addr, NULL, &c, err);
 
   /* One K and one V block [tokens, 128] fp16 per kv head, reused for every layer. */
-  size_t n = o.tokens, elems = n * DIM;
+  size_t n = o->tokens, elems = n * DIM;
   uint16_t *kv = malloc(2 * N_KV * elems * sizeof *kv);
   float *tmp = malloc(elems * sizeof *tmp);
   uint32_t s = 12345;
@@ -192,7 +213,7 @@ int main(int argc, char **argv) {
   ra_kvclient_shard shards[32 * N_KV];
   ra_kvclient_rows rows[32 * N_KV];
   size_t ns = 0;
-  for (uint32_t l = 0; l < o.layers; l++)
+  for (uint32_t l = 0; l < o->layers; l++)
     for (uint32_t h = 0; h < N_KV; h++) {
       shards[ns] = (ra_kvclient_shard){.layer = l, .kv_head = h, .token_begin = 0,
                                        .token_end = RA_TOKEN_END_OPEN};
@@ -201,54 +222,82 @@ int main(int argc, char **argv) {
                                       .values = kv + (2 * h + 1) * elems};
     }
   ra_kvclient_session sess;
-  double ingest_s = 0, ingest_bytes = (double)ns * (double)elems * 2 * 2;
-  if (rc == RA_OK) rc = ra_kvclient_open_session(c, &g, shards, ns, "kvstore-bench", &sess, &err);
+  res->ingest_bytes = (double)ns * (double)elems * 2 * 2;
+  if (rc == RA_OK) rc = ra_kvclient_open_session(c, &g, shards, ns, "kvstore-bench", &sess, err);
   if (rc == RA_OK) {
     double t0 = now_s();
-    rc = ra_kvclient_put_kv(c, &sess, rows, ns, NULL, &err);
-    ingest_s = now_s() - t0;
+    rc = ra_kvclient_put_kv(c, &sess, rows, ns, NULL, err);
+    res->ingest_s = now_s() - t0;
   }
   float q[N_Q * DIM], o_buf[N_Q][DIM];
   for (int i = 0; i < N_Q * DIM; i++) {
     s = s * 1664525u + 1013904223u;
     q[i] = ((float)(s >> 8) / (float)(1 << 24) - 0.5f) * 2.0f;
   }
-  lat full = {0}, flat = {0};
-  if (rc == RA_OK) rc = ra_kvclient_attend_open(c, &sess, &st, &err);
-  if (rc == RA_OK) rc = run_attend(st, RA_KVCLIENT_FULL, o.iters, q, o_buf, &full, &err);
-  if (rc == RA_OK) rc = run_attend(st, RA_KVCLIENT_FLAT, o.iters, q, o_buf, &flat, &err);
+  if (rc == RA_OK) rc = ra_kvclient_attend_open(c, &sess, &st, err);
+  if (rc == RA_OK) rc = run_attend(st, RA_KVCLIENT_FULL, o->iters, q, o_buf, &res->full, err);
+  if (rc == RA_OK) rc = run_attend(st, RA_KVCLIENT_FLAT, o->iters, q, o_buf, &res->flat, err);
   ra_kvclient_attend_close(st);
-  if (rc == RA_OK) rc = ra_kvclient_close_session(c, &sess, NULL, &err);
+  if (rc == RA_OK) rc = ra_kvclient_close_session(c, &sess, NULL, err);
   ra_kvclient_close(c);
   free(kv);
-  int store_status = 0;
   if (pid > 0) {
+    int status = 0;
     kill(pid, SIGTERM);
-    waitpid(pid, &store_status, 0);
+    waitpid(pid, &status, 0);
+    *store_ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
   }
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT") &&
+      setenv("OMP_WAIT_POLICY", "passive", 1) == 0)
+    execv("/proc/self/exe", argv); /* as kv-store/main.c; on failure, as it is */
+  opts o;
+  if (parse_opts(argc, argv, &o)) return 2;
+  ra_error err;
+  ra_error_clear(&err);
+  remote_result rr = {0};
+  append_roar_result ar = {0};
+  int store_ok = 1, rc = RA_OK;
+  if (!o.append_only) rc = run_remote(&o, &rr, &store_ok, &err);
+  if (rc == RA_OK) rc = append_roar_run(&o.append, &ar, &err);
   if (rc != RA_OK) {
     fprintf(stderr, "kvstore-bench: %s: %s\n", ra_status_name(rc), err.msg);
     return 1;
   }
 
-  char json[2048];
+  char json[4096], remote[2048] = "";
+  if (!o.append_only)
+    snprintf(remote, sizeof remote,
+             "  \"geometry\": {\"n_q_heads\": %d, \"n_kv_heads\": %d, \"head_dim\": %d, "
+             "\"dtype\": \"f16\", \"tokens_per_kv_head\": %zu, \"layers_put\": %u},\n"
+             "  \"store\": \"%s\",\n"
+             "  \"ingest\": {\"bytes\": %.0f, \"seconds\": %.3f, \"gb_per_s\": %.3f},\n"
+             "  \"attend_full\": {\"iters\": %d, \"p50_us\": %.1f, \"p99_us\": %.1f, "
+             "\"mean_us\": %.1f, \"store_compute_p50_us\": %.1f},\n"
+             "  \"attend_flat_k100\": {\"iters\": %d, \"p50_us\": %.1f, \"p99_us\": %.1f, "
+             "\"mean_us\": %.1f, \"store_compute_p50_us\": %.1f},\n",
+             N_Q, N_KV, DIM, o.tokens, o.layers, o.addr ? o.addr : "spawned", rr.ingest_bytes,
+             rr.ingest_s, rr.ingest_bytes / rr.ingest_s / 1e9, o.iters, rr.full.p50_us,
+             rr.full.p99_us, rr.full.mean_us, rr.full.compute_p50_us, o.iters, rr.flat.p50_us,
+             rr.flat.p99_us, rr.flat.mean_us, rr.flat.compute_p50_us);
   snprintf(json, sizeof json,
            "{\n"
-           "  \"machine\": {\"cpus\": %ld, \"vec_kernel\": \"%s\", \"store_threads\": %d},\n"
-           "  \"geometry\": {\"n_q_heads\": %d, \"n_kv_heads\": %d, \"head_dim\": %d, "
-           "\"dtype\": \"f16\", \"tokens_per_kv_head\": %zu, \"layers_put\": %u},\n"
-           "  \"store\": \"%s\",\n"
-           "  \"ingest\": {\"bytes\": %.0f, \"seconds\": %.3f, \"gb_per_s\": %.3f},\n"
-           "  \"attend_full\": {\"iters\": %d, \"p50_us\": %.1f, \"p99_us\": %.1f, "
-           "\"mean_us\": %.1f, \"store_compute_p50_us\": %.1f},\n"
-           "  \"attend_flat_k100\": {\"iters\": %d, \"p50_us\": %.1f, \"p99_us\": %.1f, "
-           "\"mean_us\": %.1f, \"store_compute_p50_us\": %.1f}\n"
+           "  \"machine\": {\"cpus\": %ld, \"vec_kernel\": \"%s\", \"store_threads\": %d, "
+           "\"omp_wait_policy\": \"%s\"},\n"
+           "%s"
+           "  \"append_roar\": {\"shards\": %u, \"tokens_per_shard\": %u, \"steps\": %d, "
+           "\"index\": \"roar per kv head, defaults, 1024 build queries\", \"build_s\": %.2f, "
+           "\"reply_p50_us\": %.1f, \"reply_p99_us\": %.1f, \"drained_p50_us\": %.1f, "
+           "\"drained_p99_us\": %.1f, \"attend_all_layers_while_inserting_p50_us\": %.1f, "
+           "\"attend_all_layers_idle_p50_us\": %.1f}\n"
            "}\n",
-           sysconf(_SC_NPROCESSORS_ONLN), ra_vec_kernel_name(), o.threads, N_Q, N_KV, DIM, n,
-           o.layers, o.addr ? o.addr : "spawned", ingest_bytes, ingest_s,
-           ingest_bytes / ingest_s / 1e9, o.iters, full.p50_us, full.p99_us, full.mean_us,
-           full.compute_p50_us, o.iters, flat.p50_us, flat.p99_us, flat.mean_us,
-           flat.compute_p50_us);
+           sysconf(_SC_NPROCESSORS_ONLN), ra_vec_kernel_name(), o.threads,
+           getenv("OMP_WAIT_POLICY") ? getenv("OMP_WAIT_POLICY") : "default", remote, o.append.shards,
+           o.append.tokens, o.append.steps, ar.build_s, ar.reply_p50_us, ar.reply_p99_us,
+           ar.drained_p50_us, ar.drained_p99_us, ar.attend_busy_p50_us, ar.attend_idle_p50_us);
   fputs(json, stdout);
   if (o.json) {
     FILE *f = fopen(o.json, "w");
@@ -257,5 +306,5 @@ int main(int argc, char **argv) {
       return 1;
     }
   }
-  return WIFEXITED(store_status) && WEXITSTATUS(store_status) == 0 ? 0 : 1;
+  return store_ok ? 0 : 1;
 }

@@ -12,4 +12,6 @@ expect "--mode roar needs --stores or --shard-map" generate --model m --mode roa
 expect "need a --mode that uses them" generate --model m --stores 127.0.0.1:1
 expect "not both" generate --model m --mode flat --stores 127.0.0.1:1 --shard-map f
 expect "--index-per-kv-head is for --mode roar, not flat" generate --model m --mode flat --stores a:1 --index-per-kv-head
+expect "--key-top-queries is for --mode roar, not ivf" generate --model m --mode ivf --stores a:1 --key-top-queries 4
+expect "bad --key-top-queries 65" generate --model m --mode roar --stores a:1 --key-top-queries 65
 exit $fail

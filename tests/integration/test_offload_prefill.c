@@ -64,7 +64,8 @@ static void fixture_down(fixture *f) {
   ra_backend_destroy(f->be);
 }
 
-static ra_offload *offload_new(fixture *f, ra_attn_mode mode, uint32_t top_k, uint32_t ef, int per_kv_head) {
+static ra_offload *offload_new(fixture *f, ra_attn_mode mode, uint32_t top_k, uint32_t ef, int per_kv_head,
+                               uint32_t key_top) {
   ra_offload_config c;
   ra_offload_config_default(&c);
   c.mode = mode;
@@ -73,6 +74,7 @@ static ra_offload *offload_new(fixture *f, ra_attn_mode mode, uint32_t top_k, ui
   c.top_k = top_k;
   c.ef = ef;
   c.roar_per_kv_head = per_kv_head;
+  c.key_top_queries = key_top;
   c.store_dtype = RA_DTYPE_F32;
   c.build_queries = 64;
   c.max_prompt = N_PROMPT;
@@ -100,7 +102,7 @@ static void test_pipelined_prefill_flat_equals_full(void **state) {
   ra_state *st;
   ra_error err;
   ok(ra_state_new(f.m, N_PROMPT + N_DECODE, N_PROMPT, RA_DTYPE_F32, &st, &err), &err);
-  ra_offload *o = offload_new(&f, RA_ATTN_FLAT, N_PROMPT + N_DECODE, 0, 0);
+  ra_offload *o = offload_new(&f, RA_ATTN_FLAT, N_PROMPT + N_DECODE, 0, 0, 0);
   ra_offload_stats ps;
   ok(ra_model_forward(st, f.tokens, N_PROMPT, 0, NULL, &err), &err);
   ok(ra_offload_prefill(o, f.tokens, N_PROMPT, &ps, &err), &err);
@@ -125,22 +127,25 @@ static void test_pipelined_prefill_flat_equals_full(void **state) {
   fixture_down(&f);
 }
 
-/* roar per q head, and per kv head (one graph from the group's queries, shared by the group):
- * both build through the pipe and scan a part of the keys at decode. */
+/* roar per q head, and per kv head (one graph from the group's queries, shared by the group),
+ * built from the knn lists alone and with every key's best queries (the default): all build
+ * through the pipe and scan a part of the keys at decode. */
 static void test_pipelined_prefill_builds_roar(void **state) {
   (void)state;
   fixture f;
   fixture_up(&f, NULL);
-  for (int per_kv = 0; per_kv < 2; per_kv++) {
-    ra_offload *o = offload_new(&f, RA_ATTN_ROAR, 16, 24, per_kv); /* a beam short of the ~540 keys */
+  for (int run = 0; run < 4; run++) {
+    const int per_kv = run & 1;
+    const uint32_t key_top = run < 2 ? 0 : 4;
+    ra_offload *o = offload_new(&f, RA_ATTN_ROAR, 16, 24, per_kv, key_top); /* a beam short of the ~540 keys */
     ra_offload_stats ps, ds;
     ra_error err;
     ok(ra_offload_prefill(o, f.tokens, N_PROMPT, &ps, &err), &err);
     assert_true(ps.index_us > 0);
     ok(ra_offload_decode(o, f.tokens[N_PROMPT], &ds, &err), &err);
     const uint64_t all = (uint64_t)f.m->cfg.n_layers * (uint64_t)f.m->cfg.n_heads * ds.n_offloaded;
-    print_message("roar %s: prefill index %.1f ms, decode scanned %llu of %llu keys\n",
-                  per_kv ? "per kv head" : "per q head", ps.index_us / 1e3, (unsigned long long)ds.n_scanned,
+    print_message("roar %s, key lists of %u: prefill index %.1f ms, decode scanned %llu of %llu keys\n",
+                  per_kv ? "per kv head" : "per q head", key_top, ps.index_us / 1e3, (unsigned long long)ds.n_scanned,
                   (unsigned long long)all);
     assert_true(ds.n_scanned > 0 && ds.n_scanned < all);
     ra_offload_free(o);
@@ -154,7 +159,7 @@ static void test_refused_put_fails_the_prefill_and_names_the_store(void **state)
   /* room for a fraction of one layer: the first put to store 1 is refused */
   const char *const small[] = {"--threads", "1", "--memory-budget", "16K", NULL};
   fixture_up(&f, small);
-  ra_offload *o = offload_new(&f, RA_ATTN_FLAT, 100, 0, 0);
+  ra_offload *o = offload_new(&f, RA_ATTN_FLAT, 100, 0, 0, 0);
   ra_error err;
   int rc = ra_offload_prefill(o, f.tokens, N_PROMPT, NULL, &err);
   print_message("refused: %s\n", err.msg);

@@ -222,7 +222,7 @@ static void test_builds_in_flight_together_and_a_refused_one_is_reported(void **
     /* the kv head's own keys as queries: the stores compute their top lists */
     const float *k = kvdata_k(&f.d, 1, h / (N_Q / N_KV));
     for (int i = 0; i < NQ; i++) memcpy(qs + i * HD, k + (size_t)(SINK + 37 * i + h) * HD, HD * sizeof(float));
-    ok(ra_remote_build_index_start(r, 1, h, qs, NQ, NULL, 0, &err), &err);
+    ok(ra_remote_build_index_start(r, 1, h, &(ra_kvclient_build_input){.queries = qs, .n_queries = NQ}, &err), &err);
   }
   ok(ra_remote_build_index_wait(r, &err), &err);
   float q[N_Q * HD], o[N_Q * HD], m[N_Q], l[N_Q];
@@ -236,9 +236,9 @@ static void test_builds_in_flight_together_and_a_refused_one_is_reported(void **
   /* two refused builds (a roar knn list needs >= 2 ids) and a good one */
   static uint64_t knn[2 * NQ];
   for (int i = 0; i < 2 * NQ; i++) knn[i] = SINK + (uint64_t)i;
-  ok(ra_remote_build_index_start(r, 0, 0, qs, NQ, knn, 1, &err), &err);
-  ok(ra_remote_build_index_start(r, 0, 1, qs, NQ, knn, 1, &err), &err);
-  ok(ra_remote_build_index_start(r, 0, 2, qs, NQ, knn, 2, &err), &err);
+  ok(ra_remote_build_index_start(r, 0, 0, &(ra_kvclient_build_input){.queries = qs, .n_queries = NQ, .knn_ids = knn, .knn_k = 1}, &err), &err);
+  ok(ra_remote_build_index_start(r, 0, 1, &(ra_kvclient_build_input){.queries = qs, .n_queries = NQ, .knn_ids = knn, .knn_k = 1}, &err), &err);
+  ok(ra_remote_build_index_start(r, 0, 2, &(ra_kvclient_build_input){.queries = qs, .n_queries = NQ, .knn_ids = knn, .knn_k = 2}, &err), &err);
   assert_int_equal(ra_remote_build_index_wait(r, &err), RA_EINVAL);
   print_message("refused build: %s\n", err.msg);
   assert_non_null(strstr(err.msg, "at least 2"));

@@ -517,6 +517,27 @@ static void test_build_index_validation(void **state) {
   b.n_knn_ids = 2;
   assert_int_equal(call(f, kvs_service_build_index, &b.base), RA_EINVAL);
   expect_msg(f, "knn lists of 1 ids: a roar index needs at least 2");
+  /* Key lists: whole rows of key_top_k (1 to 64), with knn lists, naming queries that came. */
+  uint64_t knn2[4] = {0, 1, 2, 3};
+  uint32_t kt[4] = {0, 1, 5, 0xffffffffu};
+  b.knn_ids = knn2;
+  b.n_knn_ids = 4;
+  b.key_top_queries = kt;
+  b.n_key_top_queries = 3;
+  b.key_top_k = 2;
+  assert_int_equal(call(f, kvs_service_build_index, &b.base), RA_EINVAL);
+  expect_msg(f, "key_top_queries: 3 entries of 2 per key (1 to 64, and knn_ids with them)");
+  b.n_key_top_queries = 4;
+  b.key_top_k = 65;
+  assert_int_equal(call(f, kvs_service_build_index, &b.base), RA_EINVAL);
+  expect_msg(f, "key_top_queries: 4 entries of 65 per key");
+  b.key_top_k = 2;
+  assert_int_equal(call(f, kvs_service_build_index, &b.base), RA_EINVAL);
+  expect_msg(f, "key_top_queries: key 1 names query 5 of 2");
+  b.key_top_queries = NULL;
+  b.n_key_top_queries = 0;
+  b.key_top_k = 0;
+  b.knn_ids = knn;
   /* Positions the shard does not hold are dropped: nothing is left to build from. */
   uint64_t far[6] = {500, 501, 502, 7, 900, 901};
   b.knn_ids = far;
@@ -564,6 +585,91 @@ static void test_build_index_validation(void **state) {
   Rakv__StatsReply *s = stats(f);
   assert_int_equal(s->sessions, 1);
   rakv__stats_reply__free_unpacked(s, NULL);
+}
+
+/* Key -> query lists (BuildIndexRequest.key_top_queries) reach the roar build: with each key's
+ * best 4 queries by margin, the build links (almost) no key by beam searches, and without them
+ * most keys of a shard no sampled list covers are. The lists are for positions from
+ * key_pos_begin on; rows of the shard they do not cover fall back to the beam searches. */
+static void test_build_index_key_lists(void **state) {
+  fx *f = *state;
+  enum { N = 1500, NQ = 48, KNN = 10, T = 4 };
+  static float keys[N * DIM], q[NQ * DIM];
+  static uint64_t knn[NQ * KNN];
+  static uint32_t kt[N * T];
+  float thr[NQ];
+  fill_rows(keys, N * DIM, 11);
+  fill_rows(q, NQ * DIM, 12);
+  put_rows(f, 0, N, keys);
+  /* brute force: each query's top KNN positions (insertion into a sorted list), s_q the last */
+  for (int j = 0; j < NQ; j++) {
+    float best[KNN];
+    for (int i = 0; i < N; i++) {
+      float d = 0;
+      for (int c = 0; c < DIM; c++) d += q[j * DIM + c] * keys[i * DIM + c];
+      int at = i < KNN ? i : KNN;
+      if (at == KNN && d <= best[KNN - 1]) continue;
+      if (at == KNN) at = KNN - 1;
+      while (at > 0 && best[at - 1] < d) {
+        best[at] = best[at - 1];
+        knn[j * KNN + at] = knn[j * KNN + at - 1];
+        at--;
+      }
+      best[at] = d;
+      knn[j * KNN + at] = (uint64_t)i;
+    }
+    thr[j] = best[KNN - 1];
+  }
+  /* each key's best T queries by margin */
+  for (int i = 0; i < N; i++) {
+    float best[T];
+    for (int j = 0; j < NQ; j++) {
+      float d = -thr[j];
+      for (int c = 0; c < DIM; c++) d += q[j * DIM + c] * keys[i * DIM + c];
+      int at = j < T ? j : T;
+      if (at == T && d <= best[T - 1]) continue;
+      if (at == T) at = T - 1;
+      while (at > 0 && best[at - 1] < d) {
+        best[at] = best[at - 1];
+        kt[i * T + at] = kt[i * T + at - 1];
+        at--;
+      }
+      best[at] = d;
+      kt[i * T + at] = (uint32_t)j;
+    }
+  }
+  Rakv__BuildIndexRequest b;
+  Rakv__IndexParams p;
+  uint64_t repaired[3];
+  for (int run = 0; run < 3; run++) {
+    build_init(&b, &p, f->id, 1, RAKV__ATTEND_MODE__MODE_ROAR);
+    set_queries(&b, q, NQ);
+    b.knn_ids = knn;
+    b.n_knn_ids = NQ * KNN;
+    if (run > 0) {
+      /* run 2: lists for the second half of the positions only */
+      b.key_pos_begin = run == 1 ? 0 : N / 2;
+      b.key_top_queries = kt + b.key_pos_begin * T;
+      b.n_key_top_queries = (size_t)(N - b.key_pos_begin) * T;
+      b.key_top_k = T;
+    }
+    ra_error_clear(&f->err);
+    if (call(f, kvs_service_build_index, &b.base) != RA_OK) fail_msg("build: %s", f->err.msg);
+    Rakv__BuildIndexReply *br = rakv__build_index_reply__unpack(NULL, f->reply.len, f->reply.data);
+    assert_int_equal(br->n_keys, N);
+    repaired[run] = br->n_repaired;
+    rakv__build_index_reply__free_unpacked(br, NULL);
+  }
+  print_message("keys linked by beam searches: %llu without key lists, %llu with, %llu with half\n",
+                (unsigned long long)repaired[0], (unsigned long long)repaired[1],
+                (unsigned long long)repaired[2]);
+  assert_true(repaired[0] > N / 4);
+  assert_true(repaired[1] * 20 < repaired[0]);
+  assert_true(repaired[2] > repaired[1] && repaired[2] < repaired[0]);
+  /* the index answers: a query's top key comes back */
+  Rakv__AttendReply *r = attend_one(f, 1, q, RAKV__ATTEND_MODE__MODE_ROAR, 5);
+  assert_true(r->heads[0]->n_ids > 0);
+  rakv__attend_reply__free_unpacked(r, NULL);
 }
 
 /* 1 MiB budget: 5000 tokens fit, a graph over them does not; nothing is left charged or
@@ -647,6 +753,13 @@ static void test_index_insert_rebuild_close(void **state) {
   ar.n_chunks = 1;
   ar.chunks = &cp;
   assert_int_equal(call(f, kvs_service_append, &ar.base), RA_OK);
+  /* The Append returned before the insertion (store.h); wait for it, so that the attend below
+   * finds the token through the graph rather than by an exact scan. */
+  kvs_session *sess;
+  assert_int_equal(kvs_store_get(kvs_service_store(f->svc), f->id, 16, &sess, &f->err), RA_OK);
+  kvs_session_index_drain(sess);
+  assert_int_equal(kvs_session_index_lag(sess), 0);
+  kvs_session_release(sess);
   /* A beam of 64 walks the graph (ef >= N/4 would scan exactly, index.h). */
   uint32_t h1 = 1;
   Rakv__SearchParams sp = RAKV__SEARCH_PARAMS__INIT;
@@ -706,6 +819,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_budget_exhausted, fx_setup, fx_teardown),
       cmocka_unit_test_setup_teardown(test_build_index_validation, fx_setup, fx_teardown),
       cmocka_unit_test_setup_teardown(test_build_index_over_budget, fx_setup, fx_teardown),
+      cmocka_unit_test_setup_teardown(test_build_index_key_lists, fx_setup_big, fx_teardown),
       cmocka_unit_test_setup_teardown(test_index_insert_rebuild_close, fx_setup_big, fx_teardown),
       cmocka_unit_test_setup_teardown(test_health, fx_setup, fx_teardown),
   };
