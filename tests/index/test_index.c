@@ -883,6 +883,28 @@ static ra_index *build_key_lists(const data *d, uint32_t n, const uint32_t *knn,
   return ix;
 }
 
+/* The key-list tests' fixture: NK keys from seed, and the lists (knn [KQ_NB, KQ_KK], key ->
+ * query [NK, KQ_T]) of the first n of them. */
+typedef struct kq_fixture {
+  data d;
+  uint32_t *knn, *ktq;
+} kq_fixture;
+
+static void kq_up(kq_fixture *f, uint64_t seed, uint32_t n) {
+  make_data(&f->d, NK, seed);
+  f->knn = malloc((size_t)KQ_NB * KQ_KK * sizeof *f->knn);
+  f->ktq = malloc((size_t)NK * KQ_T * sizeof *f->ktq);
+  assert_non_null(f->knn);
+  assert_non_null(f->ktq);
+  make_key_lists(&f->d, n, KQ_NB, KQ_KK, KQ_T, f->knn, f->ktq);
+}
+
+static void kq_down(kq_fixture *f) {
+  free(f->knn);
+  free(f->ktq);
+  free_data(&f->d);
+}
+
 static void assert_same_graph(const ra_index *a, const ra_index *b) {
   const ra_graph *ga = a->graph, *gb = b->graph;
   assert_int_equal(ga->n, gb->n);
@@ -899,13 +921,10 @@ static void assert_same_graph(const ra_index *a, const ra_index *b) {
  * beam-search repair's. */
 static void test_roar_key_queries_link_uncovered(void **state) {
   (void)state;
-  data d;
-  make_data(&d, NK, 21);
-  uint32_t *knn = malloc((size_t)KQ_NB * KQ_KK * sizeof *knn);
-  uint32_t *ktq = malloc((size_t)NK * KQ_T * sizeof *ktq);
-  assert_non_null(knn);
-  assert_non_null(ktq);
-  make_key_lists(&d, NK, KQ_NB, KQ_KK, KQ_T, knn, ktq);
+  kq_fixture f;
+  kq_up(&f, 21, NK);
+  data d = f.d;
+  uint32_t *knn = f.knn, *ktq = f.ktq;
   ra_index *old = build_key_lists(&d, NK, knn, NULL, 2), *kq = build_key_lists(&d, NK, knn, ktq, 2);
   assert_graph_invariants(kq);
   ra_index_graph_stats so, sk;
@@ -921,21 +940,16 @@ static void test_roar_key_queries_link_uncovered(void **state) {
   assert_true(fk < 0.3);
   ra_index_free(old);
   ra_index_free(kq);
-  free(knn);
-  free(ktq);
-  free_data(&d);
+  kq_down(&f);
 }
 
 /* Same seed, any thread count, the same graph; lists naming no query give the old build's graph. */
 static void test_roar_key_queries_deterministic(void **state) {
   (void)state;
-  data d;
-  make_data(&d, NK, 22);
-  uint32_t *knn = malloc((size_t)KQ_NB * KQ_KK * sizeof *knn);
-  uint32_t *ktq = malloc((size_t)NK * KQ_T * sizeof *ktq);
-  assert_non_null(knn);
-  assert_non_null(ktq);
-  make_key_lists(&d, NK, KQ_NB, KQ_KK, KQ_T, knn, ktq);
+  kq_fixture f;
+  kq_up(&f, 22, NK);
+  data d = f.d;
+  uint32_t *knn = f.knn, *ktq = f.ktq;
   ra_index *a = build_key_lists(&d, NK, knn, ktq, 1), *b = build_key_lists(&d, NK, knn, ktq, 2),
            *c = build_key_lists(&d, NK, knn, ktq, 3);
   assert_same_graph(a, b);
@@ -949,22 +963,17 @@ static void test_roar_key_queries_deterministic(void **state) {
   assert_same_graph(a, b);
   ra_index_free(a);
   ra_index_free(b);
-  free(knn);
-  free(ktq);
-  free_data(&d);
+  kq_down(&f);
 }
 
 /* Bad key -> query lists are the caller's error, reported before anything is built; queries the
  * build did not sample are skipped. */
 static void test_roar_key_queries_validated(void **state) {
   (void)state;
-  data d;
-  make_data(&d, NK, 23);
-  uint32_t *knn = malloc((size_t)KQ_NB * KQ_KK * sizeof *knn);
-  uint32_t *ktq = malloc((size_t)NK * KQ_T * sizeof *ktq);
-  assert_non_null(knn);
-  assert_non_null(ktq);
-  make_key_lists(&d, NK, KQ_NB, KQ_KK, KQ_T, knn, ktq);
+  kq_fixture f;
+  kq_up(&f, 23, NK);
+  data d = f.d;
+  uint32_t *knn = f.knn, *ktq = f.ktq;
   ra_index_params p;
   ra_index_params_default(RA_INDEX_ROAR, &p);
   p.n_threads = 2;
@@ -992,23 +1001,18 @@ static void test_roar_key_queries_validated(void **state) {
   assert_int_equal(ra_index_build(&p, &k, &qs, &ix, &err), RA_OK);
   assert_graph_invariants(ix);
   ra_index_free(ix);
-  free(knn);
-  free(ktq);
-  free_data(&d);
+  kq_down(&f);
 }
 
 /* Query-aware insertion on a graph built from key -> query lists keeps the invariants and the
  * recall of a rebuild. */
 static void test_roar_key_queries_then_insert(void **state) {
   (void)state;
-  data d;
   const uint32_t n0 = NK * 9 / 10;
-  make_data(&d, NK, 24);
-  uint32_t *knn = malloc((size_t)KQ_NB * KQ_KK * sizeof *knn);
-  uint32_t *ktq = malloc((size_t)NK * KQ_T * sizeof *ktq);
-  assert_non_null(knn);
-  assert_non_null(ktq);
-  make_key_lists(&d, n0, KQ_NB, KQ_KK, KQ_T, knn, ktq);
+  kq_fixture f;
+  kq_up(&f, 24, n0);
+  data d = f.d;
+  uint32_t *knn = f.knn, *ktq = f.ktq;
   ra_index *ix = build_key_lists(&d, n0, knn, ktq, 2);
   assert_non_null(ix->keep);
   ra_keys k = keys_of(&d, NK);
@@ -1023,9 +1027,7 @@ static void test_roar_key_queries_then_insert(void **state) {
   assert_true(ri >= rf - 0.03);
   ra_index_free(ix);
   ra_index_free(full);
-  free(knn);
-  free(ktq);
-  free_data(&d);
+  kq_down(&f);
 }
 
 /* Concurrent searches, one scratch each, give the sequential answers. */

@@ -12,7 +12,14 @@
 #include <math.h>
 
 #include "kvstore.pb-c.h"
+#include "client.h"
 #include "service.h"
+#include "topk.h"
+
+/* The wire contract of BuildIndexRequest.key_top_queries, as the client writes it and the
+ * index reads it. */
+_Static_assert(RA_KVCLIENT_NO_QUERY == RA_INDEX_NO_QUERY && RA_KVCLIENT_KEY_TOP_MAX == RA_INDEX_KEY_TOP_MAX,
+               "client.h and index.h disagree on the key lists");
 
 #define DIM 16
 
@@ -519,7 +526,7 @@ static void test_build_index_validation(void **state) {
   expect_msg(f, "knn lists of 1 ids: a roar index needs at least 2");
   /* Key lists: whole rows of key_top_k (1 to 64), with knn lists, naming queries that came. */
   uint64_t knn2[4] = {0, 1, 2, 3};
-  uint32_t kt[4] = {0, 1, 5, 0xffffffffu};
+  uint32_t kt[4] = {0, 1, 5, RA_KVCLIENT_NO_QUERY};
   b.knn_ids = knn2;
   b.n_knn_ids = 4;
   b.key_top_queries = kt;
@@ -591,6 +598,12 @@ static void test_build_index_validation(void **state) {
  * best 4 queries by margin, the build links (almost) no key by beam searches, and without them
  * most keys of a shard no sampled list covers are. The lists are for positions from
  * key_pos_begin on; rows of the shard they do not cover fall back to the beam searches. */
+static float dot16(const float *a, const float *b) {
+  float d = 0;
+  for (int c = 0; c < DIM; c++) d += a[c] * b[c];
+  return d;
+}
+
 static void test_build_index_key_lists(void **state) {
   fx *f = *state;
   enum { N = 1500, NQ = 48, KNN = 10, T = 4 };
@@ -601,43 +614,26 @@ static void test_build_index_key_lists(void **state) {
   fill_rows(keys, N * DIM, 11);
   fill_rows(q, NQ * DIM, 12);
   put_rows(f, 0, N, keys);
-  /* brute force: each query's top KNN positions (insertion into a sorted list), s_q the last */
+  /* brute force with the project's top-k heap: each query's top KNN positions, s_q the last;
+   * then each key's best T queries by the margin q.k - s_q */
+  ra_topk top;
+  assert_int_equal(ra_topk_init(&top, KNN), RA_OK);
   for (int j = 0; j < NQ; j++) {
-    float best[KNN];
-    for (int i = 0; i < N; i++) {
-      float d = 0;
-      for (int c = 0; c < DIM; c++) d += q[j * DIM + c] * keys[i * DIM + c];
-      int at = i < KNN ? i : KNN;
-      if (at == KNN && d <= best[KNN - 1]) continue;
-      if (at == KNN) at = KNN - 1;
-      while (at > 0 && best[at - 1] < d) {
-        best[at] = best[at - 1];
-        knn[j * KNN + at] = knn[j * KNN + at - 1];
-        at--;
-      }
-      best[at] = d;
-      knn[j * KNN + at] = (uint64_t)i;
-    }
-    thr[j] = best[KNN - 1];
+    ra_topk_reset(&top);
+    for (int i = 0; i < N; i++) ra_topk_push(&top, dot16(q + j * DIM, keys + i * DIM), (uint32_t)i);
+    ra_topk_sort(&top);
+    for (int r = 0; r < KNN; r++) knn[j * KNN + r] = top.id[r];
+    thr[j] = top.score[KNN - 1];
   }
-  /* each key's best T queries by margin */
+  ra_topk_free(&top);
+  assert_int_equal(ra_topk_init(&top, T), RA_OK);
   for (int i = 0; i < N; i++) {
-    float best[T];
-    for (int j = 0; j < NQ; j++) {
-      float d = -thr[j];
-      for (int c = 0; c < DIM; c++) d += q[j * DIM + c] * keys[i * DIM + c];
-      int at = j < T ? j : T;
-      if (at == T && d <= best[T - 1]) continue;
-      if (at == T) at = T - 1;
-      while (at > 0 && best[at - 1] < d) {
-        best[at] = best[at - 1];
-        kt[i * T + at] = kt[i * T + at - 1];
-        at--;
-      }
-      best[at] = d;
-      kt[i * T + at] = (uint32_t)j;
-    }
+    ra_topk_reset(&top);
+    for (int j = 0; j < NQ; j++) ra_topk_push(&top, dot16(q + j * DIM, keys + i * DIM) - thr[j], (uint32_t)j);
+    ra_topk_sort(&top);
+    memcpy(kt + i * T, top.id, T * sizeof *kt);
   }
+  ra_topk_free(&top);
   Rakv__BuildIndexRequest b;
   Rakv__IndexParams p;
   uint64_t repaired[3];
