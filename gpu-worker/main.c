@@ -28,7 +28,7 @@ static const char *usage_text =
     "  logits     write the logits of every prompt position as [n_tokens, vocab] .npy\n"
     "  info       print the model's configuration\n"
     "common options:\n"
-    "  --model PATH            GGUF file, safetensors directory, or random:PRESET (llama3-8b, smollm2-135m, tiny)\n"
+    "  --model PATH            GGUF file, safetensors directory, or random:PRESET (llama3-8b, yi-6b, smollm2-135m, tiny)\n"
     "  --tokenizer GGUF        tokenizer for a safetensors model\n"
     "  --prompt-file F | --prompt TEXT\n"
     "  --chat                  wrap the prompt in the model's chat template\n"
@@ -47,6 +47,8 @@ static const char *usage_text =
     "          --ef N --nprobe N (index search) --store-dtype f32|f16|bf16 (f16) --store-timeout-ms MS\n"
     "          --index-per-kv-head (roar: one graph per kv head from its group's queries)\n"
     "          --key-top-queries T (roar build: every offloaded key's T best queries, from the backend; 4, 0 off)\n"
+    "          --synthetic-prefill (benchmarks: the stores get KV computed from the token embeddings alone,\n"
+    "          --batch tokens at a time, no attention or MLP; the offload, index builds and decode are real)\n"
     "dump-qk:  --out DIR --decode-tokens N (default 0) --layers 0,2,5-7 --dtype f16|f32 (default f16)\n"
     "logits:   --out FILE.npy\n";
 
@@ -54,7 +56,7 @@ typedef struct opts {
   const char *cmd, *model, *tokenizer, *prompt_file, *prompt, *backend, *json, *out, *layers;
   const char *stores, *shard_map;
   ra_offload_config off; /* mode == RA_ATTN_FULL: no offload */
-  int chat, threads, max_new, decode_tokens, no_stop, top_k, key_top_given;
+  int chat, threads, max_new, decode_tokens, no_stop, top_k, key_top_given, synthetic;
   long ctx, batch;
   float temperature, top_p;
   uint64_t seed;
@@ -98,6 +100,7 @@ static int parse_opts(int argc, char **argv, opts *o) {
     if (strcmp(a, "--chat") == 0) o->chat = 1;
     else if (strcmp(a, "--no-stop") == 0) o->no_stop = 1;
     else if (strcmp(a, "--index-per-kv-head") == 0) o->off.roar_per_kv_head = 1;
+    else if (strcmp(a, "--synthetic-prefill") == 0) o->synthetic = 1;
     else if (strcmp(a, "--model") == 0) { NEED_VALUE(); o->model = v; }
     else if (strcmp(a, "--tokenizer") == 0) { NEED_VALUE(); o->tokenizer = v; }
     else if (strcmp(a, "--prompt-file") == 0) { NEED_VALUE(); o->prompt_file = v; }
@@ -141,6 +144,11 @@ static int parse_opts(int argc, char **argv, opts *o) {
   if (o->stores && o->shard_map) return usage_error("give --stores or --shard-map, not both%s", "");
   if (o->off.roar_per_kv_head && o->off.mode != RA_ATTN_ROAR)
     return usage_error("--index-per-kv-head is for --mode roar, not %s", ra_attn_mode_name(o->off.mode));
+  if (o->synthetic && strcmp(o->cmd, "generate") != 0)
+    return usage_error("--synthetic-prefill is a generate option, not %s", o->cmd);
+  if (o->synthetic && o->off.mode == RA_ATTN_FULL)
+    return usage_error("--synthetic-prefill fills kv-stores: it needs a --mode other than %s", "full");
+  o->off.synthetic_chunk = o->synthetic ? o->batch : 0;
   if (o->key_top_given && o->off.mode != RA_ATTN_ROAR)
     return usage_error("--key-top-queries is for --mode roar, not %s", ra_attn_mode_name(o->off.mode));
   return 0;

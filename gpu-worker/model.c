@@ -33,6 +33,12 @@ int ra_model_config_preset(const char *name, ra_model_config *c, ra_error *err) 
     *c = (ra_model_config){.n_layers = 32, .dim = 4096, .n_heads = 32, .n_kv_heads = 8, .head_dim = 128,
                            .ffn_dim = 14336, .vocab = 128256, .n_rot = 128, .rope_theta = 500000.0f,
                            .norm_eps = 1e-5f, .max_ctx = 131072, .rope_style = RA_ROPE_NEOX};
+  } else if (strcmp(name, "yi-6b") == 0) {
+    /* Yi-6B-200K's geometry (4 kv heads: a million tokens of KV fit one host's RAM) with
+     * Llama-3's vocabulary, so that the Llama-3 tokenizer's ids are valid */
+    *c = (ra_model_config){.n_layers = 32, .dim = 4096, .n_heads = 32, .n_kv_heads = 4, .head_dim = 128,
+                           .ffn_dim = 11008, .vocab = 128256, .n_rot = 128, .rope_theta = 5000000.0f,
+                           .norm_eps = 1e-5f, .max_ctx = 200000, .rope_style = RA_ROPE_NEOX};
   } else if (strcmp(name, "smollm2-135m") == 0) {
     *c = (ra_model_config){.n_layers = 30, .dim = 576, .n_heads = 9, .n_kv_heads = 3, .head_dim = 64, .ffn_dim = 1536,
                            .vocab = 49152, .n_rot = 64, .rope_theta = 100000.0f, .norm_eps = 1e-5f, .max_ctx = 8192,
@@ -42,7 +48,7 @@ int ra_model_config_preset(const char *name, ra_model_config *c, ra_error *err) 
                            .vocab = 97, .n_rot = 16, .rope_theta = 10000.0f, .norm_eps = 1e-5f, .max_ctx = 4096,
                            .rope_style = RA_ROPE_NORM};
   } else {
-    return ra_errorf(err, RA_EINVAL, "model: unknown preset '%s' (llama3-8b, smollm2-135m, tiny)", name);
+    return ra_errorf(err, RA_EINVAL, "model: unknown preset '%s' (llama3-8b, yi-6b, smollm2-135m, tiny)", name);
   }
   strcpy(c->arch, "llama");
   snprintf(c->name, sizeof c->name, "random-%s", name);

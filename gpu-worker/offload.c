@@ -46,6 +46,10 @@ struct ra_offload {
   ra_remote *remote;      /* NULL in streaming mode */
   ra_tensor rem_o;        /* [n_heads, head_dim]: the stores' merged partial, on the backend */
   ra_tensor rem_ml;       /* [n_heads, 2] */
+  ra_tensor q_pick;       /* roar: [build_queries, n_heads * head_dim], the sampled prefill
+                           * queries gathered on the device: only they cross to the host (the whole
+                           * q of a 128K-token Llama-3-8B prefill is 2 GiB per layer) */
+  int32_t *q_pick_rows;   /* [build_queries] their rows in the step's q */
   float *q_host;          /* [n_heads, head_dim] */
   float *o_host;          /* [n_heads, head_dim] */
   float *m_host, *l_host; /* [n_heads] */
@@ -85,6 +89,8 @@ void ra_offload_free(ra_offload *o) {
   ra_tensor_free(&o->scratch_v);
   ra_tensor_free(&o->rem_o);
   ra_tensor_free(&o->rem_ml);
+  ra_tensor_free(&o->q_pick);
+  free(o->q_pick_rows);
   ra_state_free(o->st);
   free(o->q_host);
   free(o->o_host);
@@ -114,6 +120,8 @@ int ra_offload_new(const ra_model *m, const ra_offload_plan *plan, const ra_offl
                      c->n_heads, c->n_kv_heads, cfg->n_sink, cfg->n_window);
   if (is_index_mode(cfg->mode) && (cfg->knn_nq < 2 || cfg->build_queries < 1))
     return ra_errorf(err, RA_EINVAL, "offload: index build needs knn_nq >= 2 and build_queries >= 1");
+  if (cfg->synthetic_chunk < 0)
+    return ra_errorf(err, RA_EINVAL, "offload: synthetic prefill chunk %lld", (long long)cfg->synthetic_chunk);
   if (cfg->key_top_queries > RA_KVCLIENT_KEY_TOP_MAX)
     return ra_errorf(err, RA_EINVAL, "offload: key_top_queries %u (at most %d)", cfg->key_top_queries,
                      RA_KVCLIENT_KEY_TOP_MAX);
@@ -125,13 +133,23 @@ int ra_offload_new(const ra_model *m, const ra_offload_plan *plan, const ra_offl
   o->kv_row = (size_t)c->n_kv_heads * (size_t)c->head_dim;
   int64_t rows = ring_rows(o) < cfg->max_ctx ? ring_rows(o) : cfg->max_ctx;
   int64_t max_prompt = cfg->max_prompt < cfg->max_ctx ? cfg->max_prompt : cfg->max_ctx;
-  int rc = ra_state_new_ring(m, cfg->max_ctx, max_prompt, rows, cfg->kv_dtype, &o->st, err);
+  /* The model's prefill is one step of the whole prompt (layer by layer); a synthetic one runs
+   * chunks, so its activations need only a chunk's rows. */
+  int64_t max_step = cfg->synthetic_chunk > 0 && cfg->synthetic_chunk < max_prompt ? cfg->synthetic_chunk : max_prompt;
+  int rc = ra_state_new_ring(m, cfg->max_ctx, max_step, rows, cfg->kv_dtype, &o->st, err);
   int64_t scratch_shape[3] = {max_prompt, c->n_kv_heads, c->head_dim};
   int64_t o_shape[2] = {c->n_heads, c->head_dim}, ml_shape[2] = {c->n_heads, 2};
   if (rc == RA_OK) rc = ra_tensor_new(m->be, &o->scratch_k, cfg->kv_dtype, 3, scratch_shape, err);
   if (rc == RA_OK) rc = ra_tensor_new(m->be, &o->scratch_v, cfg->kv_dtype, 3, scratch_shape, err);
   if (rc == RA_OK) rc = ra_tensor_new(m->be, &o->rem_o, RA_DTYPE_F32, 2, o_shape, err);
   if (rc == RA_OK) rc = ra_tensor_new(m->be, &o->rem_ml, RA_DTYPE_F32, 2, ml_shape, err);
+  if (rc == RA_OK && cfg->mode == RA_ATTN_ROAR) {
+    int64_t n_q = (int64_t)cfg->build_queries < max_prompt ? (int64_t)cfg->build_queries : max_prompt;
+    int64_t pick_shape[2] = {n_q, (int64_t)c->n_heads * c->head_dim};
+    rc = ra_tensor_new(m->be, &o->q_pick, RA_DTYPE_F32, 2, pick_shape, err);
+    o->q_pick_rows = malloc((size_t)n_q * sizeof(int32_t));
+    if (rc == RA_OK && !o->q_pick_rows) rc = ra_errorf(err, RA_ENOMEM, "offload: out of memory");
+  }
   if (rc == RA_OK) {
     size_t hq = (size_t)c->n_heads * (size_t)c->head_dim, ev = (size_t)c->n_layers * o->kv_row;
     o->q_host = malloc(hq * sizeof(float));
@@ -387,10 +405,34 @@ static int layer_job_new(ra_offload *o, int l, int64_t b, int64_t e, const float
   return RA_OK;
 }
 
+/* The sampled prefill queries (ra_prefill_query_pos(n, n_q, i)) that lie in the step's rows
+ * [c0, c0 + len) of the prompt (st->cur_q, row 0 = position c0) into their rows of q_host
+ * [n_q, n_heads * head_dim]: gathered on the device, then one download. */
+static int pick_queries(ra_offload *o, int64_t n, int64_t n_q, int64_t c0, int64_t len, float *q_host,
+                        ra_error *err) {
+  ra_backend *be = o->m->be;
+  const int64_t q_row = (int64_t)o->m->cfg.n_heads * o->m->cfg.head_dim;
+  int64_t i0 = 0, m = 0;
+  while (i0 < n_q && ra_prefill_query_pos(n, n_q, i0) < c0) i0++;
+  for (int64_t p; i0 + m < n_q && (p = ra_prefill_query_pos(n, n_q, i0 + m)) < c0 + len; m++)
+    o->q_pick_rows[m] = (int32_t)(p - c0);
+  if (m == 0) return RA_OK;
+  /* the step's q [len, n_heads, head_dim] as a table of len rows */
+  ra_tensor table = o->st->cur_q;
+  table.ndim = 2;
+  table.shape[1] = q_row;
+  table.shape[2] = 0;
+  ra_tensor out = ra_tensor_rows(&o->q_pick, 0, m);
+  int rc = be->ops->get_rows(be, &table, o->q_pick_rows, m, &out, err);
+  return rc ? rc : be->ops->download(be, &out, 0, q_host + i0 * q_row, (size_t)(m * q_row), err);
+}
+
 /* After layer l ran over the scratch (st->k_cache[l] is the scratch, sk/sv hold the ring):
- * offloaded positions to the stores (+ index) through the pipe, sink and window into the ring. */
+ * offloaded positions to the stores (+ index) through the pipe, sink and window into the ring.
+ * q: roar's sampled queries of the layer, host [n_q, n_heads, head_dim] (else NULL). */
 static int prefill_offload_layer(ra_offload *o, ra_job_pipe *pipe, int l, int64_t n, ra_tensor *ring_k,
-                                 ra_tensor *ring_v, ra_offload_stats *stats, ra_error *err) {
+                                 ra_tensor *ring_v, const float *q, int64_t n_q, ra_offload_stats *stats,
+                                 ra_error *err) {
   ra_state *st = o->st;
   ra_backend *be = o->m->be;
   uint64_t b64, e64;
@@ -401,27 +443,17 @@ static int prefill_offload_layer(ra_offload *o, ra_job_pipe *pipe, int l, int64_
   if (o->remote && e > b) {
     uint64_t t0 = uv_hrtime();
     size_t nf = (size_t)(e - b) * o->kv_row;
-    float *k = malloc(nf * sizeof(float)), *v = malloc(nf * sizeof(float)), *q = NULL;
+    float *k = malloc(nf * sizeof(float)), *v = malloc(nf * sizeof(float));
     if (!k || !v) rc = ra_errorf(err, RA_ENOMEM, "offload: out of memory for %lld tokens of layer %d", (long long)(e - b), l);
     if (rc == RA_OK) rc = be->ops->download(be, &st->k_cache[l], (size_t)b * o->kv_row, k, nf, err);
     if (rc == RA_OK) rc = be->ops->download(be, &st->v_cache[l], (size_t)b * o->kv_row, v, nf, err);
     uint64_t t1 = uv_hrtime();
     stats->append_us += (double)(t1 - t0) / 1e3;
-    /* the sampled queries of ra_prefill_query_pos, in place at the front of q */
-    size_t q_row = (size_t)o->m->cfg.n_heads * (size_t)o->m->cfg.head_dim;
-    int64_t n_q = n < (int64_t)o->cfg.build_queries ? n : (int64_t)o->cfg.build_queries;
-    if (rc == RA_OK && o->cfg.mode == RA_ATTN_ROAR) {
-      q = malloc((size_t)n * q_row * sizeof(float));
-      rc = q ? be->ops->download(be, &st->cur_q, 0, q, (size_t)n * q_row, err) : ra_errorf(err, RA_ENOMEM, "offload: out of memory");
-      for (int64_t i = 0; rc == RA_OK && i < n_q; i++)
-        memmove(q + (size_t)i * q_row, q + (size_t)ra_prefill_query_pos(n, n_q, i) * q_row, q_row * sizeof(float));
-    }
     layer_job *job = NULL;
     if (rc == RA_OK) {
       rc = layer_job_new(o, l, b, e, k, v, 1, q, n_q, &job, err);
       k = v = NULL; /* the job's now, or freed */
     }
-    free(q);
     free(k);
     free(v);
     stats->index_us += (double)(uv_hrtime() - t1) / 1e3;
@@ -437,9 +469,27 @@ static int prefill_offload_layer(ra_offload *o, ra_job_pipe *pipe, int l, int64_
   return rc;
 }
 
+/* Layer l of a synthetic prefill (cfg.synthetic_chunk): q/k/v of the token embeddings, chunk by
+ * chunk at their own positions, k/v into the layer's scratch cache, the sampled queries into q
+ * (roar, else NULL). The chunks' x stays the embedding: no attention, no MLP. */
+static int synthetic_layer_qkv(ra_offload *o, const int32_t *tokens, int64_t n, int l, float *q, int64_t n_q,
+                               ra_error *err) {
+  ra_state *st = o->st;
+  int rc = RA_OK;
+  for (int64_t c0 = 0; c0 < n && rc == RA_OK; c0 += st->max_batch) {
+    const int64_t len = n - c0 < st->max_batch ? n - c0 : st->max_batch;
+    st->pos = c0;
+    rc = ra_step_begin(st, tokens + c0, len, err);
+    if (rc == RA_OK) rc = ra_step_layer_qkv(st, l, err);
+    if (rc == RA_OK && q) rc = pick_queries(o, n, n_q, c0, len, q, err);
+  }
+  return rc;
+}
+
 int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offload_stats *stats, ra_error *err) {
   ra_state *st = o->st;
   ra_offload_stats s = {0};
+  const int synthetic = o->cfg.synthetic_chunk > 0;
   if (st->pos != 0) return ra_errorf(err, RA_ESTATE, "offload: prefill after %lld tokens", (long long)st->pos);
   if (n < 1 || n > o->scratch_k.shape[0])
     return ra_errorf(err, RA_EINVAL, "offload: a prefill of %lld tokens (at most %lld)", (long long)n,
@@ -449,16 +499,28 @@ int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offlo
    * job ready behind it (host memory: two layers' offloaded K/V in fp32). */
   ra_job_pipe *pipe = NULL;
   o->pipe_append_us = o->pipe_index_us = 0.0;
-  int rc = o->remote ? ra_job_pipe_start(2, &pipe, err) : RA_OK;
-  if (rc == RA_OK) rc = ra_step_begin(st, tokens, n, err);
+  /* roar's sampled queries of the layer, reused by every layer (the job copies them) */
+  const int64_t n_q = n < (int64_t)o->cfg.build_queries ? n : (int64_t)o->cfg.build_queries;
+  const size_t q_row = (size_t)o->m->cfg.n_heads * (size_t)o->m->cfg.head_dim;
+  float *q = NULL;
+  int rc = RA_OK;
+  if (o->remote && o->cfg.mode == RA_ATTN_ROAR && !(q = malloc((size_t)n_q * q_row * sizeof(float))))
+    rc = ra_errorf(err, RA_ENOMEM, "offload: out of memory for %lld sampled queries", (long long)n_q);
+  if (rc == RA_OK && o->remote) rc = ra_job_pipe_start(2, &pipe, err);
+  if (rc == RA_OK && !synthetic) rc = ra_step_begin(st, tokens, n, err);
   for (int l = 0; l < o->m->cfg.n_layers && rc == RA_OK; l++) {
     /* The scratch becomes layer l's cache for this step; its ring waits in scratch_k/v. */
     ra_state_swap_cache(st, l, &o->scratch_k, &o->scratch_v);
-    rc = ra_step_layer_qkv(st, l, err);
-    if (rc == RA_OK) rc = ra_step_layer_attend(st, l, err);
-    if (rc == RA_OK) rc = prefill_offload_layer(o, pipe, l, n, &o->scratch_k, &o->scratch_v, &s, err);
+    if (synthetic) {
+      rc = synthetic_layer_qkv(o, tokens, n, l, q, n_q, err);
+    } else {
+      rc = ra_step_layer_qkv(st, l, err);
+      if (rc == RA_OK) rc = ra_step_layer_attend(st, l, err);
+      if (rc == RA_OK && q) rc = pick_queries(o, n, n_q, 0, n, q, err);
+    }
+    if (rc == RA_OK) rc = prefill_offload_layer(o, pipe, l, n, &o->scratch_k, &o->scratch_v, q, n_q, &s, err);
     ra_state_swap_cache(st, l, &o->scratch_k, &o->scratch_v);
-    if (rc == RA_OK) rc = ra_step_layer_finish(st, l, err);
+    if (rc == RA_OK && !synthetic) rc = ra_step_layer_finish(st, l, err);
     if (rc == RA_OK && o->cfg.progress) {
       uint64_t b, e;
       ra_partition_offloaded(o->cfg.n_sink, o->cfg.n_window, (uint64_t)n, &b, &e);
@@ -470,6 +532,8 @@ int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offlo
       o->cfg.progress(o->cfg.progress_ctx, &pr);
     }
   }
+  /* synthetic: the state is at the last chunk, whose x is still its embedding: its last row's
+   * logits, and pos moves past the prompt */
   if (rc == RA_OK) rc = ra_step_end(st, 0, err);
   if (rc == RA_OK) rc = o->m->be->ops->sync(o->m->be, err);
   /* the last layers' stores and builds; a store's failure surfaces here at the latest */
@@ -478,10 +542,11 @@ int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offlo
     int prc = ra_job_pipe_finish(pipe, rc ? &perr : err);
     if (rc == RA_OK) rc = prc;
   }
+  free(q);
   s.append_us += o->pipe_append_us;
   s.index_us += o->pipe_index_us;
   if (rc != RA_OK) {
-    st->n = 0;
+    st->pos = st->n = 0; /* a synthetic prefill moves pos chunk by chunk */
     return rc;
   }
   if (o->remote) {

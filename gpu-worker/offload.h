@@ -70,6 +70,12 @@ typedef struct ra_offload_config {
   uint32_t key_top_queries; /* roar: send every offloaded key's best t queries of its build
                              (computed on the backend), so that the stores link the keys no
                              query list covers without beam searches (default 4; 0: off) */
+  int64_t synthetic_chunk; /* > 0: a generated-KV prefill (benchmarks at contexts whose real
+                             prefill would take hours): every layer's q/k/v come from the token
+                             embeddings alone, `synthetic_chunk` tokens per step, with no
+                             attention or MLP in between, so the stores get KV the model never
+                             computed; the offload, the index builds and the decode after it are
+                             the real ones. 0: the model's prefill */
   void (*progress)(void *ctx, const ra_offload_progress *p); /* optional, after each prefill layer */
   void *progress_ctx;
   /* optional, every decode step after layer `layer`'s attention (local and stores' merged):

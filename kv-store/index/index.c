@@ -70,6 +70,7 @@ void ra_index_params_default(ra_index_kind kind, ra_index_params *p) {
   p->knn_nq = 100;
   p->n_lists = 0;
   p->max_iters = 10;
+  p->train_per_list = 64;
   p->query_sample = 1.0f;
   p->pivots = 64;
   p->keep_queries = 1024;
@@ -120,6 +121,8 @@ static int check_params(const ra_index_params *p, ra_error *err) {
   }
   if (p->kind == RA_INDEX_IVF && p->max_iters > 1000)
     return ra_errorf(err, RA_EINVAL, "index: max_iters %u > 1000", p->max_iters);
+  if (p->kind == RA_INDEX_IVF && p->train_per_list > 65536)
+    return ra_errorf(err, RA_EINVAL, "index: train_per_list %u > 65536", p->train_per_list);
   return RA_OK;
 }
 
@@ -135,9 +138,12 @@ size_t ra_index_estimate_bytes(const ra_index_params *p, uint32_t n_keys, int di
   size_t total = sizeof(ra_index);
   if (p->kind == RA_INDEX_IVF) {
     size_t nl = p->n_lists ? p->n_lists : (size_t)(4.0 * sqrt((double)n)) + 1;
-    /* Lists grow by doubling: at most twice the ids, plus 16 per list. */
+    /* Lists: exactly the ids at build (insertion grows them by doubling, up to twice). */
     total += nl * (d * 4 + 4 + 8 + 8 + 16 * 4) + n * 4 * 2;
-    total += n * d * 4 + n * 4 + blocks + heaps; /* fp32 copy, assignment, knn */
+    /* kmeans.c: the fp32 training sample and its assignment, the shuffle and every key's
+     * assignment (n each), per thread a [256, 512] score block and a [256, d] fp32 key block. */
+    size_t m = p->train_per_list && nl * p->train_per_list < n ? nl * p->train_per_list : n;
+    total += m * (d * 4 + 4) + n * 4 * 2 + nt * (256 * 512 * 4 + 256 * (d * 4 + 4));
   } else if (is_graph(p->kind)) {
     const size_t M = p->degree, L = p->build_ef;
     size_t graph = n * (M * 4 + 8) + d * d * 4;

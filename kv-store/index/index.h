@@ -57,6 +57,8 @@ typedef struct {
   uint32_t knn_nq;    /* roar: Nq, exact top keys per prefill query that are projected */
   uint32_t n_lists;   /* ivf: clusters; 0 = about 4*sqrt(n) */
   uint32_t max_iters; /* ivf: k-means Lloyd iterations */
+  uint32_t train_per_list; /* ivf: k-means trains on a seeded sample of at most n_lists * this
+                              keys (then assigns every key); 0 = on every key */
   float query_sample; /* roar: fraction in (0, 1] of the given prefill queries used */
   uint32_t pivots;    /* roar: the first `pivots` keys of each query's list are pivots of the
                          projection (RoarGraph: 1; capped at knn_nq) */

@@ -50,7 +50,6 @@ int ra_ivf_build(ra_index *ix, const ra_keys *keys, ra_error *err) {
   if (nl > n) nl = n;
   if (nl == 0) nl = 1;
   int rc = RA_OK;
-  float *x = NULL;
   uint32_t *assign = NULL;
   ra_ivf *ivf = calloc(1, sizeof *ivf);
   if (!ivf) goto nomem;
@@ -61,30 +60,38 @@ int ra_ivf_build(ra_index *ix, const ra_keys *keys, ra_error *err) {
   ivf->list_len = calloc(nl, sizeof *ivf->list_len);
   ivf->list_cap = calloc(nl, sizeof *ivf->list_cap);
   ivf->vec = malloc((size_t)dim * sizeof *ivf->vec);
-  x = malloc(((size_t)n * dim + 1) * sizeof *x);
   assign = malloc(((size_t)n + 1) * sizeof *assign);
   if (!ivf->centroids || !ivf->half_norm2 || !ivf->list || !ivf->list_len || !ivf->list_cap ||
-      !ivf->vec || !x || !assign)
+      !ivf->vec || !assign)
     goto nomem;
   if (n == 0) {
     memset(ivf->centroids, 0, (size_t)nl * dim * sizeof *ivf->centroids);
   } else {
-    ra_dtype_to_fp32_n(keys->dtype, keys->rows, x, (size_t)n * dim);
-    rc = ra_kmeans(x, n, dim, nl, ix->params.max_iters, ix->params.seed, ix->params.n_threads,
-                   ivf->centroids, assign, err);
+    /* k-means reads the keys in their dtype (no fp32 copy of the shard): Lloyd rounds on a
+     * sample of train_per_list keys per list, then every key to its nearest centroid. */
+    ra_kmeans_params kp = {.iters = ix->params.max_iters,
+                           .train_per_cluster = ix->params.train_per_list,
+                           .seed = ix->params.seed,
+                           .n_threads = ix->params.n_threads};
+    if (getenv("H2_ITERS")) kp.iters = (uint32_t)atoi(getenv("H2_ITERS")); /* H2TMP */
+    if (getenv("H2_TPC")) kp.train_per_cluster = (uint32_t)atoi(getenv("H2_TPC")); /* H2TMP */
+    rc = ra_kmeans(keys->rows, keys->dtype, n, dim, nl, &kp, ivf->centroids, assign, err);
     if (rc) goto fail;
   }
   ra_kmeans_half_norms(ivf->centroids, nl, dim, ivf->half_norm2);
-  for (uint32_t i = 0; i < n; i++)
-    if (list_push(ivf, assign[i], i)) goto nomem;
-  free(x);
+  /* Lists allocated at their final length: one counting pass, then the ids in key order. */
+  for (uint32_t i = 0; i < n; i++) ivf->list_cap[assign[i]]++;
+  for (uint32_t l = 0; l < nl; l++) {
+    if (!ivf->list_cap[l]) continue;
+    if (!(ivf->list[l] = malloc((size_t)ivf->list_cap[l] * sizeof *ivf->list[l]))) goto nomem;
+  }
+  for (uint32_t i = 0; i < n; i++) ivf->list[assign[i]][ivf->list_len[assign[i]]++] = i;
   free(assign);
   ix->ivf = ivf;
   return RA_OK;
 nomem:
   rc = ra_errorf(err, RA_ENOMEM, "ivf: out of memory for %u keys, %u lists", n, nl);
 fail:
-  free(x);
   free(assign);
   ra_ivf_free(ivf);
   return rc;

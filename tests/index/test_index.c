@@ -14,6 +14,7 @@
 #include "graph.h"
 #include "index.h"
 #include "index_internal.h"
+#include "kmeans.h"
 #include "knn.h"
 
 #define DIM 32
@@ -579,13 +580,226 @@ static void test_build_is_deterministic(void **state) {
     ra_index_free(a);
     ra_index_free(b);
   }
-  /* ivf too: same centroids and lists for the same seed. */
-  ra_index *a = build(RA_INDEX_IVF, &d, NK, 2), *b = build(RA_INDEX_IVF, &d, NK, 2);
+  /* ivf too: same centroids and lists for the same seed, on any number of threads. */
+  ra_index *a = build(RA_INDEX_IVF, &d, NK, 2), *b = build(RA_INDEX_IVF, &d, NK, 1);
   assert_int_equal(a->ivf->n_lists, b->ivf->n_lists);
   assert_memory_equal(a->ivf->centroids, b->ivf->centroids,
                       (size_t)a->ivf->n_lists * DIM * sizeof(float));
+  for (uint32_t l = 0; l < a->ivf->n_lists; l++) {
+    assert_int_equal(a->ivf->list_len[l], b->ivf->list_len[l]);
+    assert_memory_equal(a->ivf->list[l], b->ivf->list[l],
+                        a->ivf->list_len[l] * sizeof *a->ivf->list[l]);
+  }
   ra_index_free(a);
   ra_index_free(b);
+  free_data(&d);
+}
+
+/* The k-means training sample: bounded by k * train_per_cluster (and n), at least k, distinct
+ * ids, the same for a seed and different for another. */
+static void test_kmeans_sample(void **state) {
+  (void)state;
+  assert_int_equal(ra_kmeans_train_size(100000, 100, 64), 6400);
+  assert_int_equal(ra_kmeans_train_size(1000, 100, 64), 1000); /* fewer points than the cap */
+  assert_int_equal(ra_kmeans_train_size(1000, 100, 0), 1000);   /* 0: every point */
+  assert_int_equal(ra_kmeans_train_size(1000, 1000, 1), 1000);
+  assert_int_equal(ra_kmeans_train_size(0xffffffffu, 0x10000u, 0x10000u), 0xffffffffu);
+  enum { N = 5000, M = 700 };
+  uint32_t *a = malloc(N * sizeof *a), *b = malloc(N * sizeof *b), *c = malloc(N * sizeof *c);
+  uint8_t *seen = calloc(N, 1);
+  assert_non_null(a);
+  assert_non_null(b);
+  assert_non_null(c);
+  assert_non_null(seen);
+  ra_kmeans_sample(N, M, 42, a);
+  ra_kmeans_sample(N, M, 42, b);
+  ra_kmeans_sample(N, M, 43, c);
+  assert_memory_equal(a, b, M * sizeof *a);
+  assert_memory_not_equal(a, c, M * sizeof *a);
+  /* The whole array stays a permutation; its first M entries are the sample. */
+  for (uint32_t i = 0; i < N; i++) {
+    assert_true(a[i] < N);
+    assert_false(seen[a[i]]);
+    seen[a[i]] = 1;
+  }
+  /* Uniform, not a prefix of the ids: about a fifth of the sample lies in the top fifth. */
+  uint32_t high = 0;
+  for (uint32_t i = 0; i < M; i++) high += a[i] >= N - N / 5;
+  assert_true(high > M / 10 && high < M * 3 / 10);
+  free(a);
+  free(b);
+  free(c);
+  free(seen);
+}
+
+/* Squared L2 between x and c. */
+static double l2sq(const float *x, const float *c, int dim) {
+  double s = 0;
+  for (int i = 0; i < dim; i++) s += ((double)x[i] - c[i]) * ((double)x[i] - c[i]);
+  return s;
+}
+
+/* The sgemm assignment picks the nearest centroid (up to fp32 rounding of |x|^2 - 2 x.c + |c|^2),
+ * from fp32 and from fp16 points, the same on 1 and 3 threads. */
+static void test_kmeans_assign_nearest(void **state) {
+  (void)state;
+  enum { N = 1500, K = 700 }; /* K > the 512 centroids of one sgemm block */
+  data d;
+  make_data(&d, N + K, 21);
+  const float *x = d.keys, *cent = d.keys + (size_t)N * DIM;
+  uint32_t *a1 = malloc(N * sizeof *a1), *a3 = malloc(N * sizeof *a3);
+  uint16_t *h = malloc((size_t)N * DIM * sizeof *h);
+  float *xh = malloc((size_t)N * DIM * sizeof *xh);
+  assert_non_null(a1);
+  assert_non_null(a3);
+  assert_non_null(h);
+  assert_non_null(xh);
+  ra_error err;
+  assert_int_equal(ra_kmeans_assign(x, RA_DTYPE_F32, N, DIM, cent, K, 1, a1, &err), RA_OK);
+  assert_int_equal(ra_kmeans_assign(x, RA_DTYPE_F32, N, DIM, cent, K, 3, a3, &err), RA_OK);
+  assert_memory_equal(a1, a3, N * sizeof *a1);
+  for (uint32_t i = 0; i < N; i++) {
+    const float *p = x + (size_t)i * DIM;
+    double best = INFINITY;
+    for (uint32_t j = 0; j < K; j++) {
+      double dd = l2sq(p, cent + (size_t)j * DIM, DIM);
+      if (dd < best) best = dd;
+    }
+    assert_true(a1[i] < K);
+    assert_true(l2sq(p, cent + (size_t)a1[i] * DIM, DIM) <= best + 1e-3 * (1.0 + best));
+  }
+  /* fp16 points are converted block by block: the same as assigning their fp32 values. */
+  ra_fp32_to_fp16_n(x, h, (size_t)N * DIM);
+  ra_fp16_to_fp32_n(h, xh, (size_t)N * DIM);
+  assert_int_equal(ra_kmeans_assign(h, RA_DTYPE_F16, N, DIM, cent, K, 2, a3, &err), RA_OK);
+  assert_int_equal(ra_kmeans_assign(xh, RA_DTYPE_F32, N, DIM, cent, K, 2, a1, &err), RA_OK);
+  assert_memory_equal(a1, a3, N * sizeof *a1);
+  assert_int_equal(ra_kmeans_assign(x, RA_DTYPE_F32, N, DIM, cent, 0, 1, a1, &err), RA_EINVAL);
+  free(a1);
+  free(a3);
+  free(h);
+  free(xh);
+  free_data(&d);
+}
+
+/* Sum of squared distances of x [n] to their assigned centroids. */
+static double kmeans_sse(const float *x, uint32_t n, const float *cent, const uint32_t *assign) {
+  double s = 0;
+  for (uint32_t i = 0; i < n; i++) s += l2sq(x + (size_t)i * DIM, cent + (size_t)assign[i] * DIM, DIM);
+  return s;
+}
+
+/* k-means on a sample: every point ends assigned to its nearest final centroid (the last pass
+ * covers all points, not the sample only), Lloyd rounds on the sample lower the error of all
+ * points, a sample of 8 per cluster stays near training on every point, and k == n works. */
+static void test_kmeans_sampled(void **state) {
+  (void)state;
+  enum { N = 4000, K = 100 };
+  data d;
+  make_data(&d, N, 22);
+  float *c = malloc((size_t)K * DIM * sizeof *c), *c0 = malloc((size_t)N * DIM * sizeof *c0);
+  uint32_t *a = malloc(N * sizeof *a), *near = malloc(N * sizeof *near);
+  assert_non_null(c);
+  assert_non_null(c0);
+  assert_non_null(a);
+  assert_non_null(near);
+  ra_error err;
+  ra_kmeans_params p = {.iters = 0, .train_per_cluster = 8, .seed = 5, .n_threads = 2};
+  assert_int_equal(ra_kmeans(d.keys, RA_DTYPE_F32, N, DIM, K, &p, c, a, &err), RA_OK);
+  double sse_init = kmeans_sse(d.keys, N, c, a);
+  /* Initial centroids are sample points, and no two are the same point. */
+  for (uint32_t j = 0; j < K; j++) {
+    int found = 0;
+    for (uint32_t i = 0; i < N && !found; i++)
+      found = !memcmp(c + (size_t)j * DIM, d.keys + (size_t)i * DIM, DIM * sizeof *c);
+    assert_true(found);
+  }
+  p.iters = 10;
+  assert_int_equal(ra_kmeans(d.keys, RA_DTYPE_F32, N, DIM, K, &p, c, a, &err), RA_OK);
+  double sse_sampled = kmeans_sse(d.keys, N, c, a);
+  assert_int_equal(ra_kmeans_assign(d.keys, RA_DTYPE_F32, N, DIM, c, K, 1, near, &err), RA_OK);
+  assert_memory_equal(a, near, N * sizeof *a);
+  p.train_per_cluster = 0;
+  assert_int_equal(ra_kmeans(d.keys, RA_DTYPE_F32, N, DIM, K, &p, c, a, &err), RA_OK);
+  double sse_all = kmeans_sse(d.keys, N, c, a);
+  print_message("k-means error: initial %.0f, 10 rounds on 8 per cluster %.0f, on all %.0f\n",
+                sse_init, sse_sampled, sse_all);
+  assert_true(sse_sampled < 0.95 * sse_init);
+  assert_true(sse_sampled < 1.25 * sse_all);
+  /* As many clusters as points: every point is its own centroid. */
+  p.train_per_cluster = 1;
+  assert_int_equal(ra_kmeans(d.keys, RA_DTYPE_F32, 300, DIM, 300, &p, c0, a, &err), RA_OK);
+  assert_true(kmeans_sse(d.keys, 300, c0, a) < 1e-6);
+  assert_int_equal(ra_kmeans(d.keys, RA_DTYPE_F32, 300, DIM, 301, &p, c0, a, &err), RA_EINVAL);
+  free(c);
+  free(c0);
+  free(a);
+  free(near);
+  free_data(&d);
+}
+
+/* ivf trained on a sample of 4 keys per list (400 of 4000): every key is in exactly one list, the
+ * list of its nearest centroid, in ascending id order; the build does not depend on the thread
+ * count; all probes are still exact. */
+static void test_ivf_sampled_lists(void **state) {
+  (void)state;
+  enum { N = 4000, L = 100 };
+  data d;
+  make_data(&d, N, 23);
+  ra_keys k = keys_of(&d, N);
+  ra_index_params p;
+  ra_index_params_default(RA_INDEX_IVF, &p);
+  p.n_lists = L;
+  p.train_per_list = 4;
+  ra_index *ix[2] = {NULL, NULL};
+  ra_error err;
+  for (int t = 0; t < 2; t++) {
+    p.n_threads = t + 1;
+    if (ra_index_build(&p, &k, NULL, &ix[t], &err)) fail_msg("%s", err.msg);
+    if (ra_index_check(ix[t], &err)) fail_msg("%s", err.msg);
+  }
+  const ra_ivf *iv = ix[0]->ivf;
+  assert_int_equal(iv->n_lists, L);
+  assert_memory_equal(iv->centroids, ix[1]->ivf->centroids, (size_t)L * DIM * sizeof(float));
+  uint32_t *near = malloc(N * sizeof *near), *count = calloc(N, sizeof *count);
+  assert_non_null(near);
+  assert_non_null(count);
+  assert_int_equal(ra_kmeans_assign(d.keys, RA_DTYPE_F32, N, DIM, iv->centroids, L, 1, near, &err),
+                   RA_OK);
+  uint32_t used = 0;
+  for (uint32_t l = 0; l < L; l++) {
+    assert_int_equal(iv->list_len[l], ix[1]->ivf->list_len[l]);
+    used += iv->list_len[l] > 0;
+    for (uint32_t i = 0; i < iv->list_len[l]; i++) {
+      uint32_t id = iv->list[l][i];
+      assert_int_equal(id, ix[1]->ivf->list[l][i]);
+      assert_int_equal(near[id], l);
+      if (i) assert_true(iv->list[l][i - 1] < id);
+      count[id]++;
+    }
+  }
+  for (uint32_t i = 0; i < N; i++) assert_int_equal(count[i], 1);
+  assert_true(used > L * 9 / 10); /* empty clusters were split, not left to pile up */
+  ra_index_scratch s;
+  assert_int_equal(ra_index_scratch_init(&s, ix[0], 0, 20, NULL), RA_OK);
+  ra_search_params all = {.ef = 0, .nprobe = L};
+  uint32_t ids[20], want[20], n;
+  float sc[20], wsc[20];
+  for (int qi = 0; qi < 5; qi++) {
+    const float *q = d.qtest + (size_t)qi * DIM;
+    assert_int_equal(ra_index_search(ix[0], &k, q, 20, &all, &s, ids, sc, &n, NULL), RA_OK);
+    exact_topk(&d, N, q, 20, want, wsc);
+    assert_memory_equal(ids, want, sizeof ids);
+  }
+  p.train_per_list = 70000;
+  ra_index *bad = NULL;
+  assert_int_equal(ra_index_build(&p, &k, NULL, &bad, &err), RA_EINVAL);
+  assert_non_null(strstr(err.msg, "train_per_list"));
+  ra_index_scratch_free(&s);
+  ra_index_free(ix[0]);
+  ra_index_free(ix[1]);
+  free(near);
+  free(count);
   free_data(&d);
 }
 
@@ -1091,6 +1305,10 @@ int main(void) {
       cmocka_unit_test(test_insert_updates_kept_queries),
       cmocka_unit_test(test_kept_queries_are_accounted),
       cmocka_unit_test(test_build_is_deterministic),
+      cmocka_unit_test(test_kmeans_sample),
+      cmocka_unit_test(test_kmeans_assign_nearest),
+      cmocka_unit_test(test_kmeans_sampled),
+      cmocka_unit_test(test_ivf_sampled_lists),
       cmocka_unit_test(test_roar_pivots_per_list),
       cmocka_unit_test(test_roar_entry_is_a_pivot),
       cmocka_unit_test(test_connect_edgeless_graph),
