@@ -13,6 +13,8 @@ int ra_gate_init(ra_gate *g, int capacity) {
   g->free = capacity;
   g->next_ticket = 0;
   g->serving = 0;
+  g->joined = 0;
+  g->joined_want = 0;
   return RA_OK;
 }
 
@@ -40,4 +42,32 @@ void ra_gate_release(ra_gate *g, int n) {
   g->free += n;
   pthread_cond_broadcast(&g->cv);
   pthread_mutex_unlock(&g->mu);
+}
+
+static int clamp_want(const ra_gate *g, int want) {
+  return want < 1 ? 1 : want > g->capacity ? g->capacity : want;
+}
+
+void ra_gate_join(ra_gate *g, int want) {
+  pthread_mutex_lock(&g->mu);
+  g->joined++;
+  g->joined_want += clamp_want(g, want);
+  pthread_mutex_unlock(&g->mu);
+}
+
+void ra_gate_leave(ra_gate *g, int want) {
+  pthread_mutex_lock(&g->mu);
+  g->joined--;
+  g->joined_want -= clamp_want(g, want);
+  pthread_mutex_unlock(&g->mu);
+}
+
+int ra_gate_share(ra_gate *g, int want) {
+  want = clamp_want(g, want);
+  pthread_mutex_lock(&g->mu);
+  int64_t total = g->joined_want;
+  pthread_mutex_unlock(&g->mu);
+  if (total <= g->capacity) return want;
+  int64_t s = (int64_t)want * g->capacity / total;
+  return s < 1 ? 1 : (int)s;
 }

@@ -22,6 +22,8 @@ typedef struct ra_gate {
   int free;
   uint64_t next_ticket; /* handed to the next arrival */
   uint64_t serving;     /* the ticket that may take units now */
+  int joined;           /* callers between ra_gate_join and ra_gate_leave */
+  int64_t joined_want;  /* the sum of their wants (each clamped to [1, capacity]) */
 } ra_gate;
 
 /* capacity >= 1. 0, RA_EINVAL or RA_ENOMEM. */
@@ -33,5 +35,19 @@ void ra_gate_destroy(ra_gate *g);
 int ra_gate_acquire(ra_gate *g, int want);
 /* Gives back n units taken by ra_gate_acquire. */
 void ra_gate_release(ra_gate *g, int n);
+
+/* Fair shares for callers that arrive together. A caller announces itself and what it would
+ * take (want, clamped to [1, capacity]) with ra_gate_join as soon as it arrives, before the
+ * work that precedes its acquire, and leaves once it released its units. ra_gate_share(g, want)
+ * is then what it should ask for: want while the joined callers' wants fit in the capacity,
+ * else its proportional part of the capacity, want * capacity / sum of wants (at least 1).
+ *
+ * Why: four 131K-key roar builds reach a store together (one layer's kv heads). Each asking for
+ * every unit, the FIFO runs them one after another, each on all threads with its serial phases
+ * idling the rest; sharing, they run side by side on a part each and together finish sooner
+ * (build-bench). */
+void ra_gate_join(ra_gate *g, int want);
+void ra_gate_leave(ra_gate *g, int want); /* the same want as the join */
+int ra_gate_share(ra_gate *g, int want);
 
 #endif

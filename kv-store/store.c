@@ -1,5 +1,6 @@
 #include "store.h"
 
+#include "hugemem.h"
 #include "indexer.h"
 #include "log.h"
 
@@ -582,6 +583,12 @@ static int shard_reserve(kvs_session *s, kvs_shard *sh, ra_error *err) {
   void *k = realloc(sh->keys, cap * rb);
   if (k) sh->keys = k;
   void *v = k ? realloc(sh->values, cap * rb) : NULL;
+  if (v) {
+    /* before the rows are written: the pages they fault in are huge. Advice: without it the
+     * store works, only with more TLB misses */
+    (void)ra_mem_advise_huge(k, cap * rb);
+    (void)ra_mem_advise_huge(v, cap * rb);
+  }
   if (k && !v) {
     /* Give the keys' extra room back so the charge stays exact; shrinking cannot fail in
      * practice, and if it does the larger block is merely kept. */

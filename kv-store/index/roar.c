@@ -29,6 +29,9 @@
 #include "vec.h"
 
 #include <cblas.h>
+#include <stdio.h>
+extern unsigned long long h1_calls, h1_cands, h1_walked, h1_dots, h1_fullsort, h1_fill;
+#define H1P(tag) do { fprintf(stderr, "H1 %-8s t=%.3f calls=%llu cands=%llu walked=%llu dots=%llu fullsort=%llu fill=%llu\n", tag, omp_get_wtime()-h1t0, h1_calls, h1_cands, h1_walked, h1_dots, h1_fullsort, h1_fill); h1_calls=h1_cands=h1_walked=h1_dots=h1_fullsort=h1_fill=0; h1t0=omp_get_wtime(); } while (0)
 
 #include <math.h>
 #include <omp.h>
@@ -357,6 +360,7 @@ int ra_roar_build(ra_index *ix, const ra_keys *keys, const ra_queries *qs, ra_er
         return ra_errorf(err, RA_EINVAL, "roar: key %zu's top query %u >= %u queries",
                          i / qs->key_top_k, qs->key_top_queries[i], qs->n);
   }
+  double h1t0 = omp_get_wtime();
   ra_graph *g = calloc(1, sizeof *g);
   if (!g || ra_graph_init(g, M, n, n)) {
     free(g);
@@ -470,6 +474,7 @@ int ra_roar_build(ra_index *ix, const ra_keys *keys, const ra_queries *qs, ra_er
     else
       ra_graph_work_bind(&works[t], g);
   ra_graph_set_norms(g, keys, 0, n);
+  H1P("setup");
 
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 16)
   for (uint32_t p = 0; p < n; p++) {
@@ -490,10 +495,13 @@ int ra_roar_build(ra_index *ix, const ra_keys *keys, const ra_queries *qs, ra_er
     ra_graph_set_row(g, p, w->sel, ns);
   }
   ix->n_pivots = n_pivots;
+  fprintf(stderr, "H1 pivots=%u m=%u ppq=%u\n", n_pivots, m, ppq);
+  H1P("project");
   if (qs->key_top_queries) {
     if ((rc = link_by_key_queries(g, keys, qs, sel, m, lists, stride, nq, off, works, nt, err)))
       goto fail;
   }
+  H1P("keylink");
 
   /* Entry: the pivot with the largest mean_q·k over the sampled queries; from knn lists alone,
    * the pivot of the most queries. A pivot, because a key in no query's list has no edges yet:
@@ -530,8 +538,12 @@ int ra_roar_build(ra_index *ix, const ra_keys *keys, const ra_queries *qs, ra_er
   free(byp);
   free(sel);
   own = off = byp = sel = NULL;
+  H1P("entry");
   if ((rc = ra_graph_add_reverse_edges(g, keys, nt, err))) goto fail;
+  H1P("reverse");
   if ((rc = ra_graph_connect(g, keys, ix->params.build_ef, nt, err))) goto fail;
+  H1P("connect");
+  { unsigned long long hsh = 1469598103934665603ull; for (uint32_t u = 0; u < n; u++) { for (uint32_t j = 0; j < g->deg[u]; j++) hsh = (hsh ^ g->adj[(size_t)u*g->M+j]) * 1099511628211ull; hsh = (hsh ^ 0xffff) * 1099511628211ull; } fprintf(stderr, "H1 hash %016llx entry %u\n", hsh, g->entry); }
   ra_graph_uncache_metric(g);
 done_ok:
   ix->graph = g;

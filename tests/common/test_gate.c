@@ -1,5 +1,6 @@
 /* The weighted FIFO gate: clamping, never more units out than the capacity under contention,
- * and first-come-first-served order (a small request does not pass a waiting large one). */
+ * first-come-first-served order (a small request does not pass a waiting large one), and the
+ * shares of callers that joined together. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -113,11 +114,50 @@ static void test_fifo(void **state) {
   ra_gate_destroy(&g);
 }
 
+/* Shares: what a caller is worth among those that joined. */
+static void test_share(void **state) {
+  (void)state;
+  ra_gate g;
+  assert_int_equal(ra_gate_init(&g, 8), RA_OK);
+  assert_int_equal(ra_gate_share(&g, 32), 8); /* alone: clamped to the capacity */
+  assert_int_equal(ra_gate_share(&g, 3), 3);
+  /* Four builds of a layer, each worth every unit: two units each, side by side. */
+  for (int i = 0; i < 4; i++) ra_gate_join(&g, 32);
+  assert_int_equal(ra_gate_share(&g, 32), 2);
+  int got[4], sum = 0;
+  for (int i = 0; i < 4; i++) sum += got[i] = ra_gate_acquire(&g, ra_gate_share(&g, 32));
+  assert_int_equal(sum, 8); /* all four run at once: nobody waits */
+  for (int i = 0; i < 4; i++) {
+    ra_gate_release(&g, got[i]);
+    ra_gate_leave(&g, 32);
+  }
+  assert_int_equal(ra_gate_share(&g, 32), 8);
+  /* One large and three small: wants that fit are granted, the large one gets the rest. */
+  ra_gate_join(&g, 8);
+  for (int i = 0; i < 3; i++) ra_gate_join(&g, 1);
+  assert_int_equal(ra_gate_share(&g, 8), 5); /* 8 * 8 / 11 */
+  assert_int_equal(ra_gate_share(&g, 1), 1); /* never below 1 */
+  for (int i = 0; i < 3; i++) ra_gate_leave(&g, 1);
+  assert_int_equal(ra_gate_share(&g, 8), 8); /* alone again */
+  /* Two of 3 fit in 8: each keeps its want. */
+  ra_gate_join(&g, 3);
+  ra_gate_leave(&g, 8);
+  ra_gate_join(&g, 3);
+  assert_int_equal(ra_gate_share(&g, 3), 3);
+  ra_gate_leave(&g, 3);
+  ra_gate_leave(&g, 3);
+  assert_int_equal(g.joined, 0);
+  assert_int_equal(g.joined_want, 0);
+  assert_int_equal(g.free, 8);
+  ra_gate_destroy(&g);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_init_and_clamp),
       cmocka_unit_test(test_capacity_never_exceeded),
       cmocka_unit_test(test_fifo),
+      cmocka_unit_test(test_share),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
