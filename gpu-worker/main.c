@@ -404,7 +404,7 @@ static void cmd_info(const ra_model *m, const ra_tokenizer *tok) {
 }
 
 int main(int argc, char **argv) {
-  ra_procenv_prefer_passive_omp(argv);
+  ra_procenv_apply_defaults(argv);
   ra_log_set_name("gpu-worker");
   if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
     fputs(usage_text, argc < 2 ? stderr : stdout);

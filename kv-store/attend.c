@@ -580,6 +580,7 @@ static int run_index(const plan *p, int nt, kvs_attend_result *out, ra_error *er
   {
     ra_index_scratch *sc = kvs_store_scratch_get(st);
     ra_topk heap = {0};
+    uint64_t n_search = 0, n_exact = 0, wait_us = 0;
     if (!sc) atomic_store(&failed, RA_ENOMEM);
 #pragma omp for schedule(dynamic, 1)
     for (size_t ti = 0; ti < n_tasks; ti++) {
@@ -595,7 +596,11 @@ static int run_index(const plan *p, int nt, kvs_attend_result *out, ra_error *er
       int src = RA_OK;
       /* how long an exact scan of the shard takes (~8 GB/s of keys on one core), at most 2 ms */
       uint64_t scan_us = (uint64_t)t->shard->n * kvs_row_bytes(&p->s->geo) / 8000u;
-      if (kvs_shard_index_timed_read_lock(t->shard, scan_us < 2000 ? scan_us : 2000)) {
+      const double w0 = omp_get_wtime();
+      const int locked = kvs_shard_index_timed_read_lock(t->shard, scan_us < 2000 ? scan_us : 2000);
+      wait_us += (uint64_t)((omp_get_wtime() - w0) * 1e6);
+      n_search++;
+      if (locked) {
         /* The search and the lag scan see one state of the index: the background indexer cannot
          * insert in between (which would drop a row from both) nor during the search. */
         src = ra_index_search(t->ix, &keys, q, k, &sp, sc, ids, scores, &n, &scanned);
@@ -611,6 +616,7 @@ static int run_index(const plan *p, int nt, kvs_attend_result *out, ra_error *er
          * cost a 128K-row shard a full scan (~4 ms) instead of the batch's rest (< 1 ms). The
          * scan is exact, so the result is at least as good. */
         n = scan_tail(p, t, q, 0, k, 0, ids, scores, &heap, &scanned);
+        n_exact++;
       }
       if (src != RA_OK || n == UINT32_MAX) {
         atomic_store(&failed, src != RA_OK ? src : RA_ENOMEM);
@@ -621,6 +627,12 @@ static int run_index(const plan *p, int nt, kvs_attend_result *out, ra_error *er
     }
     ra_topk_free(&heap);
     kvs_store_scratch_put(st, sc);
+#pragma omp atomic
+    out->n_searches += n_search;
+#pragma omp atomic
+    out->n_searches_exact += n_exact;
+#pragma omp atomic
+    out->lock_wait_us += wait_us;
   }
   if ((rc = atomic_load(&failed)) != RA_OK) {
     rc = ra_errorf(err, rc, "%s search failed: %s", kvs_mode_name(a->mode), ra_strerror(rc));
@@ -680,8 +692,14 @@ int kvs_attend(kvs_session *s, const kvs_attend_args *a, kvs_attend_result *out,
   }
   pthread_rwlock_unlock(&s->lock);
   plan_free(&p);
-  if (rc) kvs_attend_result_free(out);
-  return rc;
+  if (rc) {
+    kvs_attend_result_free(out);
+    return rc;
+  }
+  atomic_fetch_add(&s->n_searches, out->n_searches);
+  atomic_fetch_add(&s->n_searches_exact, out->n_searches_exact);
+  atomic_fetch_add(&s->lock_wait_us, out->lock_wait_us);
+  return RA_OK;
 }
 
 void kvs_attend_result_free(kvs_attend_result *r) {

@@ -68,6 +68,10 @@ typedef struct kvs_attend_result {
   kvs_head_partial *heads; /* [n_heads], in request order */
   float *o;                /* [n_heads, head_dim] */
   uint64_t *ids;           /* backing store of every head's ids */
+  /* index modes: (head, shard) searches, those that scanned the shard exactly because the
+   * background indexer held it, and the time spent waiting for shards' index locks (summed over
+   * threads); also added to the session's counters */
+  uint64_t n_searches, n_searches_exact, lock_wait_us;
 } kvs_attend_result;
 
 /* Computes the partials; takes the session's read lock. On failure `out` holds nothing. */

@@ -3,6 +3,7 @@
  * for SIGTERM/SIGINT, then drains calls, frees everything and exits 0. */
 #include "config.h"
 #include "log.h"
+#include "procenv.h"
 #include "rpc.h"
 #include "server.h"
 #include "service.h"
@@ -130,24 +131,8 @@ out:
   return rc;
 }
 
-/* OpenMP reads its wait policy when the library loads, before main. Its default keeps idle team
- * threads spinning for milliseconds after every parallel region; here attend teams, index builds
- * and the background indexer (store.h) run at once, and the spinning took the cores the indexer
- * needed. SmolLM2 roar decode, two stores and the CPU worker on 2 cores: 277 ms/step spinning,
- * 124-129 with GOMP_SPINCOUNT=30000, 83-88 passive (84-89 before insertion left the Append). So
- * unless the operator chose, the store runs itself again with OMP_WAIT_POLICY=passive: same pid,
- * same arguments; if that cannot be done it goes on as it is. The price, on a 16-core host with
- * nothing else running: a lone attend of one layer (32 heads, 32K keys) full 14.0 against 12.8
- * ms, flat 4.39 against 3.67 (one run each); there GOMP_SPINCOUNT=30000 gave 12.2 / 4.10 ms and
- * attends overlapping insertion as fast as passive (8.6 against 11.3 ms spinning). */
-static void omp_wait_policy_default(char **argv) {
-  if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
-  if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
-  execv("/proc/self/exe", argv);
-}
-
 int main(int argc, char **argv) {
-  omp_wait_policy_default(argv);
+  ra_procenv_apply_defaults(argv);
   kvs_config cfg;
   ra_error err;
   ra_error_clear(&err);

@@ -66,6 +66,14 @@ int kvs_store_create(uint64_t budget_bytes, kvs_store **out, ra_error *err) {
 
 static void session_free(kvs_session *s) {
   kvs_store *st = s->store;
+  uint64_t n_search = atomic_load(&s->n_searches), n_ins = atomic_load(&s->n_inserted);
+  if (n_search || n_ins)
+    ra_log_info("session by '%s' ends: %llu index searches (%llu scanned exactly, the index busy), "
+                "%.1f ms waiting for index locks; %llu rows inserted in %.1f ms (%.0f us each)",
+                s->client, (unsigned long long)n_search, (unsigned long long)atomic_load(&s->n_searches_exact),
+                (double)atomic_load(&s->lock_wait_us) / 1e3, (unsigned long long)n_ins,
+                (double)atomic_load(&s->insert_us) / 1e3,
+                n_ins ? (double)atomic_load(&s->insert_us) / (double)n_ins : 0.0);
   for (size_t i = 0; i < s->n_shards; i++) {
     kvs_shard_index_free(s, &s->shards[i]);
     pthread_rwlock_destroy(&s->shards[i].ix_lock);

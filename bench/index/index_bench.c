@@ -18,6 +18,7 @@
  * repair. Build times are wall and CPU seconds of the whole process (build_s, build_cpu_s).
  * Output: --json FILE, a gnuplot script and data next to it, and the PNG when gnuplot exists, all
  * rewritten after each head, so a run cut short keeps what it finished. */
+#include "hugemem.h"
 #include "index.h"
 #include "knn.h"
 #include "npy.h"
@@ -76,7 +77,7 @@ typedef struct {
   int layers[MAX_LIST], n_layers, heads[MAX_LIST], n_heads;
   int kinds[N_KINDS];
   uint32_t n_eval, n_kk, lat_ef;
-  int threads, latency;
+  int threads, latency, small_pages;
   float insert_frac;
   int M, nq, build_ef, n_lists, pivots;
   int keep_queries, keep_topk; /* -1: the library's default */
@@ -124,11 +125,12 @@ static void usage(void) {
           "  [--threads N] [--latency] [--latency-ef L (default: smallest ef reaching recall 0.95)]\n"
           "  [--insert-frac F (0.1)] [--M M] [--nq NQ] [--build-ef L] [--sample F] [--n-lists N]\n"
           "  [--pivots P] [--keep-queries N] [--keep-topk T]\n"
-          "  [--lists] [--key-queries T] [--key-rank margin|raw]\n"
+          "  [--lists] [--key-queries T] [--key-rank margin|raw] [--small-pages]\n"
           "--lists: the bench samples the build queries and computes their top-Nq lists (as the\n"
           "  GPU does; roar and roar-ins), outside the build's time. --key-queries T: also each\n"
           "  key's top-T sampled queries (by margin over the query's Nq-th score, or raw q.k),\n"
-          "  the build's key -> query lists.\n");
+          "  the build's key -> query lists. --small-pages: the keys on 4 KiB pages (a store puts\n"
+          "  them on huge pages).\n");
 }
 
 static int parse_args(int argc, char **argv, opts *o) {
@@ -147,6 +149,10 @@ static int parse_args(int argc, char **argv, opts *o) {
     }
     if (!strcmp(a, "--lists")) {
       o->lists = 1;
+      continue;
+    }
+    if (!strcmp(a, "--small-pages")) {
+      o->small_pages = 1;
       continue;
     }
     if (!v) return -1;
@@ -708,6 +714,7 @@ int main(int argc, char **argv) {
     }
     int cur_g = -1;
     ra_npy kn = {0};
+    char *krows = NULL; /* the indexed keys: kn's rows after the sink, copied (huge pages) */
     float *k32 = NULL, *group_q = NULL;
     ra_index *roar_kv = NULL;
     result roar_kv_res;
@@ -722,6 +729,8 @@ int main(int argc, char **argv) {
       char path[4200];
       if (g != cur_g) {
         ra_npy_free(&kn);
+        free(krows);
+        krows = NULL;
         free(k32);
         ra_index_free(roar_kv);
         roar_kv = NULL;
@@ -729,14 +738,19 @@ int main(int argc, char **argv) {
         group_q = NULL;
         ra_qk_path(path, sizeof path, o.qk, "k", L, g);
         if (load_keys(path, D, N, &kn)) return 1;
+        /* The indexed rows where a store keeps them: on huge pages (store.c), unless --small-pages. */
+        const size_t kb = (size_t)n_idx * D * ra_dtype_size(kn.dtype);
+        if (!(krows = aligned_alloc((size_t)2 << 20, (kb + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1))))
+          return 1;
+        if (!o.small_pages) (void)ra_mem_advise_huge(krows, kb);
+        memcpy(krows, (const char *)kn.data + (size_t)SINK * D * ra_dtype_size(kn.dtype), kb);
         k32 = malloc((size_t)n_idx * D * sizeof *k32);
         if (!k32) return 1;
         ra_dtype_to_fp32_n(kn.dtype, (const char *)kn.data + (size_t)SINK * D * ra_dtype_size(kn.dtype),
                            k32, (size_t)n_idx * D);
         cur_g = g;
       }
-      ra_keys keys = {.rows = (const char *)kn.data + (size_t)SINK * D * ra_dtype_size(kn.dtype),
-                      .dtype = kn.dtype, .dim = D, .n = n_idx};
+      ra_keys keys = {.rows = krows, .dtype = kn.dtype, .dim = D, .n = n_idx};
       uint32_t rows, drows = 0;
       ra_qk_path(path, sizeof path, o.qk, "q", L, h);
       float *q = load_f32(path, N, D, &rows);
@@ -906,6 +920,7 @@ int main(int argc, char **argv) {
       free(kkgt);
     }
     ra_npy_free(&kn);
+    free(krows);
     free(k32);
     free(group_q);
     ra_index_free(roar_kv);

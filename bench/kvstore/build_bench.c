@@ -20,6 +20,7 @@
 #include "gate.h"
 #include "knn.h"
 #include "npy.h"
+#include "procenv.h"
 #include "qkdump.h"
 #include "store.h"
 #include "vec.h"
@@ -194,9 +195,7 @@ static void *run_job(void *p) {
 }
 
 int main(int argc, char **argv) {
-  if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT") &&
-      setenv("OMP_WAIT_POLICY", "passive", 1) == 0)
-    execv("/proc/self/exe", argv); /* as kv-store/main.c; on failure, as it is */
+  ra_procenv_apply_defaults(argv); /* as kv-store/main.c */
   opts o;
   if (parse_opts(argc, argv, &o)) return 2;
   ra_error err;

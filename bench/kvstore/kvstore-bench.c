@@ -16,6 +16,7 @@
  * Prints JSON (and writes it to FILE). */
 #include "append_roar.h"
 #include "client.h"
+#include "procenv.h"
 #include "vec.h"
 
 #include <errno.h>
@@ -251,9 +252,7 @@ static int run_remote(const opts *o, remote_result *res, int *store_ok, ra_error
 }
 
 int main(int argc, char **argv) {
-  if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT") &&
-      setenv("OMP_WAIT_POLICY", "passive", 1) == 0)
-    execv("/proc/self/exe", argv); /* as kv-store/main.c; on failure, as it is */
+  ra_procenv_apply_defaults(argv); /* as kv-store/main.c */
   opts o;
   if (parse_opts(argc, argv, &o)) return 2;
   ra_error err;

@@ -21,7 +21,7 @@ static void usage(void) {
 }
 
 int main(int argc, char **argv) {
-  ra_procenv_prefer_passive_omp(argv);
+  ra_procenv_apply_defaults(argv);
   ra_log_set_name("model-bench");
   const char *model = NULL, *backend = "cpu", *json = NULL, *ctx_list = "2048,8192";
   int decode = 32, threads = 0;

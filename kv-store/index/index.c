@@ -35,7 +35,8 @@ static int is_graph(ra_index_kind k) { return k == RA_INDEX_KGRAPH || k == RA_IN
  *   degree M = 16: 11.2 % scanned (72 B/key) vs 11.4 % at M 32 (136 B/key), 11.5 % at M 48;
  *     recall@2000 also needed less (34.7 % vs 36.9 %). SmolLM2 8K (layers 3/15/27, q heads
  *     0/4/8, pivots 64): median 9.0 % at M 16, 8.8 % at M 12, 9.5 % at M 24;
- *   pivots = 64: on SmolLM2 8K (same 9 heads) median 9.0 %, worst head 16.2 %, against 18.2 %
+ *   pivots = 64 (without key -> query lists; with them fewer, roar.c ROAR_PIVOTS_KEYED): on
+ *     SmolLM2 8K (same 9 heads) median 9.0 %, worst head 16.2 %, against 18.2 %
  *     and a worst head that never reaches 0.95 at pivots 4 (32: 10.9 % / 22.2 %). A key that is
  *     no pivot gets no candidate list of its own: occlusion pruning then drops edges to keys
  *     that "are reached through" such a key, which has no edge onward, and real queries' top-100
@@ -48,7 +49,15 @@ static int is_graph(ra_index_kind k) { return k == RA_INDEX_KGRAPH || k == RA_IN
  *   (roar.c's pruning metric C = E[q q^T], not a parameter: on SmolLM2 8K at pivots 64, plain
  *     L2 between keys gave the same median but a worse worst head, 20.0 % vs 16.2 %, though it
  *     needed less for recall@2000, 60.9 % vs 79.4 %);
- *   ivf: n_lists = 4 sqrt(n), 10 k-means iterations (faiss-like);
+ *   ivf: n_lists = 4 sqrt(n); k-means (kmeans.c) as faiss trains IVF: max_iters = 5 Lloyd rounds
+ *     on a seeded sample of train_per_list = 64 keys per list, then every key to its nearest
+ *     centroid. Synthetic 131K keys, head_dim 128 (1444 lists) on the H200 host's 16 cores with
+ *     OPENBLAS_CORETYPE=SkylakeX: 0.45 s / ~4 CPU-s per build on 8 threads, 2.8 s on one (10
+ *     rounds on all keys: 1.14 s / 7.9 CPU-s; without the variable OpenBLAS 0.3.21 picks its SSE3
+ *     Prescott kernels on that CPU, 1.3 s vs 3.2 s); scan for recall@100 0.95
+ *     of the 4 heads 5.31 / 6.26 / 5.91 / 12.89 % (all keys, 10 rounds: 5.22 / 5.96 / 5.72 /
+ *     12.38 %; 10 rounds on the sample 5.26 / 6.11 / 5.80 / 12.70 %, 3 rounds 5.44 / 6.38 / 6.05 /
+ *     12.99 %, 32 per list 5.83 / 6.65 / 6.62 / 13.42 %); SmolLM2 135K L27 H4: 1.88 % (1.91 %);
  *   keep_queries = 1024, keep_topk = 32 (query-aware insertion, roar.c): SmolLM2 34K L3 H4 after
  *     growing 10 % by insertion, recall@100 at ef 320 0.928 (rebuild 0.905); 512 or 256 queries
  *     0.895 / 0.893, T 16 0.923, none 0.733. Costs dim * 2 + T * 4 + 12 bytes per kept query
@@ -69,10 +78,10 @@ void ra_index_params_default(ra_index_kind kind, ra_index_params *p) {
   p->build_ef = 128;
   p->knn_nq = 100;
   p->n_lists = 0;
-  p->max_iters = 10;
+  p->max_iters = 5;
   p->train_per_list = 64;
   p->query_sample = 1.0f;
-  p->pivots = 64;
+  p->pivots = 0; /* roar.c: 64 from lists alone, ROAR_PIVOTS_KEYED with key -> query lists */
   p->keep_queries = 1024;
   p->keep_topk = 32;
   p->seed = 0x5241494E44455831ull;
@@ -110,8 +119,9 @@ static int check_params(const ra_index_params *p, ra_error *err) {
   if (p->kind == RA_INDEX_ROAR) {
     if (p->knn_nq < 2 || p->knn_nq > 65536)
       return ra_errorf(err, RA_EINVAL, "index: knn_nq %u out of range [2, 65536]", p->knn_nq);
-    if (p->pivots < 1 || p->pivots > 65536)
-      return ra_errorf(err, RA_EINVAL, "index: pivots %u out of range [1, 65536]", p->pivots);
+    if (p->pivots > 65536)
+      return ra_errorf(err, RA_EINVAL, "index: pivots %u out of range [0 (auto), 65536]",
+                       p->pivots);
     if (p->keep_queries > 65536 || p->keep_topk > 1024)
       return ra_errorf(err, RA_EINVAL, "index: keep_queries %u / keep_topk %u out of range",
                        p->keep_queries, p->keep_topk);
@@ -156,7 +166,7 @@ size_t ra_index_estimate_bytes(const ra_index_params *p, uint32_t n_keys, int di
     } else {
       size_t m = n_queries, nq = p->knn_nq < n ? p->knn_nq : n;
       /* Lists, pivot CSR (queries' top ids), sample, metric: held into the projection. */
-      size_t held = m * nq * 4 + n * 4 + m * 4 * (size_t)(p->pivots ? p->pivots : 1) + m * 4 +
+      size_t held = m * nq * 4 + n * 4 + m * 4 * (size_t)(p->pivots ? p->pivots : 64) + m * 4 +
                     d * d * 4;
       /* The knn phase: keys fp32, sampled queries, sgemm block + heaps. */
       peak = held + n * d * 4 + m * d * 4 + blocks + heaps * nq;

@@ -61,7 +61,8 @@ typedef struct {
                               keys (then assigns every key); 0 = on every key */
   float query_sample; /* roar: fraction in (0, 1] of the given prefill queries used */
   uint32_t pivots;    /* roar: the first `pivots` keys of each query's list are pivots of the
-                         projection (RoarGraph: 1; capped at knn_nq) */
+                         projection (RoarGraph: 1; capped at knn_nq); 0 (the default) = 64, or
+                         fewer when key -> query lists come (roar.c, ROAR_PIVOTS_KEYED) */
   uint32_t keep_queries; /* roar: sampled build queries kept (fp16) with their top-T lists for
                             query-aware insertion (roar.c); 0 = none. Needs query vectors */
   uint32_t keep_topk;    /* roar: T, the top keys each kept query tracks (capped at knn_nq) */

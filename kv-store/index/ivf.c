@@ -1,6 +1,7 @@
-/* ivf: keys clustered by k-means (L2, on fp32 copies); a query scans the nprobe clusters whose
- * centroid has the largest q·centroid, as faiss IndexIVFFlat does for inner product. Key-key
- * geometry decides the clusters, so out-of-distribution queries need many probes. */
+/* ivf: keys clustered by k-means (L2; kmeans.c trains on a sample of the keys, then assigns every
+ * key); a query scans the nprobe clusters whose centroid has the largest q·centroid, as faiss
+ * IndexIVFFlat does for inner product. Key-key geometry decides the clusters, so
+ * out-of-distribution queries need many probes. */
 #include "index_internal.h"
 #include "kmeans.h"
 #include "topk.h"
@@ -73,8 +74,6 @@ int ra_ivf_build(ra_index *ix, const ra_keys *keys, ra_error *err) {
                            .train_per_cluster = ix->params.train_per_list,
                            .seed = ix->params.seed,
                            .n_threads = ix->params.n_threads};
-    if (getenv("H2_ITERS")) kp.iters = (uint32_t)atoi(getenv("H2_ITERS")); /* H2TMP */
-    if (getenv("H2_TPC")) kp.train_per_cluster = (uint32_t)atoi(getenv("H2_TPC")); /* H2TMP */
     rc = ra_kmeans(keys->rows, keys->dtype, n, dim, nl, &kp, ivf->centroids, assign, err);
     if (rc) goto fail;
   }

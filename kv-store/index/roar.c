@@ -29,9 +29,6 @@
 #include "vec.h"
 
 #include <cblas.h>
-#include <stdio.h>
-extern unsigned long long h1_calls, h1_cands, h1_walked, h1_dots, h1_fullsort, h1_fill;
-#define H1P(tag) do { fprintf(stderr, "H1 %-8s t=%.3f calls=%llu cands=%llu walked=%llu dots=%llu fullsort=%llu fill=%llu\n", tag, omp_get_wtime()-h1t0, h1_calls, h1_cands, h1_walked, h1_dots, h1_fullsort, h1_fill); h1_calls=h1_cands=h1_walked=h1_dots=h1_fullsort=h1_fill=0; h1t0=omp_get_wtime(); } while (0)
 
 #include <math.h>
 #include <omp.h>
@@ -45,6 +42,22 @@ extern unsigned long long h1_calls, h1_cands, h1_walked, h1_dots, h1_fullsort, h
  * than 0.4 points (either way) and halves the build; on a 1.4K-key shard with 1024 queries the
  * union was ~1.4K. */
 #define ROAR_MAX_CANDIDATES 256u
+
+/* Pivots per query list by default (ra_index_params.pivots 0). Without key -> query lists a key
+ * that is no pivot is linked by beam searches, and real SmolLM2 Q/K needed 64 (index.c). With
+ * them it gets a row from its queries' lists (link_by_key_queries: <= 64 candidates against a
+ * pivot's up to 355), so fewer pivots cost less. A pivot's pruning walks nearly all its
+ * candidates (131K synthetic keys: 239 of 247 on average, 94 % of rows topped up by the fill);
+ * at 64 pivots 115K of the 131K keys are pivots, at 32 94K, at 16 70K. Measured (index-bench
+ * --lists --key-queries 4; scan for recall@100 0.95 per head):
+ *   synthetic 131K keys, head_dim 128, roar-kv from 16384 queries (4 q heads): 64 pivots 6.63 /
+ *     6.79 / 5.28 / 11.27 %; 16: 6.75 / 7.04 % (heads 0 / 1); the session's first run: 32
+ *     6.56 %, 16 6.75 %, 8 6.79 % on head 0, build 3.1 / 2.2 / 2.0 / 1.6 s on 2 threads;
+ *   SmolLM2 135K, roar per q head from 4096 queries (L15 H4 / L27 H0 / L27 H4): 64 pivots
+ *     3.03 / 1.85 / 0.97 %, 32 pivots 2.98 / 1.91 % (L27 H4 not measured), 16 pivots 2.98 /
+ *     2.05 / 1.01 % (the median head 11 % worse: hence 32, which keeps it within 4 %). */
+#define ROAR_PIVOTS_LISTLESS 64u
+#define ROAR_PIVOTS_KEYED 32u
 
 /* The sampled query indices, ascending: a seeded partial shuffle of [0, n) cut at m. */
 static uint32_t *sample_queries(uint32_t n, uint32_t m, uint64_t seed) {
@@ -351,16 +364,19 @@ int ra_roar_build(ra_index *ix, const ra_keys *keys, const ra_queries *qs, ra_er
     return ra_errorf(err, RA_EINVAL, "roar: needs prefill queries (vectors or knn lists)");
   if (qs->knn && qs->knn_k < 2)
     return ra_errorf(err, RA_EINVAL, "roar: knn lists of %u ids (need >= 2)", qs->knn_k);
+  int keyed = 0; /* key -> query lists that name some query */
   if (qs->key_top_queries) {
     if (qs->key_top_k < 1 || qs->key_top_k > RA_INDEX_KEY_TOP_MAX)
       return ra_errorf(err, RA_EINVAL, "roar: key_top_k %u out of range [1, %u]", qs->key_top_k,
                        RA_INDEX_KEY_TOP_MAX);
-    for (size_t i = 0; i < (size_t)n * qs->key_top_k; i++)
-      if (qs->key_top_queries[i] >= qs->n && qs->key_top_queries[i] != RA_INDEX_NO_QUERY)
+    for (size_t i = 0; i < (size_t)n * qs->key_top_k; i++) {
+      if (qs->key_top_queries[i] == RA_INDEX_NO_QUERY) continue;
+      if (qs->key_top_queries[i] >= qs->n)
         return ra_errorf(err, RA_EINVAL, "roar: key %zu's top query %u >= %u queries",
                          i / qs->key_top_k, qs->key_top_queries[i], qs->n);
+      keyed = 1;
+    }
   }
-  double h1t0 = omp_get_wtime();
   ra_graph *g = calloc(1, sizeof *g);
   if (!g || ra_graph_init(g, M, n, n)) {
     free(g);
@@ -433,7 +449,10 @@ int ra_roar_build(ra_index *ix, const ra_keys *keys, const ra_queries *qs, ra_er
   }
 
   /* (query, pivot) pairs grouped by pivot key (CSR, query order kept), and the largest group. */
-  uint32_t ppq = ix->params.pivots < nq ? ix->params.pivots : nq;
+  uint32_t ppq = ix->params.pivots ? ix->params.pivots
+                 : keyed               ? ROAR_PIVOTS_KEYED
+                                       : ROAR_PIVOTS_LISTLESS;
+  if (ppq > nq) ppq = nq;
   if ((uint64_t)m * ppq > UINT32_MAX) {
     rc = ra_errorf(err, RA_EINVAL, "roar: %u queries x %u pivots is too many", m, ppq);
     goto fail;
@@ -474,7 +493,6 @@ int ra_roar_build(ra_index *ix, const ra_keys *keys, const ra_queries *qs, ra_er
     else
       ra_graph_work_bind(&works[t], g);
   ra_graph_set_norms(g, keys, 0, n);
-  H1P("setup");
 
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 16)
   for (uint32_t p = 0; p < n; p++) {
@@ -495,13 +513,10 @@ int ra_roar_build(ra_index *ix, const ra_keys *keys, const ra_queries *qs, ra_er
     ra_graph_set_row(g, p, w->sel, ns);
   }
   ix->n_pivots = n_pivots;
-  fprintf(stderr, "H1 pivots=%u m=%u ppq=%u\n", n_pivots, m, ppq);
-  H1P("project");
   if (qs->key_top_queries) {
     if ((rc = link_by_key_queries(g, keys, qs, sel, m, lists, stride, nq, off, works, nt, err)))
       goto fail;
   }
-  H1P("keylink");
 
   /* Entry: the pivot with the largest mean_q·k over the sampled queries; from knn lists alone,
    * the pivot of the most queries. A pivot, because a key in no query's list has no edges yet:
@@ -538,12 +553,8 @@ int ra_roar_build(ra_index *ix, const ra_keys *keys, const ra_queries *qs, ra_er
   free(byp);
   free(sel);
   own = off = byp = sel = NULL;
-  H1P("entry");
   if ((rc = ra_graph_add_reverse_edges(g, keys, nt, err))) goto fail;
-  H1P("reverse");
   if ((rc = ra_graph_connect(g, keys, ix->params.build_ef, nt, err))) goto fail;
-  H1P("connect");
-  { unsigned long long hsh = 1469598103934665603ull; for (uint32_t u = 0; u < n; u++) { for (uint32_t j = 0; j < g->deg[u]; j++) hsh = (hsh ^ g->adj[(size_t)u*g->M+j]) * 1099511628211ull; hsh = (hsh ^ 0xffff) * 1099511628211ull; } fprintf(stderr, "H1 hash %016llx entry %u\n", hsh, g->entry); }
   ra_graph_uncache_metric(g);
 done_ok:
   ix->graph = g;

@@ -45,6 +45,21 @@ static void check_dtype(ra_dtype t, int dim) {
   ra_vec_dot_rows(q, rows, t, dim, ids, 5, scores);
   for (int i = 0; i < 5; i++) assert_true(fabs(scores[i] - want[ids[i]]) < 1e-5 * dim);
 
+  /* The batched forms give ra_vec_dot's scores bit for bit (index builds rely on it: the graph
+   * must not depend on which form ranked a candidate). */
+  uint32_t ids9[9] = {36, 0, 17, 17, 5, 2, 30, 1, 8};
+  float batch[9], qs[6 * MAXD];
+  for (size_t n = 0; n <= 9; n++) {
+    ra_vec_dot_rows4(q, rows, t, dim, ids9, n, batch);
+    for (size_t i = 0; i < n; i++) assert_true(batch[i] == ra_vec_dot(q, rows + ids9[i] * rb, t, dim));
+  }
+  for (int i = 0; i < 6 * dim; i++) qs[i] = frand(&s);
+  for (size_t n = 0; n <= 6; n++) {
+    ra_vec_dot_queries(qs, n, rows + 11 * rb, t, dim, batch);
+    for (size_t i = 0; i < n; i++)
+      assert_true(batch[i] == ra_vec_dot(qs + i * (size_t)dim, rows + 11 * rb, t, dim));
+  }
+
   float acc[MAXD];
   for (int i = 0; i < dim; i++) acc[i] = 0.5f;
   ra_vec_axpy(acc, -2.0f, rows + 3 * rb, t, dim);

@@ -213,6 +213,29 @@ static void test_sort_cands(void **state) {
     free(a);
     free(b);
   }
+  /* Continuous similarities of both signs, signed zeros and exact ties, at the sizes the radix
+   * path takes (up to 1024) and past them. */
+  const uint32_t sizes2[] = {17, 300, 1024, 1025};
+  for (size_t t = 0; t < sizeof sizes2 / sizeof *sizes2; t++) {
+    uint32_t n = sizes2[t];
+    ra_cand *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+    for (uint32_t i = 0; i < n; i++) {
+      x = x * 1664525u + 1013904223u;
+      float v = ((float)(x >> 8) / (float)(1 << 24) - 0.5f) * 1e3f;
+      if (i % 50 == 7) v = (i % 100 == 7) ? -0.0f : 0.0f;
+      if (i % 31 == 3 && i > 0) v = a[i - 1].sim;
+      a[i] = (ra_cand){.sim = v, .id = (x >> 4) % 1000 * 2048 + i};
+    }
+    memcpy(b, a, n * sizeof *a);
+    ra_graph_sort_cands(a, n);
+    qsort(b, n, sizeof *b, cand_ref_cmp);
+    for (uint32_t i = 0; i < n; i++) {
+      assert_int_equal(a[i].id, b[i].id);
+      assert_true(a[i].sim == b[i].sim);
+    }
+    free(a);
+    free(b);
+  }
 }
 
 /* knn splits queries over threads: the lists do not depend on how many. */
@@ -1157,6 +1180,40 @@ static void test_roar_key_queries_link_uncovered(void **state) {
   kq_down(&f);
 }
 
+/* pivots 0 (the default): ROAR_PIVOTS_KEYED (32, here all KQ_KK = 24) per list with key ->
+ * query lists that name queries, 64 (also all 24) without them; an explicit count applies either
+ * way. */
+static void test_roar_pivots_auto(void **state) {
+  (void)state;
+  kq_fixture f;
+  kq_up(&f, 23, NK);
+  ra_keys k = keys_of(&f.d, NK);
+  uint32_t got[2][3]; /* [with key lists][pivots 0, 8, 64] */
+  const uint32_t piv[3] = {0, 8, 64};
+  for (int kl = 0; kl < 2; kl++)
+    for (int t = 0; t < 3; t++) {
+      ra_index_params p;
+      ra_index_params_default(RA_INDEX_ROAR, &p);
+      assert_int_equal(p.pivots, 0);
+      p.pivots = piv[t];
+      p.n_threads = 2;
+      ra_queries qs = {.q = f.d.q, .n = KQ_NB, .knn = f.knn, .knn_k = KQ_KK,
+                       .key_top_queries = kl ? f.ktq : NULL, .key_top_k = kl ? KQ_T : 0};
+      ra_index *ix = NULL;
+      ra_error err;
+      if (ra_index_build(&p, &k, &qs, &ix, &err)) fail_msg("build roar: %s", err.msg);
+      ra_index_graph_stats st;
+      ra_index_get_graph_stats(ix, &st);
+      got[kl][t] = st.n_pivots;
+      ra_index_free(ix);
+    }
+  assert_int_equal(got[1][0], got[1][2]); /* 32 and 64 both take the whole 24 */
+  assert_int_equal(got[0][0], got[0][2]);
+  assert_true(got[1][1] < got[1][2]);
+  assert_true(got[0][1] < got[0][0]);
+  kq_down(&f);
+}
+
 /* Same seed, any thread count, the same graph; lists naming no query give the old build's graph. */
 static void test_roar_key_queries_deterministic(void **state) {
   (void)state;
@@ -1316,6 +1373,7 @@ int main(void) {
       cmocka_unit_test(test_estimate_covers_bytes),
       cmocka_unit_test(test_roar_key_queries_link_uncovered),
       cmocka_unit_test(test_roar_key_queries_deterministic),
+      cmocka_unit_test(test_roar_pivots_auto),
       cmocka_unit_test(test_roar_key_queries_validated),
       cmocka_unit_test(test_roar_key_queries_then_insert),
   };
