@@ -66,7 +66,7 @@ static int usage(const char *msg) {
 
 static int parse_opts(int argc, char **argv, opts *o) {
   *o = (opts){.builds = 4, .threads = 2, .repeat = 1, .queries = 4096, .nq = 100, .key_t = 4};
-  for (int i = 1; i < argc; i++) {
+  for (int i = 1; i < argc; i += 2) { /* every option takes a value */
     const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!v) return usage("missing value");
     char *end;
@@ -85,7 +85,6 @@ static int parse_opts(int argc, char **argv, opts *o) {
     else if (!strcmp(f, "--key-queries") && num && n <= RA_INDEX_KEY_TOP_MAX) o->key_t = (uint32_t)n;
     else if (!strcmp(f, "--pivots") && num) o->pivots = (uint32_t)n;
     else return usage(f);
-    i++;
   }
   return o->qk ? 0 : usage("--qk is required");
 }
