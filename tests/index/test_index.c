@@ -1180,16 +1180,20 @@ static void test_roar_key_queries_link_uncovered(void **state) {
   kq_down(&f);
 }
 
-/* pivots 0 (the default): ROAR_PIVOTS_KEYED (32, here all KQ_KK = 24) per list with key ->
- * query lists that name queries, 64 (also all 24) without them; an explicit count applies either
- * way. */
+/* pivots 0 (the default): ROAR_PIVOTS_KEYED (32) per list with key -> query lists that name
+ * queries, 64 without them; an explicit count applies either way. Lists of 100 as the worker
+ * sends, so that the two counts make different pivot sets. */
 static void test_roar_pivots_auto(void **state) {
   (void)state;
+  enum { KK = 100 }; /* the worker's list length: 32 and 64 pivots per list differ */
   kq_fixture f;
   kq_up(&f, 23, NK);
+  uint32_t *knn = malloc((size_t)KQ_NB * KK * sizeof *knn);
+  assert_non_null(knn);
+  make_key_lists(&f.d, NK, KQ_NB, KK, KQ_T, knn, f.ktq);
   ra_keys k = keys_of(&f.d, NK);
-  uint32_t got[2][3]; /* [with key lists][pivots 0, 8, 64] */
-  const uint32_t piv[3] = {0, 8, 64};
+  uint32_t got[2][3]; /* [with key lists][pivots 0 (auto), 32, 64] */
+  const uint32_t piv[3] = {0, 32, 64};
   for (int kl = 0; kl < 2; kl++)
     for (int t = 0; t < 3; t++) {
       ra_index_params p;
@@ -1197,7 +1201,7 @@ static void test_roar_pivots_auto(void **state) {
       assert_int_equal(p.pivots, 0);
       p.pivots = piv[t];
       p.n_threads = 2;
-      ra_queries qs = {.q = f.d.q, .n = KQ_NB, .knn = f.knn, .knn_k = KQ_KK,
+      ra_queries qs = {.q = f.d.q, .n = KQ_NB, .knn = knn, .knn_k = KK,
                        .key_top_queries = kl ? f.ktq : NULL, .key_top_k = kl ? KQ_T : 0};
       ra_index *ix = NULL;
       ra_error err;
@@ -1207,10 +1211,12 @@ static void test_roar_pivots_auto(void **state) {
       got[kl][t] = st.n_pivots;
       ra_index_free(ix);
     }
-  assert_int_equal(got[1][0], got[1][2]); /* 32 and 64 both take the whole 24 */
-  assert_int_equal(got[0][0], got[0][2]);
-  assert_true(got[1][1] < got[1][2]);
-  assert_true(got[0][1] < got[0][0]);
+  print_message("pivot keys: lists alone auto/32/64 %u/%u/%u, with key lists %u/%u/%u\n", got[0][0], got[0][1],
+                got[0][2], got[1][0], got[1][1], got[1][2]);
+  assert_true(got[0][1] < got[0][2]);     /* the two settings differ on these lists */
+  assert_int_equal(got[0][0], got[0][2]); /* lists alone: 64 */
+  assert_int_equal(got[1][0], got[1][1]); /* with key lists: 32 */
+  free(knn);
   kq_down(&f);
 }
 
