@@ -99,12 +99,37 @@ static void last_logits(ra_state *st, float *out) {
   ok(st->be->ops->download(st->be, &row, 0, out, (size_t)st->m->cfg.vocab, &err), &err);
 }
 
+/* Both prefilled: decodes N_DECODE tokens on the reference state st and on o side by side;
+ * returns the largest |logit difference| over the prefill's and every step's logits, and in
+ * *largest the largest |logit| of o's last step. */
+static double decode_side_by_side(fixture *f, ra_state *st, ra_offload *o, double *largest) {
+  const int vocab = f->m->cfg.vocab;
+  float *want = malloc((size_t)vocab * sizeof *want), *got = malloc((size_t)vocab * sizeof *got);
+  assert_non_null(want);
+  assert_non_null(got);
+  ra_error err;
+  double worst = 0, top = 0;
+  for (int t = 0; t <= N_DECODE; t++) {
+    if (t > 0) {
+      ok(ra_model_forward(st, &f->tokens[N_PROMPT + t - 1], 1, 0, NULL, &err), &err);
+      ok(ra_offload_decode(o, f->tokens[N_PROMPT + t - 1], NULL, &err), &err);
+    }
+    last_logits(st, want);
+    last_logits(ra_offload_state(o), got);
+    for (int i = 0; i < vocab; i++) worst = fmax(worst, fabs((double)want[i] - got[i]));
+    if (t == N_DECODE)
+      for (int i = 0; i < vocab; i++) top = fmax(top, fabs((double)got[i]));
+  }
+  free(want);
+  free(got);
+  if (largest) *largest = top;
+  return worst;
+}
+
 static void test_pipelined_prefill_flat_equals_full(void **state) {
   (void)state;
   fixture f;
   fixture_up(&f, NULL);
-  const int vocab = f.m->cfg.vocab;
-  float *want = malloc((size_t)vocab * sizeof *want), *got = malloc((size_t)vocab * sizeof *got);
   ra_state *st;
   ra_error err;
   ok(ra_state_new(f.m, N_PROMPT + N_DECODE, N_PROMPT, RA_DTYPE_F32, &st, &err), &err);
@@ -114,22 +139,11 @@ static void test_pipelined_prefill_flat_equals_full(void **state) {
   ok(ra_offload_prefill(o, f.tokens, N_PROMPT, &ps, &err), &err);
   assert_int_equal(ps.n_offloaded, N_PROMPT - SINK - WINDOW);
   assert_true(ps.append_us > 0);
-  double worst = 0;
-  for (int t = 0; t <= N_DECODE; t++) {
-    if (t > 0) {
-      ok(ra_model_forward(st, &f.tokens[N_PROMPT + t - 1], 1, 0, NULL, &err), &err);
-      ok(ra_offload_decode(o, f.tokens[N_PROMPT + t - 1], NULL, &err), &err);
-    }
-    last_logits(st, want);
-    last_logits(ra_offload_state(o), got);
-    for (int i = 0; i < vocab; i++) worst = fmax(worst, fabs((double)want[i] - got[i]));
-  }
+  double worst = decode_side_by_side(&f, st, o, NULL);
   print_message("flat k=all after a pipelined prefill: max |logit diff| %.2e\n", worst);
   assert_true(worst < 1e-3);
   ra_offload_free(o);
   ra_state_free(st);
-  free(want);
-  free(got);
   fixture_down(&f);
 }
 
@@ -168,8 +182,6 @@ static void test_synthetic_prefill_is_embeddings_kv(void **state) {
   (void)state;
   fixture f;
   fixture_up(&f, NULL);
-  const int vocab = f.m->cfg.vocab;
-  float *want = malloc((size_t)vocab * sizeof *want), *got = malloc((size_t)vocab * sizeof *got);
   ra_state *st;
   ra_error err;
   ok(ra_state_new(f.m, N_PROMPT + N_DECODE, N_PROMPT, RA_DTYPE_F32, &st, &err), &err);
@@ -181,18 +193,7 @@ static void test_synthetic_prefill_is_embeddings_kv(void **state) {
   ok(ra_offload_prefill(o, f.tokens, N_PROMPT, &ps, &err), &err);
   assert_int_equal(ps.n_offloaded, N_PROMPT - SINK - WINDOW);
   assert_int_equal(ra_offload_state(o)->pos, N_PROMPT);
-  double worst = 0, moved = 0;
-  for (int t = 0; t <= N_DECODE; t++) {
-    if (t > 0) {
-      ok(ra_model_forward(st, &f.tokens[N_PROMPT + t - 1], 1, 0, NULL, &err), &err);
-      ok(ra_offload_decode(o, f.tokens[N_PROMPT + t - 1], NULL, &err), &err);
-    }
-    last_logits(st, want);
-    last_logits(ra_offload_state(o), got);
-    for (int i = 0; i < vocab; i++) worst = fmax(worst, fabs((double)want[i] - got[i]));
-    if (t == N_DECODE)
-      for (int i = 0; i < vocab; i++) moved = fmax(moved, fabs((double)got[i]));
-  }
+  double moved, worst = decode_side_by_side(&f, st, o, &moved);
   print_message("synthetic prefill, flat k=all: max |logit diff| %.2e (logits up to %.2f)\n", worst, moved);
   assert_true(worst < 1e-3);
   assert_true(moved > 1e-2); /* not a vacuous comparison of zeros */
@@ -207,8 +208,6 @@ static void test_synthetic_prefill_is_embeddings_kv(void **state) {
   assert_true(ds.n_scanned > 0 && ds.n_scanned < all);
   ra_offload_free(o);
   ra_state_free(st);
-  free(want);
-  free(got);
   fixture_down(&f);
 }
 
