@@ -211,6 +211,27 @@ static void test_synthetic_prefill_is_embeddings_kv(void **state) {
   fixture_down(&f);
 }
 
+/* A negative synthetic chunk is the caller's error, refused when the runtime is made. */
+static void test_synthetic_chunk_validated(void **state) {
+  (void)state;
+  fixture f;
+  fixture_up(&f, NULL);
+  ra_offload_config c;
+  ra_offload_config_default(&c);
+  c.mode = RA_ATTN_FLAT;
+  c.n_sink = SINK;
+  c.n_window = WINDOW;
+  c.max_prompt = N_PROMPT;
+  c.max_ctx = N_PROMPT + N_DECODE;
+  c.synthetic_chunk = -1;
+  ra_offload *o = NULL;
+  ra_error err;
+  assert_int_equal(ra_offload_new(f.m, &f.plan, &c, &o, &err), RA_EINVAL);
+  assert_null(o);
+  assert_non_null(strstr(err.msg, "synthetic prefill chunk -1"));
+  fixture_down(&f);
+}
+
 static void test_refused_put_fails_the_prefill_and_names_the_store(void **state) {
   (void)state;
   fixture f;
@@ -234,6 +255,7 @@ int main(void) {
       cmocka_unit_test(test_pipelined_prefill_flat_equals_full),
       cmocka_unit_test(test_pipelined_prefill_builds_roar),
       cmocka_unit_test(test_synthetic_prefill_is_embeddings_kv),
+      cmocka_unit_test(test_synthetic_chunk_validated),
       cmocka_unit_test(test_refused_put_fails_the_prefill_and_names_the_store),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
