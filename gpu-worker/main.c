@@ -240,9 +240,9 @@ static void print_progress(void *ctx, const ra_offload_progress *p) {
 }
 
 static void json_write_stats(FILE *f, const ra_offload_stats *s) {
-  fprintf(f, "{\"total_us\": %.1f, \"wait_us\": %.1f, \"store_us\": %.1f, \"append_us\": %.1f, \"index_us\": %.1f, "
-             "\"n_scanned\": %llu, \"n_offloaded\": %llu}",
-          s->total_us, s->wait_us, s->store_us, s->append_us, s->index_us, (unsigned long long)s->n_scanned,
+  fprintf(f, "{\"total_us\": %.1f, \"wait_us\": %.1f, \"store_us\": %.1f, \"append_us\": %.1f, \"download_us\": %.1f, "
+             "\"index_us\": %.1f, \"n_scanned\": %llu, \"n_offloaded\": %llu}",
+          s->total_us, s->wait_us, s->store_us, s->append_us, s->download_us, s->index_us, (unsigned long long)s->n_scanned,
           (unsigned long long)s->n_offloaded);
 }
 

@@ -448,7 +448,7 @@ static int prefill_offload_layer(ra_offload *o, ra_job_pipe *pipe, int l, int64_
     if (rc == RA_OK) rc = be->ops->download(be, &st->k_cache[l], (size_t)b * o->kv_row, k, nf, err);
     if (rc == RA_OK) rc = be->ops->download(be, &st->v_cache[l], (size_t)b * o->kv_row, v, nf, err);
     uint64_t t1 = uv_hrtime();
-    stats->append_us += (double)(t1 - t0) / 1e3;
+    stats->download_us += (double)(t1 - t0) / 1e3;
     layer_job *job = NULL;
     if (rc == RA_OK) {
       rc = layer_job_new(o, l, b, e, k, v, 1, q, n_q, &job, err);
@@ -456,8 +456,10 @@ static int prefill_offload_layer(ra_offload *o, ra_job_pipe *pipe, int l, int64_
     }
     free(k);
     free(v);
-    stats->index_us += (double)(uv_hrtime() - t1) / 1e3;
+    uint64_t t2 = uv_hrtime();
+    stats->index_us += (double)(t2 - t1) / 1e3;
     if (rc == RA_OK) rc = ra_job_pipe_push(pipe, layer_job_run, layer_job_free, job, err);
+    stats->wait_us += (double)(uv_hrtime() - t2) / 1e3;
   }
   /* sink [0, min(S, n)) and window [min(e, n), n) into the ring */
   int64_t s = n < (int64_t)o->cfg.n_sink ? n : (int64_t)o->cfg.n_sink;
@@ -539,7 +541,9 @@ int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offlo
   /* the last layers' stores and builds; a store's failure surfaces here at the latest */
   if (pipe) {
     ra_error perr;
+    uint64_t tw = uv_hrtime();
     int prc = ra_job_pipe_finish(pipe, rc ? &perr : err);
+    s.wait_us += (double)(uv_hrtime() - tw) / 1e3;
     if (rc == RA_OK) rc = prc;
   }
   free(q);

@@ -89,9 +89,12 @@ void ra_offload_config_default(ra_offload_config *c);
 /* Time of one decode step (or, for prefill, of the whole prefill), microseconds. */
 typedef struct ra_offload_stats {
   double total_us;
-  double wait_us;      /* blocked on store replies (after the device's own attention) */
+  double wait_us;      /* decode: blocked on store replies (after the device's own attention);
+                        * prefill: the device's thread blocked on the stores' layer jobs (both
+                        * pipe slots busy, and the drain after the last layer) */
   double store_us;     /* the stores' own compute, slowest store per layer, summed */
   double append_us;    /* prefill: puts to the stores; decode: the evicted token's append */
+  double download_us;  /* prefill: the offloaded K/V from the device to host memory */
   double index_us;     /* prefill: kNN on the backend + index builds */
   uint64_t n_scanned;  /* keys the stores scored, all layers and heads */
   uint64_t n_offloaded;/* tokens at the stores (per layer and kv head) after the step */

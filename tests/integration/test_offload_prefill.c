@@ -139,6 +139,8 @@ static void test_pipelined_prefill_flat_equals_full(void **state) {
   ok(ra_offload_prefill(o, f.tokens, N_PROMPT, &ps, &err), &err);
   assert_int_equal(ps.n_offloaded, N_PROMPT - SINK - WINDOW);
   assert_true(ps.append_us > 0);
+  assert_true(ps.download_us > 0);
+  assert_true(ps.total_us >= ps.wait_us + ps.download_us);
   double worst = decode_side_by_side(&f, st, o, NULL);
   print_message("flat k=all after a pipelined prefill: max |logit diff| %.2e\n", worst);
   assert_true(worst < 1e-3);
