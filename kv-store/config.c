@@ -15,6 +15,7 @@ const char *kvs_config_usage(void) {
          "  --listen HOST:PORT     address to serve on (port 0: any free port)\n"
          "  --memory-budget SIZE   KV bytes the store may hold, e.g. 64G (default 80% of RAM)\n"
          "  --threads N            OpenMP threads per attend (default: one per core)\n"
+         "  --index-threads N      threads inserting decoded rows into indexes (default: --threads)\n"
          "  --max-calls N          calls served at once (default 64)\n"
          "  --max-message SIZE     largest request message accepted (default 64M)\n"
          "  --grace-ms MS          shutdown waits this long for running calls (default 2000)\n"
@@ -96,6 +97,10 @@ int kvs_config_parse(int argc, char **argv, kvs_config *out, ra_error *err) {
       if (parse_int(val, 1, 1024, &n) != RA_OK)
         return ra_errorf(err, RA_EINVAL, "--threads '%s' is not a number in [1, 1024]", val);
       out->threads = (int)n;
+    } else if (strcmp(flag, "--index-threads") == 0) {
+      if (parse_int(val, 1, 1024, &n) != RA_OK)
+        return ra_errorf(err, RA_EINVAL, "--index-threads '%s' is not a number in [1, 1024]", val);
+      out->index_threads = (int)n;
     } else if (strcmp(flag, "--max-calls") == 0) {
       if (parse_int(val, 1, 4096, &n) != RA_OK)
         return ra_errorf(err, RA_EINVAL, "--max-calls '%s' is not a number in [1, 4096]", val);

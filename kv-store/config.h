@@ -1,5 +1,6 @@
 /* kv-store command-line flags:
- *   kv-store --listen HOST:PORT [--memory-budget SIZE] [--threads N] [--max-calls N]
+ *   kv-store --listen HOST:PORT [--memory-budget SIZE] [--threads N] [--index-threads N]
+ *            [--max-calls N]
  *            [--max-message SIZE] [--grace-ms MS] [--session-idle-timeout S] [--ready-file PATH]
  *            [--log-level LEVEL]
  * SIZE is bytes with an optional binary suffix: 4096, 512K, 512M, 64G, 1T. */
@@ -16,6 +17,7 @@ typedef struct kvs_config {
   const char *listen;         /* required */
   uint64_t memory_budget;     /* default: 80% of physical memory */
   int threads;                /* OpenMP threads per attend; 0: one per core */
+  int index_threads;          /* threads inserting written rows into indexes; 0: as threads */
   int max_calls;              /* calls served at once */
   size_t max_message_bytes;   /* largest request accepted */
   int grace_ms;               /* how long shutdown lets running calls finish */

@@ -31,6 +31,8 @@ struct kvs_service {
 int kvs_service_create(const kvs_service_config *cfg, kvs_service **out, ra_error *err) {
   if (cfg->attend_threads < 0)
     return ra_errorf(err, RA_EINVAL, "attend threads %d must be >= 0", cfg->attend_threads);
+  if (cfg->index_threads < 0)
+    return ra_errorf(err, RA_EINVAL, "index threads %d must be >= 0", cfg->index_threads);
   kvs_service *svc = calloc(1, sizeof *svc);
   if (!svc) return ra_errorf(err, RA_ENOMEM, "out of memory creating the service");
   int rc = kvs_store_create(cfg->memory_budget, &svc->store, err);
@@ -44,9 +46,12 @@ int kvs_service_create(const kvs_service_config *cfg, kvs_service **out, ra_erro
     free(svc);
     return ra_errorf(err, RA_ENOMEM, "cannot create the build gate");
   }
-  /* The store's threads (--threads) insert too, like they attend and build: a decode step's
-   * Append touches every layer's shards at once, and they are independent (indexer.c). */
-  kvs_store_set_index_threads(svc->store, gate);
+  /* By default the store's threads (--threads) insert too, like they attend and build: a decode
+   * step's Append touches every layer's shards at once, and they are independent (indexer.c).
+   * Fewer (--index-threads) leave the cores to the attends that the next layers send meanwhile;
+   * an index that lags is scanned exactly for its rest, so a smaller pool costs accuracy
+   * nothing, only scan time if it falls far behind. */
+  kvs_store_set_index_threads(svc->store, cfg->index_threads > 0 ? cfg->index_threads : gate);
   svc->attend_threads = cfg->attend_threads;
   *out = svc;
   return RA_OK;

@@ -21,6 +21,7 @@ typedef struct kvs_service kvs_service;
 typedef struct kvs_service_config {
   uint64_t memory_budget; /* bytes of KV + session metadata the store may hold */
   int attend_threads;     /* OpenMP threads per attend; 0: the OpenMP default */
+  int index_threads;      /* threads inserting written rows into indexes; 0: attend_threads' */
 } kvs_service_config;
 
 int kvs_service_create(const kvs_service_config *cfg, kvs_service **out, ra_error *err);
