@@ -263,7 +263,7 @@ int ra_kvclient_build_index(ra_kvclient *c, const ra_kvclient_session *s, uint32
                             uint32_t q_head, const ra_kvclient_index_params *params,
                             const ra_kvclient_build_input *in, ra_kvclient_build_result *out,
                             ra_error *err) {
-  ra_kvclient_build *b;
+  ra_kvclient_build *b = NULL;
   int rc = ra_kvclient_build_index_start(c, s, layer, q_head, params, in, &b, err);
   return rc ? rc : ra_kvclient_build_index_wait(b, out, err);
 }
