@@ -144,7 +144,64 @@ RA_AVX2 static void axpy_avx2(float *acc, float w, const void *row, ra_dtype t, 
   if (i < dim) axpy_portable(acc + i, w, (const char *)row + (size_t)i * ra_dtype_size(t), t, dim - i);
 }
 
+/* Columns [c0, c0 + 64) of x A: eight accumulators (an FMA's latency times its throughput), each
+ * A row's 64 floats loaded once. */
+RA_AVX2 static void vecmat64_avx2(const float *x, const float *A, int rows, int cols, int c0,
+                                  float *out) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  for (int j = 0; j < rows; j++) {
+    const float *r = A + (size_t)j * cols + c0;
+    __m256 b = _mm256_set1_ps(x[j]);
+    a0 = _mm256_fmadd_ps(b, _mm256_loadu_ps(r), a0);
+    a1 = _mm256_fmadd_ps(b, _mm256_loadu_ps(r + 8), a1);
+    a2 = _mm256_fmadd_ps(b, _mm256_loadu_ps(r + 16), a2);
+    a3 = _mm256_fmadd_ps(b, _mm256_loadu_ps(r + 24), a3);
+    a4 = _mm256_fmadd_ps(b, _mm256_loadu_ps(r + 32), a4);
+    a5 = _mm256_fmadd_ps(b, _mm256_loadu_ps(r + 40), a5);
+    a6 = _mm256_fmadd_ps(b, _mm256_loadu_ps(r + 48), a6);
+    a7 = _mm256_fmadd_ps(b, _mm256_loadu_ps(r + 56), a7);
+  }
+  _mm256_storeu_ps(out + c0, a0);
+  _mm256_storeu_ps(out + c0 + 8, a1);
+  _mm256_storeu_ps(out + c0 + 16, a2);
+  _mm256_storeu_ps(out + c0 + 24, a3);
+  _mm256_storeu_ps(out + c0 + 32, a4);
+  _mm256_storeu_ps(out + c0 + 40, a5);
+  _mm256_storeu_ps(out + c0 + 48, a6);
+  _mm256_storeu_ps(out + c0 + 56, a7);
+}
+
+/* Columns [c0, c0 + 8) of x A. */
+RA_AVX2 static void vecmat8_avx2(const float *x, const float *A, int rows, int cols, int c0,
+                                 float *out) {
+  __m256 a = _mm256_setzero_ps();
+  for (int j = 0; j < rows; j++)
+    a = _mm256_fmadd_ps(_mm256_set1_ps(x[j]), _mm256_loadu_ps(A + (size_t)j * cols + c0), a);
+  _mm256_storeu_ps(out + c0, a);
+}
+
 #endif
+
+/* Columns [c0, cols) of x A, one column at a time. */
+static void vecmat_portable(const float *x, const float *A, int rows, int cols, int c0,
+                            float *out) {
+  for (int c = c0; c < cols; c++) {
+    float s = 0.0f;
+    for (int j = 0; j < rows; j++) s += x[j] * A[(size_t)j * cols + c];
+    out[c] = s;
+  }
+}
+
+void ra_vec_vecmat(const float *x, const float *A, int rows, int cols, float *out) {
+  int c = 0;
+#ifdef RA_X86
+  if (ra_cpu_has_avx2()) {
+    for (; c + 64 <= cols; c += 64) vecmat64_avx2(x, A, rows, cols, c, out);
+    for (; c + 8 <= cols; c += 8) vecmat8_avx2(x, A, rows, cols, c, out);
+  }
+#endif
+  vecmat_portable(x, A, rows, cols, c, out);
+}
 
 const char *ra_vec_kernel_name(void) { return ra_cpu_has_avx2() ? "avx2" : "portable"; }
 
@@ -185,6 +242,13 @@ void ra_vec_dot_rows4(const float *q, const void *rows, ra_dtype t, int dim, con
   if (ra_cpu_has_avx2() && dim % 16 == 0) {
     size_t bytes = row_bytes(t, dim), i = 0;
     const char *base = rows;
+    if (!ids) { /* contiguous rows: the hardware prefetcher follows them */
+      for (; i + 4 <= n; i += 4)
+        dot4_any(q, q, q, q, base + i * bytes, base + (i + 1) * bytes, base + (i + 2) * bytes,
+                 base + (i + 3) * bytes, t, dim, scores + i);
+      for (; i < n; i++) scores[i] = dot_avx2(q, base + i * bytes, t, dim);
+      return;
+    }
     for (size_t j = 0; j < n && j < RA_PREFETCH_AHEAD; j++) ra_vec_prefetch_row(rows, t, dim, ids[j]);
     for (; i + 4 <= n; i += 4) {
       for (size_t j = i + RA_PREFETCH_AHEAD; j < i + 4 + RA_PREFETCH_AHEAD && j < n; j++)

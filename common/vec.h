@@ -17,9 +17,10 @@ float ra_vec_dot(const float *q, const void *row, ra_dtype t, int dim);
 void ra_vec_dot_rows(const float *q, const void *rows, ra_dtype t, int dim, const uint32_t *ids,
                      size_t n, float *scores);
 
-/* As ra_vec_dot_rows with ids (bit for bit the same scores), four rows at a time: eight
- * independent FMA chains instead of two and the query loaded once per four rows. For the
- * index builds' candidate ranking (kv-store/index/graph.c), whose rows are mostly cached. */
+/* As ra_vec_dot_rows (bit for bit the same scores), four rows at a time: eight independent FMA
+ * chains instead of two and the query loaded once per four rows. For the index builds'
+ * candidate ranking (kv-store/index/graph.c), whose rows are mostly cached, and a new key against
+ * roar's kept queries (ids NULL). */
 void ra_vec_dot_rows4(const float *q, const void *rows, ra_dtype t, int dim, const uint32_t *ids,
                       size_t n, float *scores);
 
@@ -27,6 +28,11 @@ void ra_vec_dot_rows4(const float *q, const void *rows, ra_dtype t, int dim, con
  * each score bit for bit ra_vec_dot's, the row loaded once per four. */
 void ra_vec_dot_queries(const float *qs, size_t n, const void *row, ra_dtype t, int dim,
                         float *scores);
+
+/* out[0..cols) = x[0..rows) A for the fp32 matrix A [rows, cols] (row-major), i.e. A^T x, which
+ * is A x for a symmetric A: the rows of A are streamed once, scaled by x and summed, in eight
+ * independent accumulator chains. out must not alias x or A. */
+void ra_vec_vecmat(const float *x, const float *A, int rows, int cols, float *out);
 
 /* acc[0..dim) += w * row. */
 void ra_vec_axpy(float *acc, float w, const void *row, ra_dtype t, int dim);

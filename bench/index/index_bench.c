@@ -64,6 +64,10 @@ typedef struct {
   double lat_p50_us, lat_p99_us, lat_cold_p50_us, lat_scanned, lat_recall;
   uint32_t lat_ef;
   ra_index_graph_stats gs;
+  /* roar-ins: keys inserted, wall us per insertion, and the inserting thread's CPU us per
+   * insertion (median and mean over the insertions): what a store pays per graph per row. */
+  uint32_t ins_n;
+  double ins_wall_us, ins_cpu_us_median, ins_cpu_us_mean;
 } result;
 
 typedef struct {
@@ -97,6 +101,13 @@ static double now_s(void) {
 static double cpu_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* CPU seconds of the calling thread: one insertion's cost (insertion runs on the caller). */
+static double thread_cpu_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -542,7 +553,8 @@ static void write_json(const opts *o, const ra_qk_meta *m, head_result *hr, int 
   double med_roar = -1, med_ivf = -1;
   for (int k = 0; k < N_KINDS; k++) {
     if (!o->kinds[k]) continue;
-    double v[MAX_LIST * 16], r1[MAX_LIST * 16], r3[MAX_LIST * 16], k95[MAX_LIST * 16];
+    double v[MAX_LIST * 16], r1[MAX_LIST * 16], r3[MAX_LIST * 16], k95[MAX_LIST * 16],
+        ins[MAX_LIST * 16];
     int n = 0, worst = -1;
     for (int h = 0; h < n_heads; h++) {
       if (!hr[h].r[k].present) continue;
@@ -550,6 +562,7 @@ static void write_json(const opts *o, const ra_qk_meta *m, head_result *hr, int 
       r1[n] = recall_at(&hr[h].r[k].c[C_Q100], 0.01);
       r3[n] = recall_at(&hr[h].r[k].c[C_Q100], 0.03);
       k95[n] = scan95(&hr[h].r[k].c[C_K100]);
+      ins[n] = hr[h].r[k].ins_cpu_us_median;
       if (worst < 0 || v[n] > scan95(&hr[worst].r[k].c[C_Q100])) worst = h;
       n++;
     }
@@ -561,10 +574,13 @@ static void write_json(const opts *o, const ra_qk_meta *m, head_result *hr, int 
     fprintf(f, "%s    \"%s\": {\"heads\": %d, \"median_scan_for_recall100_0.95\": %.5f, "
                "\"worst_head\": \"L%d_H%d\", \"worst_scan_for_recall100_0.95\": %.5f, "
                "\"median_recall100_at_scan_0.01\": %.4f, \"median_recall100_at_scan_0.03\": %.4f, "
-               "\"median_k2k_scan_for_recall100_0.95\": %.5f}",
+               "\"median_k2k_scan_for_recall100_0.95\": %.5f",
             first ? "" : ",\n", kind_names[k], n, isinf(med) ? -1.0 : med, hr[worst].layer,
             hr[worst].qhead, isinf(scan95(&hr[worst].r[k].c[C_Q100])) ? -1.0 : scan95(&hr[worst].r[k].c[C_Q100]),
             mr1, mr3, isinf(mk) ? -1.0 : mk);
+    if (hr[worst].r[k].ins_n)
+      fprintf(f, ", \"median_insert_cpu_us\": %.1f", median_of(ins, n));
+    fprintf(f, "}");
     first = 0;
   }
   fprintf(f, "%s    \"ivf_over_roar_scan_at_recall100_0.95\": %.2f\n  },\n", first ? "" : ",\n",
@@ -583,6 +599,10 @@ static void write_json(const opts *o, const ra_qk_meta *m, head_result *hr, int 
                  "\"mean_degree\": %.2f, \"n_pivots\": %u, \"n_repaired\": %u",
               f1 ? "" : ",\n", kind_names[k], r->build_s, r->build_cpu_s, r->lists_s, r->bytes,
               r->bytes_per_key, r->gs.mean_degree, r->gs.n_pivots, r->gs.n_repaired);
+      if (r->ins_n)
+        fprintf(f, ", \"inserted\": %u, \"insert_wall_us\": %.1f, \"insert_cpu_us_median\": %.1f, "
+                   "\"insert_cpu_us_mean\": %.1f",
+                r->ins_n, r->ins_wall_us, r->ins_cpu_us_median, r->ins_cpu_us_mean);
       if (r->lat_p50_us > 0)
         fprintf(f, ", \"latency_ef\": %u, \"latency_us_p50\": %.1f, \"latency_us_p99\": %.1f, "
                    "\"latency_cold_us_p50\": %.1f, \"latency_scanned_frac\": %.5f, "
@@ -846,21 +866,34 @@ int main(int argc, char **argv) {
           ix = build_timed(&p, &k0, &pq, r);
           bench_lists_free(&bl);
           if (!ix) return 1;
-          double t0 = now_s();
-          for (uint32_t id = n0; id < n_idx; id++)
+          const uint32_t n_ins = n_idx - n0;
+          double *ins_cpu = malloc((size_t)(n_ins ? n_ins : 1) * sizeof *ins_cpu);
+          if (!ins_cpu) return 1;
+          double t0 = now_s(), cpu_sum = 0;
+          for (uint32_t id = n0; id < n_idx; id++) {
+            double c0 = thread_cpu_s();
             if (ra_index_insert(ix, &keys, id, &err)) {
               fprintf(stderr, "index-bench: insert: %s\n", err.msg);
               return 1;
             }
+            ins_cpu[id - n0] = 1e6 * (thread_cpu_s() - c0);
+            cpu_sum += ins_cpu[id - n0];
+          }
           double dt = now_s() - t0;
+          r->ins_n = n_ins;
+          r->ins_wall_us = n_ins ? 1e6 * dt / n_ins : 0;
+          r->ins_cpu_us_mean = n_ins ? cpu_sum / n_ins : 0;
+          r->ins_cpu_us_median = median_of(ins_cpu, (int)n_ins);
+          free(ins_cpu);
           if (ra_index_check(ix, &err)) {
             fprintf(stderr, "index-bench: after insertion: %s\n", err.msg);
             return 1;
           }
           r->bytes = ra_index_bytes(ix);
           r->bytes_per_key = (double)r->bytes / n_idx;
-          printf("  L%d H%d roar-ins: %u inserts, %.1f us each\n", L, h, n_idx - n0,
-                 1e6 * dt / (n_idx - n0));
+          printf("  L%d H%d roar-ins: %u inserts, %.1f us each (wall), CPU per insertion median "
+                 "%.1f us, mean %.1f us\n",
+                 L, h, n_ins, r->ins_wall_us, r->ins_cpu_us_median, r->ins_cpu_us_mean);
         } else if (kind == RA_INDEX_ROAR && o.lists) {
           bench_lists bl;
           ra_queries lq;

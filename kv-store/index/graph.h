@@ -27,6 +27,8 @@ typedef struct ra_graph {
   float *qm;      /* [dim, dim] C, the metric of key-key closeness; NULL = identity (plain L2) */
   float *mk;      /* [n, dim] C·key of every node while a build runs (ra_graph_cache_metric), else
                    * NULL: pruning maps each key many times, insertion once */
+  uint64_t metric_id; /* unique per ra_graph_set_metric call with a metric (0: none): what a
+                       * work's map cache (ra_graph_work_cache) was filled under */
   int dim;
   uint32_t n_repaired;
 } ra_graph;
@@ -59,6 +61,16 @@ typedef struct ra_graph_work {
   uint32_t res_cap;
   uint32_t *mark; /* [mark_cap] epoch marks for de-duplicating candidates */
   uint32_t mark_cap, mark_epoch;
+  /* C·key of recently mapped keys (ra_graph_work_cache; mc_n 0 = none): 4-way sets, least
+   * recently used out. Valid while the graph's metric is the one they were mapped under
+   * (mc_metric, checked by ra_graph_work_bind) and a key id's row never changes, which an index
+   * guarantees: its keys only grow. */
+  float *mc;          /* [mc_n, dim] */
+  uint32_t *mc_id;    /* [mc_n] the key held, UINT32_MAX = empty */
+  uint32_t *mc_used;  /* [mc_n] mc_clock at its last use */
+  uint32_t mc_n, mc_clock;
+  uint64_t mc_metric;
+  uint64_t mc_hits, mc_misses; /* counters, for tests and benchmarks */
 } ra_graph_work;
 
 /* Largest degree a graph accepts (the row counters are 16-bit). */
@@ -77,10 +89,19 @@ int ra_graph_cache_metric(ra_graph *g, const ra_keys *keys);
 void ra_graph_uncache_metric(ra_graph *g);
 /* hn[u] for nodes [from, to) from their keys. */
 void ra_graph_set_norms(ra_graph *g, const ra_keys *keys, uint32_t from, uint32_t to);
-/* Points w at g's norms and metric (again after g grows). */
+/* Points w at g's norms and metric (again after g grows); empties w's map cache if g's metric is
+ * not the one it was filled under. */
 void ra_graph_work_bind(ra_graph_work *w, const ra_graph *g);
-/* Key row id mapped to C·key (fp32) into out[dim]: its similarity-side form. */
-void ra_graph_key_to_metric(const ra_keys *keys, uint32_t id, const ra_graph_work *w, float *out);
+/* Gives w a cache of `entries` (rounded up to a power of two >= 4) mapped keys C·key, for
+ * insertion, which has no metric cache (g->mk) and maps ~100 keys per key it links, most of them
+ * again soon (the rows it re-prunes are its neighbors' and those of the keys before it). Without
+ * a metric nothing is cached. 0 or RA_ENOMEM (w keeps no cache then). */
+int ra_graph_work_cache(ra_graph_work *w, uint32_t entries);
+/* Bytes of w's map cache. */
+size_t ra_graph_work_cache_bytes(const ra_graph_work *w);
+/* Key row id mapped to C·key (fp32) into out[dim]: its similarity-side form (from g->mk during
+ * a build, else from w's map cache or computed and cached there). */
+void ra_graph_key_to_metric(const ra_keys *keys, uint32_t id, ra_graph_work *w, float *out);
 int ra_graph_reserve(ra_graph *g, uint32_t cap); /* 0 or RA_ENOMEM, g unchanged on failure */
 size_t ra_graph_bytes(const ra_graph *g);
 

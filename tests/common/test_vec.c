@@ -1,4 +1,4 @@
-/* Dot and axpy kernels (whichever set this CPU picks) against a double-precision scalar loop,
+/* Dot, axpy and vector-matrix kernels (whichever set this CPU picks) against a double-precision scalar loop,
  * for every dtype, dims with and without vector tails, and gathers by id. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -53,6 +53,10 @@ static void check_dtype(ra_dtype t, int dim) {
     ra_vec_dot_rows4(q, rows, t, dim, ids9, n, batch);
     for (size_t i = 0; i < n; i++) assert_true(batch[i] == ra_vec_dot(q, rows + ids9[i] * rb, t, dim));
   }
+  for (size_t n = 0; n <= 9; n++) {
+    ra_vec_dot_rows4(q, rows, t, dim, NULL, n, batch);
+    for (size_t i = 0; i < n; i++) assert_true(batch[i] == ra_vec_dot(q, rows + i * rb, t, dim));
+  }
   for (int i = 0; i < 6 * dim; i++) qs[i] = frand(&s);
   for (size_t n = 0; n <= 6; n++) {
     ra_vec_dot_queries(qs, n, rows + 11 * rb, t, dim, batch);
@@ -75,9 +79,33 @@ static void test_all_dtypes_and_dims(void **state) {
   assert_true(strcmp(k, "avx2") == 0 || strcmp(k, "portable") == 0);
 }
 
+/* x A against a double-precision loop, for column counts with and without 64- and 8-wide tails
+ * and row counts other than the column count. */
+static void test_vecmat(void **state) {
+  (void)state;
+  const int shapes[][2] = {{1, 1}, {3, 7}, {16, 8}, {64, 64}, {128, 128}, {100, 72}, {7, 137}};
+  static float A[160 * 160];
+  float x[160], out[160];
+  for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+    const int rows = shapes[k][0], cols = shapes[k][1];
+    uint32_t s = (uint32_t)(rows * 1000 + cols);
+    for (int i = 0; i < rows * cols; i++) A[i] = frand(&s);
+    for (int j = 0; j < rows; j++) x[j] = frand(&s);
+    out[cols] = 42.0f; /* the kernel writes [0, cols) only */
+    ra_vec_vecmat(x, A, rows, cols, out);
+    for (int c = 0; c < cols; c++) {
+      double want = 0.0;
+      for (int j = 0; j < rows; j++) want += (double)x[j] * A[j * cols + c];
+      assert_true(fabs(out[c] - want) < 1e-5 * rows);
+    }
+    assert_true(out[cols] == 42.0f);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_all_dtypes_and_dims),
+      cmocka_unit_test(test_vecmat),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -16,6 +16,7 @@
 #include "index_internal.h"
 #include "kmeans.h"
 #include "knn.h"
+#include "vec.h"
 
 #define DIM 32
 #define NK 2000
@@ -529,6 +530,62 @@ static void test_insert_updates_kept_queries(void **state) {
   free(was_top);
   free(top0);
   free(thr0);
+  ra_index_free(ix);
+  free_data(&d);
+}
+
+/* Over 10 % growth, each kept list is what inserting by a full re-sort gives (the list the key
+ * enters, its place and the new bar, bit for bit): insertion finds the place by a binary search
+ * over recomputed scores (roar.c, keep_enter), which holds only while every list stays sorted by
+ * exactly those scores. */
+static void test_kept_lists_match_full_resort(void **state) {
+  (void)state;
+  data d;
+  const uint32_t n0 = NK * 9 / 10;
+  make_data(&d, NK, 23);
+  ra_index *ix = build_roar_keep(&d, n0, 256);
+  ra_roar_keep *k = ix->keep;
+  assert_non_null(k);
+  const uint32_t T = k->T, n = k->n;
+  uint32_t *top = malloc((size_t)n * T * sizeof *top);
+  float *thr = malloc((size_t)n * sizeof *thr), *qf = malloc((size_t)n * DIM * sizeof *qf);
+  assert_non_null(top);
+  assert_non_null(thr);
+  assert_non_null(qf);
+  memcpy(top, k->top, (size_t)n * T * sizeof *top);
+  memcpy(thr, k->thr, (size_t)n * sizeof *thr);
+  ra_fp16_to_fp32_n(k->q, qf, (size_t)n * DIM);
+  ra_keys keys = keys_of(&d, NK);
+  ra_error err;
+  uint32_t entered = 0;
+  for (uint32_t id = n0; id < NK; id++) {
+    assert_int_equal(ra_index_insert(ix, &keys, id, &err), RA_OK);
+    for (uint32_t i = 0; i < n; i++) {
+      float s = ra_vec_dot(qf + (size_t)i * DIM, d.keys + (size_t)id * DIM, RA_DTYPE_F32, DIM);
+      if (!(s > thr[i])) continue;
+      uint32_t *l = top + (size_t)i * T;
+      float sc[64];
+      assert_true(T <= 64);
+      for (uint32_t r = 0; r < T; r++)
+        sc[r] = ra_vec_dot(qf + (size_t)i * DIM, d.keys + (size_t)l[r] * DIM, RA_DTYPE_F32, DIM);
+      uint32_t j = T - 1;
+      for (; j > 0 && sc[j - 1] < s; j--) {
+        l[j] = l[j - 1];
+        sc[j] = sc[j - 1];
+      }
+      l[j] = id;
+      sc[j] = s;
+      thr[i] = sc[T - 1];
+      entered++;
+    }
+    assert_memory_equal(k->top, top, (size_t)n * T * sizeof *top);
+    assert_memory_equal(k->thr, thr, (size_t)n * sizeof *thr);
+  }
+  print_message("%u list entries over %u insertions\n", entered, NK - n0);
+  assert_true(entered > NK - n0);
+  free(top);
+  free(thr);
+  free(qf);
   ra_index_free(ix);
   free_data(&d);
 }
@@ -1307,6 +1364,87 @@ static void test_roar_key_queries_then_insert(void **state) {
   kq_down(&f);
 }
 
+/* The insertion work's map cache (graph.h, ra_graph_work_cache) returns what a cacheless work
+ * maps, bit for bit, through hits, evictions (one 4-way set) and a metric changed under it, and
+ * the same work bound to another graph takes nothing from the first one's entries. */
+static void test_map_cache_matches_uncached(void **state) {
+  (void)state;
+  data d;
+  make_data(&d, 64, 29);
+  ra_keys k = keys_of(&d, 64);
+  float C1[DIM * DIM], C2[DIM * DIM], got[DIM], want[DIM];
+  for (int i = 0; i < DIM; i++)
+    for (int j = 0; j <= i; j++) {
+      C1[i * DIM + j] = C1[j * DIM + i] = gauss();
+      C2[i * DIM + j] = C2[j * DIM + i] = gauss();
+    }
+  ra_graph g, h;
+  assert_int_equal(ra_graph_init(&g, 8, 64, 64), RA_OK);
+  assert_int_equal(ra_graph_init(&h, 8, 64, 64), RA_OK);
+  assert_int_equal(ra_graph_set_metric(&g, C1, DIM), RA_OK);
+  assert_int_equal(ra_graph_set_metric(&h, C2, DIM), RA_OK);
+  ra_graph_work w, ref;
+  assert_int_equal(ra_graph_work_init(&w, DIM, 8), RA_OK);
+  assert_int_equal(ra_graph_work_init(&ref, DIM, 8), RA_OK);
+  assert_int_equal(ra_graph_work_cache(&w, 4), RA_OK);
+  assert_int_equal(w.mc_n, 4u);
+  const ra_graph *bound[] = {&g, &g, &h, &g};
+  uint64_t rng = 7;
+  for (int phase = 0; phase < 4; phase++) {
+    if (phase == 1) /* a new metric on the same graph: the old entries must not answer */
+      assert_int_equal(ra_graph_set_metric(&g, C2, DIM), RA_OK);
+    ra_graph_work_bind(&w, bound[phase]);
+    ra_graph_work_bind(&ref, bound[phase]);
+    for (int i = 0; i < 200; i++) {
+      /* Ids 0-5 mostly (hits and evictions in the one set), sometimes any. */
+      uint32_t id = i % 3 ? (uint32_t)ra_index_rng_below(&rng, 6) : (uint32_t)ra_index_rng_below(&rng, 64);
+      ra_graph_key_to_metric(&k, id, &w, got);
+      ra_graph_key_to_metric(&k, id, &ref, want);
+      assert_memory_equal(got, want, sizeof got);
+    }
+  }
+  assert_true(w.mc_hits > 0 && w.mc_misses > 0);
+  assert_int_equal(ref.mc_hits + ref.mc_misses, 0);
+  ra_graph_work_free(&w);
+  ra_graph_work_free(&ref);
+  ra_graph_free(&g);
+  ra_graph_free(&h);
+  free_data(&d);
+}
+
+/* Insertion with the default map cache and with one of 4 entries (nearly every map computed
+ * afresh) gives the same graph: a cached map is what insertion would have computed. */
+static void test_insert_map_cache_same_graph(void **state) {
+  (void)state;
+  data d;
+  const uint32_t n0 = NK * 9 / 10;
+  make_data(&d, NK, 31);
+  ra_index *a = build(RA_INDEX_ROAR, &d, n0, 2), *b = build(RA_INDEX_ROAR, &d, n0, 2);
+  assert_int_equal(ra_graph_work_cache(b->ins_work, 4), RA_OK);
+  ra_keys k = keys_of(&d, NK);
+  ra_error err;
+  for (uint32_t id = n0; id < NK; id++) {
+    assert_int_equal(ra_index_insert(a, &k, id, &err), RA_OK);
+    assert_int_equal(ra_index_insert(b, &k, id, &err), RA_OK);
+  }
+  assert_true(a->ins_work->mc_n > 4u);
+  assert_int_equal(b->ins_work->mc_n, 4u);
+  assert_true(a->ins_work->mc_hits > b->ins_work->mc_hits);
+  const ra_graph *ga = a->graph, *gb = b->graph;
+  assert_int_equal(ga->n, gb->n);
+  assert_int_equal(ga->entry, gb->entry);
+  assert_memory_equal(ga->deg, gb->deg, ga->n * sizeof *ga->deg);
+  assert_memory_equal(ga->npin, gb->npin, ga->n * sizeof *ga->npin);
+  assert_memory_equal(ga->hn, gb->hn, ga->n * sizeof *ga->hn);
+  for (uint32_t u = 0; u < ga->n; u++)
+    assert_memory_equal(ga->adj + (size_t)u * ga->M, gb->adj + (size_t)u * gb->M,
+                        ga->deg[u] * sizeof *ga->adj);
+  assert_graph_invariants(a);
+  ra_index_free(a);
+  ra_index_free(b);
+  free_data(&d);
+}
+
 /* Concurrent searches, one scratch each, give the sequential answers. */
 static void test_concurrent_search(void **state) {
   (void)state;
@@ -1366,6 +1504,7 @@ int main(void) {
       cmocka_unit_test(test_roar_recall_on_shifted_queries),
       cmocka_unit_test(test_insertion_keeps_invariants_and_recall),
       cmocka_unit_test(test_insert_updates_kept_queries),
+      cmocka_unit_test(test_kept_lists_match_full_resort),
       cmocka_unit_test(test_kept_queries_are_accounted),
       cmocka_unit_test(test_build_is_deterministic),
       cmocka_unit_test(test_kmeans_sample),
@@ -1382,6 +1521,8 @@ int main(void) {
       cmocka_unit_test(test_roar_pivots_auto),
       cmocka_unit_test(test_roar_key_queries_validated),
       cmocka_unit_test(test_roar_key_queries_then_insert),
+      cmocka_unit_test(test_map_cache_matches_uncached),
+      cmocka_unit_test(test_insert_map_cache_same_graph),
   };
   if (RA_TEST_GROUP == 1) return cmocka_run_group_tests(search_tests, NULL, NULL);
   return cmocka_run_group_tests(build_tests, NULL, NULL);
