@@ -28,7 +28,25 @@ int ra_model_config_validate(const ra_model_config *c, ra_error *err) {
   return RA_OK;
 }
 
-int ra_model_config_preset(const char *name, ra_model_config *c, ra_error *err) {
+int ra_model_config_preset(const char *spec, ra_model_config *c, ra_error *err) {
+  /* NAME or NAME:LAYERS, the preset's first LAYERS layers: a benchmark that must fit a time
+   * budget (a million-token index build of all 32 layers outlasts a 10-minute device call)
+   * keeps the per-layer geometry, which is what a decode step's per-layer work depends on. */
+  char name[32];
+  int n_layers = 0;
+  const char *colon = strchr(spec, ':');
+  size_t len = colon ? (size_t)(colon - spec) : strlen(spec);
+  if (len >= sizeof name) return ra_errorf(err, RA_EINVAL, "model: unknown preset '%s'", spec);
+  memcpy(name, spec, len);
+  name[len] = '\0';
+  if (colon) {
+    char *end;
+    long v = strtol(colon + 1, &end, 10);
+    if (end == colon + 1 || *end || v < 1 || v > 1024)
+      return ra_errorf(err, RA_EINVAL, "model: preset '%s': layers '%s' is not a number in [1, 1024]", spec,
+                       colon + 1);
+    n_layers = (int)v;
+  }
   if (strcmp(name, "llama3-8b") == 0) {
     *c = (ra_model_config){.n_layers = 32, .dim = 4096, .n_heads = 32, .n_kv_heads = 8, .head_dim = 128,
                            .ffn_dim = 14336, .vocab = 128256, .n_rot = 128, .rope_theta = 500000.0f,
@@ -50,8 +68,15 @@ int ra_model_config_preset(const char *name, ra_model_config *c, ra_error *err) 
   } else {
     return ra_errorf(err, RA_EINVAL, "model: unknown preset '%s' (llama3-8b, yi-6b, smollm2-135m, tiny)", name);
   }
+  if (n_layers > c->n_layers)
+    return ra_errorf(err, RA_EINVAL, "model: preset '%s' has %d layers, not %d", name, c->n_layers, n_layers);
   strcpy(c->arch, "llama");
-  snprintf(c->name, sizeof c->name, "random-%s", name);
+  if (n_layers) {
+    c->n_layers = n_layers;
+    snprintf(c->name, sizeof c->name, "random-%s-%dL", name, n_layers);
+  } else {
+    snprintf(c->name, sizeof c->name, "random-%s", name);
+  }
   return RA_OK;
 }
 

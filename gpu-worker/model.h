@@ -79,8 +79,10 @@ int ra_model_random(ra_backend *be, const ra_model_config *cfg, uint64_t seed, r
  * this makes a random model run the kernels a real one runs. */
 int ra_model_convert_weights(ra_model *m, ra_dtype dtype, ra_error *err);
 void ra_model_free(ra_model *m);
-/* A named geometry for ra_model_random: "llama3-8b", "smollm2-135m", "tiny". */
-int ra_model_config_preset(const char *name, ra_model_config *cfg, ra_error *err);
+/* A named geometry for ra_model_random: "llama3-8b", "yi-6b", "smollm2-135m", "tiny", or
+ * "NAME:LAYERS" for its first LAYERS layers (1 <= LAYERS <= the preset's). RA_EINVAL + message
+ * for an unknown name or a bad layer count. */
+int ra_model_config_preset(const char *spec, ra_model_config *cfg, ra_error *err);
 
 /* Inference state: KV cache and activation buffers for steps of up to max_batch tokens. */
 typedef struct ra_state {

@@ -286,6 +286,31 @@ static void test_convert_weights(void **state) {
   ra_model_free(m);
 }
 
+/* "NAME:LAYERS" keeps the preset's geometry with fewer layers; bad counts and names are refused
+ * with a message. */
+static void test_preset_layers(void **state) {
+  (void)state;
+  ra_model_config full, cut;
+  ra_error err;
+  assert_int_equal(ra_model_config_preset("yi-6b", &full, &err), RA_OK);
+  assert_int_equal(ra_model_config_preset("yi-6b:8", &cut, &err), RA_OK);
+  assert_int_equal(cut.n_layers, 8);
+  assert_int_equal(full.n_layers, 32);
+  assert_int_equal(cut.n_kv_heads, full.n_kv_heads);
+  assert_int_equal(cut.head_dim, full.head_dim);
+  assert_int_equal(cut.ffn_dim, full.ffn_dim);
+  assert_string_equal(cut.name, "random-yi-6b-8L");
+  assert_int_equal(ra_model_config_preset("yi-6b:33", &cut, &err), RA_EINVAL);
+  assert_non_null(strstr(err.msg, "has 32 layers, not 33"));
+  const char *bad[] = {"yi-6b:0", "yi-6b:", "yi-6b:8x", "yi-6b:-2"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    assert_int_equal(ra_model_config_preset(bad[i], &cut, &err), RA_EINVAL);
+    assert_non_null(strstr(err.msg, "is not a number in [1, 1024]"));
+  }
+  assert_int_equal(ra_model_config_preset("gpt-5:2", &cut, &err), RA_EINVAL);
+  assert_non_null(strstr(err.msg, "unknown preset 'gpt-5'"));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_convert_weights),
@@ -294,6 +319,7 @@ int main(void) {
       cmocka_unit_test(test_layer_api_with_merged_partials),
       cmocka_unit_test(test_f16_cache_and_determinism),
       cmocka_unit_test(test_safetensors_roundtrip),
+      cmocka_unit_test(test_preset_layers),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
