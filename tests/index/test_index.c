@@ -643,6 +643,19 @@ static void test_insert_into_empty(void **state) {
   free_data(&d);
 }
 
+/* Two graph indexes hold the same graph: nodes, entry, degrees, pinned counts, norms, rows. */
+static void assert_same_graph(const ra_index *a, const ra_index *b) {
+  const ra_graph *ga = a->graph, *gb = b->graph;
+  assert_int_equal(ga->n, gb->n);
+  assert_int_equal(ga->entry, gb->entry);
+  assert_memory_equal(ga->deg, gb->deg, ga->n * sizeof *ga->deg);
+  assert_memory_equal(ga->npin, gb->npin, ga->n * sizeof *ga->npin);
+  assert_memory_equal(ga->hn, gb->hn, ga->n * sizeof *ga->hn);
+  for (uint32_t u = 0; u < ga->n; u++)
+    assert_memory_equal(ga->adj + (size_t)u * ga->M, gb->adj + (size_t)u * gb->M,
+                        ga->deg[u] * sizeof *ga->adj);
+}
+
 static void test_build_is_deterministic(void **state) {
   (void)state;
   data d;
@@ -650,13 +663,8 @@ static void test_build_is_deterministic(void **state) {
   ra_index_kind kinds[] = {RA_INDEX_ROAR, RA_INDEX_KGRAPH};
   for (int t = 0; t < 2; t++) {
     ra_index *a = build(kinds[t], &d, NK, 2), *b = build(kinds[t], &d, NK, 1);
-    const ra_graph *ga = a->graph, *gb = b->graph;
-    assert_int_equal(ga->entry, gb->entry);
-    assert_memory_equal(ga->deg, gb->deg, NK * sizeof *ga->deg);
-    assert_memory_equal(ga->npin, gb->npin, NK * sizeof *ga->npin);
-    for (uint32_t u = 0; u < NK; u++)
-      assert_memory_equal(ga->adj + (size_t)u * ga->M, gb->adj + (size_t)u * gb->M,
-                          ga->deg[u] * sizeof *ga->adj);
+    assert_int_equal(a->graph->n, NK);
+    assert_same_graph(a, b);
     ra_index_free(a);
     ra_index_free(b);
   }
@@ -1199,17 +1207,6 @@ static void kq_down(kq_fixture *f) {
   free_data(&f->d);
 }
 
-static void assert_same_graph(const ra_index *a, const ra_index *b) {
-  const ra_graph *ga = a->graph, *gb = b->graph;
-  assert_int_equal(ga->n, gb->n);
-  assert_int_equal(ga->entry, gb->entry);
-  assert_memory_equal(ga->deg, gb->deg, ga->n * sizeof *ga->deg);
-  assert_memory_equal(ga->npin, gb->npin, ga->n * sizeof *ga->npin);
-  for (uint32_t u = 0; u < ga->n; u++)
-    assert_memory_equal(ga->adj + (size_t)u * ga->M, gb->adj + (size_t)u * gb->M,
-                        ga->deg[u] * sizeof *ga->adj);
-}
-
 /* The keys in no query's list get rows from the key -> query lists instead of beam searches: a
  * valid graph with every key reachable, almost nothing left to the repair, and recall like the
  * beam-search repair's. */
@@ -1430,15 +1427,7 @@ static void test_insert_map_cache_same_graph(void **state) {
   assert_true(a->ins_work->mc_n > 4u);
   assert_int_equal(b->ins_work->mc_n, 4u);
   assert_true(a->ins_work->mc_hits > b->ins_work->mc_hits);
-  const ra_graph *ga = a->graph, *gb = b->graph;
-  assert_int_equal(ga->n, gb->n);
-  assert_int_equal(ga->entry, gb->entry);
-  assert_memory_equal(ga->deg, gb->deg, ga->n * sizeof *ga->deg);
-  assert_memory_equal(ga->npin, gb->npin, ga->n * sizeof *ga->npin);
-  assert_memory_equal(ga->hn, gb->hn, ga->n * sizeof *ga->hn);
-  for (uint32_t u = 0; u < ga->n; u++)
-    assert_memory_equal(ga->adj + (size_t)u * ga->M, gb->adj + (size_t)u * gb->M,
-                        ga->deg[u] * sizeof *ga->adj);
+  assert_same_graph(a, b);
   assert_graph_invariants(a);
   ra_index_free(a);
   ra_index_free(b);
