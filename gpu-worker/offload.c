@@ -232,9 +232,10 @@ static void layer_job_free(void *arg) {
   free(j);
 }
 
-int ra_offload_key_top_queries(ra_backend *be, const float *kh, int64_t n_off, int64_t hd, const float *qb,
+int ra_offload_key_top_queries(ra_backend *be, const ra_tensor *keys, ra_dtype q_dtype, const float *qb,
                                const float *thr, int64_t nq, int key_top, int64_t chunk, uint32_t *out,
                                ra_error *err) {
+  const int64_t n_off = keys->ndim == 2 ? keys->shape[0] : -1, hd = keys->ndim == 2 ? keys->shape[1] : 0;
   if (n_off < 0 || hd < 1 || nq < 1 || key_top < 1 || chunk < 0)
     return ra_errorf(err, RA_EINVAL, "offload: key lists of %lld keys, %lld queries, top %d", (long long)n_off,
                      (long long)nq, key_top);
@@ -244,22 +245,23 @@ int ra_offload_key_top_queries(ra_backend *be, const float *kh, int64_t n_off, i
   if (chunk < 1) chunk = 1;
   if (chunk > n_off) chunk = n_off;
   const int t = key_top < nq ? key_top : (int)nq;
-  ra_tensor w = {0}, bias = {0}, x = {0}, y = {0};
+  ra_tensor w = {0}, bias = {0}, y = {0};
   float *nb = malloc((size_t)nq * sizeof(float)), *val = malloc((size_t)(chunk * t) * sizeof(float));
   int32_t *idx = malloc((size_t)(chunk * t) * sizeof(int32_t));
-  int64_t bs[1] = {nq}, xs[2] = {chunk, hd}, ys[2] = {chunk, nq};
+  int64_t ws[2] = {nq, hd}, bs[1] = {nq}, ys[2] = {chunk, nq};
   int rc = (!nb || !val || !idx) ? ra_errorf(err, RA_ENOMEM, "offload: out of memory for the key lists") : RA_OK;
   for (int64_t i = 0; rc == RA_OK && i < nq; i++) nb[i] = -thr[i];
-  if (rc == RA_OK) rc = be->ops->load_weight(be, qb, RA_GGML_F32, nq, hd, &w, err);
+  /* the queries are the "weight": in q_dtype, so that a half-precision cache's scores run on the
+   * device's half-precision matmul as the keys' own precision allows */
+  if (rc == RA_OK) rc = ra_tensor_new(be, &w, q_dtype, 2, ws, err);
+  if (rc == RA_OK) rc = be->ops->upload(be, &w, 0, qb, (size_t)(nq * hd), err);
   if (rc == RA_OK) rc = ra_tensor_new(be, &bias, RA_DTYPE_F32, 1, bs, err);
   if (rc == RA_OK) rc = be->ops->upload(be, &bias, 0, nb, (size_t)nq, err);
-  if (rc == RA_OK) rc = ra_tensor_new(be, &x, RA_DTYPE_F32, 2, xs, err);
   if (rc == RA_OK) rc = ra_tensor_new(be, &y, RA_DTYPE_F32, 2, ys, err);
   for (int64_t k0 = 0; rc == RA_OK && k0 < n_off; k0 += chunk) {
     const int64_t c = n_off - k0 < chunk ? n_off - k0 : chunk;
-    ra_tensor xv = ra_tensor_rows(&x, 0, c), yv = ra_tensor_rows(&y, 0, c);
-    if ((rc = be->ops->upload(be, &xv, 0, kh + k0 * hd, (size_t)(c * hd), err)) ||
-        (rc = be->ops->matmul(be, &xv, &w, &bias, &yv, 0, err)) || (rc = be->ops->topk_rows(be, &yv, t, idx, val, err)))
+    ra_tensor xv = ra_tensor_rows(keys, k0, c), yv = ra_tensor_rows(&y, 0, c);
+    if ((rc = be->ops->matmul(be, &xv, &w, &bias, &yv, 0, err)) || (rc = be->ops->topk_rows(be, &yv, t, idx, val, err)))
       break;
     for (int64_t r = 0; r < c; r++)
       for (int u = 0; u < key_top; u++)
@@ -267,7 +269,6 @@ int ra_offload_key_top_queries(ra_backend *be, const float *kh, int64_t n_off, i
   }
   ra_tensor_free(&w);
   ra_tensor_free(&bias);
-  ra_tensor_free(&x);
   ra_tensor_free(&y);
   free(nb);
   free(val);
@@ -275,11 +276,32 @@ int ra_offload_key_top_queries(ra_backend *be, const float *kh, int64_t n_off, i
   return rc;
 }
 
+/* Kv head g's offloaded keys on the backend, gathered from the layer's cache rows: kc is
+ * [.., n_kv_heads, head_dim] with position b at row kc_b. kf: [n_off, head_dim] fp32 (the key
+ * lists' x); kw: the same in kc's dtype, the "weight" of q K^T (kf itself for an fp32 cache), so a
+ * half-precision cache's kNN runs on the device's half-precision matmul. ids: [n_off] scratch. */
+static int gather_kv_head(ra_backend *be, const ra_tensor *kc, int64_t kc_b, int64_t n_off, int64_t n_kv, int64_t g,
+                          int32_t *ids, ra_tensor *kf, ra_tensor *kw, ra_error *err) {
+  const int64_t hd = kc->shape[kc->ndim - 1];
+  ra_tensor table = *kc; /* [rows * n_kv_heads, head_dim] */
+  table.ndim = 2;
+  table.shape[0] = (int64_t)(ra_tensor_nelem(kc) / (size_t)hd);
+  table.shape[1] = hd;
+  for (int i = 2; i < RA_TENSOR_MAX_DIMS; i++) table.shape[i] = 0;
+  for (int64_t t = 0; t < n_off; t++) ids[t] = (int32_t)((kc_b + t) * n_kv + g);
+  int rc = be->ops->get_rows(be, &table, ids, n_off, kf, err);
+  if (rc == RA_OK && kw != kf) rc = be->ops->copy(be, kw, 0, kf, 0, (size_t)(n_off * hd), err);
+  return rc;
+}
+
 /* The roar index's input for one layer, on the backend: for every q head, the layer's sampled
  * prefill queries and their exact top-Nq keys among the offloaded positions (q K^T, then top-k
- * per row). ivf / kgraph learn from the keys alone and need none of it.
+ * per row), and with key_top_queries every key's best queries. ivf / kgraph learn from the keys
+ * alone and need none of it. The keys never leave the device: kc is the layer's cache (rows
+ * [.., n_kv_heads, head_dim], position b at row kc_b).
  * q_sample: host [n_q, n_heads, head_dim] (positions ra_prefill_query_pos). */
-static int layer_job_knn(layer_job *j, const float *q_sample, int64_t n_q, ra_error *err) {
+static int layer_job_knn(layer_job *j, const ra_tensor *kc, int64_t kc_b, const float *q_sample, int64_t n_q,
+                         ra_error *err) {
   ra_offload *o = j->o;
   const ra_model_config *c = &o->m->cfg;
   ra_backend *be = o->m->be;
@@ -293,9 +315,10 @@ static int layer_job_knn(layer_job *j, const float *q_sample, int64_t n_q, ra_er
   j->n_q = n_q;
   j->q = malloc((size_t)(c->n_heads * n_q * hd) * sizeof(float));
   j->ids = malloc((size_t)(c->n_heads * n_q * j->knn) * sizeof(uint64_t));
-  float *kh = malloc((size_t)(n_off * hd) * sizeof(float)), *val = malloc((size_t)(n_q * j->knn) * sizeof(float));
-  int32_t *idx = malloc((size_t)(n_q * j->knn) * sizeof(int32_t));
-  ra_tensor w = {0}, x = {0}, y = {0};
+  float *val = malloc((size_t)(n_q * j->knn) * sizeof(float));
+  int32_t *idx = malloc((size_t)(n_q * j->knn) * sizeof(int32_t)), *rows = malloc((size_t)n_off * sizeof(int32_t));
+  ra_tensor kf = {0}, kw_half = {0}, x = {0}, y = {0};
+  ra_tensor *kw = kc->dtype == RA_DTYPE_F32 ? &kf : &kw_half;
   const int key_top = (int)o->cfg.key_top_queries;
   const int64_t step = o->cfg.roar_per_kv_head ? group : 1; /* q heads per build */
   float *thr = key_top ? malloc((size_t)(c->n_heads * n_q) * sizeof(float)) : NULL;
@@ -303,23 +326,22 @@ static int layer_job_knn(layer_job *j, const float *q_sample, int64_t n_q, ra_er
     j->key_top_k = key_top;
     j->key_top = malloc((size_t)(c->n_heads / step) * (size_t)n_off * (size_t)key_top * sizeof(uint32_t));
   }
-  int rc = (!j->q || !j->ids || !kh || !val || !idx || (key_top && (!thr || !j->key_top)))
+  int rc = (!j->q || !j->ids || !val || !idx || !rows || (key_top && (!thr || !j->key_top)))
                ? ra_errorf(err, RA_ENOMEM, "offload: out of memory for the index build")
                : RA_OK;
-  int64_t xs[2] = {n_q, hd}, ys[2] = {n_q, n_off};
+  int64_t ks[2] = {n_off, hd}, xs[2] = {n_q, hd}, ys[2] = {n_q, n_off};
+  if (rc == RA_OK) rc = ra_tensor_new(be, &kf, RA_DTYPE_F32, 2, ks, err);
+  if (rc == RA_OK && kw != &kf) rc = ra_tensor_new(be, kw, kc->dtype, 2, ks, err);
   if (rc == RA_OK) rc = ra_tensor_new(be, &x, RA_DTYPE_F32, 2, xs, err);
   if (rc == RA_OK) rc = ra_tensor_new(be, &y, RA_DTYPE_F32, 2, ys, err);
   for (int64_t g = 0; g < c->n_kv_heads && rc == RA_OK; g++) {
-    /* kv head g's offloaded keys, contiguous [n_off, hd], as the "weight" of q K^T */
-    for (int64_t t = 0; t < n_off; t++) memcpy(kh + t * hd, j->k + (t * c->n_kv_heads + g) * hd, (size_t)hd * sizeof(float));
-    ra_tensor_free(&w);
-    rc = be->ops->load_weight(be, kh, RA_GGML_F32, n_off, hd, &w, err);
+    rc = gather_kv_head(be, kc, kc_b, n_off, c->n_kv_heads, g, rows, &kf, kw, err);
     for (int64_t h = g * group; h < (g + 1) * group && rc == RA_OK; h++) {
       float *qh = j->q + (size_t)(h * n_q * hd);
       uint64_t *ih = j->ids + (size_t)(h * n_q * j->knn);
       for (int64_t i = 0; i < n_q; i++) memcpy(qh + i * hd, q_sample + (i * c->n_heads + h) * hd, (size_t)hd * sizeof(float));
       if ((rc = be->ops->upload(be, &x, 0, qh, (size_t)(n_q * hd), err)) ||
-          (rc = be->ops->matmul(be, &x, &w, NULL, &y, 0, err)) ||
+          (rc = be->ops->matmul(be, &x, kw, NULL, &y, 0, err)) ||
           (rc = be->ops->topk_rows(be, &y, j->knn, idx, val, err)))
         break;
       for (int64_t i = 0; i < n_q * j->knn; i++) ih[i] = (uint64_t)(j->b + idx[i]);
@@ -327,33 +349,46 @@ static int layer_job_knn(layer_job *j, const float *q_sample, int64_t n_q, ra_er
     }
     /* the builds of kv head g: its q heads one by one, or the group as one block */
     for (int64_t h = g * group; key_top && rc == RA_OK && h < (g + 1) * group; h += step)
-      rc = ra_offload_key_top_queries(be, kh, n_off, hd, j->q + (size_t)(h * n_q * hd), thr + h * n_q, step * n_q,
+      rc = ra_offload_key_top_queries(be, &kf, kc->dtype, j->q + (size_t)(h * n_q * hd), thr + h * n_q, step * n_q,
                                       key_top, 0, j->key_top + (size_t)(h / step) * (size_t)n_off * (size_t)key_top, err);
   }
-  ra_tensor_free(&w);
+  ra_tensor_free(&kf);
+  ra_tensor_free(&kw_half);
   ra_tensor_free(&x);
   ra_tensor_free(&y);
-  free(kh);
   free(val);
   free(idx);
+  free(rows);
   free(thr);
   return rc;
 }
 
+/* Waits for the index builds started by the layer jobs so far (the last layer's, or on failure
+ * whatever is in flight) and adds the wait to o->pipe_index_us. */
+static int layer_builds_wait(ra_offload *o, ra_error *err) {
+  uint64_t t0 = uv_hrtime();
+  int rc = ra_remote_build_index_wait(o->remote, err);
+  o->pipe_index_us += (double)(uv_hrtime() - t0) / 1e3;
+  return rc;
+}
+
 /* The store part: the layer's K/V to its stores, then its index builds (ivf / kgraph: one per
- * kv head, from the keys; roar: one per q head, from the kNN lists), all started before any is
- * waited for, so that the stores build them in parallel. The layer's index is complete on
- * return. Timings go to o->pipe_append_us / o->pipe_index_us (written by one thread at a time:
- * the pipe's, or the seed's caller). */
+ * kv head, from the keys; roar: one per q head or kv head, from the kNN lists), all started
+ * before any is waited for, so that the stores build them in parallel. The builds are left
+ * running: the next layer's K/V travel while they run (a 128K-token layer's PutKv took 0.6 s of
+ * the ~4.9 s a layer cost the stores on the H200), and the next job waits for them before it
+ * starts its own, so one layer's builds run at a time. layer_builds_wait after the last job.
+ * Timings go to o->pipe_append_us / o->pipe_index_us (written by one thread at a time: the
+ * pipe's, or the seed's caller). */
 static int layer_job_run(void *arg, ra_error *err) {
   layer_job *j = arg;
   ra_offload *o = j->o;
   const ra_model_config *c = &o->m->cfg;
   uint64_t t0 = uv_hrtime();
   int rc = ra_remote_put(o->remote, (uint32_t)j->layer, j->k, j->v, (uint64_t)j->b, (uint64_t)(j->e - j->b), err);
-  uint64_t t1 = uv_hrtime();
-  o->pipe_append_us += (double)(t1 - t0) / 1e3;
+  o->pipe_append_us += (double)(uv_hrtime() - t0) / 1e3;
   if (rc != RA_OK || !is_index_mode(o->cfg.mode) || j->knn == 0) return rc;
+  if ((rc = layer_builds_wait(o, err)) != RA_OK) return rc;
   int64_t group = c->n_heads / c->n_kv_heads, hd = c->head_dim;
   if (o->cfg.mode == RA_ATTN_ROAR) {
     /* per kv head: the group's q heads are consecutive in q and ids, so their queries and lists
@@ -377,16 +412,15 @@ static int layer_job_run(void *arg, ra_error *err) {
     for (int64_t g = 0; g < c->n_kv_heads && rc == RA_OK; g++)
       rc = ra_remote_build_index_start(o->remote, (uint32_t)j->layer, (uint32_t)(g * group), NULL, err);
   }
-  ra_error werr;
-  int wrc = ra_remote_build_index_wait(o->remote, rc ? &werr : err);
-  o->pipe_index_us += (double)(uv_hrtime() - t1) / 1e3;
-  return rc ? rc : wrc;
+  return rc;
 }
 
 /* A job for layer l's offloaded rows [b, e) of k, v (host [.., n_kv_heads, head_dim], row 0 =
- * position b), with the roar kNN computed from q_sample. */
+ * position b), with the roar kNN computed from q_sample and the layer's keys on the backend, kc
+ * (rows [.., n_kv_heads, head_dim], position b at row kc_b). */
 static int layer_job_new(ra_offload *o, int l, int64_t b, int64_t e, const float *k, const float *v, int own_kv,
-                         const float *q_sample, int64_t n_q, layer_job **out, ra_error *err) {
+                         const ra_tensor *kc, int64_t kc_b, const float *q_sample, int64_t n_q, layer_job **out,
+                         ra_error *err) {
   layer_job *j = calloc(1, sizeof *j);
   if (!j) {
     if (own_kv) {
@@ -396,7 +430,7 @@ static int layer_job_new(ra_offload *o, int l, int64_t b, int64_t e, const float
     return ra_errorf(err, RA_ENOMEM, "offload: out of memory");
   }
   *j = (layer_job){.o = o, .layer = l, .b = b, .e = e, .k = k, .v = v, .own_kv = own_kv};
-  int rc = is_index_mode(o->cfg.mode) ? layer_job_knn(j, q_sample, n_q, err) : RA_OK;
+  int rc = is_index_mode(o->cfg.mode) ? layer_job_knn(j, kc, kc_b, q_sample, n_q, err) : RA_OK;
   if (rc != RA_OK) {
     layer_job_free(j);
     return rc;
@@ -451,7 +485,7 @@ static int prefill_offload_layer(ra_offload *o, ra_job_pipe *pipe, int l, int64_
     stats->download_us += (double)(t1 - t0) / 1e3;
     layer_job *job = NULL;
     if (rc == RA_OK) {
-      rc = layer_job_new(o, l, b, e, k, v, 1, q, n_q, &job, err);
+      rc = layer_job_new(o, l, b, e, k, v, 1, &st->k_cache[l], b, q, n_q, &job, err);
       k = v = NULL; /* the job's now, or freed */
     }
     free(k);
@@ -540,11 +574,13 @@ int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offlo
   if (rc == RA_OK) rc = o->m->be->ops->sync(o->m->be, err);
   /* the last layers' stores and builds; a store's failure surfaces here at the latest */
   if (pipe) {
-    ra_error perr;
+    ra_error perr, berr;
     uint64_t tw = uv_hrtime();
     int prc = ra_job_pipe_finish(pipe, rc ? &perr : err);
-    s.wait_us += (double)(uv_hrtime() - tw) / 1e3;
     if (rc == RA_OK) rc = prc;
+    int brc = layer_builds_wait(o, rc ? &berr : err);
+    if (rc == RA_OK) rc = brc;
+    s.wait_us += (double)(uv_hrtime() - tw) / 1e3;
   }
   free(q);
   s.append_us += o->pipe_append_us;
@@ -603,8 +639,13 @@ int ra_offload_seed(ra_offload *o, const ra_prefill_capture *cap, ra_offload_sta
       uint64_t ta = uv_hrtime();
       layer_job *job = NULL;
       o->pipe_append_us = o->pipe_index_us = 0.0;
-      rc = layer_job_new(o, l, b, e, k + (size_t)b * o->kv_row, v + (size_t)b * o->kv_row, 0,
-                         cap->q + (size_t)l * (size_t)n_q * q_row, n_q, &job, err);
+      /* roar's kNN reads the layer's keys on the backend: the offloaded rows go to the scratch */
+      if (o->cfg.mode == RA_ATTN_ROAR)
+        rc = o->m->be->ops->upload(o->m->be, &o->scratch_k, (size_t)b * o->kv_row, k + (size_t)b * o->kv_row,
+                                   (size_t)(e - b) * o->kv_row, err);
+      if (rc == RA_OK)
+        rc = layer_job_new(o, l, b, e, k + (size_t)b * o->kv_row, v + (size_t)b * o->kv_row, 0, &o->scratch_k, b,
+                           cap->q + (size_t)l * (size_t)n_q * q_row, n_q, &job, err);
       double knn_us = (double)(uv_hrtime() - ta) / 1e3;
       if (rc == RA_OK) rc = layer_job_run(job, err);
       layer_job_free(job);
@@ -615,6 +656,13 @@ int ra_offload_seed(ra_offload *o, const ra_prefill_capture *cap, ra_offload_sta
     if (rc == RA_OK) rc = seed_ring(o, &st->v_cache[l], &o->scratch_v, v, 0, sink_end, err);
     if (rc == RA_OK) rc = seed_ring(o, &st->k_cache[l], &o->scratch_k, k, w0, n, err);
     if (rc == RA_OK) rc = seed_ring(o, &st->v_cache[l], &o->scratch_v, v, w0, n, err);
+  }
+  if (o->remote) {
+    ra_error berr;
+    o->pipe_index_us = 0.0;
+    int brc = layer_builds_wait(o, rc ? &berr : err);
+    if (rc == RA_OK) rc = brc;
+    s.index_us += o->pipe_index_us;
   }
   if (rc == RA_OK) rc = o->m->be->ops->upload(o->m->be, &st->logits, 0, cap->logits, (size_t)c->vocab, err);
   if (rc == RA_OK) rc = o->m->be->ops->sync(o->m->be, err);

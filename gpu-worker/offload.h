@@ -126,16 +126,17 @@ int ra_offload_seed(ra_offload *o, const ra_prefill_capture *cap, ra_offload_sta
 /* One decode step: feeds `token` at the next position. */
 int ra_offload_decode(ra_offload *o, int32_t token, ra_offload_stats *stats, ra_error *err);
 
-/* The roar build's key lists (config key_top_queries): every key of keys [n_keys, head_dim] gets
- * the t queries of queries [n_q, head_dim] with the largest margin q.k - thr[q] (thr: each
- * query's knn_nq-th best key score, its list's last), best first, as indices into queries;
- * RA_KVCLIENT_NO_QUERY pads when n_q < t. The margin, not the score: a key belongs with the
- * queries whose lists it comes closest to entering (kv-store/index/roar.c). On the backend, a
- * matmul with a bias then top-k rows, in chunks of `chunk` keys (0: scores of a chunk under
- * 64M floats). All buffers host; out: [n_keys, t]. */
-int ra_offload_key_top_queries(ra_backend *be, const float *keys, int64_t n_keys, int64_t head_dim,
-                               const float *queries, const float *thr, int64_t n_q, int t, int64_t chunk,
-                               uint32_t *out, ra_error *err);
+/* The roar build's key lists (config key_top_queries): every key of keys [n_keys, head_dim] (an
+ * fp32 tensor on be) gets the t queries of queries [n_q, head_dim] with the largest margin
+ * q.k - thr[q] (thr: each query's knn_nq-th best key score, its list's last), best first, as
+ * indices into queries; RA_KVCLIENT_NO_QUERY pads when n_q < t. The margin, not the score: a key
+ * belongs with the queries whose lists it comes closest to entering (kv-store/index/roar.c). On
+ * the backend, a matmul with a bias then top-k rows, in chunks of `chunk` keys (0: scores of a
+ * chunk under 64M floats), with the queries held in q_dtype (F32, or a half type where the
+ * backend's matmul takes half weights: the CUDA backend then uses its tensor cores). queries,
+ * thr, out: host; out: [n_keys, t]. */
+int ra_offload_key_top_queries(ra_backend *be, const ra_tensor *keys, ra_dtype q_dtype, const float *queries,
+                               const float *thr, int64_t n_q, int t, int64_t chunk, uint32_t *out, ra_error *err);
 
 /* A ra_gen_forward_fn (generate.h) over the runtime `ctx`: prefill on the first call, one decode
  * step per token after. */

@@ -39,6 +39,16 @@ static double margin(const float *k, const float *q, double thr, int hd) {
   return d - thr;
 }
 
+/* keys [n, hd] as the backend tensor the key lists read */
+static ra_tensor keys_tensor(const float *k, int64_t n, int64_t hd) {
+  ra_tensor t = {0};
+  int64_t shape[2] = {n, hd};
+  ra_error err;
+  if (ra_tensor_new(be, &t, RA_DTYPE_F32, 2, shape, &err) || be->ops->upload(be, &t, 0, k, (size_t)(n * hd), &err))
+    fail_msg("%s", err.msg);
+  return t;
+}
+
 /* n keys, nq queries of dimension hd, lists of t, computed in chunks of `chunk` keys. */
 static void check_lists(int n, int nq, int hd, int t, int64_t chunk) {
   uint64_t seed = 7;
@@ -49,7 +59,9 @@ static void check_lists(int n, int nq, int hd, int t, int64_t chunk) {
   for (int i = 0; i < nq * hd; i++) q[i] = frand(&seed);
   for (int i = 0; i < nq; i++) thr[i] = 2.0f * frand(&seed);
   ra_error err;
-  int rc = ra_offload_key_top_queries(be, k, n, hd, q, thr, nq, t, chunk, out, &err);
+  ra_tensor kt = keys_tensor(k, n, hd);
+  int rc = ra_offload_key_top_queries(be, &kt, RA_DTYPE_F32, q, thr, nq, t, chunk, out, &err);
+  ra_tensor_free(&kt);
   if (rc) fail_msg("%s", err.msg);
   const int have = t < nq ? t : nq;
   uint8_t *taken = malloc((size_t)nq);
@@ -98,9 +110,11 @@ static void test_bad_arguments_are_refused(void **state) {
   float k[8] = {0}, q[8] = {0}, thr[1] = {0};
   uint32_t out[8];
   ra_error err;
-  assert_int_equal(ra_offload_key_top_queries(be, k, 1, 8, q, thr, 1, 0, 0, out, &err), RA_EINVAL);
-  assert_int_equal(ra_offload_key_top_queries(be, k, 1, 8, q, thr, 0, 2, 0, out, &err), RA_EINVAL);
-  assert_int_equal(ra_offload_key_top_queries(be, k, 0, 8, q, thr, 1, 2, 0, out, &err), RA_OK);
+  ra_tensor kt = keys_tensor(k, 1, 8), none = ra_tensor_rows(&kt, 0, 0);
+  assert_int_equal(ra_offload_key_top_queries(be, &kt, RA_DTYPE_F32, q, thr, 1, 0, 0, out, &err), RA_EINVAL);
+  assert_int_equal(ra_offload_key_top_queries(be, &kt, RA_DTYPE_F32, q, thr, 0, 2, 0, out, &err), RA_EINVAL);
+  assert_int_equal(ra_offload_key_top_queries(be, &none, RA_DTYPE_F32, q, thr, 1, 2, 0, out, &err), RA_OK);
+  ra_tensor_free(&kt);
 }
 
 int main(void) {
