@@ -33,14 +33,19 @@ void ra_gate_destroy(ra_gate *g);
 /* Blocks until it is this caller's turn and min(want, capacity) units are free, takes them and
  * returns how many (>= 1; want < 1 counts as 1). */
 int ra_gate_acquire(ra_gate *g, int want);
-/* Gives back n units taken by ra_gate_acquire. */
+/* The same, but once it is this caller's turn it takes what is free, at least 1 and at most
+ * want, instead of waiting for all of want: for callers whose work scales with the units they get
+ * (an index build's OpenMP team), so that rounded-up shares fill the capacity. */
+int ra_gate_acquire_some(ra_gate *g, int want);
+/* Gives back n units taken by ra_gate_acquire or ra_gate_acquire_some. */
 void ra_gate_release(ra_gate *g, int n);
 
 /* Fair shares for callers that arrive together. A caller announces itself and what it would
  * take (want, clamped to [1, capacity]) with ra_gate_join as soon as it arrives, before the
  * work that precedes its acquire, and leaves once it released its units. ra_gate_share(g, want)
  * is then what it should ask for: want while the joined callers' wants fit in the capacity,
- * else its proportional part of the capacity, want * capacity / sum of wants (at least 1).
+ * else its proportional part of the capacity, want * capacity / sum of wants rounded up (so the
+ * shares may add up to a little more than the capacity: take them with ra_gate_acquire_some).
  *
  * Why: four 131K-key roar builds reach a store together (one layer's kv heads). Each asking for
  * every unit, the FIFO runs them one after another, each on all threads with its serial phases

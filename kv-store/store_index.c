@@ -392,7 +392,7 @@ static int build_one(kvs_session *s, const kvs_build_args *a, int joined, shard_
   if (a->gate) {
     int share = ra_gate_share(a->gate, joined);
     if (share < threads) threads = share;
-    threads = ra_gate_acquire(a->gate, threads);
+    threads = ra_gate_acquire_some(a->gate, threads);
   }
   p.n_threads = threads;
   uint64_t est = ra_index_estimate_bytes(&p, (uint32_t)b->n_snap, dim, qp ? qp->n : 0);

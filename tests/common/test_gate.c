@@ -135,7 +135,7 @@ static void test_share(void **state) {
   /* One large and three small: wants that fit are granted, the large one gets the rest. */
   ra_gate_join(&g, 8);
   for (int i = 0; i < 3; i++) ra_gate_join(&g, 1);
-  assert_int_equal(ra_gate_share(&g, 8), 5); /* 8 * 8 / 11 */
+  assert_int_equal(ra_gate_share(&g, 8), 6); /* 8 * 8 / 11, rounded up */
   assert_int_equal(ra_gate_share(&g, 1), 1); /* never below 1 */
   for (int i = 0; i < 3; i++) ra_gate_leave(&g, 1);
   assert_int_equal(ra_gate_share(&g, 8), 8); /* alone again */
@@ -152,12 +152,38 @@ static void test_share(void **state) {
   ra_gate_destroy(&g);
 }
 
+/* Four builds of a layer on 7 units: shares of 2 (1.75 rounded up) taken with acquire_some give
+ * 2 + 2 + 2 + 1, every unit busy and nobody waiting (rounded down, 1 each left 3 idle). */
+static void test_shares_fill_an_odd_capacity(void **state) {
+  (void)state;
+  ra_gate g;
+  assert_int_equal(ra_gate_init(&g, 7), RA_OK);
+  for (int i = 0; i < 4; i++) ra_gate_join(&g, 32);
+  assert_int_equal(ra_gate_share(&g, 32), 2);
+  int got[4], sum = 0;
+  for (int i = 0; i < 4; i++) sum += got[i] = ra_gate_acquire_some(&g, ra_gate_share(&g, 32));
+  assert_int_equal(got[0], 2);
+  assert_int_equal(got[3], 1);
+  assert_int_equal(sum, 7);
+  assert_int_equal(g.free, 0);
+  for (int i = 0; i < 4; i++) {
+    ra_gate_release(&g, got[i]);
+    ra_gate_leave(&g, 32);
+  }
+  assert_int_equal(g.free, 7);
+  /* alone, acquire_some takes its whole want when it is free */
+  assert_int_equal(ra_gate_acquire_some(&g, 5), 5);
+  ra_gate_release(&g, 5);
+  ra_gate_destroy(&g);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_init_and_clamp),
       cmocka_unit_test(test_capacity_never_exceeded),
       cmocka_unit_test(test_fifo),
       cmocka_unit_test(test_share),
+      cmocka_unit_test(test_shares_fill_an_odd_capacity),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
