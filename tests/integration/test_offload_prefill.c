@@ -252,12 +252,35 @@ static void test_refused_put_fails_the_prefill_and_names_the_store(void **state)
   fixture_down(&f);
 }
 
+/* A store with room for its KV but not for the roar indexes: the build it refuses fails the
+ * prefill with its reason and its address, although the builds run behind the next layer's
+ * puts (the next job, or the end of the prefill, waits for them). */
+static void test_refused_build_fails_the_prefill_and_names_the_store(void **state) {
+  (void)state;
+  fixture f;
+  /* store 1's KV is 4 shards of 536 rows x (K + V) x 16 floats, 274 KB; a roar build of one
+   * asks for ~4.9 MB more */
+  const char *const tight[] = {"--threads", "1", "--memory-budget", "1M", NULL};
+  fixture_up(&f, tight);
+  ra_offload *o = offload_new(&f, RA_ATTN_ROAR, 16, 24, 1, 4);
+  ra_error err;
+  int rc = ra_offload_prefill(o, f.tokens, N_PROMPT, NULL, &err);
+  print_message("refused: %s\n", err.msg);
+  assert_int_equal(rc, RA_ENOMEM);
+  assert_non_null(strstr(err.msg, f.st[1].addr));
+  assert_non_null(strstr(err.msg, "index"));
+  assert_int_not_equal(ra_offload_decode(o, f.tokens[N_PROMPT], NULL, &err), RA_OK);
+  ra_offload_free(o);
+  fixture_down(&f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_pipelined_prefill_flat_equals_full),
       cmocka_unit_test(test_pipelined_prefill_builds_roar),
       cmocka_unit_test(test_synthetic_prefill_is_embeddings_kv),
       cmocka_unit_test(test_synthetic_chunk_validated),
+      cmocka_unit_test(test_refused_build_fails_the_prefill_and_names_the_store),
       cmocka_unit_test(test_refused_put_fails_the_prefill_and_names_the_store),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
