@@ -23,33 +23,27 @@ void ra_gate_destroy(ra_gate *g) {
   pthread_mutex_destroy(&g->mu);
 }
 
-int ra_gate_acquire(ra_gate *g, int want) {
+/* Waits for the caller's turn and for all of want free (all) or at least 1, then takes up to
+ * want. */
+static int take(ra_gate *g, int want, int all) {
   if (want < 1) want = 1;
   if (want > g->capacity) want = g->capacity;
+  const int least = all ? want : 1;
   pthread_mutex_lock(&g->mu);
   uint64_t ticket = g->next_ticket++;
-  while (ticket != g->serving || g->free < want) pthread_cond_wait(&g->cv, &g->mu);
-  g->free -= want;
+  while (ticket != g->serving || g->free < least) pthread_cond_wait(&g->cv, &g->mu);
+  const int took = g->free < want ? g->free : want;
+  g->free -= took;
   g->serving++;
   /* The next ticket may fit in what is left. */
   pthread_cond_broadcast(&g->cv);
   pthread_mutex_unlock(&g->mu);
-  return want;
-}
-
-int ra_gate_acquire_some(ra_gate *g, int want) {
-  if (want < 1) want = 1;
-  if (want > g->capacity) want = g->capacity;
-  pthread_mutex_lock(&g->mu);
-  uint64_t ticket = g->next_ticket++;
-  while (ticket != g->serving || g->free < 1) pthread_cond_wait(&g->cv, &g->mu);
-  int took = g->free < want ? g->free : want;
-  g->free -= took;
-  g->serving++;
-  pthread_cond_broadcast(&g->cv);
-  pthread_mutex_unlock(&g->mu);
   return took;
 }
+
+int ra_gate_acquire(ra_gate *g, int want) { return take(g, want, 1); }
+
+int ra_gate_acquire_some(ra_gate *g, int want) { return take(g, want, 0); }
 
 void ra_gate_release(ra_gate *g, int n) {
   pthread_mutex_lock(&g->mu);

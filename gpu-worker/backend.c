@@ -57,3 +57,12 @@ ra_tensor ra_tensor_rows(const ra_tensor *t, int64_t row0, int64_t n_rows) {
   v.nbytes = (size_t)n_rows * row_bytes;
   return v;
 }
+
+ra_tensor ra_tensor_matrix(const ra_tensor *t, int64_t row_len) {
+  ra_tensor v = *t;
+  v.ndim = 2;
+  v.shape[0] = (int64_t)(ra_tensor_nelem(t) / (size_t)row_len);
+  v.shape[1] = row_len;
+  for (int i = 2; i < RA_TENSOR_MAX_DIMS; i++) v.shape[i] = 0;
+  return v;
+}

@@ -164,5 +164,9 @@ int ra_tensor_new(ra_backend *be, ra_tensor *t, ra_dtype dtype, int ndim, const 
 void ra_tensor_free(ra_tensor *t); /* no-op on a zeroed tensor */
 /* A view of rows [row0, row0 + n_rows) of t along its first dimension (no copy, not to be freed). */
 ra_tensor ra_tensor_rows(const ra_tensor *t, int64_t row0, int64_t n_rows);
+/* t as a matrix [nelem / row_len, row_len] (no copy, not to be freed): e.g. a cache
+ * [n, n_kv_heads, head_dim] as a table of n * n_kv_heads rows for get_rows. row_len divides the
+ * element count. */
+ra_tensor ra_tensor_matrix(const ra_tensor *t, int64_t row_len);
 
 #endif

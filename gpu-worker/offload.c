@@ -283,11 +283,7 @@ int ra_offload_key_top_queries(ra_backend *be, const ra_tensor *keys, ra_dtype q
 static int gather_kv_head(ra_backend *be, const ra_tensor *kc, int64_t kc_b, int64_t n_off, int64_t n_kv, int64_t g,
                           int32_t *ids, ra_tensor *kf, ra_tensor *kw, ra_error *err) {
   const int64_t hd = kc->shape[kc->ndim - 1];
-  ra_tensor table = *kc; /* [rows * n_kv_heads, head_dim] */
-  table.ndim = 2;
-  table.shape[0] = (int64_t)(ra_tensor_nelem(kc) / (size_t)hd);
-  table.shape[1] = hd;
-  for (int i = 2; i < RA_TENSOR_MAX_DIMS; i++) table.shape[i] = 0;
+  const ra_tensor table = ra_tensor_matrix(kc, hd); /* [rows * n_kv_heads, head_dim] */
   for (int64_t t = 0; t < n_off; t++) ids[t] = (int32_t)((kc_b + t) * n_kv + g);
   int rc = be->ops->get_rows(be, &table, ids, n_off, kf, err);
   if (rc == RA_OK && kw != kf) rc = be->ops->copy(be, kw, 0, kf, 0, (size_t)(n_off * hd), err);
@@ -452,10 +448,7 @@ static int pick_queries(ra_offload *o, int64_t n, int64_t n_q, int64_t c0, int64
     o->q_pick_rows[m] = (int32_t)(p - c0);
   if (m == 0) return RA_OK;
   /* the step's q [len, n_heads, head_dim] as a table of len rows */
-  ra_tensor table = o->st->cur_q;
-  table.ndim = 2;
-  table.shape[1] = q_row;
-  table.shape[2] = 0;
+  const ra_tensor table = ra_tensor_matrix(&o->st->cur_q, q_row);
   ra_tensor out = ra_tensor_rows(&o->q_pick, 0, m);
   int rc = be->ops->get_rows(be, &table, o->q_pick_rows, m, &out, err);
   return rc ? rc : be->ops->download(be, &out, 0, q_host + i0 * q_row, (size_t)(m * q_row), err);

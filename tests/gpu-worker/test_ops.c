@@ -113,6 +113,21 @@ static void test_rmsnorm_swiglu_get_rows(void **state) {
   assert_int_equal(be->ops->get_rows(be, &x, ids, 3, &out, NULL), RA_OK);
   got = fetch(&out);
   for (int r = 0; r < 3; r++) assert_memory_equal(got + r * d, hx + ids[r] * d, (size_t)d * sizeof(float));
+  /* x [5, 40] as a matrix of 10 rows of 20 (a cache [n, kv heads, head_dim] as n * kv heads
+   * rows): rows 9 and 3 are the second halves of x's rows 4 and 1 */
+  const ra_tensor halves = ra_tensor_matrix(&x, d / 2);
+  assert_int_equal(halves.ndim, 2);
+  assert_int_equal(halves.shape[0], 2 * n);
+  assert_int_equal(halves.shape[1], d / 2);
+  int32_t hids[2] = {9, 3};
+  ra_tensor hout;
+  assert_int_equal(ra_tensor_new(be, &hout, RA_DTYPE_F32, 2, (int64_t[]){2, d / 2}, NULL), RA_OK);
+  assert_int_equal(be->ops->get_rows(be, &halves, hids, 2, &hout, NULL), RA_OK);
+  float *hgot = fetch(&hout);
+  assert_memory_equal(hgot, hx + 4 * d + d / 2, (size_t)(d / 2) * sizeof(float));
+  assert_memory_equal(hgot + d / 2, hx + 1 * d + d / 2, (size_t)(d / 2) * sizeof(float));
+  free(hgot);
+  ra_tensor_free(&hout);
   int32_t bad = 5;
   ra_error err;
   assert_int_equal(be->ops->get_rows(be, &x, &bad, 1, &out, &err), RA_EINVAL);
