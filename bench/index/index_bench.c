@@ -48,6 +48,7 @@ static const uint32_t graph_ef_small[] = {100, 128, 160, 200, 256, 320, 400, 512
 static const uint32_t graph_ef_large[] = {2000, 2500, 3000, 4000, 6000, 8000};
 static const uint32_t ivf_probes[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512};
 #define MAX_POINTS 20
+#define MAX_GROUP 64 /* q heads per kv head */
 
 typedef struct {
   uint32_t n;
@@ -68,6 +69,10 @@ typedef struct {
    * insertion (median and mean over the insertions): what a store pays per graph per row. */
   uint32_t ins_n;
   double ins_wall_us, ins_cpu_us_median, ins_cpu_us_mean;
+  /* roar-kv with --group-overlap: keys the group's q heads' walks at ef overlap_ef score per
+   * held-out position, summed over the heads and as a union (what one joint walk would fetch) */
+  uint32_t overlap_ef;
+  double overlap_sum, overlap_union;
 } result;
 
 typedef struct {
@@ -80,7 +85,7 @@ typedef struct {
   const char *qk, *json;
   int layers[MAX_LIST], n_layers, heads[MAX_LIST], n_heads;
   int kinds[N_KINDS];
-  uint32_t n_eval, n_kk, lat_ef;
+  uint32_t n_eval, n_kk, lat_ef, overlap_ef;
   int threads, latency, small_pages;
   float insert_frac;
   int M, nq, build_ef, n_lists, pivots;
@@ -136,12 +141,13 @@ static void usage(void) {
           "  [--threads N] [--latency] [--latency-ef L (default: smallest ef reaching recall 0.95)]\n"
           "  [--insert-frac F (0.1)] [--M M] [--nq NQ] [--build-ef L] [--sample F] [--n-lists N]\n"
           "  [--pivots P] [--keep-queries N] [--keep-topk T]\n"
-          "  [--lists] [--key-queries T] [--key-rank margin|raw] [--small-pages]\n"
+          "  [--lists] [--key-queries T] [--key-rank margin|raw] [--small-pages] [--group-overlap EF]\n"
           "--lists: the bench samples the build queries and computes their top-Nq lists (as the\n"
           "  GPU does; roar and roar-ins), outside the build's time. --key-queries T: also each\n"
           "  key's top-T sampled queries (by margin over the query's Nq-th score, or raw q.k),\n"
           "  the build's key -> query lists. --small-pages: the keys on 4 KiB pages (a store puts\n"
-          "  them on huge pages).\n");
+          "  them on huge pages). --group-overlap EF: roar-kv, the keys the kv group's q heads'\n"
+          "  walks at ef EF score at the same positions, summed and as a union.\n");
 }
 
 static int parse_args(int argc, char **argv, opts *o) {
@@ -176,6 +182,7 @@ static int parse_args(int argc, char **argv, opts *o) {
     else if (!strcmp(a, "--kk")) o->n_kk = (uint32_t)atoi(v);
     else if (!strcmp(a, "--threads")) o->threads = atoi(v);
     else if (!strcmp(a, "--latency-ef")) o->lat_ef = (uint32_t)atoi(v);
+    else if (!strcmp(a, "--group-overlap")) { if ((o->overlap_ef = (uint32_t)atoi(v)) == 0) return -1; }
     else if (!strcmp(a, "--insert-frac")) o->insert_frac = (float)atof(v);
     else if (!strcmp(a, "--M")) o->M = atoi(v);
     else if (!strcmp(a, "--nq")) o->nq = atoi(v);
@@ -439,6 +446,84 @@ out:
   return rc;
 }
 
+/* Head h's held-out queries [*n_ev, D]: the last n_eval prefill queries of its q [N, D], then
+ * its decode queries when the dump has them. NULL on a read or memory failure. */
+static float *eval_queries(const opts *o, const ra_qk_meta *m, int L, int h, const float *q, uint32_t n_build,
+                           uint32_t *n_ev) {
+  const int D = m->head_dim;
+  uint32_t drows = 0;
+  float *qdec = NULL;
+  char path[4200];
+  if (m->n_decode) {
+    ra_qk_path(path, sizeof path, o->qk, "qdec", L, h);
+    if (!(qdec = load_f32(path, 1, D, &drows))) return NULL;
+  }
+  *n_ev = o->n_eval + drows;
+  float *evq = malloc((size_t)*n_ev * D * sizeof *evq);
+  if (evq) {
+    memcpy(evq, q + (size_t)n_build * D, (size_t)o->n_eval * D * sizeof *evq);
+    if (drows) memcpy(evq + (size_t)o->n_eval * D, qdec, (size_t)drows * D * sizeof *evq);
+  }
+  free(qdec);
+  return evq;
+}
+
+/* How much of their work the G q heads of kv group g share on its graph ix: at each held-out
+ * position, each head's walk at ef (k 100) marks the keys it scores; r gets their count summed
+ * over the heads and the size of their union, per position (means). A walk per kv head that
+ * scored every fetched key for all G queries would fetch the union once; separate walks fetch
+ * the sum. */
+static int group_overlap(const opts *o, const ra_qk_meta *m, int L, int g, const ra_index *ix,
+                         const ra_keys *keys, uint32_t n_build, uint32_t ef, int threads, result *r) {
+  const int D = m->head_dim, G = m->q_heads / m->kv_heads;
+  const uint32_t n = ra_index_count(ix), k = ef < 100 ? ef : 100;
+  float *evq[MAX_GROUP];
+  uint32_t n_ev = 0;
+  int rc = 0;
+  if (G > MAX_GROUP) return -1;
+  for (int j = 0; j < G; j++) {
+    char path[4200];
+    uint32_t rows;
+    ra_qk_path(path, sizeof path, o->qk, "q", L, g * G + j);
+    float *q = load_f32(path, m->n_tokens, D, &rows);
+    evq[j] = q ? eval_queries(o, m, L, g * G + j, q, n_build, &n_ev) : NULL;
+    free(q);
+    if (!evq[j]) rc = -1;
+  }
+  double sum = 0, uni = 0;
+  ra_search_params sp = {.ef = ef};
+#pragma omp parallel num_threads(threads) reduction(+ : sum, uni) if (rc == 0)
+  {
+    ra_index_scratch s;
+    uint32_t *ids = malloc((size_t)k * sizeof *ids), *in = calloc(n, sizeof *in);
+    int ok = rc == 0 && ids && in && ra_index_scratch_init(&s, ix, ef, k, NULL) == RA_OK;
+#pragma omp for schedule(dynamic, 4)
+    for (uint32_t i = 0; i < n_ev; i++) {
+      for (int j = 0; ok && j < G; j++) {
+        uint32_t got = 0;
+        uint64_t sc = 0;
+        if (ra_index_search(ix, keys, evq[j] + (size_t)i * D, k, &sp, &s, ids, NULL, &got, &sc)) continue;
+        sum += (double)sc;
+        /* the scored keys are the ones the walk marked visited in this search's epoch */
+        for (uint32_t v = 0; v < n; v++)
+          if (s.visited[v] == s.epoch && in[v] != i + 1) {
+            in[v] = i + 1;
+            uni += 1;
+          }
+      }
+    }
+    if (ok) ra_index_scratch_free(&s);
+    free(ids);
+    free(in);
+  }
+  for (int j = 0; j < G; j++) free(evq[j]);
+  if (rc) return rc;
+  r->overlap_ef = ef;
+  r->overlap_sum = sum / n_ev;
+  r->overlap_union = uni / n_ev;
+  return 0;
+}
+
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
@@ -609,6 +694,9 @@ static void write_json(const opts *o, const ra_qk_meta *m, head_result *hr, int 
                    "\"latency_recall100\": %.4f",
                 r->lat_ef, r->lat_p50_us, r->lat_p99_us, r->lat_cold_p50_us, r->lat_scanned,
                 r->lat_recall);
+      if (r->overlap_ef)
+        fprintf(f, ", \"group_overlap_ef\": %u, \"group_scored_sum\": %.1f, \"group_scored_union\": %.1f",
+                r->overlap_ef, r->overlap_sum, r->overlap_union);
       for (int c = 0; c < N_CURVES; c++) {
         if (!r->c[c].n) continue;
         fprintf(f, ",\n        \"%s\": ", curve_names[c]);
@@ -771,25 +859,16 @@ int main(int argc, char **argv) {
         cur_g = g;
       }
       ra_keys keys = {.rows = krows, .dtype = kn.dtype, .dim = D, .n = n_idx};
-      uint32_t rows, drows = 0;
+      uint32_t rows, n_ev;
       ra_qk_path(path, sizeof path, o.qk, "q", L, h);
       float *q = load_f32(path, N, D, &rows);
       if (!q) return 1;
-      float *qdec = NULL;
-      if (m.n_decode) {
-        ra_qk_path(path, sizeof path, o.qk, "qdec", L, h);
-        if (!(qdec = load_f32(path, 1, D, &drows))) return 1;
-      }
-      /* Held-out queries: the last n_eval prefill queries, then the decode queries. */
-      uint32_t n_ev = o.n_eval + drows;
-      float *evq = malloc((size_t)n_ev * D * sizeof *evq);
+      float *evq = eval_queries(&o, &m, L, h, q, n_build, &n_ev);
       uint32_t *gt = malloc((size_t)n_ev * k_large * sizeof *gt);
       uint32_t n_kk = o.n_kk < n_idx ? o.n_kk : n_idx;
       float *kkq = malloc((size_t)(n_kk ? n_kk : 1) * D * sizeof *kkq);
       uint32_t *kkgt = malloc((size_t)(n_kk ? n_kk : 1) * 100 * sizeof *kkgt);
       if (!evq || !gt || !kkq || !kkgt) return 1;
-      memcpy(evq, q + (size_t)n_build * D, (size_t)o.n_eval * D * sizeof *evq);
-      if (drows) memcpy(evq + (size_t)o.n_eval * D, qdec, (size_t)drows * D * sizeof *evq);
       for (uint32_t i = 0; i < n_kk; i++)
         memcpy(kkq + (size_t)i * D, k32 + (size_t)((uint64_t)i * n_idx / n_kk) * D, (size_t)D * sizeof *kkq);
       if (ra_knn_ip(k32, n_idx, D, NULL, evq, n_ev, k_large, 0, threads, gt, NULL, &err) ||
@@ -841,6 +920,11 @@ int main(int argc, char **argv) {
             roar_kv = build_timed(&p, &keys, &gq, &roar_kv_res);
             bench_lists_free(&bl);
             if (!roar_kv) return 1;
+            if (o.overlap_ef &&
+                group_overlap(&o, &m, L, g, roar_kv, &keys, n_build, o.overlap_ef, threads, &roar_kv_res)) {
+              fprintf(stderr, "index-bench: group overlap of layer %d kv head %d failed\n", L, g);
+              return 1;
+            }
           }
           ix = roar_kv;
           r->build_s = roar_kv_res.build_s;
@@ -849,6 +933,9 @@ int main(int argc, char **argv) {
           r->bytes = roar_kv_res.bytes;
           r->bytes_per_key = roar_kv_res.bytes_per_key;
           r->gs = roar_kv_res.gs;
+          r->overlap_ef = roar_kv_res.overlap_ef;
+          r->overlap_sum = roar_kv_res.overlap_sum;
+          r->overlap_union = roar_kv_res.overlap_union;
         } else if (k == K_ROARINS) {
           uint32_t n0 = (uint32_t)((1.0 - o.insert_frac) * n_idx);
           ra_keys k0 = keys;
@@ -937,6 +1024,9 @@ int main(int argc, char **argv) {
           printf("  latency ef %u p50 %.0fus p99 %.0fus cold p50 %.0fus (recall %.3f, %.2f%% "
                  "scanned)", r->lat_ef, r->lat_p50_us, r->lat_p99_us, r->lat_cold_p50_us,
                  r->lat_recall, 100 * r->lat_scanned);
+        if (r->overlap_ef)
+          printf("  group walks at ef %u: %.0f keys scored in all, %.0f distinct (%.2f)", r->overlap_ef,
+                 r->overlap_sum, r->overlap_union, r->overlap_union / r->overlap_sum);
         printf("\n");
         fflush(stdout);
         if (k != K_ROARKV) ra_index_free(ix);
@@ -946,7 +1036,6 @@ int main(int argc, char **argv) {
       write_plot(&o, hr, n_hr, part, sizeof part);
       write_json(&o, &m, hr, n_hr, part);
       free(q);
-      free(qdec);
       free(evq);
       free(gt);
       free(kkq);
