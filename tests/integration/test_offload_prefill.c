@@ -234,22 +234,30 @@ static void test_synthetic_chunk_validated(void **state) {
   fixture_down(&f);
 }
 
-static void test_refused_put_fails_the_prefill_and_names_the_store(void **state) {
-  (void)state;
+/* Store 1 started with store1_args must refuse the prefill of a runtime in `mode` (top_k, ef,
+ * per_kv_head, key_top as offload_new): the prefill fails with RA_ENOMEM, a message naming the
+ * store and containing `reason`, and the runtime is stopped, not half-prefilled. */
+static void expect_refused_prefill(const char *const *store1_args, ra_attn_mode mode, uint32_t top_k, uint32_t ef,
+                                   int per_kv_head, uint32_t key_top, const char *reason) {
   fixture f;
-  /* room for a fraction of one layer: the first put to store 1 is refused */
-  const char *const small[] = {"--threads", "1", "--memory-budget", "16K", NULL};
-  fixture_up(&f, small);
-  ra_offload *o = offload_new(&f, RA_ATTN_FLAT, 100, 0, 0, 0);
+  fixture_up(&f, store1_args);
+  ra_offload *o = offload_new(&f, mode, top_k, ef, per_kv_head, key_top);
   ra_error err;
   int rc = ra_offload_prefill(o, f.tokens, N_PROMPT, NULL, &err);
   print_message("refused: %s\n", err.msg);
   assert_int_equal(rc, RA_ENOMEM);
   assert_non_null(strstr(err.msg, f.st[1].addr));
-  /* the runtime is stopped, not half-prefilled */
+  assert_non_null(strstr(err.msg, reason));
   assert_int_not_equal(ra_offload_decode(o, f.tokens[N_PROMPT], NULL, &err), RA_OK);
   ra_offload_free(o);
   fixture_down(&f);
+}
+
+static void test_refused_put_fails_the_prefill_and_names_the_store(void **state) {
+  (void)state;
+  /* room for a fraction of one layer: the first put to store 1 is refused */
+  const char *const small[] = {"--threads", "1", "--memory-budget", "16K", NULL};
+  expect_refused_prefill(small, RA_ATTN_FLAT, 100, 0, 0, 0, "memory budget");
 }
 
 /* A store with room for its KV but not for the roar indexes: the build it refuses fails the
@@ -257,21 +265,10 @@ static void test_refused_put_fails_the_prefill_and_names_the_store(void **state)
  * puts (the next job, or the end of the prefill, waits for them). */
 static void test_refused_build_fails_the_prefill_and_names_the_store(void **state) {
   (void)state;
-  fixture f;
   /* store 1's KV is 4 shards of 536 rows x (K + V) x 16 floats, 274 KB; a roar build of one
    * asks for ~4.9 MB more */
   const char *const tight[] = {"--threads", "1", "--memory-budget", "1M", NULL};
-  fixture_up(&f, tight);
-  ra_offload *o = offload_new(&f, RA_ATTN_ROAR, 16, 24, 1, 4);
-  ra_error err;
-  int rc = ra_offload_prefill(o, f.tokens, N_PROMPT, NULL, &err);
-  print_message("refused: %s\n", err.msg);
-  assert_int_equal(rc, RA_ENOMEM);
-  assert_non_null(strstr(err.msg, f.st[1].addr));
-  assert_non_null(strstr(err.msg, "index"));
-  assert_int_not_equal(ra_offload_decode(o, f.tokens[N_PROMPT], NULL, &err), RA_OK);
-  ra_offload_free(o);
-  fixture_down(&f);
+  expect_refused_prefill(tight, RA_ATTN_ROAR, 16, 24, 1, 4, "index");
 }
 
 int main(void) {
