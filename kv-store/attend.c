@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* Rows per dot-product strip: a strip of keys (64 x head_dim x 2 bytes = 16 KiB for head_dim
  * 128, fp16) stays in L1 while every q head of the group reads it. */
@@ -548,6 +549,13 @@ static uint32_t scan_tail(const plan *p, const search_task *t, const float *q, u
   return (uint32_t)heap->n;
 }
 
+/* CPU time of the calling thread, µs. */
+static uint64_t thread_cpu_us(void) {
+  struct timespec ts;
+  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
+  return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
 static int run_index(const plan *p, int nt, kvs_attend_result *out, ra_error *err) {
   const kvs_attend_args *a = p->a;
   const ra_index_kind kind = (ra_index_kind)a->mode;
@@ -580,7 +588,7 @@ static int run_index(const plan *p, int nt, kvs_attend_result *out, ra_error *er
   {
     ra_index_scratch *sc = kvs_store_scratch_get(st);
     ra_topk heap = {0};
-    uint64_t n_search = 0, n_exact = 0, wait_us = 0;
+    uint64_t n_search = 0, n_exact = 0, wait_us = 0, search_us = 0, search_cpu_us = 0;
     if (!sc) atomic_store(&failed, RA_ENOMEM);
 #pragma omp for schedule(dynamic, 1)
     for (size_t ti = 0; ti < n_tasks; ti++) {
@@ -598,7 +606,9 @@ static int run_index(const plan *p, int nt, kvs_attend_result *out, ra_error *er
       uint64_t scan_us = (uint64_t)t->shard->n * kvs_row_bytes(&p->s->geo) / 8000u;
       const double w0 = omp_get_wtime();
       const int locked = kvs_shard_index_timed_read_lock(t->shard, scan_us < 2000 ? scan_us : 2000);
-      wait_us += (uint64_t)((omp_get_wtime() - w0) * 1e6);
+      const double w1 = omp_get_wtime();
+      const uint64_t c1 = thread_cpu_us();
+      wait_us += (uint64_t)((w1 - w0) * 1e6);
       n_search++;
       if (locked) {
         /* The search and the lag scan see one state of the index: the background indexer cannot
@@ -618,6 +628,8 @@ static int run_index(const plan *p, int nt, kvs_attend_result *out, ra_error *er
         n = scan_tail(p, t, q, 0, k, 0, ids, scores, &heap, &scanned);
         n_exact++;
       }
+      search_us += (uint64_t)((omp_get_wtime() - w1) * 1e6);
+      search_cpu_us += thread_cpu_us() - c1;
       if (src != RA_OK || n == UINT32_MAX) {
         atomic_store(&failed, src != RA_OK ? src : RA_ENOMEM);
         continue;
@@ -633,6 +645,10 @@ static int run_index(const plan *p, int nt, kvs_attend_result *out, ra_error *er
     out->n_searches_exact += n_exact;
 #pragma omp atomic
     out->lock_wait_us += wait_us;
+#pragma omp atomic
+    out->search_us += search_us;
+#pragma omp atomic
+    out->search_cpu_us += search_cpu_us;
   }
   if ((rc = atomic_load(&failed)) != RA_OK) {
     rc = ra_errorf(err, rc, "%s search failed: %s", kvs_mode_name(a->mode), ra_strerror(rc));
@@ -699,6 +715,8 @@ int kvs_attend(kvs_session *s, const kvs_attend_args *a, kvs_attend_result *out,
   atomic_fetch_add(&s->n_searches, out->n_searches);
   atomic_fetch_add(&s->n_searches_exact, out->n_searches_exact);
   atomic_fetch_add(&s->lock_wait_us, out->lock_wait_us);
+  atomic_fetch_add(&s->search_us, out->search_us);
+  atomic_fetch_add(&s->search_cpu_us, out->search_cpu_us);
   return RA_OK;
 }
 

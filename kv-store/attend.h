@@ -70,8 +70,9 @@ typedef struct kvs_attend_result {
   uint64_t *ids;           /* backing store of every head's ids */
   /* index modes: (head, shard) searches, those that scanned the shard exactly because the
    * background indexer held it, and the time spent waiting for shards' index locks (summed over
-   * threads); also added to the session's counters */
-  uint64_t n_searches, n_searches_exact, lock_wait_us;
+   * threads); the searches' wall and thread CPU time (summed: a wall time well above the CPU
+   * time means the searching threads were descheduled); also added to the session's counters */
+  uint64_t n_searches, n_searches_exact, lock_wait_us, search_us, search_cpu_us;
 } kvs_attend_result;
 
 /* Computes the partials; takes the session's read lock. On failure `out` holds nothing. */

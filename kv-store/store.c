@@ -68,9 +68,12 @@ static void session_free(kvs_session *s) {
   kvs_store *st = s->store;
   uint64_t n_search = atomic_load(&s->n_searches), n_ins = atomic_load(&s->n_inserted);
   if (n_search || n_ins)
-    ra_log_info("session by '%s' ends: %llu index searches (%llu scanned exactly, the index busy), "
-                "%.1f ms waiting for index locks; %llu rows inserted in %.1f ms (%.0f us each)",
+    ra_log_info("session by '%s' ends: %llu index searches (%llu scanned exactly, the index busy; "
+                "%.0f us wall, %.0f us CPU each), %.1f ms waiting for index locks; %llu rows "
+                "inserted in %.1f ms (%.0f us each)",
                 s->client, (unsigned long long)n_search, (unsigned long long)atomic_load(&s->n_searches_exact),
+                n_search ? (double)atomic_load(&s->search_us) / (double)n_search : 0.0,
+                n_search ? (double)atomic_load(&s->search_cpu_us) / (double)n_search : 0.0,
                 (double)atomic_load(&s->lock_wait_us) / 1e3, (unsigned long long)n_ins,
                 (double)atomic_load(&s->insert_us) / 1e3,
                 n_ins ? (double)atomic_load(&s->insert_us) / (double)n_ins : 0.0);

@@ -162,7 +162,8 @@ typedef struct kvs_session {
   /* Where the session's index work went, for the log line at its end (store.c): index searches,
    * those that scanned the shard exactly because the indexer held it, the time attends waited
    * for shards' index locks, and the rows the indexer inserted and the time it took. */
-  atomic_uint_fast64_t n_searches, n_searches_exact, lock_wait_us, n_inserted, insert_us;
+  atomic_uint_fast64_t n_searches, n_searches_exact, lock_wait_us, search_us, search_cpu_us;
+  atomic_uint_fast64_t n_inserted, insert_us;
 } kvs_session;
 
 /* One write: n rows of (layer, kv_head) starting at token position token_begin. keys and values
