@@ -48,6 +48,7 @@ static const char *usage_text =
     "          --ef N --nprobe N (index search) --store-dtype f32|f16|bf16 (f16) --store-timeout-ms MS\n"
     "          --index-per-kv-head (roar: one graph per kv head from its group's queries)\n"
     "          --key-top-queries T (roar build: every offloaded key's T best queries, from the backend; 4, 0 off)\n"
+    "          --build-layers N (index builds of up to N layers in flight at the stores during the prefill; 2)\n"
     "          --synthetic-prefill (benchmarks: the stores get KV computed from the token embeddings alone,\n"
     "          --batch tokens at a time, no attention or MLP; the offload, index builds and decode are real)\n"
     "dump-qk:  --out DIR --decode-tokens N (default 0) --layers 0,2,5-7 --dtype f16|f32 (default f16)\n"
@@ -130,6 +131,7 @@ static int parse_opts(int argc, char **argv, opts *o) {
     else if (strcmp(a, "--ef") == 0) { NEED_VALUE(); if (parse_int(v, 1, 1L << 20, &n)) return usage_error("bad --ef %s", v); o->off.ef = (uint32_t)n; }
     else if (strcmp(a, "--nprobe") == 0) { NEED_VALUE(); if (parse_int(v, 1, 1L << 20, &n)) return usage_error("bad --nprobe %s", v); o->off.nprobe = (uint32_t)n; }
     else if (strcmp(a, "--store-dtype") == 0) { NEED_VALUE(); if (ra_dtype_parse(v, &o->off.store_dtype)) return usage_error("bad --store-dtype %s", v); }
+    else if (strcmp(a, "--build-layers") == 0) { NEED_VALUE(); if (parse_int(v, 1, RA_OFFLOAD_MAX_BUILD_LAYERS, &n)) return usage_error("bad --build-layers %s (1 to 8)", v); o->off.build_layers = (uint32_t)n; }
     else if (strcmp(a, "--key-top-queries") == 0) { NEED_VALUE(); if (parse_int(v, 0, RA_KVCLIENT_KEY_TOP_MAX, &n)) return usage_error("bad --key-top-queries %s (0 to 64)", v); o->off.key_top_queries = (uint32_t)n; o->key_top_given = 1; }
     else if (strcmp(a, "--store-timeout-ms") == 0) { NEED_VALUE(); if (parse_int(v, 1, 3600000, &n)) return usage_error("bad --store-timeout-ms %s", v); o->off.timeout_ms = (int)n; }
     else return usage_error("unknown option %s", a);

@@ -31,7 +31,7 @@ int ra_attn_mode_parse(const char *name, ra_attn_mode *out) {
  * 2 GiB at 128K keys. */
 void ra_offload_config_default(ra_offload_config *c) {
   *c = (ra_offload_config){.mode = RA_ATTN_ROAR, .n_sink = 128, .n_window = 512, .top_k = 100,
-                           .knn_nq = 100, .build_queries = 4096, .key_top_queries = 4, .kv_dtype = RA_DTYPE_F32,
+                           .knn_nq = 100, .build_queries = 4096, .key_top_queries = 4, .build_layers = 2, .kv_dtype = RA_DTYPE_F32,
                            .store_dtype = RA_DTYPE_F16, .max_ctx = 8192, .max_prompt = 8192,
                            .timeout_ms = 10000};
 }
@@ -58,6 +58,9 @@ struct ra_offload {
   float *evict_v;
   size_t kv_row;          /* floats per cache row: n_kv_heads * head_dim */
   double pipe_append_us, pipe_index_us; /* prefill: the layer jobs' puts and builds (layer_job_run) */
+  /* prefill: builds started by the latest layer jobs, newest at [n_jobs % B] (B = build_layers) */
+  size_t job_builds[RA_OFFLOAD_MAX_BUILD_LAYERS];
+  uint32_t n_jobs;
   ra_offload_stats prefill_stats;
   ra_offload_stats *steps; /* [n_steps] recorded decode timings */
   size_t n_steps, steps_cap;
@@ -120,6 +123,9 @@ int ra_offload_new(const ra_model *m, const ra_offload_plan *plan, const ra_offl
                      c->n_heads, c->n_kv_heads, cfg->n_sink, cfg->n_window);
   if (is_index_mode(cfg->mode) && (cfg->knn_nq < 2 || cfg->build_queries < 1))
     return ra_errorf(err, RA_EINVAL, "offload: index build needs knn_nq >= 2 and build_queries >= 1");
+  if (cfg->build_layers < 1 || cfg->build_layers > RA_OFFLOAD_MAX_BUILD_LAYERS)
+    return ra_errorf(err, RA_EINVAL, "offload: build_layers %u (1 to %d)", cfg->build_layers,
+                     RA_OFFLOAD_MAX_BUILD_LAYERS);
   if (cfg->synthetic_chunk < 0)
     return ra_errorf(err, RA_EINVAL, "offload: synthetic prefill chunk %lld", (long long)cfg->synthetic_chunk);
   if (cfg->key_top_queries > RA_KVCLIENT_KEY_TOP_MAX)
@@ -359,13 +365,22 @@ static int layer_job_knn(layer_job *j, const ra_tensor *kc, int64_t kc_b, const 
   return rc;
 }
 
-/* Waits for the index builds started by the layer jobs so far (the last layer's, or on failure
- * whatever is in flight) and adds the wait to o->pipe_index_us. */
-static int layer_builds_wait(ra_offload *o, ra_error *err) {
+/* Waits for the index builds started by the layer jobs so far but the `keep` latest (0: all, the
+ * last layers' or on failure whatever is in flight) and adds the wait to o->pipe_index_us. */
+static int layer_builds_wait(ra_offload *o, size_t keep, ra_error *err) {
   uint64_t t0 = uv_hrtime();
-  int rc = ra_remote_build_index_wait(o->remote, err);
+  int rc = ra_remote_build_index_wait_older(o->remote, keep, err);
   o->pipe_index_us += (double)(uv_hrtime() - t0) / 1e3;
   return rc;
+}
+
+/* Before a layer job starts its builds: the builds of the build_layers - 1 jobs before it stay in
+ * flight, older ones are waited for. */
+static int layer_builds_make_room(ra_offload *o, ra_error *err) {
+  const uint32_t B = o->cfg.build_layers;
+  size_t keep = 0;
+  for (uint32_t i = 1; i < B && i <= o->n_jobs; i++) keep += o->job_builds[(o->n_jobs - i) % B];
+  return layer_builds_wait(o, keep, err);
 }
 
 /* The store part: the layer's K/V to its stores, then its index builds (ivf / kgraph: one per
@@ -384,7 +399,8 @@ static int layer_job_run(void *arg, ra_error *err) {
   int rc = ra_remote_put(o->remote, (uint32_t)j->layer, j->k, j->v, (uint64_t)j->b, (uint64_t)(j->e - j->b), err);
   o->pipe_append_us += (double)(uv_hrtime() - t0) / 1e3;
   if (rc != RA_OK || !is_index_mode(o->cfg.mode) || j->knn == 0) return rc;
-  if ((rc = layer_builds_wait(o, err)) != RA_OK) return rc;
+  if ((rc = layer_builds_make_room(o, err)) != RA_OK) return rc;
+  const size_t in_flight = ra_remote_builds_in_flight(o->remote);
   int64_t group = c->n_heads / c->n_kv_heads, hd = c->head_dim;
   if (o->cfg.mode == RA_ATTN_ROAR) {
     /* per kv head: the group's q heads are consecutive in q and ids, so their queries and lists
@@ -408,6 +424,7 @@ static int layer_job_run(void *arg, ra_error *err) {
     for (int64_t g = 0; g < c->n_kv_heads && rc == RA_OK; g++)
       rc = ra_remote_build_index_start(o->remote, (uint32_t)j->layer, (uint32_t)(g * group), NULL, err);
   }
+  o->job_builds[o->n_jobs++ % o->cfg.build_layers] = ra_remote_builds_in_flight(o->remote) - in_flight;
   return rc;
 }
 
@@ -528,6 +545,7 @@ int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offlo
    * job ready behind it (host memory: two layers' offloaded K/V in fp32). */
   ra_job_pipe *pipe = NULL;
   o->pipe_append_us = o->pipe_index_us = 0.0;
+  o->n_jobs = 0;
   /* roar's sampled queries of the layer, reused by every layer (the job copies them) */
   const int64_t n_q = n < (int64_t)o->cfg.build_queries ? n : (int64_t)o->cfg.build_queries;
   const size_t q_row = (size_t)o->m->cfg.n_heads * (size_t)o->m->cfg.head_dim;
@@ -571,7 +589,7 @@ int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offlo
     uint64_t tw = uv_hrtime();
     int prc = ra_job_pipe_finish(pipe, rc ? &perr : err);
     if (rc == RA_OK) rc = prc;
-    int brc = layer_builds_wait(o, rc ? &berr : err);
+    int brc = layer_builds_wait(o, 0, rc ? &berr : err);
     if (rc == RA_OK) rc = brc;
     s.wait_us += (double)(uv_hrtime() - tw) / 1e3;
   }
@@ -622,6 +640,7 @@ int ra_offload_seed(ra_offload *o, const ra_prefill_capture *cap, ra_offload_sta
   uint64_t t0 = uv_hrtime(), b64, e64;
   ra_partition_offloaded(o->cfg.n_sink, o->cfg.n_window, (uint64_t)n, &b64, &e64);
   int64_t b = (int64_t)b64, e = (int64_t)e64;
+  o->n_jobs = 0;
   int64_t sink_end = n < (int64_t)o->cfg.n_sink ? n : (int64_t)o->cfg.n_sink, w0 = e < n ? e : n;
   size_t q_row = (size_t)c->n_heads * (size_t)c->head_dim;
   int rc = RA_OK;
@@ -653,7 +672,7 @@ int ra_offload_seed(ra_offload *o, const ra_prefill_capture *cap, ra_offload_sta
   if (o->remote) {
     ra_error berr;
     o->pipe_index_us = 0.0;
-    int brc = layer_builds_wait(o, rc ? &berr : err);
+    int brc = layer_builds_wait(o, 0, rc ? &berr : err);
     if (rc == RA_OK) rc = brc;
     s.index_us += o->pipe_index_us;
   }

@@ -52,6 +52,8 @@ typedef struct ra_offload_progress {
   double index_s;          /* time in kNN + index builds so far */
 } ra_offload_progress;
 
+#define RA_OFFLOAD_MAX_BUILD_LAYERS 8
+
 typedef struct ra_offload_config {
   ra_attn_mode mode;      /* anything but full */
   uint32_t n_sink;        /* S, default 128 */
@@ -70,6 +72,10 @@ typedef struct ra_offload_config {
   uint32_t key_top_queries; /* roar: send every offloaded key's best t queries of its build
                              (computed on the backend), so that the stores link the keys no
                              query list covers without beam searches (default 4; 0: off) */
+  uint32_t build_layers;  /* index builds of up to this many layers in flight at the stores
+                             (1..RA_OFFLOAD_MAX_BUILD_LAYERS, default 2): a layer's builds start
+                             while the previous layer's still run, so that a store's threads that
+                             one layer's last builds leave idle take up the next layer's */
   int64_t synthetic_chunk; /* > 0: a generated-KV prefill (benchmarks at contexts whose real
                              prefill would take hours): every layer's q/k/v come from the token
                              embeddings alone, `synthetic_chunk` tokens per step, with no

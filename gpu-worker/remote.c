@@ -278,9 +278,10 @@ int ra_remote_build_index_start(ra_remote *r, uint32_t layer, uint32_t q_head, c
   return rc ? remote_fail(r, rc, err) : RA_OK;
 }
 
-int ra_remote_build_index_wait(ra_remote *r, ra_error *err) {
+int ra_remote_build_index_wait_older(ra_remote *r, size_t keep, ra_error *err) {
   int rc = RA_OK;
-  for (size_t i = 0; i < r->n_builds; i++) {
+  const size_t n_old = keep < r->n_builds ? r->n_builds - keep : 0;
+  for (size_t i = 0; i < n_old; i++) {
     ra_error e;
     int one = ra_kvclient_build_index_wait(r->builds[i], NULL, &e);
     if (one && rc == RA_OK) {
@@ -288,9 +289,14 @@ int ra_remote_build_index_wait(ra_remote *r, ra_error *err) {
       *err = e;
     }
   }
-  r->n_builds = 0;
+  memmove(r->builds, r->builds + n_old, (r->n_builds - n_old) * sizeof *r->builds);
+  r->n_builds -= n_old;
   return rc ? remote_fail(r, rc, err) : RA_OK;
 }
+
+int ra_remote_build_index_wait(ra_remote *r, ra_error *err) { return ra_remote_build_index_wait_older(r, 0, err); }
+
+size_t ra_remote_builds_in_flight(const ra_remote *r) { return r->n_builds; }
 
 int ra_remote_build_index(ra_remote *r, uint32_t layer, uint32_t q_head, const ra_kvclient_build_input *in,
                           ra_error *err) {

@@ -67,6 +67,11 @@ int ra_remote_build_index(ra_remote *r, uint32_t layer, uint32_t q_head, const r
 int ra_remote_build_index_start(ra_remote *r, uint32_t layer, uint32_t q_head, const ra_kvclient_build_input *in,
                                 ra_error *err);
 int ra_remote_build_index_wait(ra_remote *r, ra_error *err);
+/* Waits for the builds started before the `keep` latest (all but those) and returns the first
+ * failure among them; the latest stay in flight. keep 0 is ra_remote_build_index_wait. */
+int ra_remote_build_index_wait_older(ra_remote *r, size_t keep, ra_error *err);
+/* Builds started and not yet waited for. */
+size_t ra_remote_builds_in_flight(const ra_remote *r);
 
 /* Decode: the position that left the window, for every layer. k, v: [n_layers, n_kv_heads,
  * head_dim] fp32. One Append call per store. */

@@ -14,6 +14,8 @@ expect "not both" generate --model m --mode flat --stores 127.0.0.1:1 --shard-ma
 expect "--index-per-kv-head is for --mode roar, not flat" generate --model m --mode flat --stores a:1 --index-per-kv-head
 expect "--key-top-queries is for --mode roar, not ivf" generate --model m --mode ivf --stores a:1 --key-top-queries 4
 expect "bad --key-top-queries 65" generate --model m --mode roar --stores a:1 --key-top-queries 65
+expect "bad --build-layers 0 (1 to 8)" generate --model m --mode roar --stores a:1 --build-layers 0
+expect "bad --build-layers 9 (1 to 8)" generate --model m --mode roar --stores a:1 --build-layers 9
 expect "--synthetic-prefill fills kv-stores: it needs a --mode other than full" generate --model m --synthetic-prefill
 expect "--synthetic-prefill is a generate option, not dump-qk" dump-qk --model m --mode flat --stores a:1 --synthetic-prefill
 exit $fail

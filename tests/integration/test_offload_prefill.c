@@ -64,8 +64,9 @@ static void fixture_down(fixture *f) {
   ra_backend_destroy(f->be);
 }
 
+/* build_layers 0: the default. */
 static ra_offload *offload_new_synth(fixture *f, ra_attn_mode mode, uint32_t top_k, uint32_t ef, int per_kv_head,
-                                     uint32_t key_top, int64_t synthetic_chunk) {
+                                     uint32_t key_top, int64_t synthetic_chunk, uint32_t build_layers) {
   ra_offload_config c;
   ra_offload_config_default(&c);
   c.mode = mode;
@@ -81,6 +82,7 @@ static ra_offload *offload_new_synth(fixture *f, ra_attn_mode mode, uint32_t top
   c.max_ctx = N_PROMPT + N_DECODE;
   c.timeout_ms = 5000;
   c.synthetic_chunk = synthetic_chunk;
+  if (build_layers) c.build_layers = build_layers;
   ra_offload *o;
   ra_error err;
   ok(ra_offload_new(f->m, &f->plan, &c, &o, &err), &err);
@@ -89,7 +91,7 @@ static ra_offload *offload_new_synth(fixture *f, ra_attn_mode mode, uint32_t top
 
 static ra_offload *offload_new(fixture *f, ra_attn_mode mode, uint32_t top_k, uint32_t ef, int per_kv_head,
                                uint32_t key_top) {
-  return offload_new_synth(f, mode, top_k, ef, per_kv_head, key_top, 0);
+  return offload_new_synth(f, mode, top_k, ef, per_kv_head, key_top, 0, 0);
 }
 
 /* The last position's logits of a state. */
@@ -175,6 +177,49 @@ static void test_pipelined_prefill_builds_roar(void **state) {
   fixture_down(&f);
 }
 
+/* Roar builds of one layer at a time, of two layers (the default) or of every layer in flight
+ * at once (3 > 4 layers' jobs - 1) build the same indexes (the stores' single build threads make
+ * each graph deterministic): the first decode step scans the same keys and gives the same logits
+ * but for the row it evicts, which the stores' indexers insert while the attends run (scanned
+ * exactly while it lags: a few keys more or less). A layer whose builds were lost would scan its
+ * ~540 keys per head exactly; nothing may be lost or waited for twice when jobs keep builds
+ * running. */
+static void test_build_layers_build_the_same_indexes(void **state) {
+  (void)state;
+  fixture f;
+  fixture_up(&f, NULL);
+  const int vocab = f.m->cfg.vocab;
+  const uint32_t layers[] = {1, 2, 3};
+  float *logits = malloc(3 * (size_t)vocab * sizeof *logits);
+  uint64_t scanned[3] = {0};
+  assert_non_null(logits);
+  for (int r = 0; r < 3; r++) {
+    ra_offload *o = offload_new_synth(&f, RA_ATTN_ROAR, 16, 24, 1, 4, 0, layers[r]);
+    ra_offload_stats ps, ds;
+    ra_error err;
+    ok(ra_offload_prefill(o, f.tokens, N_PROMPT, &ps, &err), &err);
+    ok(ra_offload_decode(o, f.tokens[N_PROMPT], &ds, &err), &err);
+    last_logits(ra_offload_state(o), logits + (size_t)r * (size_t)vocab);
+    scanned[r] = ds.n_scanned;
+    print_message("build layers %u: prefill index wait %.1f ms, decode scanned %llu keys\n", layers[r],
+                  ps.index_us / 1e3, (unsigned long long)scanned[r]);
+    ra_offload_free(o);
+  }
+  const uint64_t slack = (uint64_t)f.m->cfg.n_layers * (uint64_t)f.m->cfg.n_heads * 4;
+  for (int r = 1; r < 3; r++) {
+    assert_true(scanned[r] <= scanned[0] + slack && scanned[0] <= scanned[r] + slack);
+    double worst = 0, top = 0;
+    for (int i = 0; i < vocab; i++) {
+      worst = fmax(worst, fabs((double)logits[(size_t)r * (size_t)vocab + i] - logits[i]));
+      top = fmax(top, fabs((double)logits[i]));
+    }
+    assert_true(worst <= 1e-2 * top);
+  }
+  assert_true(scanned[0] > slack);
+  free(logits);
+  fixture_down(&f);
+}
+
 /* A synthetic prefill (the benchmarks' generated KV) in chunks of 128 with a ragged last one: the
  * stores must hold exactly what a full-attention state holds after a "prefill" that computes
  * every layer's q/k/v from the embeddings and nothing else. Flat with k = all then decodes as
@@ -190,7 +235,7 @@ static void test_synthetic_prefill_is_embeddings_kv(void **state) {
   ok(ra_step_begin(st, f.tokens, N_PROMPT, &err), &err);
   for (int l = 0; l < f.m->cfg.n_layers; l++) ok(ra_step_layer_qkv(st, l, &err), &err);
   ok(ra_step_end(st, 0, &err), &err);
-  ra_offload *o = offload_new_synth(&f, RA_ATTN_FLAT, N_PROMPT + N_DECODE, 0, 0, 0, 128);
+  ra_offload *o = offload_new_synth(&f, RA_ATTN_FLAT, N_PROMPT + N_DECODE, 0, 0, 0, 128, 0);
   ra_offload_stats ps;
   ok(ra_offload_prefill(o, f.tokens, N_PROMPT, &ps, &err), &err);
   assert_int_equal(ps.n_offloaded, N_PROMPT - SINK - WINDOW);
@@ -201,7 +246,7 @@ static void test_synthetic_prefill_is_embeddings_kv(void **state) {
   assert_true(moved > 1e-2); /* not a vacuous comparison of zeros */
   ra_offload_free(o);
 
-  o = offload_new_synth(&f, RA_ATTN_ROAR, 16, 24, 1, 4, 128);
+  o = offload_new_synth(&f, RA_ATTN_ROAR, 16, 24, 1, 4, 128, 0);
   ra_offload_stats ds;
   ok(ra_offload_prefill(o, f.tokens, N_PROMPT, &ps, &err), &err);
   ok(ra_offload_decode(o, f.tokens[N_PROMPT], &ds, &err), &err);
@@ -275,6 +320,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_pipelined_prefill_flat_equals_full),
       cmocka_unit_test(test_pipelined_prefill_builds_roar),
+      cmocka_unit_test(test_build_layers_build_the_same_indexes),
       cmocka_unit_test(test_synthetic_prefill_is_embeddings_kv),
       cmocka_unit_test(test_synthetic_chunk_validated),
       cmocka_unit_test(test_refused_build_fails_the_prefill_and_names_the_store),
