@@ -48,7 +48,7 @@ static const char *usage_text =
     "          --ef N --nprobe N (index search) --store-dtype f32|f16|bf16 (f16) --store-timeout-ms MS\n"
     "          --index-per-kv-head (roar: one graph per kv head from its group's queries)\n"
     "          --key-top-queries T (roar build: every offloaded key's T best queries, from the backend; 4, 0 off)\n"
-    "          --build-layers N (index builds of up to N layers in flight at the stores during the prefill; 2)\n"
+    "          --build-layers N (index builds of up to N layers in flight at the stores during the prefill; 3)\n"
     "          --synthetic-prefill (benchmarks: the stores get KV computed from the token embeddings alone,\n"
     "          --batch tokens at a time, no attention or MLP; the offload, index builds and decode are real)\n"
     "dump-qk:  --out DIR --decode-tokens N (default 0) --layers 0,2,5-7 --dtype f16|f32 (default f16)\n"

@@ -31,7 +31,7 @@ int ra_attn_mode_parse(const char *name, ra_attn_mode *out) {
  * 2 GiB at 128K keys. */
 void ra_offload_config_default(ra_offload_config *c) {
   *c = (ra_offload_config){.mode = RA_ATTN_ROAR, .n_sink = 128, .n_window = 512, .top_k = 100,
-                           .knn_nq = 100, .build_queries = 4096, .key_top_queries = 4, .build_layers = 2, .kv_dtype = RA_DTYPE_F32,
+                           .knn_nq = 100, .build_queries = 4096, .key_top_queries = 4, .build_layers = 3, .kv_dtype = RA_DTYPE_F32,
                            .store_dtype = RA_DTYPE_F16, .max_ctx = 8192, .max_prompt = 8192,
                            .timeout_ms = 10000};
 }
@@ -387,8 +387,10 @@ static int layer_builds_make_room(ra_offload *o, ra_error *err) {
  * kv head, from the keys; roar: one per q head or kv head, from the kNN lists), all started
  * before any is waited for, so that the stores build them in parallel. The builds are left
  * running: the next layer's K/V travel while they run (a 128K-token layer's PutKv took 0.6 s of
- * the ~4.9 s a layer cost the stores on the H200), and the next job waits for them before it
- * starts its own, so one layer's builds run at a time. layer_builds_wait after the last job.
+ * the ~4.9 s a layer cost the stores on the H200), and a job waits only for the builds of the
+ * jobs before the last build_layers - 1, so that a store's threads go from one layer's builds to
+ * the next layer's without idling through the first layer's last builds (layer_builds_make_room).
+ * layer_builds_wait(o, 0) after the last job.
  * Timings go to o->pipe_append_us / o->pipe_index_us (written by one thread at a time: the
  * pipe's, or the seed's caller). */
 static int layer_job_run(void *arg, ra_error *err) {
