@@ -289,8 +289,10 @@ int ra_remote_build_index_wait_older(ra_remote *r, size_t keep, ra_error *err) {
       *err = e;
     }
   }
-  memmove(r->builds, r->builds + n_old, (r->n_builds - n_old) * sizeof *r->builds);
-  r->n_builds -= n_old;
+  if (n_old) {
+    memmove(r->builds, r->builds + n_old, (r->n_builds - n_old) * sizeof *r->builds);
+    r->n_builds -= n_old;
+  }
   return rc ? remote_fail(r, rc, err) : RA_OK;
 }
 
