@@ -1,14 +1,9 @@
 #include "generate.h"
 
+#include "clock.h"
+
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-double ra_now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 void ra_gen_result_free(ra_gen_result *r) {
   free(r->tokens);
@@ -48,11 +43,11 @@ int ra_generate(ra_state *st, const ra_tokenizer *tok, const int32_t *prompt, si
   ra_sampler smp;
   ra_sampler_init(&smp, cfg->temperature, cfg->top_p, cfg->seed);
   ra_backend *be = st->be;
-  double t0 = ra_now_s();
+  double t0 = ra_clock_now_s();
   int rc = feed(cfg, st, prompt, (int64_t)n_prompt, err);
   if (rc == RA_OK) rc = be->ops->sync(be, err);
-  res->prefill_s = ra_now_s() - t0;
-  double td = ra_now_s();
+  res->prefill_s = ra_clock_now_s() - t0;
+  double td = ra_clock_now_s();
   while (rc == RA_OK && res->n_tokens < (size_t)cfg->max_new_tokens) {
     ra_tensor row = ra_tensor_rows(&st->logits, st->n_logits - 1, 1);
     row.shape[1] = vocab; /* one row: its first `vocab` columns are contiguous */
@@ -70,7 +65,7 @@ int ra_generate(ra_state *st, const ra_tokenizer *tok, const int32_t *prompt, si
     res->n_decode_steps++;
   }
   if (rc == RA_OK) rc = be->ops->sync(be, err);
-  res->decode_s = ra_now_s() - td;
+  res->decode_s = ra_clock_now_s() - td;
   free(ids);
   free(vals);
   if (rc != RA_OK) ra_gen_result_free(res);

@@ -42,7 +42,4 @@ int ra_generate(ra_state *st, const ra_tokenizer *tok, const int32_t *prompt, si
                 ra_gen_token_fn on_token, void *ctx, ra_gen_result *res, ra_error *err);
 void ra_gen_result_free(ra_gen_result *r);
 
-/* Monotonic seconds. */
-double ra_now_s(void);
-
 #endif

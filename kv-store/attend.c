@@ -1,5 +1,6 @@
 #include "attend.h"
 
+#include "clock.h"
 #include "merge.h"
 #include "topk.h"
 #include "vec.h"
@@ -10,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 /* Rows per dot-product strip: a strip of keys (64 x head_dim x 2 bytes = 16 KiB for head_dim
  * 128, fp16) stays in L1 while every q head of the group reads it. */
@@ -549,13 +549,6 @@ static uint32_t scan_tail(const plan *p, const search_task *t, const float *q, u
   return (uint32_t)heap->n;
 }
 
-/* CPU time of the calling thread, µs. */
-static uint64_t thread_cpu_us(void) {
-  struct timespec ts;
-  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
-  return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
 static int run_index(const plan *p, int nt, kvs_attend_result *out, ra_error *err) {
   const kvs_attend_args *a = p->a;
   const ra_index_kind kind = (ra_index_kind)a->mode;
@@ -607,7 +600,7 @@ static int run_index(const plan *p, int nt, kvs_attend_result *out, ra_error *er
       const double w0 = omp_get_wtime();
       const int locked = kvs_shard_index_timed_read_lock(t->shard, scan_us < 2000 ? scan_us : 2000);
       const double w1 = omp_get_wtime();
-      const uint64_t c1 = thread_cpu_us();
+      const uint64_t c1 = ra_clock_thread_cpu_us();
       wait_us += (uint64_t)((w1 - w0) * 1e6);
       n_search++;
       if (locked) {
@@ -629,7 +622,7 @@ static int run_index(const plan *p, int nt, kvs_attend_result *out, ra_error *er
         n_exact++;
       }
       search_us += (uint64_t)((omp_get_wtime() - w1) * 1e6);
-      search_cpu_us += thread_cpu_us() - c1;
+      search_cpu_us += ra_clock_thread_cpu_us() - c1;
       if (src != RA_OK || n == UINT32_MAX) {
         atomic_store(&failed, src != RA_OK ? src : RA_ENOMEM);
         continue;

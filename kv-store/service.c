@@ -1,5 +1,6 @@
 #include "service.h"
 
+#include "clock.h"
 #include "attend.h"
 #include "kvstore.pb-c.h"
 #include "log.h"
@@ -9,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 /* Vectors travel as little-endian bytes and are used in place. */
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "kv-store needs a little-endian host");
@@ -326,19 +326,13 @@ out:
   return rc;
 }
 
-static uint64_t now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
 static int attend(kvs_service *svc, const Rakv__AttendRequest *r, ra_buf *reply, ra_error *err) {
   kvs_session *s;
   int rc = kvs_store_get(svc->store, r->session_id.data, r->session_id.len, &s, err);
   if (rc) return rc;
   float *q = NULL;
   kvs_attend_result res = {0};
-  uint64_t t0 = now_us();
+  uint64_t t0 = ra_clock_now_us();
   size_t want = r->n_q_heads * (size_t)s->geo.head_dim * sizeof(float);
   if (r->n_q_heads > s->geo.n_q_heads) {
     rc = ra_errorf(err, RA_EINVAL, "%zu q heads asked for, the model has %u", r->n_q_heads,
@@ -380,7 +374,7 @@ static int attend(kvs_service *svc, const Rakv__AttendRequest *r, ra_buf *reply,
       .n_threads = svc->attend_threads,
   };
   rc = kvs_attend(s, &a, &res, err);
-  if (rc == RA_OK) rc = attend_reply(r, s, &res, now_us() - t0, reply, err);
+  if (rc == RA_OK) rc = attend_reply(r, s, &res, ra_clock_now_us() - t0, reply, err);
 out:
   kvs_attend_result_free(&res);
   free(q);
@@ -406,7 +400,7 @@ static int build_index(kvs_service *svc, const Rakv__BuildIndexRequest *r, ra_bu
   int rc = kvs_store_get(svc->store, r->session_id.data, r->session_id.len, &s, err);
   if (rc) return rc;
   float *q = NULL;
-  uint64_t t0 = now_us();
+  uint64_t t0 = ra_clock_now_us();
   kvs_index_spec req = index_spec(r->params);
   kvs_build_args a = {.layer = r->layer, .q_head = r->q_head, .n_queries = r->n_queries};
   if ((rc = kvs_index_spec_resolve(&req, &s->index, &a.params, &a.per_kv_head, err))) goto out;
@@ -468,7 +462,7 @@ static int build_index(kvs_service *svc, const Rakv__BuildIndexRequest *r, ra_bu
   }
   kvs_build_result res;
   if ((rc = kvs_session_build_index(s, &a, &res, err))) goto out;
-  uint64_t us = now_us() - t0;
+  uint64_t us = ra_clock_now_us() - t0;
   Rakv__BuildIndexReply m = RAKV__BUILD_INDEX_REPLY__INIT;
   m.n_keys = res.n_keys;
   m.index_bytes = res.index_bytes;

@@ -1,5 +1,6 @@
 #include "store.h"
 
+#include "clock.h"
 #include "hugemem.h"
 #include "indexer.h"
 #include "log.h"
@@ -9,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
-#include <time.h>
 
 struct kvs_store {
   pthread_mutex_t mu;      /* guards sessions[] and every session's registry reference */
@@ -25,12 +25,6 @@ struct kvs_store {
   size_t cap_scratch;
   kvs_indexer *indexer; /* inserts written rows into the shards' indexes (indexer.c) */
 };
-
-static uint64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
 /* Shards grow by 1/8 of their capacity (at least this many rows), so an open shard's slack is
  * bounded by ~12% of what it holds; large blocks are mremap'ed by realloc, so growth is cheap. */
@@ -70,13 +64,14 @@ static void session_free(kvs_session *s) {
   if (n_search || n_ins)
     ra_log_info("session by '%s' ends: %llu index searches (%llu scanned exactly, the index busy; "
                 "%.0f us wall, %.0f us CPU each), %.1f ms waiting for index locks; %llu rows "
-                "inserted in %.1f ms (%.0f us each)",
+                "inserted in %.1f ms (%.0f us wall, %.0f us CPU each)",
                 s->client, (unsigned long long)n_search, (unsigned long long)atomic_load(&s->n_searches_exact),
                 n_search ? (double)atomic_load(&s->search_us) / (double)n_search : 0.0,
                 n_search ? (double)atomic_load(&s->search_cpu_us) / (double)n_search : 0.0,
                 (double)atomic_load(&s->lock_wait_us) / 1e3, (unsigned long long)n_ins,
                 (double)atomic_load(&s->insert_us) / 1e3,
-                n_ins ? (double)atomic_load(&s->insert_us) / (double)n_ins : 0.0);
+                n_ins ? (double)atomic_load(&s->insert_us) / (double)n_ins : 0.0,
+                n_ins ? (double)atomic_load(&s->insert_cpu_us) / (double)n_ins : 0.0);
   for (size_t i = 0; i < s->n_shards; i++) {
     kvs_shard_index_free(s, &s->shards[i]);
     pthread_rwlock_destroy(&s->shards[i].ix_lock);
@@ -394,7 +389,7 @@ int kvs_store_open(kvs_store *st, const kvs_geometry *g, const kvs_shard_spec *s
   atomic_init(&s->refs, 2); /* the registry's and the caller's */
   atomic_init(&s->bytes, meta);
   atomic_init(&s->tokens, 0);
-  atomic_init(&s->last_used_ms, now_ms());
+  atomic_init(&s->last_used_ms, (ra_clock_now_us() / 1000u));
   if (index) s->index = *index;
   snprintf(s->client, sizeof s->client, "%s", client ? client : "");
 
@@ -427,7 +422,7 @@ int kvs_store_get(kvs_store *st, const uint8_t *id, size_t id_len, kvs_session *
   if (found) {
     *out = st->sessions[at];
     atomic_fetch_add(&(*out)->refs, 1);
-    atomic_store(&(*out)->last_used_ms, now_ms());
+    atomic_store(&(*out)->last_used_ms, (ra_clock_now_us() / 1000u));
   }
   pthread_mutex_unlock(&st->mu);
   if (!found) return ra_errorf(err, RA_ENOTFOUND, "no session with that id (closed, expired or never opened)");
@@ -435,7 +430,7 @@ int kvs_store_get(kvs_store *st, const uint8_t *id, size_t id_len, kvs_session *
 }
 
 size_t kvs_store_expire(kvs_store *st, uint64_t idle_ms) {
-  uint64_t now = now_ms();
+  uint64_t now = (ra_clock_now_us() / 1000u);
   size_t n_expired = 0, kept = 0;
   kvs_session **expired = NULL;
   pthread_mutex_lock(&st->mu);

@@ -161,9 +161,10 @@ typedef struct kvs_session {
   int ix_closing;
   /* Where the session's index work went, for the log line at its end (store.c): index searches,
    * those that scanned the shard exactly because the indexer held it, the time attends waited
-   * for shards' index locks, and the rows the indexer inserted and the time it took. */
+   * for shards' index locks, the searches' wall and CPU time, and the rows the indexer inserted
+   * and the wall and CPU time it took (a wall well above the CPU: threads waiting for cores). */
   atomic_uint_fast64_t n_searches, n_searches_exact, lock_wait_us, search_us, search_cpu_us;
-  atomic_uint_fast64_t n_inserted, insert_us;
+  atomic_uint_fast64_t n_inserted, insert_us, insert_cpu_us;
 } kvs_session;
 
 /* One write: n rows of (layer, kv_head) starting at token position token_begin. keys and values

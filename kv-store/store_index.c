@@ -3,6 +3,7 @@
  * and the locks. */
 #include "store.h"
 
+#include "clock.h"
 #include "indexer.h"
 #include "log.h"
 
@@ -12,7 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 /* Keys per build thread: below this a parallel region costs more than it saves (measured on
  * SmolLM2 shards: a 4K-key roar build is ~0.1 s on one core). */
@@ -122,15 +122,9 @@ static uint64_t insert_margin(uint64_t bytes, uint64_t n) {
   return bytes / 2 + 8 * n + 64 * ((uint64_t)KVS_INDEX_MAX_DEGREE * 4 + 64) + (64u << 10);
 }
 
-static uint64_t now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
 /* Inserts rows [ra_index_count, keys->n) into x, charging ahead of each insertion so that the
  * index never holds more than is charged; stops after the row during which deadline_us (a
- * now_us() time) passed. On failure x keeps the rows it took. sh's ix_lock held for writing. */
+ * ra_clock_now_us() time) passed. On failure x keeps the rows it took. sh's ix_lock held for writing. */
 static int index_insert_rows(kvs_session *s, kvs_index *x, const ra_keys *keys,
                              uint64_t deadline_us, ra_error *err) {
   int rc = RA_OK;
@@ -143,7 +137,7 @@ static int index_insert_rows(kvs_session *s, kvs_index *x, const ra_keys *keys,
       x->bytes = need;
     }
     rc = ra_index_insert(x->ix, keys, id, err);
-    if (rc || now_us() >= deadline_us) break;
+    if (rc || ra_clock_now_us() >= deadline_us) break;
   }
   index_settle(s, x, ra_index_bytes(x->ix));
   return rc;
@@ -156,13 +150,13 @@ int kvs_shard_index_step(kvs_session *s, kvs_shard *sh, uint64_t budget_us) {
   uint64_t n = atomic_load_explicit(&sh->n_stored, memory_order_acquire);
   ra_keys keys = {.rows = sh->keys, .dtype = s->geo.dtype, .dim = (int)s->geo.head_dim,
                   .n = (uint32_t)n};
-  const uint64_t t0 = now_us(), deadline = t0 + budget_us;
+  const uint64_t t0 = ra_clock_now_us(), c0 = ra_clock_thread_cpu_us(), deadline = t0 + budget_us;
   uint64_t inserted = 0;
   for (size_t i = 0; sh->ix && i < table_len(s); i++) {
     kvs_index *x = &sh->ix[i];
     if (!x->ix || ra_index_count(x->ix) >= n || x->refused_at == n) continue;
     const uint32_t had = ra_index_count(x->ix);
-    if (now_us() >= deadline) {
+    if (ra_clock_now_us() >= deadline) {
       more = 1;
       break;
     }
@@ -184,7 +178,8 @@ int kvs_shard_index_step(kvs_session *s, kvs_shard *sh, uint64_t budget_us) {
   pthread_rwlock_unlock(&sh->ix_lock);
   if (inserted) {
     atomic_fetch_add(&s->n_inserted, inserted);
-    atomic_fetch_add(&s->insert_us, now_us() - t0);
+    atomic_fetch_add(&s->insert_us, ra_clock_now_us() - t0);
+    atomic_fetch_add(&s->insert_cpu_us, ra_clock_thread_cpu_us() - c0);
   }
   return more;
 }

@@ -1,5 +1,6 @@
 #include "runner.h"
 
+#include "clock.h"
 #include "generate.h"
 #include "json.h"
 
@@ -120,30 +121,30 @@ int ra_acc_run_sample(const ra_model *m, const ra_tokenizer *tok, const ra_acc_c
   ra_state *st = NULL;
   int rc = out ? RA_OK : ra_errorf(err, RA_ENOMEM, "accuracy: out of memory");
   /* the one prefill: full attention, captured */
-  double t0 = ra_now_s();
+  double t0 = ra_clock_now_s();
   if (rc == RA_OK) rc = ra_prefill_capture_new(m, n, cfg->off.build_queries, &cap, err);
   if (rc == RA_OK) rc = ra_state_new(m, n + max_new + 1, n, cfg->off.kv_dtype, &st, err);
   if (rc == RA_OK) rc = ra_prefill_capture_run(cap, st, s->tokens, err);
-  rec->prefill_s = ra_now_s() - t0;
+  rec->prefill_s = ra_clock_now_s() - t0;
   for (int i = 0; rc == RA_OK && i < cfg->n_modes; i++) {
     ra_acc_mode_result *r = &rec->modes[i];
     int n_out = 0;
-    double td = ra_now_s();
+    double td = ra_clock_now_s();
     if (cfg->modes[i] == RA_ATTN_FULL) {
       rc = greedy(st, tok, full_step, st, max_new, out, &n_out, err);
     } else {
       ra_offload *o;
       ra_offload_config oc;
       rc = mode_open(m, cfg, cfg->modes[i], cap, max_new, &oc, &o, err);
-      r->seed_s = ra_now_s() - td;
-      td = ra_now_s();
+      r->seed_s = ra_clock_now_s() - td;
+      td = ra_clock_now_s();
       if (rc == RA_OK) {
         rc = greedy(ra_offload_state(o), tok, offload_step, o, max_new, out, &n_out, err);
         ra_offload_free(o);
       }
     }
     if (rc != RA_OK) ra_error_wrap(err, "mode %s", ra_attn_mode_name(cfg->modes[i]));
-    r->decode_s = ra_now_s() - td;
+    r->decode_s = ra_clock_now_s() - td;
     record_output(tok, s, out, n_out, r);
   }
   ra_state_free(st);

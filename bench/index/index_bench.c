@@ -18,6 +18,7 @@
  * repair. Build times are wall and CPU seconds of the whole process (build_s, build_cpu_s).
  * Output: --json FILE, a gnuplot script and data next to it, and the PNG when gnuplot exists, all
  * rewritten after each head, so a run cut short keeps what it finished. */
+#include "clock.h"
 #include "hugemem.h"
 #include "index.h"
 #include "knn.h"
@@ -30,7 +31,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define SINK 128u
 #define WINDOW 512u
@@ -95,26 +95,6 @@ typedef struct {
   int key_queries; /* t > 0: and each key's top-t queries (ra_queries.key_top_queries) */
   int key_rank_raw; /* rank a key's queries by raw q·k instead of the margin */
 } opts;
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* CPU seconds of the whole process (every thread): a build's cost on a shared machine. */
-static double cpu_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* CPU seconds of the calling thread: one insertion's cost (insertion runs on the caller). */
-static double thread_cpu_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int parse_list(const char *s, int *out, int max) {
   int n = 0;
@@ -356,13 +336,13 @@ static ra_index *build_timed(const ra_index_params *p, const ra_keys *keys, cons
                              result *r) {
   ra_index *ix = NULL;
   ra_error err;
-  double t0 = now_s(), c0 = cpu_s();
+  double t0 = ra_clock_now_s(), c0 = ra_clock_process_cpu_s();
   if (ra_index_build(p, keys, qs, &ix, &err)) {
     fprintf(stderr, "index-bench: build %s: %s\n", ra_index_kind_name(p->kind), err.msg);
     return NULL;
   }
-  r->build_s = now_s() - t0;
-  r->build_cpu_s = cpu_s() - c0;
+  r->build_s = ra_clock_now_s() - t0;
+  r->build_cpu_s = ra_clock_process_cpu_s() - c0;
   r->bytes = ra_index_bytes(ix);
   r->bytes_per_key = (double)r->bytes / (keys->n ? keys->n : 1);
   ra_index_get_graph_stats(ix, &r->gs);
@@ -389,7 +369,7 @@ static int bench_lists_make(const float *k32, uint32_t n_keys, int dim, const fl
                             uint32_t n_q, float sample, uint32_t nq, uint32_t key_t, int raw,
                             int threads, bench_lists *b, ra_queries *bq, double *secs) {
   memset(b, 0, sizeof *b);
-  double t0 = now_s();
+  double t0 = ra_clock_now_s();
   uint32_t m = (uint32_t)lround((double)sample * n_q);
   if (m < 1) m = 1;
   if (m > n_q) m = n_q;
@@ -432,7 +412,7 @@ static int bench_lists_make(const float *k32, uint32_t n_keys, int dim, const fl
   }
   *bq = (ra_queries){.q = b->q, .n = m, .knn = b->knn, .knn_k = nq,
                      .key_top_queries = b->ktq, .key_top_k = key_t};
-  *secs = now_s() - t0;
+  *secs = ra_clock_now_s() - t0;
   rc = 0;
   goto out;
 fail:
@@ -554,9 +534,9 @@ static void measure_latency(const ra_index *ix, const ra_keys *keys, const qset 
   }
   for (size_t j = 0; j < ns; j++) {
     uint32_t i = (uint32_t)(j % qs->nq);
-    double t0 = now_s();
+    double t0 = ra_clock_now_s();
     ra_index_search(ix, keys, qs->q + (size_t)i * keys->dim, K, &sp, &s, ids, NULL, &n, &scanned);
-    t[j] = (now_s() - t0) * 1e6;
+    t[j] = (ra_clock_now_s() - t0) * 1e6;
   }
   qsort(t, ns, sizeof *t, cmp_double);
   r->lat_p50_us = t[ns / 2];
@@ -573,9 +553,9 @@ static void measure_latency(const ra_index *ix, const ra_keys *keys, const qset 
       uint64_t sink = 0;
       for (size_t w = 0; w < EVICT_BYTES / 8; w += 8) sink += ev[w];
       ev[0] = sink;
-      double t0 = now_s();
+      double t0 = ra_clock_now_s();
       ra_index_search(ix, keys, qs->q + (size_t)j * keys->dim, K, &sp, &s, ids, NULL, &n, &scanned);
-      t[j] = (now_s() - t0) * 1e6;
+      t[j] = (ra_clock_now_s() - t0) * 1e6;
     }
     qsort(t, nc, sizeof *t, cmp_double);
     r->lat_cold_p50_us = t[nc / 2];
@@ -956,17 +936,17 @@ int main(int argc, char **argv) {
           const uint32_t n_ins = n_idx - n0;
           double *ins_cpu = malloc((size_t)(n_ins ? n_ins : 1) * sizeof *ins_cpu);
           if (!ins_cpu) return 1;
-          double t0 = now_s(), cpu_sum = 0;
+          double t0 = ra_clock_now_s(), cpu_sum = 0;
           for (uint32_t id = n0; id < n_idx; id++) {
-            double c0 = thread_cpu_s();
+            double c0 = ra_clock_thread_cpu_s();
             if (ra_index_insert(ix, &keys, id, &err)) {
               fprintf(stderr, "index-bench: insert: %s\n", err.msg);
               return 1;
             }
-            ins_cpu[id - n0] = 1e6 * (thread_cpu_s() - c0);
+            ins_cpu[id - n0] = 1e6 * (ra_clock_thread_cpu_s() - c0);
             cpu_sum += ins_cpu[id - n0];
           }
-          double dt = now_s() - t0;
+          double dt = ra_clock_now_s() - t0;
           r->ins_n = n_ins;
           r->ins_wall_us = n_ins ? 1e6 * dt / n_ins : 0;
           r->ins_cpu_us_mean = n_ins ? cpu_sum / n_ins : 0;

@@ -3,25 +3,19 @@
  * queries (as many as roar keeps for query-aware insertion), default index parameters. */
 #include "append_roar.h"
 
+#include "clock.h"
 #include "attend.h"
 #include "store.h"
 #include "vec.h"
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define N_Q 32
 #define N_KV 8
 #define DIM 128
 #define N_QUERIES 1024
 #define WARMUP 3
-
-static double now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
-}
 
 static float uniform(uint32_t *s) {
   *s = *s * 1664525u + 1013904223u;
@@ -100,7 +94,7 @@ int append_roar_run(const append_roar_opts *o, append_roar_result *out, ra_error
                            .n = o->tokens, .keys = keys + (size_t)i * rows * DIM,
                            .values = values};
   if ((rc = kvs_session_write(s, blocks, o->shards, NULL, err))) goto done;
-  double t0 = now_us();
+  double t0 = (1e6 * ra_clock_now_s());
   for (uint32_t i = 0; i < o->shards && rc == RA_OK; i++) {
     kvs_build_args b = {.layer = i / N_KV, .q_head = (i % N_KV) * (N_Q / N_KV), .per_kv_head = 1,
                         .queries = queries, .n_queries = N_QUERIES};
@@ -110,7 +104,7 @@ int append_roar_run(const append_roar_opts *o, append_roar_result *out, ra_error
     rc = kvs_session_build_index(s, &b, &br, err);
   }
   if (rc) goto done;
-  out->build_s = (now_us() - t0) * 1e-6;
+  out->build_s = ((1e6 * ra_clock_now_s()) - t0) * 1e-6;
 
   /* Phase 0: steps of an Append alone, waiting for its rows to be indexed. Phase 1: steps as a
    * decode makes them, the Append followed at once by every layer's attend, then the same
@@ -123,15 +117,15 @@ int append_roar_run(const append_roar_opts *o, append_roar_result *out, ra_error
                                .n = 1, .keys = keys + ((size_t)i * rows + pos) * DIM,
                                .values = values + pos * DIM};
       for (size_t i = 0; i < (size_t)N_Q * DIM; i++) q[i] = uniform(&seed) * 2.0f;
-      double a = now_us();
+      double a = (1e6 * ra_clock_now_s());
       if ((rc = kvs_session_write(s, blocks, o->shards, NULL, err))) goto done;
-      double b = now_us();
+      double b = (1e6 * ra_clock_now_s());
       if (phase == 1 && (rc = attend_layers(s, layers, q, o->threads, err))) goto done;
-      double c = now_us();
+      double c = (1e6 * ra_clock_now_s());
       kvs_session_index_drain(s);
-      double d = now_us();
+      double d = (1e6 * ra_clock_now_s());
       if (phase == 1 && (rc = attend_layers(s, layers, q, o->threads, err))) goto done;
-      double e = now_us();
+      double e = (1e6 * ra_clock_now_s());
       if (step < 0) continue;
       if (phase == 0) {
         reply[step] = b - a;

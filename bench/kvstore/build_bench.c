@@ -17,6 +17,7 @@
  * units (the store's --threads), --repeat times. Reported: the wall time until all builds are
  * installed, each build's wall time, and the process CPU time of the builds.
  * Runs itself again with OMP_WAIT_POLICY=passive, as kv-store/main.c does. Prints JSON. */
+#include "clock.h"
 #include "gate.h"
 #include "knn.h"
 #include "npy.h"
@@ -31,7 +32,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <time.h>
 #include <unistd.h>
 
 #define MAX_BUILDS 64
@@ -41,12 +41,6 @@ typedef struct opts {
   int layer, kv_head, builds, threads, repeat;
   uint32_t queries, nq, key_t, pivots;
 } opts;
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static double cpu_s(void) {
   struct rusage ru;
@@ -151,7 +145,7 @@ static int make_lists(const opts *o, const ra_qk_meta *m, const float *k32, list
     fprintf(stderr, "build-bench: lists from %s\n", o->cache);
     return RA_OK;
   }
-  double t0 = now_s();
+  double t0 = ra_clock_now_s();
   uint32_t *ids = malloc((size_t)l->m * l->nq * sizeof *ids);
   float *sc = malloc((size_t)l->m * l->nq * sizeof *sc), *bias = malloc((size_t)l->m * 4);
   if (!ids || !sc || !bias) {
@@ -171,7 +165,7 @@ static int make_lists(const opts *o, const ra_qk_meta *m, const float *k32, list
   free(sc);
   free(bias);
   fprintf(stderr, "build-bench: lists of %u queries over %u keys in %.1f s\n", l->m, n,
-          now_s() - t0);
+          ra_clock_now_s() - t0);
   if (rc == RA_OK && o->cache && cache_io(o->cache, l, 1) != 0)
     fprintf(stderr, "build-bench: cannot write %s\n", o->cache);
   return rc;
@@ -189,7 +183,7 @@ static void *run_job(void *p) {
   job *j = p;
   kvs_build_result r;
   j->rc = kvs_session_build_index(j->s, &j->a, &r, &j->err);
-  j->t_end = now_s();
+  j->t_end = ra_clock_now_s();
   return NULL;
 }
 
@@ -254,7 +248,7 @@ int main(int argc, char **argv) {
   for (int r = 0; r < o.repeat; r++) {
     job jobs[MAX_BUILDS];
     pthread_t tid[MAX_BUILDS];
-    double c0 = cpu_s(), t0 = now_s();
+    double c0 = cpu_s(), t0 = ra_clock_now_s();
     for (int b = 0; b < o.builds; b++) {
       jobs[b] = (job){.s = s, .t_start = t0};
       jobs[b].a = (kvs_build_args){.layer = 0, .q_head = (uint32_t)(b * G), .params = p,
@@ -265,7 +259,7 @@ int main(int argc, char **argv) {
       if (pthread_create(&tid[b], NULL, run_job, &jobs[b])) return 1;
     }
     for (int b = 0; b < o.builds; b++) pthread_join(tid[b], NULL);
-    wall[r] = now_s() - t0;
+    wall[r] = ra_clock_now_s() - t0;
     cpu[r] = cpu_s() - c0;
     for (int b = 0; b < o.builds; b++) {
       if (jobs[b].rc) {

@@ -14,6 +14,7 @@
  * kv-store process (kv-store/main.c), it runs itself again with OMP_WAIT_POLICY=passive unless
  * a policy is set, so the in-process store waits as a real one does; the JSON names the policy.
  * Prints JSON (and writes it to FILE). */
+#include "clock.h"
 #include "append_roar.h"
 #include "client.h"
 #include "procenv.h"
@@ -47,12 +48,6 @@ typedef struct opts {
   append_roar_opts append;
   int append_only;
 } opts;
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static int usage(const char *msg) {
   fprintf(stderr,
@@ -160,9 +155,9 @@ static int run_attend(ra_kvclient_stream *st, ra_kvclient_mode mode, int iters, 
   for (int i = -5; i < iters && rc == RA_OK; i++) { /* 5 warm-up requests */
     uint64_t compute = 0;
     q[i & 127] += 1e-3f; /* a different query each time */
-    double t0 = now_s();
+    double t0 = ra_clock_now_s();
     rc = ra_kvclient_attend(st, &req, p, 60000, &compute, err);
-    double dt = (now_s() - t0) * 1e6;
+    double dt = (ra_clock_now_s() - t0) * 1e6;
     if (i >= 0) {
       us[i] = dt;
       cu[i] = (double)compute;
@@ -226,9 +221,9 @@ static int run_remote(const opts *o, remote_result *res, int *store_ok, ra_error
   res->ingest_bytes = (double)ns * (double)elems * 2 * 2;
   if (rc == RA_OK) rc = ra_kvclient_open_session(c, &g, shards, ns, "kvstore-bench", &sess, err);
   if (rc == RA_OK) {
-    double t0 = now_s();
+    double t0 = ra_clock_now_s();
     rc = ra_kvclient_put_kv(c, &sess, rows, ns, NULL, err);
-    res->ingest_s = now_s() - t0;
+    res->ingest_s = ra_clock_now_s() - t0;
   }
   float q[N_Q * DIM], o_buf[N_Q][DIM];
   for (int i = 0; i < N_Q * DIM; i++) {
