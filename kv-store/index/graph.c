@@ -1,14 +1,20 @@
 #include "graph.h"
 
+#include "cpu.h"
 #include "hugemem.h"
 #include "index_internal.h"
 #include "vec.h"
 
 #include <cblas.h>
 #include <omp.h>
+#include <stdint.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+
+#ifdef __x86_64__
+#include <immintrin.h>
+#endif
 
 /* A beam entry's id carries "already expanded" in its top bit (ids stay below 2^31). */
 #define EXPANDED 0x80000000u
@@ -605,10 +611,109 @@ static void cand_radix_sort(ra_cand *cand, uint32_t n) {
     cand[i] = (ra_cand){.sim = key_sim((uint32_t)(src[i] >> 32)), .id = (uint32_t)src[i]};
 }
 
+/* Up to this many candidates are sorted by counting ranks: a rank is the number of keys below
+ * one's own, n^2 / 4 compares four at a time with no branch to mispredict. Most sorts of a roar
+ * build are small (the reverse edges' re-prunings hold M + a few, the key -> query rows <= 64:
+ * 131K synthetic keys, median 61 candidates), where the radix sort's four 256-bucket passes
+ * cost more than the keys; measured per sort on the build's own candidates (2-core EPYC): 17-32
+ * keys 217 ns against 791, 33-64 406 against 1285, 65-128 1062 against 2593. */
+#define RANK_MAX 128u
+
+/* (sim_key, id) as one 64-bit key: ids are distinct, so the keys are. */
+static inline uint64_t cand_key(ra_cand c) { return (uint64_t)sim_key(c.sim) << 32 | c.id; }
+
+static inline ra_cand key_cand(uint64_t k) {
+  return (ra_cand){.sim = key_sim((uint32_t)(k >> 32)), .id = (uint32_t)k};
+}
+
+#ifdef __x86_64__
+/* out[rank of k[i]] = k[i] for n <= RANK_MAX distinct keys, compared signed after flipping the
+ * top bit. (k is not const: with it, gcc 12 takes a caller's array filled in a loop as maybe
+ * uninitialized.) */
+__attribute__((target("avx2"))) static void rank_sort_u64(uint64_t *k, uint32_t n, uint64_t *out) {
+  int64_t s[RANK_MAX + 3];
+  const uint32_t n4 = (n + 3) & ~3u;
+  for (uint32_t i = 0; i < n; i++) s[i] = (int64_t)(k[i] ^ 0x8000000000000000ull);
+  for (uint32_t i = n; i < n4; i++) s[i] = INT64_MAX; /* below no key */
+  for (uint32_t i = 0; i < n; i++) {
+    const __m256i x = _mm256_set1_epi64x(s[i]);
+    __m256i below = _mm256_setzero_si256();
+    for (uint32_t j = 0; j < n4; j += 4) /* a true compare is -1: subtracting counts it */
+      below = _mm256_sub_epi64(below,
+                               _mm256_cmpgt_epi64(x, _mm256_loadu_si256((const __m256i *)(s + j))));
+    __m128i t = _mm_add_epi64(_mm256_castsi256_si128(below), _mm256_extracti128_si256(below, 1));
+    out[_mm_cvtsi128_si64(t) + _mm_extract_epi64(t, 1)] = k[i];
+  }
+}
+
+static void cand_rank_sort(ra_cand *cand, uint32_t n) {
+  uint64_t k[RANK_MAX], out[RANK_MAX];
+  for (uint32_t i = 0; i < n; i++) k[i] = cand_key(cand[i]);
+  rank_sort_u64(k, n, out);
+  for (uint32_t i = 0; i < n; i++) cand[i] = key_cand(out[i]);
+}
+
+/* A pivot's candidates (~250-300, 131K keys): one pass into buckets by the top bits of
+ * sim_key - the smallest sim_key, one per 4 to 8 keys, then each bucket by ranks (by insertion
+ * up to 8). 3.0 us a sort on the build's own candidates, the radix sort 4.3. Returns 0, the
+ * candidates untouched, if a bucket holds more than RANK_MAX (similarities bunched into a few
+ * values). */
+static int cand_bucket_sort(ra_cand *cand, uint32_t n) {
+  uint64_t a[RADIX_MAX], b[RADIX_MAX];
+  uint32_t lo = UINT32_MAX, hi = 0, cnt[RADIX_MAX / 4 + 2], pos[RADIX_MAX / 4 + 2];
+  for (uint32_t i = 0; i < n; i++) {
+    a[i] = cand_key(cand[i]);
+    uint32_t k = (uint32_t)(a[i] >> 32);
+    lo = k < lo ? k : lo;
+    hi = k > hi ? k : hi;
+  }
+  if (lo == hi) return 0;
+  /* 2^lb >= n / 8 buckets; keys spanning fewer bits go one value per bucket. */
+  const uint32_t bits = 32 - (uint32_t)__builtin_clz(hi - lo), lb = 29 - (uint32_t)__builtin_clz(n);
+  const uint32_t sh = bits > lb ? bits - lb : 0, nb = ((hi - lo) >> sh) + 1;
+  memset(cnt, 0, (nb + 1) * sizeof *cnt);
+  for (uint32_t i = 0; i < n; i++) cnt[(((uint32_t)(a[i] >> 32) - lo) >> sh) + 1]++;
+  for (uint32_t d = 0; d < nb; d++) {
+    if (cnt[d + 1] > RANK_MAX) return 0;
+    cnt[d + 1] += cnt[d];
+  }
+  memcpy(pos, cnt, (nb + 1) * sizeof *pos);
+  for (uint32_t i = 0; i < n; i++) b[pos[((uint32_t)(a[i] >> 32) - lo) >> sh]++] = a[i];
+  for (uint32_t d = 0; d < nb; d++) {
+    uint64_t *s = b + cnt[d];
+    const uint32_t m = cnt[d + 1] - cnt[d];
+    if (m > 8) {
+      rank_sort_u64(s, m, a);
+      memcpy(s, a, (size_t)m * sizeof *s);
+      continue;
+    }
+    for (uint32_t x = 1; x < m; x++) {
+      uint64_t v = s[x];
+      uint32_t y = x;
+      for (; y > 0 && s[y - 1] > v; y--) s[y] = s[y - 1];
+      s[y] = v;
+    }
+  }
+  for (uint32_t i = 0; i < n; i++) cand[i] = key_cand(b[i]);
+  return 1;
+}
+#endif
+
 void ra_graph_sort_cands(ra_cand *cand, uint32_t n) {
-  if (n <= 16)
+  if (n <= 16) {
     cand_insertion_sort(cand, n);
-  else if (n <= RADIX_MAX)
+    return;
+  }
+#ifdef __x86_64__
+  if (n <= RADIX_MAX && ra_cpu_has_avx2()) {
+    if (n <= RANK_MAX) {
+      cand_rank_sort(cand, n);
+      return;
+    }
+    if (cand_bucket_sort(cand, n)) return;
+  }
+#endif
+  if (n <= RADIX_MAX)
     cand_radix_sort(cand, n);
   else
     cand_quicksort(cand, n);
