@@ -51,6 +51,8 @@ typedef struct ra_graph_work {
   float *qvec;     /* [dim] the key being linked, kept while vec is reused by pruning */
   uint32_t *sel;   /* [M] the pruned selection */
   float *selm;     /* [M, dim] C·key of each selected key */
+  float *selh;     /* [M] hn of each selected key */
+  uint32_t *selpos; /* [M] each selected key's place in the candidates (ascending) */
   ra_cand *cand;   /* [cand_cap] (id, similarity to the pivot) */
   uint32_t n_sorted; /* cand[0..n_sorted) is in order; prune sorts the rest when it gets there */
   uint32_t *ids;   /* [cand_cap] candidate ids, contiguous for the gather */
