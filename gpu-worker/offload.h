@@ -76,8 +76,8 @@ typedef struct ra_offload_config {
                              (1..RA_OFFLOAD_MAX_BUILD_LAYERS, default 3): a layer's builds start
                              while the previous layers' still run, so that the threads one layer's
                              last builds leave idle take up the next layer's (Llama-3-8B 128K on
-                             the H200, stores at --threads 7: roar prefill 1.54x prefill alone
-                             with 2, 1.34x with 3; 1 was 1.81x on another host) */
+                             the H200, stores at --threads 7: roar prefill 1.25x the prefill alone
+                             with 3, 1.46x with 1, in one call) */
   int64_t synthetic_chunk; /* > 0: a generated-KV prefill (benchmarks at contexts whose real
                              prefill would take hours): every layer's q/k/v come from the token
                              embeddings alone, `synthetic_chunk` tokens per step, with no
