@@ -81,6 +81,8 @@ static int parse_int(const char *s, long lo, long hi, long *out) {
   return 0;
 }
 
+_Static_assert(RA_OFFLOAD_MAX_BUILD_LAYERS == 8, "--build-layers' messages say 1 to 8");
+
 static int parse_opts(int argc, char **argv, opts *o) {
   memset(o, 0, sizeof(*o));
   o->backend = "cpu";

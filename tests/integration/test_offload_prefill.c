@@ -266,6 +266,32 @@ static void test_synthetic_chunk_validated(void **state) {
   fixture_down(&f);
 }
 
+/* build_layers outside 1..RA_OFFLOAD_MAX_BUILD_LAYERS is the caller's error, refused when the
+ * runtime is made. */
+static void test_build_layers_validated(void **state) {
+  (void)state;
+  fixture f;
+  fixture_up(&f, NULL);
+  const uint32_t bad[] = {0, RA_OFFLOAD_MAX_BUILD_LAYERS + 1};
+  for (int i = 0; i < 2; i++) {
+    ra_offload_config c;
+    ra_offload_config_default(&c);
+    c.n_sink = SINK;
+    c.n_window = WINDOW;
+    c.max_prompt = N_PROMPT;
+    c.max_ctx = N_PROMPT + N_DECODE;
+    c.build_layers = bad[i];
+    ra_offload *o = NULL;
+    ra_error err;
+    assert_int_equal(ra_offload_new(f.m, &f.plan, &c, &o, &err), RA_EINVAL);
+    assert_null(o);
+    char want[64];
+    snprintf(want, sizeof want, "build_layers %u (1 to %d)", bad[i], RA_OFFLOAD_MAX_BUILD_LAYERS);
+    assert_non_null(strstr(err.msg, want));
+  }
+  fixture_down(&f);
+}
+
 /* Store 1 started with store1_args must refuse the prefill of a runtime in `mode` (top_k, ef,
  * per_kv_head, key_top as offload_new): the prefill fails with RA_ENOMEM, a message naming the
  * store and containing `reason`, and the runtime is stopped, not half-prefilled. */
@@ -310,6 +336,7 @@ int main(void) {
       cmocka_unit_test(test_build_layers_install_every_index),
       cmocka_unit_test(test_synthetic_prefill_is_embeddings_kv),
       cmocka_unit_test(test_synthetic_chunk_validated),
+      cmocka_unit_test(test_build_layers_validated),
       cmocka_unit_test(test_refused_build_fails_the_prefill_and_names_the_store),
       cmocka_unit_test(test_refused_put_fails_the_prefill_and_names_the_store),
   };
