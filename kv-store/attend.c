@@ -597,11 +597,10 @@ static int run_index(const plan *p, int nt, kvs_attend_result *out, ra_error *er
       int src = RA_OK;
       /* how long an exact scan of the shard takes (~8 GB/s of keys on one core), at most 2 ms */
       uint64_t scan_us = (uint64_t)t->shard->n * kvs_row_bytes(&p->s->geo) / 8000u;
-      const double w0 = omp_get_wtime();
+      const uint64_t w0 = ra_clock_now_us();
       const int locked = kvs_shard_index_timed_read_lock(t->shard, scan_us < 2000 ? scan_us : 2000);
-      const double w1 = omp_get_wtime();
-      const uint64_t c1 = ra_clock_thread_cpu_us();
-      wait_us += (uint64_t)((w1 - w0) * 1e6);
+      const uint64_t w1 = ra_clock_now_us(), c1 = ra_clock_thread_cpu_us();
+      wait_us += w1 - w0;
       n_search++;
       if (locked) {
         /* The search and the lag scan see one state of the index: the background indexer cannot
@@ -621,7 +620,7 @@ static int run_index(const plan *p, int nt, kvs_attend_result *out, ra_error *er
         n = scan_tail(p, t, q, 0, k, 0, ids, scores, &heap, &scanned);
         n_exact++;
       }
-      search_us += (uint64_t)((omp_get_wtime() - w1) * 1e6);
+      search_us += ra_clock_now_us() - w1;
       search_cpu_us += ra_clock_thread_cpu_us() - c1;
       if (src != RA_OK || n == UINT32_MAX) {
         atomic_store(&failed, src != RA_OK ? src : RA_ENOMEM);
