@@ -7,6 +7,7 @@
 
 void ra_gen_result_free(ra_gen_result *r) {
   free(r->tokens);
+  free(r->step_s);
   memset(r, 0, sizeof(*r));
 }
 
@@ -33,7 +34,8 @@ int ra_generate(ra_state *st, const ra_tokenizer *tok, const int32_t *prompt, si
   int32_t *ids = malloc(sizeof(int32_t) * (size_t)k);
   float *vals = malloc(sizeof(float) * (size_t)k);
   res->tokens = malloc(sizeof(int32_t) * (size_t)(cfg->max_new_tokens + 1));
-  if (!ids || !vals || !res->tokens) {
+  res->step_s = malloc(sizeof(double) * (size_t)(cfg->max_new_tokens + 1));
+  if (!ids || !vals || !res->tokens || !res->step_s) {
     free(ids);
     free(vals);
     ra_gen_result_free(res);
@@ -47,12 +49,13 @@ int ra_generate(ra_state *st, const ra_tokenizer *tok, const int32_t *prompt, si
   int rc = feed(cfg, st, prompt, (int64_t)n_prompt, err);
   if (rc == RA_OK) rc = be->ops->sync(be, err);
   res->prefill_s = ra_clock_now_s() - t0;
-  double td = ra_clock_now_s();
+  double td = ra_clock_now_s(), t_step = td;
   while (rc == RA_OK && res->n_tokens < (size_t)cfg->max_new_tokens) {
     ra_tensor row = ra_tensor_rows(&st->logits, st->n_logits - 1, 1);
     row.shape[1] = vocab; /* one row: its first `vocab` columns are contiguous */
     row.nbytes = (size_t)vocab * sizeof(float);
     if ((rc = be->ops->topk_rows(be, &row, k, ids, vals, err))) break;
+    if (res->n_decode_steps) res->step_s[res->n_decode_steps - 1] = ra_clock_now_s() - t_step;
     int32_t next = ra_sampler_pick(&smp, vals, ids, k);
     if (cfg->stop_at_eos && tok && ra_tok_is_stop(tok, next)) {
       res->stopped = 1;
@@ -61,6 +64,7 @@ int ra_generate(ra_state *st, const ra_tokenizer *tok, const int32_t *prompt, si
     res->tokens[res->n_tokens++] = next;
     if (on_token && on_token(ctx, next)) break;
     if (res->n_tokens == (size_t)cfg->max_new_tokens) break;
+    t_step = ra_clock_now_s();
     rc = feed(cfg, st, &next, 1, err);
     res->n_decode_steps++;
   }

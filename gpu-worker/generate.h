@@ -33,6 +33,9 @@ typedef struct ra_gen_result {
   double prefill_s; /* prompt forward up to the first token's logits */
   double decode_s;  /* all later steps */
   size_t n_decode_steps;
+  /* [n_decode_steps] wall time of each decode step: a token's forward and the pick of the next
+   * one (the pick reads the logits back, so a device's work is done by then) */
+  double *step_s;
 } ra_gen_result;
 
 /* Called with every generated token (before it is fed back); a nonzero return stops early. */

@@ -322,6 +322,12 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
             json_write_stats(f, &steps[i]);
           }
           fprintf(f, "]");
+        } else {
+          /* Every token's forward is on this process: the step's wall time is all there is. */
+          fprintf(f, ", \"steps\": [");
+          for (size_t i = 0; i < res.n_decode_steps; i++)
+            fprintf(f, "%s{\"total_us\": %.1f}", i ? ", " : "", res.step_s[i] * 1e6);
+          fprintf(f, "]");
         }
         fprintf(f, "}\n");
       }

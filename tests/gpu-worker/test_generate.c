@@ -43,6 +43,13 @@ static void test_greedy_first_tokens(void **state) {
   assert_memory_equal(res.tokens, want, sizeof want);
   assert_string_equal(text, "The capital of France is Paris.");
   assert_true(res.stopped);
+  /* a wall time per decode step, together within the decode's */
+  double sum = 0;
+  for (size_t i = 0; i < res.n_decode_steps; i++) {
+    assert_true(res.step_s[i] > 0);
+    sum += res.step_s[i];
+  }
+  assert_true(res.n_decode_steps >= 6 && sum <= res.decode_s);
   free(text);
   ra_gen_result_free(&res);
   ra_state_free(st);
