@@ -51,9 +51,9 @@ static uint64_t xorshift(uint64_t *s) {
 
 static int parse_args(int argc, char **argv, opts *o) {
   *o = (opts){.gib = 8, .threads = {1, 14}, .n_threads = 2, .searches = 400};
-  for (int i = 1; i < argc; i++) {
-    const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!v) return -1;
+  if ((argc - 1) % 2) return -1; /* every flag takes a value */
+  for (int i = 1; i < argc; i += 2) {
+    const char *f = argv[i], *v = argv[i + 1];
     char *end;
     if (strcmp(f, "--gib") == 0) {
       o->gib = strtoul(v, &end, 10);
@@ -74,7 +74,6 @@ static int parse_args(int argc, char **argv, opts *o) {
     } else {
       return -1;
     }
-    i++;
   }
   return 0;
 }
