@@ -49,6 +49,9 @@ static uint64_t xorshift(uint64_t *s) {
   return *s;
 }
 
+/* A value drawn uniformly from [-1, 1] in steps of 1/1000. */
+static float uniform_pm1(uint64_t *s) { return (float)((int)(xorshift(s) % 2001) - 1000) / 1000.0f; }
+
 static int parse_args(int argc, char **argv, opts *o) {
   *o = (opts){.gib = 8, .threads = {1, 14}, .n_threads = 2, .searches = 400};
   if ((argc - 1) % 2) return -1; /* every flag takes a value */
@@ -63,8 +66,9 @@ static int parse_args(int argc, char **argv, opts *o) {
       if (*end || o->searches < 1) return -1;
     } else if (strcmp(f, "--threads") == 0) {
       o->n_threads = 0;
-      for (const char *p = v; *p && o->n_threads < 8; p = *end ? end + 1 : end) {
+      for (const char *p = v; *p; p = *end ? end + 1 : end) {
         long t = strtol(p, &end, 10);
+        if (o->n_threads == 8) return -1; /* at most 8 counts */
         if (end == p || t < 1 || t > MAX_THREADS || (*end && *end != ',')) return -1;
         o->threads[o->n_threads++] = (int)t;
       }
@@ -89,7 +93,7 @@ static double run_searches(const char *rows, size_t n_windows, int p, int search
     free(scores);
     return -1;
   }
-  for (int d = 0; d < DIM; d++) q[d] = (float)((int)(xorshift(&seed) % 2001) - 1000) / 1000.0f;
+  for (int d = 0; d < DIM; d++) q[d] = uniform_pm1(&seed);
   for (int s = 0; s < searches; s++) {
     const char *win = rows + (xorshift(&seed) % n_windows) * (size_t)WINDOW_ROWS * ROW_BYTES;
     for (uint32_t i = 0; i < ROWS_PER_SEARCH; i++) ids[i] = (uint32_t)(xorshift(&seed) % WINDOW_ROWS);
@@ -119,7 +123,7 @@ static double run_searches(const char *rows, size_t n_windows, int p, int search
 int main(int argc, char **argv) {
   opts o;
   if (parse_args(argc, argv, &o)) {
-    fprintf(stderr, "usage: gather-bench [--gib 8] [--threads 1,14] [--searches 400] [--json FILE]\n");
+    fprintf(stderr, "usage: gather-bench [--gib 8] [--threads 1,14 (up to 8 counts)] [--searches 400] [--json FILE]\n");
     return 2;
   }
   const size_t bytes = o.gib << 30, window = (size_t)WINDOW_ROWS * ROW_BYTES;
@@ -135,7 +139,7 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < bytes / 2; i += 4096) {
     uint64_t s = 0x9E3779B97F4A7C15ull ^ i;
     for (size_t j = i; j < i + 4096 && j < bytes / 2; j++)
-      ((uint16_t *)rows)[j] = ra_fp32_to_bf16((float)((int)(xorshift(&s) % 2001) - 1000) / 4000.0f);
+      ((uint16_t *)rows)[j] = ra_fp32_to_bf16(uniform_pm1(&s) / 4.0f);
   }
   FILE *out[2] = {stdout, o.json ? fopen(o.json, "w") : NULL};
   if (o.json && !out[1]) {

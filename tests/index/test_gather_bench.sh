@@ -17,3 +17,6 @@ PY
 status=0
 "$1" --threads 0 >/dev/null 2>&1 || status=$?
 [ "$status" = 2 ] || { echo "FAIL: --threads 0 exited $status, not 2"; exit 1; }
+status=0
+"$1" --threads 1,2,3,4,5,6,7,8,9 >/dev/null 2>&1 || status=$?
+[ "$status" = 2 ] || { echo "FAIL: nine thread counts exited $status, not 2"; exit 1; }
