@@ -75,8 +75,9 @@ static void session_free(kvs_session *s) {
   for (size_t i = 0; i < s->n_shards; i++) {
     kvs_shard_index_free(s, &s->shards[i]);
     pthread_rwlock_destroy(&s->shards[i].ix_lock);
-    free(s->shards[i].keys);
-    free(s->shards[i].values);
+    const size_t rb = kvs_row_bytes(&s->geo);
+    ra_huge_free(s->shards[i].keys, s->shards[i].keys_cap * rb);
+    ra_huge_free(s->shards[i].values, s->shards[i].cap * rb);
   }
   free(s->shards);
   free(s->heads);
@@ -586,20 +587,21 @@ static int shard_reserve(kvs_session *s, kvs_shard *sh, ra_error *err) {
   /* The indexer reads the keys under ix_lock alone (it never takes the session lock), so moving
    * them waits for its batch on this shard; growth is rare (1/8 of the shard at a time). */
   pthread_rwlock_wrlock(&sh->ix_lock);
-  void *k = realloc(sh->keys, cap * rb);
-  if (k) sh->keys = k;
-  void *v = k ? realloc(sh->values, cap * rb) : NULL;
-  if (v) {
-    /* before the rows are written: the pages they fault in are huge. Advice: without it the
-     * store works, only with more TLB misses */
-    (void)ra_mem_advise_huge(k, cap * rb);
-    (void)ra_mem_advise_huge(v, cap * rb);
+  /* On huge pages (hugemem.h), which growing keeps. */
+  void *k = sh->keys;
+  if (cap > sh->keys_cap && (k = ra_huge_realloc(sh->keys, sh->keys_cap * rb, cap * rb))) {
+    sh->keys = k;
+    sh->keys_cap = cap;
   }
-  if (k && !v) {
-    /* Give the keys' extra room back so the charge stays exact; shrinking cannot fail in
-     * practice, and if it does the larger block is merely kept. */
-    void *shrunk = realloc(sh->keys, sh->cap ? sh->cap * rb : 1);
-    if (shrunk) sh->keys = shrunk;
+  void *v = k ? ra_huge_realloc(sh->values, sh->cap * rb, cap * rb) : NULL;
+  if (k && !v && sh->keys_cap > sh->cap) {
+    /* Back to the old size, so that the charge stays exact; should shrinking fail, the larger
+     * block is kept (keys_cap says so) and serves the next growth. */
+    void *shrunk = ra_huge_realloc(sh->keys, sh->keys_cap * rb, sh->cap * rb);
+    if (shrunk) {
+      sh->keys = shrunk;
+      sh->keys_cap = sh->cap;
+    }
   }
   pthread_rwlock_unlock(&sh->ix_lock);
   if (!v) {

@@ -90,7 +90,8 @@ typedef struct kvs_index {
 typedef struct kvs_shard {
   kvs_shard_spec spec; /* first: shards sort by their spec (store.c) */
   uint64_t n;      /* rows filled: tokens [token_begin, token_begin + n) */
-  uint64_t cap;    /* rows allocated in keys and values */
+  uint64_t cap;    /* rows allocated in values, and usable in keys */
+  uint64_t keys_cap; /* rows allocated in keys: cap (more only after a failed growth's undo) */
   void *keys;      /* [cap, head_dim] session dtype */
   void *values;    /* [cap, head_dim] session dtype */
   uint64_t pending; /* rows a write in progress will add (write lock held) */

@@ -2,6 +2,7 @@
  * install), the indexer's insertion batches, lag, lookup and teardown. See store.h for the model
  * and the locks. */
 #include "store.h"
+#include "hugemem.h"
 
 #include "clock.h"
 #include "indexer.h"
@@ -236,7 +237,7 @@ typedef struct shard_build {
 } shard_build;
 
 static void build_release(kvs_session *s, shard_build *b) {
-  free(b->copy);
+  ra_huge_free(b->copy, b->n_snap * kvs_row_bytes(&s->geo));
   free(b->q);
   free(b->knn);
   free(b->key_top);
@@ -259,7 +260,7 @@ static int build_snapshot(kvs_session *s, shard_build *b, ra_error *err) {
   int rc = kvs_store_charge(s->store, bytes, err);
   if (rc == RA_OK) {
     b->charged += bytes;
-    b->copy = malloc(bytes ? bytes : 1);
+    b->copy = ra_huge_alloc(bytes); /* the build's walks read it at random, as a search */
     if (b->copy && bytes)
       memcpy(b->copy, b->sh->keys, bytes);
     else if (!b->copy)
@@ -398,7 +399,7 @@ static int build_one(kvs_session *s, const kvs_build_args *a, int joined, shard_
     rc = ra_index_build(&p, &keys, qp, &b->ix, err);
   }
   if (a->gate) ra_gate_release(a->gate, threads);
-  free(b->copy);
+  ra_huge_free(b->copy, b->n_snap * kvs_row_bytes(&s->geo));
   free(b->q);
   free(b->knn);
   free(b->key_top);

@@ -28,24 +28,23 @@ int ra_graph_init(ra_graph *g, uint32_t M, uint32_t n, uint32_t cap) {
   g->M = M;
   if (cap < n) cap = n;
   if (cap == 0) cap = 1;
-  g->adj = malloc((size_t)cap * M * sizeof *g->adj);
   /* a walk reads a row per expansion, anywhere in the graph (8 MiB at 131K keys, a store holds
-   * a hundred): huge pages, as for the keys (hugemem.h); advice, so its result is not needed */
-  (void)ra_mem_advise_huge(g->adj, (size_t)cap * M * sizeof *g->adj);
+   * a hundred): huge pages, as for the keys (hugemem.h) */
+  g->adj = ra_huge_alloc((size_t)cap * M * sizeof *g->adj);
   g->deg = calloc(cap, sizeof *g->deg);
   g->npin = calloc(cap, sizeof *g->npin);
   g->hn = calloc(cap, sizeof *g->hn);
+  g->cap = cap; /* before a failure's ra_graph_free: the size adj was allocated with */
   if (!g->adj || !g->deg || !g->npin || !g->hn) {
     ra_graph_free(g);
     return RA_ENOMEM;
   }
-  g->cap = cap;
   g->n = n;
   return RA_OK;
 }
 
 void ra_graph_free(ra_graph *g) {
-  free(g->adj);
+  ra_huge_free(g->adj, (size_t)g->cap * g->M * sizeof *g->adj);
   free(g->deg);
   free(g->npin);
   free(g->hn);
@@ -56,10 +55,8 @@ void ra_graph_free(ra_graph *g) {
 
 int ra_graph_reserve(ra_graph *g, uint32_t cap) {
   if (cap <= g->cap) return RA_OK;
-  uint32_t *adj = realloc(g->adj, (size_t)cap * g->M * sizeof *adj);
-  if (!adj) return RA_ENOMEM;
-  g->adj = adj;
-  (void)ra_mem_advise_huge(adj, (size_t)cap * g->M * sizeof *adj);
+  /* The malloc'd arrays first: left larger on a later failure they stay valid, whereas adj's
+   * size must match g->cap (ra_graph_free passes it back). */
   uint16_t *deg = realloc(g->deg, (size_t)cap * sizeof *deg);
   if (!deg) return RA_ENOMEM;
   g->deg = deg;
@@ -69,6 +66,10 @@ int ra_graph_reserve(ra_graph *g, uint32_t cap) {
   float *hn = realloc(g->hn, (size_t)cap * sizeof *hn);
   if (!hn) return RA_ENOMEM;
   g->hn = hn;
+  uint32_t *adj = ra_huge_realloc(g->adj, (size_t)g->cap * g->M * sizeof *adj,
+                                  (size_t)cap * g->M * sizeof *adj);
+  if (!adj) return RA_ENOMEM;
+  g->adj = adj;
   memset(g->deg + g->cap, 0, (size_t)(cap - g->cap) * sizeof *deg);
   memset(g->npin + g->cap, 0, (size_t)(cap - g->cap) * sizeof *npin);
   g->cap = cap;

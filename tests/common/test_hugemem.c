@@ -1,6 +1,8 @@
 /* ra_mem_advise_huge: a no-op on ranges without an aligned 2 MiB, and where the kernel offers
  * transparent huge pages (enabled = always or madvise), an advised region is backed by them once
- * touched (AnonHugePages of its mapping in /proc/self/smaps). */
+ * touched (AnonHugePages of its mapping in /proc/self/smaps). ra_huge_*: blocks keep their
+ * contents through every resize, large ones start on a 2 MiB boundary, and a large block moved
+ * by growing stays on huge pages (a realloc'd one did not). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -72,10 +74,69 @@ static void test_advised_region_gets_huge_pages(void **state) {
   munmap(map, len + huge);
 }
 
+static void fill(unsigned char *p, size_t n, unsigned seed) {
+  for (size_t i = 0; i < n; i++) p[i] = (unsigned char)(i * 31u + seed);
+}
+
+static void assert_filled(const unsigned char *p, size_t n, unsigned seed) {
+  for (size_t i = 0; i < n; i++)
+    if (p[i] != (unsigned char)(i * 31u + seed)) fail_msg("byte %zu of %zu changed", i, n);
+}
+
+static void test_blocks_resize_and_keep_contents(void **state) {
+  (void)state;
+  const size_t MiB = (size_t)1 << 20;
+  /* small, small, huge, huge (grown), huge (shrunk), small again, empty, small */
+  const size_t sizes[] = {100, MiB, 3 * MiB, 9 * MiB, 5 * MiB, 1000, 0, 64};
+  size_t have = 0;
+  unsigned char *p = NULL;
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    unsigned char *q = ra_huge_realloc(p, have, sizes[i]);
+    assert_non_null(q);
+    assert_filled(q, have < sizes[i] ? have : sizes[i], (unsigned)i);
+    if (sizes[i] >= RA_HUGE_MIN) assert_int_equal((uintptr_t)q % ((uintptr_t)2 << 20), 0);
+    fill(q, sizes[i], (unsigned)i + 1);
+    p = q;
+    have = sizes[i];
+  }
+  ra_huge_free(p, have);
+  unsigned char *a = ra_huge_alloc(RA_HUGE_MIN);
+  assert_non_null(a);
+  assert_int_equal((uintptr_t)a % ((uintptr_t)2 << 20), 0);
+  ra_huge_free(a, RA_HUGE_MIN);
+  ra_huge_free(NULL, 123);
+}
+
+/* Growing a block whose next 2 MiB are taken moves it; its pages must stay huge. */
+static void test_moved_block_stays_huge(void **state) {
+  (void)state;
+  const size_t huge = (size_t)2 << 20, len = 8 * huge;
+  if (!thp_madvise_enabled()) skip();
+  unsigned char *p = ra_huge_alloc(len);
+  assert_non_null(p);
+  fill(p, len, 7);
+  void *blocker = mmap(p + len, huge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE,
+                       -1, 0);
+  assert_true(blocker == (void *)(p + len));
+  long before = anon_huge_kb(p);
+  unsigned char *q = ra_huge_realloc(p, len, 2 * len);
+  assert_non_null(q);
+  assert_true(q != p);
+  assert_filled(q, len, 7);
+  long after = anon_huge_kb(q);
+  print_message("8 huge pages filled: AnonHugePages %ld kB, after the move %ld kB\n", before, after);
+  assert_true(before >= 4096);
+  assert_true(after >= before);
+  ra_huge_free(q, 2 * len);
+  munmap(blocker, huge);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_small_or_empty_ranges_are_no_ops),
       cmocka_unit_test(test_advised_region_gets_huge_pages),
+      cmocka_unit_test(test_blocks_resize_and_keep_contents),
+      cmocka_unit_test(test_moved_block_stays_huge),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
