@@ -128,12 +128,11 @@ int main(int argc, char **argv) {
   }
   const size_t bytes = o.gib << 30, window = (size_t)WINDOW_ROWS * ROW_BYTES;
   const size_t n_windows = bytes / window;
-  char *rows = aligned_alloc(2u << 20, bytes);
+  char *rows = ra_huge_alloc(bytes); /* as a store's keys: on huge pages */
   if (!rows) {
     fprintf(stderr, "gather-bench: cannot allocate %zu GiB\n", o.gib);
     return 1;
   }
-  (void)ra_mem_advise_huge(rows, bytes); /* a store's keys are on huge pages */
   /* Small random bf16 values, written by all cores (and so faulted in) before any timing. */
 #pragma omp parallel for schedule(static)
   for (size_t i = 0; i < bytes / 2; i += 4096) {
@@ -144,7 +143,7 @@ int main(int argc, char **argv) {
   FILE *out[2] = {stdout, o.json ? fopen(o.json, "w") : NULL};
   if (o.json && !out[1]) {
     fprintf(stderr, "gather-bench: cannot create %s\n", o.json);
-    free(rows);
+    ra_huge_free(rows, bytes);
     return 1;
   }
   double ns[8][N_PATTERNS];
@@ -164,7 +163,7 @@ int main(int argc, char **argv) {
       }
       if (failed) {
         fprintf(stderr, "gather-bench: out of memory\n");
-        free(rows);
+        ra_huge_free(rows, bytes);
         return 1;
       }
       ns[t][p] = total / o.threads[t] / o.searches / ROWS_PER_SEARCH * 1e9;
@@ -185,9 +184,9 @@ int main(int argc, char **argv) {
   }
   if (out[1] && fclose(out[1]) != 0) {
     fprintf(stderr, "gather-bench: writing %s failed\n", o.json);
-    free(rows);
+    ra_huge_free(rows, bytes);
     return 1;
   }
-  free(rows);
+  ra_huge_free(rows, bytes);
   return 0;
 }
