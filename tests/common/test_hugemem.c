@@ -124,7 +124,8 @@ static void test_moved_block_stays_huge(void **state) {
   assert_true(q != p);
   assert_filled(q, len, 7);
   long after = anon_huge_kb(q);
-  print_message("8 huge pages filled: AnonHugePages %ld kB, after the move %ld kB\n", before, after);
+  print_message("8 huge pages filled: AnonHugePages %ld kB, after the move %ld kB\n", before,
+                after);
   assert_true(before >= 4096);
   assert_true(after >= before);
   ra_huge_free(q, 2 * len);
