@@ -22,13 +22,16 @@ int ra_mem_advise_huge(void *p, size_t bytes) {
 
 static int is_huge(size_t bytes) { return bytes >= RA_HUGE_MIN; }
 
-/* The mapping's length: whole huge pages. */
+/* More than this cannot be rounded up to whole huge pages and mapped with one page of slack. */
+#define HUGE_MAX ((size_t)SIZE_MAX - 2 * HUGE_PAGE)
+
+/* The mapping's length: whole huge pages (bytes <= HUGE_MAX). */
 static size_t map_len(size_t bytes) { return (bytes + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1); }
 
-/* len bytes (a multiple of HUGE_PAGE) of address space on a HUGE_PAGE boundary, mapped with
- * `prot`; MAP_FAILED on failure. Maps a huge page more than asked and trims both ends. */
+/* len bytes (a multiple of HUGE_PAGE, <= HUGE_MAX) of address space on a HUGE_PAGE boundary,
+ * mapped with `prot`; MAP_FAILED on failure. Maps a huge page more than asked and trims both
+ * ends. */
 static void *map_aligned(size_t len, int prot) {
-  if (len > SIZE_MAX - HUGE_PAGE) return MAP_FAILED;
   char *raw = mmap(NULL, len + HUGE_PAGE, prot, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED) return MAP_FAILED;
   char *p = (char *)(((uintptr_t)raw + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1));
@@ -40,6 +43,7 @@ static void *map_aligned(size_t len, int prot) {
 
 void *ra_huge_alloc(size_t bytes) {
   if (!is_huge(bytes)) return malloc(bytes ? bytes : 1);
+  if (bytes > HUGE_MAX) return NULL;
   const size_t len = map_len(bytes);
   void *p = map_aligned(len, PROT_READ | PROT_WRITE);
   if (p == MAP_FAILED) return NULL;
@@ -57,6 +61,7 @@ void ra_huge_free(void *p, size_t bytes) {
 
 void *ra_huge_realloc(void *p, size_t old_bytes, size_t new_bytes) {
   if (!p) return ra_huge_alloc(new_bytes);
+  if (new_bytes > HUGE_MAX) return NULL;
   if (!is_huge(old_bytes) && !is_huge(new_bytes)) return realloc(p, new_bytes ? new_bytes : 1);
   if (is_huge(old_bytes) != is_huge(new_bytes)) {
     /* Crossing the threshold: another kind of block, so a copy (of less than RA_HUGE_MIN on

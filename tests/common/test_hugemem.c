@@ -107,6 +107,28 @@ static void test_blocks_resize_and_keep_contents(void **state) {
   ra_huge_free(NULL, 123);
 }
 
+/* Sizes no mapping can hold are refused (they must not wrap when rounded up to huge pages), and a
+ * refused resize leaves the block and its contents as they were. */
+static void test_impossible_sizes_are_refused(void **state) {
+  (void)state;
+  assert_null(ra_huge_alloc(SIZE_MAX));
+  assert_null(ra_huge_alloc(SIZE_MAX / 2));
+  const size_t len = 2 * RA_HUGE_MIN;
+  unsigned char *p = ra_huge_alloc(len);
+  assert_non_null(p);
+  fill(p, len, 3);
+  assert_null(ra_huge_realloc(p, len, SIZE_MAX));
+  assert_null(ra_huge_realloc(p, len, SIZE_MAX / 2));
+  assert_filled(p, len, 3);
+  unsigned char *small = ra_huge_alloc(100);
+  assert_non_null(small);
+  fill(small, 100, 4);
+  assert_null(ra_huge_realloc(small, 100, SIZE_MAX - 1));
+  assert_filled(small, 100, 4);
+  ra_huge_free(small, 100);
+  ra_huge_free(p, len);
+}
+
 /* Growing a block whose next 2 MiB are taken moves it; its pages must stay huge. */
 static void test_moved_block_stays_huge(void **state) {
   (void)state;
@@ -138,6 +160,7 @@ int main(void) {
       cmocka_unit_test(test_advised_region_gets_huge_pages),
       cmocka_unit_test(test_blocks_resize_and_keep_contents),
       cmocka_unit_test(test_moved_block_stays_huge),
+      cmocka_unit_test(test_impossible_sizes_are_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
