@@ -9,33 +9,9 @@ cd "$(dirname "$0")/.."
 deploy/setup.sh
 BUILD_DIR=build deploy/build.sh -DCMAKE_BUILD_TYPE=RelWithDebInfo
 BIN=build/bin
-RUN=$(mktemp -d)
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$RUN"
-}
-trap cleanup EXIT
-
-# Starts a kv-store on a free loopback port and waits until it serves; its address is then in
-# $RUN/NAME.addr. (Not called as $(...): the subshell would wait for the store's stdout.)
-start_store() {
-  local name=$1
-  "$BIN/kv-store" --listen 127.0.0.1:0 --ready-file "$RUN/$name.addr" --memory-budget 4G \
-    >"$RUN/$name.log" 2>&1 &
-  PIDS+=($!)
-  for _ in $(seq 100); do
-    [ -s "$RUN/$name.addr" ] && return 0
-    sleep 0.1
-  done
-  echo "demo: kv-store $name did not start; its log:" >&2
-  cat "$RUN/$name.log" >&2
-  return 1
-}
-
-start_store a
-start_store b
+. deploy/loopback-stores.sh
+start_store a "$BIN/kv-store" --memory-budget 4G
+start_store b "$BIN/kv-store" --memory-budget 4G
 A=$(cat "$RUN/a.addr")
 B=$(cat "$RUN/b.addr")
 echo "== kv-stores listening on $A and $B"

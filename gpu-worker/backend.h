@@ -81,11 +81,13 @@ typedef struct ra_backend_ops {
   int (*fill_random)(ra_backend *be, ra_tensor *t, uint64_t seed, float center, float scale, ra_error *err);
 
   /* ---- layer ops ---- */
-  /* out[i, :] = table[ids[i], :].  table: [vocab, dim] (a weight), ids: host [n], out: [n, dim] */
+  /* out[i, :] = table[ids[i], :].  table: [vocab, dim] (a weight, or a cache as a matrix) of any
+   * dtype, ids: host [n], out: [n, dim] F32 */
   int (*get_rows)(ra_backend *be, const ra_tensor *table, const int32_t *ids, int64_t n, ra_tensor *out,
                   ra_error *err);
-  /* y = x w^T (+ bias) (+ y if accumulate).  x: [n, k], w: [m, k] (a weight), bias: [m] or NULL,
-   * y: [n, m]; x and y may have more dims, flattened after the first (q: [n, heads, hd]).
+  /* y = x w^T (+ bias) (+ y if accumulate).  x: [n, k] F32, w: [m, k] (a weight, or keys/queries
+   * of a half-precision cache) and bias: [m] or NULL of any dtype, y: [n, m] F32; x and y may have
+   * more dims, flattened after the first (q: [n, heads, hd]).
    * accumulate fuses the residual add (x_res += attn_out Wo^T). */
   int (*matmul)(ra_backend *be, const ra_tensor *x, const ra_tensor *w, const ra_tensor *bias, ra_tensor *y,
                 int accumulate, ra_error *err);

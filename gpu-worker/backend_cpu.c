@@ -39,6 +39,29 @@ static int want_dtype(const ra_tensor *t, ra_dtype dt, const char *op, const cha
 static int64_t last_dim(const ra_tensor *t) { return t->shape[t->ndim - 1]; }
 static int64_t n_rows(const ra_tensor *t) { return (int64_t)(ra_tensor_nelem(t) / (size_t)last_dim(t)); }
 
+/* t allocated, of any known dtype (the ops that take half-precision inputs, as the CUDA backend's do). */
+static int want_tensor(const ra_tensor *t, const char *op, const char *name, ra_error *err) {
+  if (!t || !t->data) return ra_errorf(err, RA_EINVAL, "cpu %s: %s is not allocated", op, name);
+  if (ra_dtype_size(t->dtype) == 0)
+    return ra_errorf(err, RA_EINVAL, "cpu %s: %s has dtype %d", op, name, (int)t->dtype);
+  return RA_OK;
+}
+
+/* t's values in fp32: t's own data, or a widened copy in *tmp (to be freed) for a half tensor. */
+static int fp32_view(const ra_tensor *t, const char *op, float **tmp, const float **out, ra_error *err) {
+  *tmp = NULL;
+  if (t->dtype == RA_DTYPE_F32) {
+    *out = t->data;
+    return RA_OK;
+  }
+  size_t n = ra_tensor_nelem(t);
+  if (!(*tmp = malloc(n * sizeof(float))))
+    return ra_errorf(err, RA_ENOMEM, "cpu %s: cannot widen %zu %s elements", op, n, ra_dtype_name(t->dtype));
+  ra_dtype_to_fp32_n(t->dtype, t->data, *tmp, n);
+  *out = *tmp;
+  return RA_OK;
+}
+
 /* ---------- memory ---------- */
 
 static int cpu_alloc(ra_backend *be, ra_tensor *t, ra_error *err) {
@@ -140,24 +163,27 @@ static int cpu_fill_random(ra_backend *be, ra_tensor *t, uint64_t seed, float ce
 static int cpu_get_rows(ra_backend *be, const ra_tensor *table, const int32_t *ids, int64_t n, ra_tensor *out,
                         ra_error *err) {
   int rc;
-  if ((rc = want_dtype(table, RA_DTYPE_F32, "get_rows", "table", err)) ||
+  /* table in any dtype (a half-precision KV cache as rows for roar's kNN), out always fp32 */
+  if ((rc = want_tensor(table, "get_rows", "table", err)) ||
       (rc = want_dtype(out, RA_DTYPE_F32, "get_rows", "out", err)))
     return rc;
+  const size_t esz = ra_dtype_size(table->dtype);
   int64_t dim = last_dim(table), vocab = n_rows(table);
-  if (last_dim(out) != dim || n_rows(out) < n)
+  if (n < 0 || last_dim(out) != dim || n_rows(out) < n)
     return ra_errorf(err, RA_EINVAL, "cpu get_rows: out is not [%lld, %lld]", (long long)n, (long long)dim);
-  for (int64_t i = 0; i < n; i++) {
+  for (int64_t i = 0; i < n; i++)
     if (ids[i] < 0 || ids[i] >= vocab)
       return ra_errorf(err, RA_EINVAL, "cpu get_rows: id %d outside [0, %lld)", ids[i], (long long)vocab);
-    memcpy((float *)out->data + i * dim, (const float *)table->data + (int64_t)ids[i] * dim, (size_t)dim * sizeof(float));
-  }
+  for (int64_t i = 0; i < n; i++)
+    ra_dtype_to_fp32_n(table->dtype, (const char *)table->data + (size_t)ids[i] * (size_t)dim * esz,
+                       (float *)out->data + i * dim, (size_t)dim);
   return RA_OK;
 }
 
 static int cpu_matmul(ra_backend *be, const ra_tensor *x, const ra_tensor *w, const ra_tensor *bias, ra_tensor *y,
                       int accumulate, ra_error *err) {
   int rc;
-  if ((rc = want_dtype(x, RA_DTYPE_F32, "matmul", "x", err)) || (rc = want_dtype(w, RA_DTYPE_F32, "matmul", "w", err)) ||
+  if ((rc = want_dtype(x, RA_DTYPE_F32, "matmul", "x", err)) || (rc = want_tensor(w, "matmul", "w", err)) ||
       (rc = want_dtype(y, RA_DTYPE_F32, "matmul", "y", err)))
     return rc;
   /* x and y are [n, ...] with everything after the first dim flattened: q [n, heads, hd] is [n, heads*hd] */
@@ -166,13 +192,20 @@ static int cpu_matmul(ra_backend *be, const ra_tensor *x, const ra_tensor *w, co
     return ra_errorf(err, RA_EINVAL, "cpu matmul: x [%lld, %lld] w [%lld, %lld] y [%lld, %lld] do not fit", (long long)n,
                      (long long)k, (long long)m, (long long)last_dim(w), (long long)y->shape[0],
                      (long long)(ra_tensor_nelem(y) / (size_t)y->shape[0]));
-  if (bias && ((rc = want_dtype(bias, RA_DTYPE_F32, "matmul", "bias", err)) || (int64_t)ra_tensor_nelem(bias) != m))
+  if (bias && ((rc = want_tensor(bias, "matmul", "bias", err)) || (int64_t)ra_tensor_nelem(bias) != m))
     return rc ? rc : ra_errorf(err, RA_EINVAL, "cpu matmul: bias is not [%lld]", (long long)m);
+  /* a half-precision w (roar's kNN against an f16/bf16 cache) or bias is widened for sgemm */
+  float *w_tmp = NULL, *b_tmp = NULL;
+  const float *wd, *bd = NULL;
+  if ((rc = fp32_view(w, "matmul", &w_tmp, &wd, err)) || (bias && (rc = fp32_view(bias, "matmul", &b_tmp, &bd, err)))) {
+    free(w_tmp);
+    return rc;
+  }
   float beta = accumulate ? 1.0f : 0.0f;
   /* One thread pool: OpenBLAS runs single-threaded (set at create) and OpenMP threads each take
    * a slice of the output columns. Two spinning pools (OpenMP + OpenBLAS's pthreads) on the same
    * cores made decode 5x slower. Slices are multiples of 16 columns to keep sgemm's panels whole. */
-  const float *xd = x->data, *wd = w->data;
+  const float *xd = x->data;
   float *ydat = y->data;
 #pragma omp parallel if ((double)n * (double)m * (double)k > 1e5)
   {
@@ -188,13 +221,13 @@ static int cpu_matmul(ra_backend *be, const ra_tensor *x, const ra_tensor *w, co
                     wd + m0 * k, (int)k, beta, ydat + m0, (int)m);
     }
   }
-  if (bias) {
-    float *yd = y->data;
-    const float *b = bias->data;
+  if (bd) {
 #pragma omp parallel for schedule(static) if (n > 4)
     for (int64_t i = 0; i < n; i++)
-      for (int64_t j = 0; j < m; j++) yd[i * m + j] += b[j];
+      for (int64_t j = 0; j < m; j++) ydat[i * m + j] += bd[j];
   }
+  free(w_tmp);
+  free(b_tmp);
   return RA_OK;
 }
 

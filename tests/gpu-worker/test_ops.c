@@ -54,33 +54,39 @@ static void assert_close(const float *a, const float *b, size_t n, float tol) {
     if (!(fabsf(a[i] - b[i]) <= tol * (1.0f + fabsf(b[i])))) fail_msg("element %zu: %g vs %g", i, a[i], b[i]);
 }
 
+/* y = x w^T + bias + y against a double-precision reference from the stored values of w and
+ * bias, which may be f16 / bf16 (the keys / queries of a half-precision cache in roar's kNN). */
+static void check_matmul(ra_dtype wdt, int64_t n) {
+  int64_t k = 48, m = 70;
+  ra_tensor x, w, b, y;
+  float *hx = rand_tensor(&x, RA_DTYPE_F32, 2, (int64_t[]){n, k}, 1);
+  float *hw = rand_tensor(&w, wdt, 2, (int64_t[]){m, k}, 2);
+  float *hb = rand_tensor(&b, wdt, 1, (int64_t[]){m}, 3);
+  float *hy = rand_tensor(&y, RA_DTYPE_F32, 2, (int64_t[]){n, m}, 4);
+  assert_int_equal(be->ops->matmul(be, &x, &w, &b, &y, 1, NULL), RA_OK);
+  float *got = fetch(&y), *want = malloc(sizeof(float) * (size_t)(n * m));
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t j = 0; j < m; j++) {
+      double s = hy[i * m + j] + hb[j];
+      for (int64_t q = 0; q < k; q++) s += (double)hx[i * k + q] * hw[j * k + q];
+      want[i * m + j] = (float)s;
+    }
+  assert_close(got, want, (size_t)(n * m), 1e-5f);
+  ra_error err;
+  ra_tensor bad;
+  float *hbad = rand_tensor(&bad, RA_DTYPE_F32, 2, (int64_t[]){n, m + 1}, 5);
+  assert_int_equal(be->ops->matmul(be, &x, &w, NULL, &bad, 0, &err), RA_EINVAL);
+  free(hbad);
+  ra_tensor_free(&bad);
+  free(hx), free(hw), free(hb), free(hy), free(got), free(want);
+  ra_tensor_free(&x), ra_tensor_free(&w), ra_tensor_free(&b), ra_tensor_free(&y);
+}
+
 static void test_matmul(void **state) {
   (void)state;
-  for (int64_t n = 1; n <= 37; n += 36) {
-    int64_t k = 48, m = 70;
-    ra_tensor x, w, b, y;
-    float *hx = rand_tensor(&x, RA_DTYPE_F32, 2, (int64_t[]){n, k}, 1);
-    float *hw = rand_tensor(&w, RA_DTYPE_F32, 2, (int64_t[]){m, k}, 2);
-    float *hb = rand_tensor(&b, RA_DTYPE_F32, 1, (int64_t[]){m}, 3);
-    float *hy = rand_tensor(&y, RA_DTYPE_F32, 2, (int64_t[]){n, m}, 4);
-    assert_int_equal(be->ops->matmul(be, &x, &w, &b, &y, 1, NULL), RA_OK);
-    float *got = fetch(&y), *want = malloc(sizeof(float) * (size_t)(n * m));
-    for (int64_t i = 0; i < n; i++)
-      for (int64_t j = 0; j < m; j++) {
-        double s = hy[i * m + j] + hb[j];
-        for (int64_t q = 0; q < k; q++) s += (double)hx[i * k + q] * hw[j * k + q];
-        want[i * m + j] = (float)s;
-      }
-    assert_close(got, want, (size_t)(n * m), 1e-5f);
-    ra_error err;
-    ra_tensor bad;
-    float *hbad = rand_tensor(&bad, RA_DTYPE_F32, 2, (int64_t[]){n, m + 1}, 5);
-    assert_int_equal(be->ops->matmul(be, &x, &w, NULL, &bad, 0, &err), RA_EINVAL);
-    free(hbad);
-    ra_tensor_free(&bad);
-    free(hx), free(hw), free(hb), free(hy), free(got), free(want);
-    ra_tensor_free(&x), ra_tensor_free(&w), ra_tensor_free(&b), ra_tensor_free(&y);
-  }
+  const ra_dtype dts[3] = {RA_DTYPE_F32, RA_DTYPE_F16, RA_DTYPE_BF16};
+  for (int d = 0; d < 3; d++)
+    for (int64_t n = 1; n <= 37; n += 36) check_matmul(dts[d], n);
 }
 
 static void test_rmsnorm_swiglu_get_rows(void **state) {
@@ -135,6 +141,49 @@ static void test_rmsnorm_swiglu_get_rows(void **state) {
   free(got);
   free(hx), free(hw), free(hy), free(hg), free(hu);
   ra_tensor_free(&x), ra_tensor_free(&w), ra_tensor_free(&y), ra_tensor_free(&g), ra_tensor_free(&u), ra_tensor_free(&out);
+}
+
+/* get_rows of an f32, f16 and bf16 table: a cache [n, kv heads, head_dim] as n * kv heads rows,
+ * as roar's kNN gathers one kv head's keys. Half-precision values widen to fp32 exactly, so the
+ * rows equal the table's stored values bit for bit. */
+static void test_get_rows_dtypes(void **state) {
+  (void)state;
+  const ra_dtype dts[3] = {RA_DTYPE_F32, RA_DTYPE_F16, RA_DTYPE_BF16};
+  const int64_t n_ctx = 9, n_kv = 3, hd = 16;
+  for (int d = 0; d < 3; d++) {
+    ra_tensor kc, out;
+    float *hk = rand_tensor(&kc, dts[d], 3, (int64_t[]){n_ctx, n_kv, hd}, 40 + (uint64_t)d);
+    const ra_tensor table = ra_tensor_matrix(&kc, hd);
+    int32_t ids[4] = {1 * 3 + 2, 8 * 3 + 2, 0, 4 * 3 + 2}; /* kv head 2 of positions 1, 8, 4; row 0 */
+    assert_int_equal(ra_tensor_new(be, &out, RA_DTYPE_F32, 2, (int64_t[]){4, hd}, NULL), RA_OK);
+    ra_error err;
+    if (be->ops->get_rows(be, &table, ids, 4, &out, &err) != RA_OK)
+      fail_msg("%s: %s", ra_dtype_name(dts[d]), err.msg);
+    float *got = fetch(&out);
+    for (int r = 0; r < 4; r++) assert_memory_equal(got + r * hd, hk + ids[r] * hd, (size_t)hd * sizeof(float));
+    /* a bad id is refused before anything is written */
+    float before = got[0];
+    int32_t bad[2] = {0, (int32_t)(n_ctx * n_kv)};
+    assert_int_equal(be->ops->get_rows(be, &table, bad, 2, &out, &err), RA_EINVAL);
+    assert_non_null(strstr(err.msg, "outside"));
+    free(got);
+    got = fetch(&out);
+    assert_true(got[0] == before);
+    free(got);
+    free(hk);
+    ra_tensor_free(&kc);
+    ra_tensor_free(&out);
+  }
+  /* the output stays fp32 whatever the table */
+  ra_tensor t, o;
+  free(rand_tensor(&t, RA_DTYPE_BF16, 2, (int64_t[]){4, 8}, 50));
+  assert_int_equal(ra_tensor_new(be, &o, RA_DTYPE_BF16, 2, (int64_t[]){1, 8}, NULL), RA_OK);
+  ra_error err;
+  int32_t id = 1;
+  assert_int_equal(be->ops->get_rows(be, &t, &id, 1, &o, &err), RA_EINVAL);
+  assert_non_null(strstr(err.msg, "want f32"));
+  ra_tensor_free(&t);
+  ra_tensor_free(&o);
 }
 
 static void test_rope_styles(void **state) {
@@ -311,6 +360,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_matmul),
       cmocka_unit_test(test_rmsnorm_swiglu_get_rows),
+      cmocka_unit_test(test_get_rows_dtypes),
       cmocka_unit_test(test_rope_styles),
       cmocka_unit_test(test_copy_convert_and_fill),
       cmocka_unit_test(test_topk_rows),

@@ -330,9 +330,12 @@ static void test_load_weight(void) {
 
 static void test_get_rows(void) {
   ra_error err;
-  for (int variant = 0; variant < 3; variant++) { /* 0: F32 table, 1: loaded (BF16 on CUDA), 2: 100 ids */
+  /* 0: F32 table, 1: loaded (BF16 on CUDA), 2: 100 ids, 3 / 4: F16 / BF16 tables on both sides
+   * (a half-precision KV cache as rows, roar's kNN) */
+  for (int variant = 0; variant < 5; variant++) {
     int64_t vocab = 1001, dim = 96;
     int n = variant == 2 ? 100 : 7; /* more than RA_CUDA_INLINE_IDS (64) go through device memory */
+    const ra_dtype tdt = variant == 3 ? RA_DTYPE_F16 : variant == 4 ? RA_DTYPE_BF16 : RA_DTYPE_F32;
     int32_t ids[100];
     for (int i = 0; i < n; i++) ids[i] = (int32_t)((i * 389 + (i == 1 ? 1000 : 0)) % vocab);
     float *tab = rand_vec((size_t)(vocab * dim), 1.0f), *c = NULL, *g = NULL;
@@ -344,13 +347,15 @@ static void test_get_rows(void) {
     int64_t tshape[2] = {vocab, dim}, oshape[2] = {n, dim};
     const char *desc = variant == 0   ? "7 ids, F32 table"
                        : variant == 1 ? "7 ids, table from load_weight F32 (BF16 on CUDA)"
-                                      : "100 ids, table from load_weight F32 (BF16 on CUDA)";
-    if (variant > 0) {
+                       : variant == 2 ? "100 ids, table from load_weight F32 (BF16 on CUDA)"
+                       : variant == 3 ? "7 ids, F16 table"
+                                      : "7 ids, BF16 table";
+    if (variant == 1 || variant == 2) {
       TRY("get_rows", desc, g_cpu->ops->load_weight(g_cpu, tab, RA_GGML_F32, vocab, dim, &tc, &err));
       TRY("get_rows", desc, g_gpu->ops->load_weight(g_gpu, tab, RA_GGML_F32, vocab, dim, &tg, &err));
     } else {
-      TRY("get_rows", desc, ra_tensor_new(g_cpu, &tc, RA_DTYPE_F32, 2, tshape, &err));
-      TRY("get_rows", desc, ra_tensor_new(g_gpu, &tg, RA_DTYPE_F32, 2, tshape, &err));
+      TRY("get_rows", desc, ra_tensor_new(g_cpu, &tc, tdt, 2, tshape, &err));
+      TRY("get_rows", desc, ra_tensor_new(g_gpu, &tg, tdt, 2, tshape, &err));
       TRY("get_rows", desc, g_cpu->ops->upload(g_cpu, &tc, 0, tab, (size_t)(vocab * dim), &err));
       TRY("get_rows", desc, g_gpu->ops->upload(g_gpu, &tg, 0, tab, (size_t)(vocab * dim), &err));
     }

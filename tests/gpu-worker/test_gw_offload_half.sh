@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# A half-precision KV cache (--kv-dtype f16 / bf16) with the offload on the CPU backend, against
+# two real kv-stores on loopback: roar (its kNN runs on the cache's half rows) and flat, with
+# top-k covering every offloaded key and the stores keeping the cache's dtype, generate the same
+# greedy tokens as full attention on the device.
+#   test_gw_offload_half.sh GPU_WORKER KV_STORE MODEL
+set -euo pipefail
+GW=$1
+KVS=$2
+MODEL=$3
+. "$(dirname "$0")/../../deploy/loopback-stores.sh"
+start_store a "$KVS" --memory-budget 256M --threads 1
+start_store b "$KVS" --memory-budget 256M --threads 1
+STORES="$(cat "$RUN/a.addr"),$(cat "$RUN/b.addr")"
+
+# 33 prompt tokens: sink 4 + window 8 stay on the device, 21 go to the stores (enough for roar's
+# index build)
+PROMPT="The capital of France is Paris. The capital of Italy is Rome. The capital of Spain is Madrid."
+PROMPT+=" The capital of Germany is Berlin. The capital of Portugal is"
+gen() { # DTYPE MODE [ARGS...]: writes $RUN/DTYPE.MODE.json
+  local dt=$1 mode=$2
+  shift 2
+  if ! "$GW" generate --backend cpu --threads 2 --model "$MODEL" --prompt "$PROMPT" --max-new-tokens 4 \
+    --no-stop --kv-dtype "$dt" --mode "$mode" --json "$RUN/$dt.$mode.json" "$@" >"$RUN/$dt.$mode.log" 2>&1; then
+    echo "FAIL: --kv-dtype $dt --mode $mode:" >&2
+    cat "$RUN/$dt.$mode.log" >&2
+    return 1
+  fi
+}
+for dt in bf16 f16; do
+  gen "$dt" full
+  for mode in roar flat; do
+    gen "$dt" "$mode" --stores "$STORES" --store-dtype "$dt" --sink 4 --window 8 --attn-top-k 4096
+  done
+  python3 - "$RUN" "$dt" <<'PY'
+import json, sys
+run, dt = sys.argv[1], sys.argv[2]
+full = json.load(open(f"{run}/{dt}.full.json"))
+assert len(full["tokens"]) == 4, full["tokens"]
+for mode in ("roar", "flat"):
+    d = json.load(open(f"{run}/{dt}.{mode}.json"))
+    assert d["mode"] == mode and d["prefill"]["n_offloaded"] == 21, d["prefill"]
+    assert d["tokens"] == full["tokens"], (dt, mode, d["tokens"], full["tokens"])
+PY
+done
+echo "ok: f16 and bf16 caches, roar and flat match full attention"
