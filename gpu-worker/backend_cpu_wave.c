@@ -212,6 +212,12 @@ int ra_cpu_cluster_keys(ra_backend *be, const ra_tensor *kc, const ra_tensor *vc
 
 /* ---------- wave_select / wave_estimate ---------- */
 
+static float dot(const float *a, const float *b, int64_t n) {
+  float s = 0.0f;
+  for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+  return s;
+}
+
 static void estimate_heads(const float *q, int64_t hq, int64_t hkv, int64_t hd, const float *cd, const float *sd,
                            const float *vd, int64_t cap, const int32_t *ids, int n_ids, int64_t ld, float scale,
                            float *o, float *ml) {
@@ -227,10 +233,7 @@ static void estimate_heads(const float *q, int64_t hq, int64_t hkv, int64_t hd, 
       for (int j = 0; j < n_ids; j++) {
         const int32_t c = ids[kvh * ld + j];
         if (c < 0 || !(sd[kvh * cap + c] > 0.0f)) continue;
-        const float *cr = cd + (kvh * cap + c) * hd;
-        float z = 0.0f;
-        for (int64_t d = 0; d < hd; d++) z += qh[d] * cr[d];
-        z *= scale;
+        const float z = scale * dot(qh, cd + (kvh * cap + c) * hd, hd);
         if (pass == 0) {
           m = z > m ? z : m;
           continue;
@@ -278,9 +281,11 @@ int ra_cpu_wave_select(ra_backend *be, const ra_tensor *q, const ra_tensor *cent
     }
     const float *cd = centroid->data, *sd = size->data, *qd = q->data;
     for (int64_t h = 0; h < hkv; h++) {
-      /* z [group, nc] = scale q_group C_h^T */
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)group, (int)nc, (int)hd, scale, qd + h * group * hd,
-                  (int)hd, cd + h * cap * hd, (int)hd, 0.0f, z, (int)nc);
+      /* z [group, nc] = scale q_group C_h^T, a plain loop: equal centroids give equal scores */
+#pragma omp parallel for schedule(static) if (nc * group * hd > 100000)
+      for (int64_t c = 0; c < nc; c++)
+        for (int64_t gi = 0; gi < group; gi++)
+          z[gi * nc + c] = scale * dot(qd + (h * group + gi) * hd, cd + (h * cap + c) * hd, hd);
       const float *sh = sd + h * cap;
       float *kh = key + h * nc;
       for (int64_t c = 0; c < nc; c++) kh[c] = sh[c] > 0.0f ? 0.0f : -INFINITY;

@@ -7,7 +7,8 @@
  *      order (block-wide ballot prefix sums), so ties go to the lower index;
  *   3. bitonic sort of the k candidates in shared memory by (value desc, index asc).
  * Each pass streams the row from global memory (L2-resident for rows up to a few MB). On return
- * cand[i] for i < k holds key << 32 | ~index of the i-th largest (ra_cuda_topk_index). */
+ * cand[i] for i < k holds key << 32 | ~index of the i-th largest (ra_cuda_topk_index). row is read
+ * through plain loads, so it may have been written earlier in the same kernel (after a barrier). */
 #ifndef RA_CUDA_TOPK_CUH
 #define RA_CUDA_TOPK_CUH
 
@@ -25,7 +26,7 @@ __device__ __forceinline__ uint32_t ra_cuda_fkey(float f) {
 
 __device__ __forceinline__ uint32_t ra_cuda_topk_index(unsigned long long c) { return ~(uint32_t)c; }
 
-__device__ __forceinline__ void ra_cuda_block_topk(const float *__restrict__ row, int64_t m, int k, int k_pow2,
+__device__ __forceinline__ void ra_cuda_block_topk(const float *row, int64_t m, int k, int k_pow2,
                                                    unsigned long long *cand) {
   constexpr int kThreads = RA_CUDA_TOPK_THREADS;
   constexpr int kWarps = kThreads / 32;
