@@ -834,6 +834,22 @@ static void test_attn_prefill(void) {
   }
 }
 
+/* Partials (o, ml) of both backends: o abs, m abs, l relative (l grows with the token count). */
+static void report_partial(const char *op, const char *desc, const float *oc, const float *og, const float *mc,
+                           const float *mg, int64_t hq, int64_t hd) {
+  double em = 0.0, el = 0.0;
+  for (int64_t h = 0; h < hq; h++) {
+    float m1 = mc[2 * h], m2 = mg[2 * h], l1 = mc[2 * h + 1], l2 = mg[2 * h + 1];
+    double dm = (isinf(m1) && m1 == m2) ? 0.0 : fabs((double)m1 - m2);
+    double dl = fabs((double)l1 - l2) / (l1 > 0 ? l1 : 1.0);
+    if (dm != dm || dm > em) em = dm != dm ? INFINITY : dm;
+    if (dl != dl || dl > el) el = dl != dl ? INFINITY : dl;
+  }
+  report(op, "abs", max_abs(oc, og, (size_t)(hq * hd)), 1e-4, "o  %s", desc);
+  report(op, "abs", em, 1e-4, "m  %s", desc);
+  report(op, "rel", el, 1e-4, "l  %s", desc);
+}
+
 static void test_attn_decode(void) {
   ra_error err;
   enum { FULL, SINK_WINDOW, SCATTERED, EMPTY };
@@ -889,18 +905,7 @@ static void test_attn_decode(void) {
     TRY("attn_decode", desc, g_gpu->ops->attn_decode(g_gpu, &q.g, &k.g, &v.g, r, nr, scale, &o.g, &ml.g, &err));
     TRY("attn_decode", desc, fetch_pair(&o, &oc, &og, &err));
     TRY("attn_decode", desc, fetch_pair(&ml, &mc, &mg, &err));
-    /* o: abs; m: abs; l: relative (l grows with the token count) */
-    double em = 0.0, el = 0.0;
-    for (int64_t h = 0; h < hq; h++) {
-      float m1 = mc[2 * h], m2 = mg[2 * h], l1 = mc[2 * h + 1], l2 = mg[2 * h + 1];
-      double dm = (isinf(m1) && m1 == m2) ? 0.0 : fabs((double)m1 - m2);
-      double dl = fabs((double)l1 - l2) / (l1 > 0 ? l1 : 1.0);
-      if (dm != dm || dm > em) em = dm != dm ? INFINITY : dm;
-      if (dl != dl || dl > el) el = dl != dl ? INFINITY : dl;
-    }
-    report("attn_decode", "abs", max_abs(oc, og, (size_t)(hq * hd)), 1e-4, "o  %s", desc);
-    report("attn_decode", "abs", em, 1e-4, "m  %s", desc);
-    report("attn_decode", "rel", el, 1e-4, "l  %s", desc);
+    report_partial("attn_decode", desc, oc, og, mc, mg, hq, hd);
   done:
     pair_free(&q);
     pair_free(&k);
@@ -1116,22 +1121,6 @@ static void wave_keys_ref(const float *q, const float *c, const float *s, int64_
     }
   }
   free(z);
-}
-
-/* Partials (o, ml) of both backends: o abs, m abs, l relative. */
-static void report_partial(const char *op, const char *desc, const float *oc, const float *og, const float *mc,
-                           const float *mg, int64_t hq, int64_t hd) {
-  double em = 0.0, el = 0.0;
-  for (int64_t h = 0; h < hq; h++) {
-    float m1 = mc[2 * h], m2 = mg[2 * h], l1 = mc[2 * h + 1], l2 = mg[2 * h + 1];
-    double dm = (isinf(m1) && m1 == m2) ? 0.0 : fabs((double)m1 - m2);
-    double dl = fabs((double)l1 - l2) / (l1 > 0 ? l1 : 1.0);
-    if (dm != dm || dm > em) em = dm != dm ? INFINITY : dm;
-    if (dl != dl || dl > el) el = dl != dl ? INFINITY : dl;
-  }
-  report(op, "abs", max_abs(oc, og, (size_t)(hq * hd)), 1e-4, "o  %s", desc);
-  report(op, "abs", em, 1e-4, "m  %s", desc);
-  report(op, "rel", el, 1e-4, "l  %s", desc);
 }
 
 static void test_wave_select_estimate(void) {
