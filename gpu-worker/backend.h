@@ -59,6 +59,31 @@ typedef struct ra_token_range {
   int64_t begin, end;
 } ra_token_range;
 
+/* Wave index (RetroInfer): the offloaded keys of each (layer, kv head) are clustered, and a
+ * decode step splits the clusters into a retrieval zone (exact attention over the clusters'
+ * rows, at the kv-stores) and an estimation zone (approximated on the device, no KV read).
+ *
+ * Clustering (cluster_keys): rows [row0, row0 + n) of a layer's caches are cut, per kv head,
+ * into segments of seg_len consecutive rows (the last one shorter); a segment of len rows gets
+ * ceil(len / cluster_size) clusters, numbered after those of the earlier segments, and a
+ * cluster never crosses a segment. Within a segment, spherical k-means on the mean-centred keys
+ * x_t = (k_t - mean) / |k_t - mean| (x_t = 0 where the norm is 0):
+ *   init:   unit centroid j = x at segment row floor(j * len / k), j < k;
+ *   iters x: assign every row to argmax_j x_t . c_j (ties to the lower j), then c_j =
+ *           normalise(sum of its rows' x) (an empty cluster, or a zero sum, keeps c_j);
+ *   an iteration that changes no assignment ends the segment's loop (later ones would repeat it).
+ * The result per cluster is the last assignment's: centroid = mean of the RAW keys (the key
+ * representative for logits; 0 for an empty cluster), size = rows, vsum = sum of the values. */
+typedef struct ra_wave_cluster_params {
+  int64_t seg_len;      /* rows per segment (RetroInfer: ~8K) */
+  int64_t cluster_size; /* rows per cluster on average (~16) */
+  int iters;            /* Lloyd iterations, >= 1 */
+} ra_wave_cluster_params;
+
+/* Clusters that cluster_keys makes of n rows: sum over segments of ceil(len / cluster_size);
+ * 0 for n <= 0, -1 when seg_len or cluster_size is not positive. */
+int64_t ra_wave_n_clusters(int64_t n, int64_t seg_len, int64_t cluster_size);
+
 typedef struct ra_backend_ops {
   /* ---- memory ---- */
   /* Allocates t->data for t->dtype/ndim/shape (set by the caller) and zero-fills it. */
@@ -117,6 +142,46 @@ typedef struct ra_backend_ops {
   /* The k largest values of every row, descending, with their column indices, to host memory.
    * x: [n, m], idx, val: host [n, k]; k <= m. Ties go to the lower index. */
   int (*topk_rows)(ra_backend *be, const ra_tensor *x, int k, int32_t *idx, float *val, ra_error *err);
+
+  /* ---- wave index (see ra_wave_cluster_params) ----
+   * Cluster tensors of a layer: centroid, vsum [n_kv_heads, cap, head_dim] F32, size
+   * [n_kv_heads, cap] F32; clusters [0, n_clusters) of each kv head are valid. */
+  /* Clusters rows [row0, row0 + n) of k_cache, v_cache ([n_ctx, n_kv_heads, head_dim], any KV
+   * dtype, both the same shape) into K = ra_wave_n_clusters(n, ...) clusters per kv head, written
+   * at cluster offset c0 (c0 + K <= cap) of centroid, size, vsum. To host memory:
+   *   perm [n_kv_heads, n]: perm[h * n + i] = r - row0 for the i-th row r of kv head h in cluster
+   *     order (segments in order, their clusters in order, a cluster's rows ascending);
+   *   counts [n_kv_heads, K]: rows per cluster (so cluster j of head h is perm[h * n + ..]
+   *     from the sum of the counts before it).
+   * out_k, out_v ([n_kv_heads, n, head_dim], any dtype; either may be NULL): the rows in that
+   * order, out_k[h, i] = k_cache[row0 + perm[h * n + i], h], ready to ship to the stores.
+   * Synchronizes (the host outputs). CUDA scores keys against centroids in TF32, so rows at a
+   * near tie (|score difference| ~1e-3) may be assigned differently than on the CPU. */
+  int (*cluster_keys)(ra_backend *be, const ra_tensor *k_cache, const ra_tensor *v_cache, int64_t row0, int64_t n,
+                      const ra_wave_cluster_params *p, ra_tensor *centroid, ra_tensor *size, ra_tensor *vsum,
+                      int64_t c0, ra_tensor *out_k, ra_tensor *out_v, int32_t *perm, int32_t *counts,
+                      ra_error *err);
+  /* Zones of one decode step.  q: [1, n_q_heads, head_dim] or [n_q_heads, head_dim] F32 (RoPE
+   * applied); centroid, size as above with n_clusters (>= 0) valid. Per q head and cluster
+   * z = scale q.c + log(size) (-inf for size 0), p = softmax over the clusters of the head;
+   * per kv head the clusters are ranked by the sum of p over its group (size-0 clusters last),
+   * best first, ties to the lower index, to host idx [n_kv_heads, r + e]: entries [0, r) are the
+   * retrieval zone, [r, r + e) the estimation zone; entries from n_clusters on are -1.
+   * With o and ml (both or neither; vsum then required) the estimation zone's partial is
+   * computed in the same call, as wave_estimate(idx + r, e, ld r + e) would: one pass over the
+   * scores, no second launch. r, e >= 0, r + e >= 1. Synchronizes (idx). */
+  int (*wave_select)(ra_backend *be, const ra_tensor *q, const ra_tensor *centroid, const ra_tensor *size,
+                     int64_t n_clusters, float scale, int r, int e, int32_t *idx, const ra_tensor *vsum,
+                     ra_tensor *o, ra_tensor *ml, ra_error *err);
+  /* The estimation zone's partial per q head, in attn_decode's (o, ml) convention: each key of
+   * a cluster is approximated by its centroid. For the clusters c of the head's kv head kvh,
+   * ids[kvh * ld + j], j < n_ids (-1 entries and size-0 clusters are skipped; others must be
+   * < n_clusters): z_c = scale q.centroid_c, m = max z_c, l = sum size_c exp(z_c - m),
+   * o = sum exp(z_c - m) vsum_c / l; m = -inf, l = 0, o = 0 for an empty set.
+   * q as for wave_select; ids: host; o: [n_q_heads, head_dim], ml: [n_q_heads, 2] F32. */
+  int (*wave_estimate)(ra_backend *be, const ra_tensor *q, const ra_tensor *centroid, const ra_tensor *size,
+                       const ra_tensor *vsum, int64_t n_clusters, const int32_t *ids, int n_ids, int64_t ld,
+                       float scale, ra_tensor *o, ra_tensor *ml, ra_error *err);
 
   /* ---- fused ops ----
    * A decode step is ~15 tiny launches per layer when run op by op; these do in one call what

@@ -3,6 +3,7 @@
  * ~540 MB that way), which keeps every matmul a plain sgemm. */
 #include "backend.h"
 #include "backend_check.h"
+#include "backend_cpu_wave.h"
 #include "backend_fused.h"
 
 #include "merge.h"
@@ -631,6 +632,9 @@ static const ra_backend_ops cpu_ops = {
     .attn_decode = cpu_attn_decode,
     .attn_merge = cpu_attn_merge,
     .topk_rows = cpu_topk_rows,
+    .cluster_keys = ra_cpu_cluster_keys,
+    .wave_select = ra_cpu_wave_select,
+    .wave_estimate = ra_cpu_wave_estimate,
     .norm_matmul = ra_backend_seq_norm_matmul,
     .norm_swiglu = ra_backend_seq_norm_swiglu,
     .rope_store = ra_backend_seq_rope_store,

@@ -1,5 +1,6 @@
 /* The CUDA backend's ops table: argument checks (the contract shared with the CPU backend is in
  * backend_check.h), memory, scratch buffers, cuBLAS, and dispatch to the kernels of cuda_*.cu. */
+#include "cuda_wave.cuh"
 #include "ra_cuda.cuh"
 
 #include <cublas_v2.h>
@@ -38,6 +39,7 @@ struct cuda_impl {
   scratch part;   /* attn_decode: split partials */
   scratch topk;   /* topk_rows: idx + val of a batch of rows */
   scratch raw;    /* load_weight: raw GGUF bytes */
+  ra_cuda_wave_scratch wave = {nullptr, 0}; /* cluster_keys, wave_select, wave_estimate */
   void *stage = nullptr; /* [RA_CUDA_STAGE_BYTES] pinned host memory: download's bounce buffer */
 };
 
@@ -626,6 +628,34 @@ int cu_topk_rows(ra_backend *be, const ra_tensor *x, int k, int32_t *idx, float 
   return RA_OK;
 }
 
+/* ---------- wave index (cuda_wave.cu) ---------- */
+
+ra_cuda_wave_ctx wave_ctx(ra_backend *be) {
+  cuda_impl *im = impl_of(be);
+  return ra_cuda_wave_ctx{im->stream, im->blas, &im->wave};
+}
+
+int cu_cluster_keys(ra_backend *be, const ra_tensor *kc, const ra_tensor *vc, int64_t row0, int64_t n,
+                    const ra_wave_cluster_params *p, ra_tensor *centroid, ra_tensor *size, ra_tensor *vsum, int64_t c0,
+                    ra_tensor *out_k, ra_tensor *out_v, int32_t *perm, int32_t *counts, ra_error *err) {
+  const ra_cuda_wave_ctx ctx = wave_ctx(be);
+  return ra_cuda_cluster_keys(&ctx, kc, vc, row0, n, p, centroid, size, vsum, c0, out_k, out_v, perm, counts, err);
+}
+
+int cu_wave_select(ra_backend *be, const ra_tensor *q, const ra_tensor *centroid, const ra_tensor *size,
+                   int64_t n_clusters, float scale, int r, int e, int32_t *idx, const ra_tensor *vsum, ra_tensor *o,
+                   ra_tensor *ml, ra_error *err) {
+  const ra_cuda_wave_ctx ctx = wave_ctx(be);
+  return ra_cuda_wave_select(&ctx, q, centroid, size, n_clusters, scale, r, e, idx, vsum, o, ml, err);
+}
+
+int cu_wave_estimate(ra_backend *be, const ra_tensor *q, const ra_tensor *centroid, const ra_tensor *size,
+                     const ra_tensor *vsum, int64_t n_clusters, const int32_t *ids, int n_ids, int64_t ld, float scale,
+                     ra_tensor *o, ra_tensor *ml, ra_error *err) {
+  const ra_cuda_wave_ctx ctx = wave_ctx(be);
+  return ra_cuda_wave_estimate(&ctx, q, centroid, size, vsum, n_clusters, ids, n_ids, ld, scale, o, ml, err);
+}
+
 int cu_sync(ra_backend *be, ra_error *err) {
   CU_TRY("sync", cudaStreamSynchronize(impl_of(be)->stream));
   return RA_OK;
@@ -642,6 +672,7 @@ void cu_destroy(ra_backend *be) {
     release(&im->part);
     release(&im->topk);
     release(&im->raw);
+    ra_cuda_wave_scratch_release(&im->wave);
     if (im->stage) cudaFreeHost(im->stage);
     if (im->blas) cublasDestroy(im->blas);
     if (im->stream) cudaStreamDestroy(im->stream);
@@ -669,6 +700,9 @@ ra_backend_ops make_ops() {
   o.attn_decode = cu_attn_decode;
   o.attn_merge = cu_attn_merge;
   o.topk_rows = cu_topk_rows;
+  o.cluster_keys = cu_cluster_keys;
+  o.wave_select = cu_wave_select;
+  o.wave_estimate = cu_wave_estimate;
   o.norm_matmul = cu_norm_matmul;
   o.norm_swiglu = cu_norm_swiglu;
   o.rope_store = cu_rope_store;

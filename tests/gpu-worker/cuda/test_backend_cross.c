@@ -839,6 +839,22 @@ static void test_attn_prefill(void) {
   }
 }
 
+/* Partials (o, ml) of both backends: o abs, m abs, l relative (l grows with the token count). */
+static void report_partial(const char *op, const char *desc, const float *oc, const float *og, const float *mc,
+                           const float *mg, int64_t hq, int64_t hd) {
+  double em = 0.0, el = 0.0;
+  for (int64_t h = 0; h < hq; h++) {
+    float m1 = mc[2 * h], m2 = mg[2 * h], l1 = mc[2 * h + 1], l2 = mg[2 * h + 1];
+    double dm = (isinf(m1) && m1 == m2) ? 0.0 : fabs((double)m1 - m2);
+    double dl = fabs((double)l1 - l2) / (l1 > 0 ? l1 : 1.0);
+    if (dm != dm || dm > em) em = dm != dm ? INFINITY : dm;
+    if (dl != dl || dl > el) el = dl != dl ? INFINITY : dl;
+  }
+  report(op, "abs", max_abs(oc, og, (size_t)(hq * hd)), 1e-4, "o  %s", desc);
+  report(op, "abs", em, 1e-4, "m  %s", desc);
+  report(op, "rel", el, 1e-4, "l  %s", desc);
+}
+
 static void test_attn_decode(void) {
   ra_error err;
   enum { FULL, SINK_WINDOW, SCATTERED, EMPTY };
@@ -894,18 +910,7 @@ static void test_attn_decode(void) {
     TRY("attn_decode", desc, g_gpu->ops->attn_decode(g_gpu, &q.g, &k.g, &v.g, r, nr, scale, &o.g, &ml.g, &err));
     TRY("attn_decode", desc, fetch_pair(&o, &oc, &og, &err));
     TRY("attn_decode", desc, fetch_pair(&ml, &mc, &mg, &err));
-    /* o: abs; m: abs; l: relative (l grows with the token count) */
-    double em = 0.0, el = 0.0;
-    for (int64_t h = 0; h < hq; h++) {
-      float m1 = mc[2 * h], m2 = mg[2 * h], l1 = mc[2 * h + 1], l2 = mg[2 * h + 1];
-      double dm = (isinf(m1) && m1 == m2) ? 0.0 : fabs((double)m1 - m2);
-      double dl = fabs((double)l1 - l2) / (l1 > 0 ? l1 : 1.0);
-      if (dm != dm || dm > em) em = dm != dm ? INFINITY : dm;
-      if (dl != dl || dl > el) el = dl != dl ? INFINITY : dl;
-    }
-    report("attn_decode", "abs", max_abs(oc, og, (size_t)(hq * hd)), 1e-4, "o  %s", desc);
-    report("attn_decode", "abs", em, 1e-4, "m  %s", desc);
-    report("attn_decode", "rel", el, 1e-4, "l  %s", desc);
+    report_partial("attn_decode", desc, oc, og, mc, mg, hq, hd);
   done:
     pair_free(&q);
     pair_free(&k);
@@ -1011,6 +1016,200 @@ static void test_topk(void) {
     free(ig);
     free(vc);
     free(vg);
+  }
+}
+
+/* ---------- wave index ---------- */
+
+/* Keys in well-separated clusters per (kv head, segment) (centre + 0.05 noise + a per-head
+ * offset, the init rows floor(j * len / k) forced to cluster j), so that TF32 and FP32 scores
+ * assign every row alike; values uniform. */
+static void wave_keys(int64_t n_ctx, int64_t hkv, int64_t hd, int64_t row0, int64_t n, int64_t seg, int64_t cs,
+                      float *keys, float *vals) {
+  int64_t L = seg < n ? seg : n, KS = (L + cs - 1) / cs;
+  float *centre = xmalloc(sizeof(float) * (size_t)(KS * hd)), *off = xmalloc(sizeof(float) * (size_t)hd);
+  int32_t *label = xmalloc(sizeof(int32_t) * (size_t)L);
+  for (int64_t i = 0; i < n_ctx * hkv * hd; i++) keys[i] = urand(1.0f), vals[i] = urand(1.0f);
+  for (int64_t h = 0; h < hkv; h++) {
+    for (int64_t d = 0; d < hd; d++) off[d] = urand(2.0f);
+    for (int64_t t0 = 0; t0 < n; t0 += L) {
+      int64_t len = n - t0 < L ? n - t0 : L, k = (len + cs - 1) / cs;
+      for (int64_t i = 0; i < k * hd; i++) centre[i] = urand(1.0f);
+      for (int64_t t = 0; t < len; t++) label[t] = (int32_t)(rnext() % (uint64_t)k);
+      for (int64_t j = 0; j < k; j++) label[j * len / k] = (int32_t)j;
+      for (int64_t t = 0; t < len; t++)
+        for (int64_t d = 0; d < hd; d++)
+          keys[((row0 + t0 + t) * hkv + h) * hd + d] = off[d] + centre[label[t] * hd + d] + urand(0.05f);
+    }
+  }
+  free(centre), free(off), free(label);
+}
+
+static void test_wave_cluster(void) {
+  ra_error err;
+  const struct {
+    int64_t n, row0, hkv, hd, seg, cs, c0;
+    int iters;
+    ra_dtype dt;
+  } cases[] = {{20000, 100, 8, 128, 8192, 16, 5, 10, RA_DTYPE_BF16},
+               {3000, 0, 2, 64, 1024, 16, 0, 8, RA_DTYPE_F16},
+               {500, 7, 3, 80, 256, 8, 2, 5, RA_DTYPE_F32}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    int64_t n = cases[i].n, hkv = cases[i].hkv, hd = cases[i].hd, n_ctx = n + cases[i].row0 + 3;
+    ra_wave_cluster_params p = {cases[i].seg, cases[i].cs, cases[i].iters};
+    int64_t K = ra_wave_n_clusters(n, p.seg_len, p.cluster_size), cap = K + cases[i].c0 + 4;
+    pair k, v, cen, sz, vs, ok, ov;
+    memset(&k, 0, sizeof k), memset(&v, 0, sizeof v), memset(&cen, 0, sizeof cen), memset(&sz, 0, sizeof sz);
+    memset(&vs, 0, sizeof vs), memset(&ok, 0, sizeof ok), memset(&ov, 0, sizeof ov);
+    size_t nel = (size_t)(n_ctx * hkv * hd);
+    float *hk = xmalloc(nel * 4), *hv = xmalloc(nel * 4), *a = NULL, *b = NULL;
+    int32_t *pc = xmalloc((size_t)(hkv * n) * 4), *pg = xmalloc((size_t)(hkv * n) * 4);
+    int32_t *cc = xmalloc((size_t)(hkv * K) * 4), *cg = xmalloc((size_t)(hkv * K) * 4);
+    wave_keys(n_ctx, hkv, hd, cases[i].row0, n, p.seg_len, p.cluster_size, hk, hv);
+    char desc[112];
+    snprintf(desc, sizeof desc, "n=%lld kv %lld hd %lld seg %lld/%lld %s", (long long)n, (long long)hkv,
+             (long long)hd, (long long)p.seg_len, (long long)p.cluster_size, dt_name(cases[i].dt));
+    int64_t cs[3] = {n_ctx, hkv, hd}, cl[3] = {hkv, cap, hd}, os[3] = {hkv, n, hd};
+    TRY("cluster_keys", desc, pair_new(&k, cases[i].dt, 3, cs, hk, &err));
+    TRY("cluster_keys", desc, pair_new(&v, cases[i].dt, 3, cs, hv, &err));
+    TRY("cluster_keys", desc, pair_new(&cen, RA_DTYPE_F32, 3, cl, NULL, &err));
+    TRY("cluster_keys", desc, pair_new(&vs, RA_DTYPE_F32, 3, cl, NULL, &err));
+    TRY("cluster_keys", desc, pair_new(&sz, RA_DTYPE_F32, 2, cl, NULL, &err));
+    TRY("cluster_keys", desc, pair_new(&ok, RA_DTYPE_BF16, 3, os, NULL, &err));
+    TRY("cluster_keys", desc, pair_new(&ov, RA_DTYPE_F32, 3, os, NULL, &err));
+    TRY("cluster_keys", desc, g_cpu->ops->cluster_keys(g_cpu, &k.c, &v.c, cases[i].row0, n, &p, &cen.c, &sz.c, &vs.c,
+                                                       cases[i].c0, &ok.c, &ov.c, pc, cc, &err));
+    TRY("cluster_keys", desc, g_gpu->ops->cluster_keys(g_gpu, &k.g, &v.g, cases[i].row0, n, &p, &cen.g, &sz.g, &vs.g,
+                                                       cases[i].c0, &ok.g, &ov.g, pg, cg, &err));
+    size_t bad = 0;
+    for (int64_t j = 0; j < hkv * n; j++) bad += pc[j] != pg[j];
+    for (int64_t j = 0; j < hkv * K; j++) bad += cc[j] != cg[j];
+    report("cluster_keys", "elems", (double)bad, 0, "perm+counts %s", desc);
+    TRY("cluster_keys", desc, fetch_pair(&cen, &a, &b, &err));
+    report("cluster_keys", "rel", max_rel(a, b, ra_tensor_nelem(&cen.c)), 1e-5, "centroid %s", desc);
+    free(a), free(b), a = b = NULL;
+    TRY("cluster_keys", desc, fetch_pair(&vs, &a, &b, &err));
+    report("cluster_keys", "rel", max_rel(a, b, ra_tensor_nelem(&vs.c)), 1e-5, "vsum %s", desc);
+    free(a), free(b), a = b = NULL;
+    TRY("cluster_keys", desc, fetch_pair(&sz, &a, &b, &err));
+    report("cluster_keys", "bits", bits_differ(a, b, ra_tensor_nelem(&sz.c)), 0, "size %s", desc);
+    free(a), free(b), a = b = NULL;
+    TRY("cluster_keys", desc, fetch_pair(&ok, &a, &b, &err));
+    report("cluster_keys", "bits", bits_differ(a, b, ra_tensor_nelem(&ok.c)), 0, "out_k bf16 %s", desc);
+    free(a), free(b), a = b = NULL;
+    TRY("cluster_keys", desc, fetch_pair(&ov, &a, &b, &err));
+    report("cluster_keys", "bits", bits_differ(a, b, ra_tensor_nelem(&ov.c)), 0, "out_v f32 %s", desc);
+  done:
+    pair_free(&k), pair_free(&v), pair_free(&cen), pair_free(&sz), pair_free(&vs), pair_free(&ok), pair_free(&ov);
+    free(hk), free(hv), free(a), free(b), free(pc), free(pg), free(cc), free(cg);
+  }
+}
+
+/* Per kv head, the group-summed softmax of scale q.c + log(size) (size 0: -inf), in double. */
+static void wave_keys_ref(const float *q, const float *c, const float *s, int64_t hq, int64_t hkv, int64_t hd,
+                          int64_t cap, int64_t nc, float scale, double *key) {
+  int64_t group = hq / hkv;
+  double *z = xmalloc(sizeof(double) * (size_t)nc);
+  for (int64_t h = 0; h < hkv; h++) {
+    for (int64_t j = 0; j < nc; j++) key[h * nc + j] = s[h * cap + j] > 0 ? 0.0 : -INFINITY;
+    for (int64_t g = 0; g < group; g++) {
+      double m = -INFINITY, l = 0;
+      for (int64_t j = 0; j < nc; j++) {
+        double dot = 0;
+        for (int64_t d = 0; d < hd; d++) dot += (double)q[(h * group + g) * hd + d] * c[(h * cap + j) * hd + d];
+        z[j] = s[h * cap + j] > 0 ? scale * dot + log(s[h * cap + j]) : -INFINITY;
+        m = z[j] > m ? z[j] : m;
+      }
+      for (int64_t j = 0; j < nc; j++) l += exp(z[j] - m);
+      for (int64_t j = 0; j < nc; j++)
+        if (s[h * cap + j] > 0) key[h * nc + j] += exp(z[j] - m) / l;
+    }
+  }
+  free(z);
+}
+
+static void test_wave_select_estimate(void) {
+  ra_error err;
+  const struct {
+    int64_t hq, hkv, hd, cap, nc;
+    int r, e, same_centroids;
+  } cases[] = {{32, 8, 128, 8192, 8000, 100, 2000, 0}, {28, 4, 128, 1000, 1000, 40, 400, 1},
+               {12, 4, 64, 300, 250, 200, 100, 0},   {8, 2, 80, 50, 0, 3, 4, 0}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    int64_t hq = cases[i].hq, hkv = cases[i].hkv, hd = cases[i].hd, cap = cases[i].cap, nc = cases[i].nc;
+    int r = cases[i].r, e = cases[i].e;
+    int64_t ld = r + e, k = ld < nc ? ld : nc;
+    pair q, cen, sz, vs, o, ml, o2, ml2;
+    memset(&q, 0, sizeof q), memset(&cen, 0, sizeof cen), memset(&sz, 0, sizeof sz), memset(&vs, 0, sizeof vs);
+    memset(&o, 0, sizeof o), memset(&ml, 0, sizeof ml), memset(&o2, 0, sizeof o2), memset(&ml2, 0, sizeof ml2);
+    float *hqv = rand_vec((size_t)(hq * hd), 3.0f), *hc = rand_vec((size_t)(hkv * cap * hd), 1.0f);
+    float *hvs = rand_vec((size_t)(hkv * cap * hd), 8.0f), *hs = xmalloc(sizeof(float) * (size_t)(hkv * cap));
+    for (int64_t j = 0; j < hkv * cap; j++) hs[j] = j % 11 == 5 ? 0.0f : (float)(1 + rnext() % 40);
+    if (cases[i].same_centroids) /* every score equal: the ranking is by size, ties to the lower index */
+      for (int64_t j = 1; j < hkv * cap; j++) memcpy(hc + j * hd, hc + (j / cap) * cap * hd, sizeof(float) * (size_t)hd);
+    double *key = xmalloc(sizeof(double) * (size_t)(hkv * (nc ? nc : 1)));
+    int32_t *ic = xmalloc(sizeof(int32_t) * (size_t)(hkv * ld)), *ig = xmalloc(sizeof(int32_t) * (size_t)(hkv * ld));
+    float *oc = NULL, *og = NULL, *mc = NULL, *mg = NULL;
+    char desc[112];
+    snprintf(desc, sizeof desc, "heads %lld/%lld hd %lld nc %lld r %d e %d%s", (long long)hq, (long long)hkv,
+             (long long)hd, (long long)nc, r, e, cases[i].same_centroids ? " ties" : "");
+    int64_t qs[2] = {hq, hd}, cl[3] = {hkv, cap, hd}, ms[2] = {hq, 2};
+    float scale = 1.0f / sqrtf((float)hd);
+    TRY("wave_select", desc, pair_new(&q, RA_DTYPE_F32, 2, qs, hqv, &err));
+    TRY("wave_select", desc, pair_new(&cen, RA_DTYPE_F32, 3, cl, hc, &err));
+    TRY("wave_select", desc, pair_new(&vs, RA_DTYPE_F32, 3, cl, hvs, &err));
+    TRY("wave_select", desc, pair_new(&sz, RA_DTYPE_F32, 2, cl, hs, &err));
+    TRY("wave_select", desc, pair_new(&o, RA_DTYPE_F32, 2, qs, NULL, &err));
+    TRY("wave_select", desc, pair_new(&ml, RA_DTYPE_F32, 2, ms, NULL, &err));
+    TRY("wave_select", desc, pair_new(&o2, RA_DTYPE_F32, 2, qs, NULL, &err));
+    TRY("wave_select", desc, pair_new(&ml2, RA_DTYPE_F32, 2, ms, NULL, &err));
+    TRY("wave_select", desc, g_cpu->ops->wave_select(g_cpu, &q.c, &cen.c, &sz.c, nc, scale, r, e, ic, &vs.c, &o.c, &ml.c, &err));
+    TRY("wave_select", desc, g_gpu->ops->wave_select(g_gpu, &q.g, &cen.g, &sz.g, nc, scale, r, e, ig, &vs.g, &o.g, &ml.g, &err));
+    /* near ties (~1e-6 relative) may swap neighbours: compare the keys of the ranked ids */
+    wave_keys_ref(hqv, hc, hs, hq, hkv, hd, cap, nc, scale, key);
+    double kerr = 0.0, kmax = 0.0;
+    size_t bad = 0;
+    for (int64_t h = 0; h < hkv; h++)
+      for (int64_t j = 0; j < ld; j++) {
+        int32_t a = ic[h * ld + j], b = ig[h * ld + j];
+        bad += a != b;
+        if (j >= k) {
+          if (a != -1 || b != -1) kerr = INFINITY;
+          continue;
+        }
+        if (b < 0 || b >= nc) {
+          kerr = INFINITY;
+          continue;
+        }
+        double ka = key[h * nc + a], kb = key[h * nc + b];
+        if (isinf(ka) || isinf(kb)) {
+          if (ka != kb) kerr = INFINITY;
+          continue;
+        }
+        kmax = ka > kmax ? ka : kmax;
+        kerr = fabs(ka - kb) > kerr ? fabs(ka - kb) : kerr;
+      }
+    report("wave_select", "rel", kerr / (kmax > 0 ? kmax : 1.0), 1e-5, "key of rank %s", desc);
+    if (cases[i].same_centroids || nc == 0) report("wave_select", "elems", (double)bad, 0, "idx %s", desc);
+    /* the fused estimate against the CPU's estimate over the GPU's estimation ids */
+    TRY("wave_select", desc, g_cpu->ops->wave_estimate(g_cpu, &q.c, &cen.c, &sz.c, &vs.c, nc, ig + r, e, ld, scale,
+                                                       &o2.c, &ml2.c, &err));
+    TRY("wave_select", desc, fetch(&o2.c, &oc, &err));
+    TRY("wave_select", desc, fetch(&ml2.c, &mc, &err));
+    TRY("wave_select", desc, fetch(&o.g, &og, &err));
+    TRY("wave_select", desc, fetch(&ml.g, &mg, &err));
+    report_partial("wave_select", desc, oc, og, mc, mg, hq, hd);
+    free(og), free(mg), og = mg = NULL;
+    /* the standalone estimate over the same ids */
+    TRY("wave_estimate", desc, g_gpu->ops->wave_estimate(g_gpu, &q.g, &cen.g, &sz.g, &vs.g, nc, ig + r, e, ld, scale,
+                                                         &o2.g, &ml2.g, &err));
+    TRY("wave_estimate", desc, fetch(&o2.g, &og, &err));
+    TRY("wave_estimate", desc, fetch(&ml2.g, &mg, &err));
+    report_partial("wave_estimate", desc, oc, og, mc, mg, hq, hd);
+  done:
+    pair_free(&q), pair_free(&cen), pair_free(&sz), pair_free(&vs);
+    pair_free(&o), pair_free(&ml), pair_free(&o2), pair_free(&ml2);
+    free(hqv), free(hc), free(hvs), free(hs), free(key), free(ic), free(ig), free(oc), free(og), free(mc), free(mg);
   }
 }
 
@@ -1203,6 +1402,8 @@ int main(int argc, char **argv) {
   test_attn_decode();
   test_attn_merge();
   test_topk();
+  test_wave_cluster();
+  test_wave_select_estimate();
   test_forward_random();
   test_forward_smollm2();
   clock_gettime(CLOCK_MONOTONIC, &t1);

@@ -1,0 +1,747 @@
+/* CUDA wave ops (backend.h; the same definitions as backend_cpu_wave.c).
+ *
+ * cluster_keys: work items are (kv head, segment), processed in batches that fit a scratch
+ * budget. Per batch: one kernel centres and normalises the keys and seeds the centroids; each
+ * Lloyd iteration is one cuBLAS strided-batched TF32 GEMM (scores [item][row][cluster], every
+ * item padded to a full segment so one call covers the batch), an argmax kernel (a warp per row)
+ * and an update kernel (a block per item: a stable counting sort, then a warp per cluster summing
+ * its rows in row order, so results are deterministic). An item whose assignment did not change
+ * skips its argmax and update from then on (device flags; the GEMM still runs, no host sync).
+ * A last kernel per batch writes perm/counts, the raw-key centroids, sizes, value sums and the
+ * permuted rows. The only host sync is the final download of perm and counts.
+ *
+ * wave_select: a scores kernel (a warp per cluster, the group's q in shared memory) writes
+ * scale q.c for every q head and cluster; then one block per kv head takes the per-head softmax
+ * of z + log(size), sums it over the group, ranks with the block top-k of cuda_topk.cuh and,
+ * when asked, computes the estimation zone's partial (two launches per layer in all). */
+#include "cuda_topk.cuh"
+#include "cuda_wave.cuh"
+#include "ra_cuda.cuh"
+
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "backend_check_wave.h"
+}
+
+namespace {
+
+constexpr int kMaxHd = 256;              /* 8 dims per lane */
+constexpr int kMaxGroup = 64;            /* q heads per kv head in wave_select */
+constexpr int kMaxSegClusters = 16384;   /* clusters per segment: the counting sort's shared arrays */
+constexpr int kMaxRank = 16384;          /* r + e: the block top-k's shared candidates */
+constexpr size_t kBatchBytes = (size_t)1 << 30;
+constexpr int kSortThreads = 1024;
+
+int fail(ra_error *err, const char *op, const char *what, cudaError_t e) {
+  return ra_errorf(err, e == cudaErrorMemoryAllocation ? RA_ENOMEM : RA_EINTERNAL, "cuda %s: %s: %s", op, what,
+                   cudaGetErrorString(e));
+}
+
+#define WV_TRY(op, call)                                  \
+  do {                                                    \
+    cudaError_t e_ = (call);                              \
+    if (e_ != cudaSuccess) return fail(err, op, #call, e_); \
+  } while (0)
+
+int grow(ra_cuda_wave_scratch *s, size_t bytes, const char *op, ra_error *err) {
+  if (bytes <= s->cap) return RA_OK;
+  if (s->p) {
+    cudaFree(s->p);
+    s->p = nullptr;
+    s->cap = 0;
+  }
+  size_t cap = bytes + bytes / 4;
+  cudaError_t e = cudaMalloc(&s->p, cap);
+  if (e != cudaSuccess) {
+    s->p = nullptr;
+    return ra_errorf(err, RA_ENOMEM, "cuda %s: cannot allocate %zu bytes of scratch: %s", op, cap,
+                     cudaGetErrorString(e));
+  }
+  s->cap = cap;
+  return RA_OK;
+}
+
+size_t align256(size_t b) { return (b + 255) / 256 * 256; }
+
+/* Carves consecutive 256-byte aligned pieces out of one scratch buffer. */
+struct carver {
+  char *base;
+  size_t off;
+  template <typename T> T *take(size_t n) {
+    T *p = (T *)(base + off);
+    off += align256(n * sizeof(T));
+    return p;
+  }
+};
+
+template <typename T> __device__ __forceinline__ float elem(const T *p, int64_t i) { return ra_cuda_to_f32(p[i]); }
+
+size_t nelem_of(const ra_tensor *t) {
+  size_t n = 1;
+  for (int i = 0; i < t->ndim; i++) n *= (size_t)t->shape[i];
+  return n;
+}
+
+__device__ __forceinline__ void store_any(void *p, int dtype, int64_t i, float v) {
+  if (dtype == RA_DTYPE_F32)
+    ((float *)p)[i] = v;
+  else if (dtype == RA_DTYPE_F16)
+    ((__half *)p)[i] = __float2half_rn(v);
+  else
+    ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+/* Block-wide reductions (every thread gets the result); red: >= 32 floats of shared memory. */
+__device__ float block_max(float v, float *red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float r = -INFINITY;
+  for (int w = 0; w < nw; w++) r = fmaxf(r, red[w]);
+  return r;
+}
+
+__device__ float block_sum(float v, float *red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float r = 0.0f;
+  for (int w = 0; w < nw; w++) r += red[w];
+  return r;
+}
+
+/* ---------- cluster_keys ---------- */
+
+struct geom {
+  int64_t n, L, S, KS, K, cs, row0;
+  int hkv, hd;
+};
+
+__device__ __forceinline__ void item_shape(const geom &g, int64_t item, int64_t *h, int64_t *seg, int64_t *t0,
+                                           int64_t *len, int64_t *k) {
+  *h = item / g.S;
+  *seg = item % g.S;
+  *t0 = *seg * g.L;
+  *len = g.n - *t0 < g.L ? g.n - *t0 : g.L;
+  *k = (*len + g.cs - 1) / g.cs;
+}
+
+/* Per item (block): x rows (unit, centred on the segment's mean key; zero padding rows up to
+ * L), the initial unit centroids x[floor(j len / k)] (zero padding up to KS), assign = -1. */
+template <typename T>
+__global__ void __launch_bounds__(512) prep_kernel(const T *__restrict__ kc, geom g, int64_t item0,
+                                                   float *__restrict__ X, float *__restrict__ C,
+                                                   int32_t *__restrict__ A) {
+  ra_cuda_pdl_entry();
+  __shared__ double part[512];
+  __shared__ float mu[kMaxHd];
+  int64_t h, seg, t0, len, k;
+  item_shape(g, item0 + blockIdx.x, &h, &seg, &t0, &len, &k);
+  const int hd = g.hd, tid = threadIdx.x, G = blockDim.x / hd;
+  float *Xi = X + blockIdx.x * g.L * hd, *Ci = C + blockIdx.x * g.KS * hd;
+  int32_t *Ai = A + blockIdx.x * g.L;
+  const int64_t rs = (int64_t)g.hkv * hd; /* cache row stride */
+  const T *base = kc + (g.row0 + t0) * rs + h * hd;
+  if (tid < G * hd) {
+    const int gi = tid / hd, d = tid % hd;
+    double s = 0.0;
+    for (int64_t t = gi; t < len; t += G) s += elem(base, t * rs + d);
+    part[tid] = s;
+  }
+  __syncthreads();
+  if (tid < hd) {
+    double s = 0.0;
+    for (int gi = 0; gi < G; gi++) s += part[gi * hd + tid];
+    mu[tid] = (float)(s / (double)len);
+  }
+  __syncthreads();
+  const int lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+  for (int64_t t = warp; t < g.L; t += nw) {
+    float v[kMaxHd / 32];
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kMaxHd / 32; i++) {
+      const int d = lane + 32 * i;
+      v[i] = (t < len && d < hd) ? elem(base, t * rs + d) - mu[d] : 0.0f;
+      ss += v[i] * v[i];
+    }
+    ss = warp_sum(ss);
+    const float inv = ss > 0.0f ? 1.0f / sqrtf(ss) : 0.0f;
+#pragma unroll
+    for (int i = 0; i < kMaxHd / 32; i++)
+      if (lane + 32 * i < hd) Xi[t * hd + lane + 32 * i] = v[i] * inv;
+  }
+  for (int64_t t = tid; t < g.L; t += blockDim.x) Ai[t] = -1;
+  __syncthreads(); /* X rows of other warps are read below */
+  for (int64_t i = tid; i < g.KS * hd; i += blockDim.x) {
+    const int64_t j = i / hd, d = i % hd;
+    Ci[i] = j < k ? Xi[(j * len / k) * hd + d] : 0.0f;
+  }
+}
+
+/* A warp per row: argmax over the item's k clusters of S[item][t][j] (ties to the lower j);
+ * flags the item when an assignment changed. Items unchanged in the previous iteration stay. */
+__global__ void __launch_bounds__(256) argmax_kernel(const float *__restrict__ Sc, geom g, int64_t item0,
+                                                     int32_t *__restrict__ A, const int32_t *__restrict__ prev,
+                                                     int32_t *__restrict__ cur) {
+  ra_cuda_pdl_entry();
+  const int64_t bi = blockIdx.y;
+  if (prev && prev[bi] == 0) return;
+  int64_t h, seg, t0, len, k;
+  item_shape(g, item0 + bi, &h, &seg, &t0, &len, &k);
+  const int lane = threadIdx.x & 31;
+  const int64_t t = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (t >= len) return;
+  const float *row = Sc + (bi * g.L + t) * g.KS;
+  float bv = -INFINITY;
+  int bj = 0x7fffffff;
+  for (int64_t j = lane; j < k; j += 32) {
+    const float v = row[j];
+    if (v > bv || bj == 0x7fffffff) bv = v, bj = (int)j;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int oj = __shfl_xor_sync(0xffffffffu, bj, o);
+    if (ov > bv || (ov == bv && oj < bj)) bv = ov, bj = oj;
+  }
+  if (lane == 0 && A[bi * g.L + t] != bj) {
+    A[bi * g.L + t] = bj;
+    cur[bi] = 1;
+  }
+}
+
+/* Stable counting sort of a[len] over k clusters (block-wide, kSortThreads threads):
+ * cnt[j], start[j] in shared memory, order[pos] = row (global). */
+__device__ void group_rows(const int32_t *__restrict__ a, int64_t len, int64_t k, int *cnt, int *start,
+                           int32_t *__restrict__ order) {
+  __shared__ int wsum[32];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nt = blockDim.x;
+  for (int64_t j = tid; j < k; j += nt) cnt[j] = 0;
+  __syncthreads();
+  for (int64_t t = tid; t < len; t += nt) atomicAdd(&cnt[a[t]], 1);
+  __syncthreads();
+  const int64_t per = (k + nt - 1) / nt, lo = tid * per, hi = lo + per < k ? lo + per : k;
+  int s = 0;
+  for (int64_t j = lo; j < hi; j++) s += cnt[j];
+  int x = s;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) wsum[warp] = x;
+  __syncthreads();
+  int before = 0;
+  for (int w = 0; w < warp; w++) before += wsum[w];
+  int excl = before + x - s;
+  for (int64_t j = lo; j < hi; j++) {
+    start[j] = excl;
+    excl += cnt[j];
+  }
+  __syncthreads();
+  for (int64_t j = tid; j < k; j += nt) cnt[j] = 0; /* the placement's cursor, back to the counts after */
+  __syncthreads();
+  if (warp == 0) {
+    for (int64_t b = 0; b < len; b += 32) {
+      const int64_t t = b + lane;
+      const int c = t < len ? a[t] : -1;
+      const unsigned same = __match_any_sync(0xffffffffu, c);
+      const int rank = __popc(same & ((1u << lane) - 1u));
+      if (t < len) order[start[c] + cnt[c] + rank] = (int32_t)t;
+      __syncwarp();
+      if (t < len && lane == __ffs(same) - 1) cnt[c] += __popc(same);
+      __syncwarp();
+    }
+  }
+  __syncthreads();
+}
+
+/* A block per changed item: c_j = normalise(sum of its rows' x) for non-empty clusters with a
+ * non-zero sum. */
+__global__ void __launch_bounds__(kSortThreads) update_kernel(const float *__restrict__ X, geom g, int64_t item0,
+                                                              const int32_t *__restrict__ A,
+                                                              int32_t *__restrict__ O, const int32_t *__restrict__ cur,
+                                                              float *__restrict__ C) {
+  ra_cuda_pdl_entry();
+  extern __shared__ int sm[];
+  const int64_t bi = blockIdx.x;
+  if (cur[bi] == 0) return;
+  int64_t h, seg, t0, len, k;
+  item_shape(g, item0 + bi, &h, &seg, &t0, &len, &k);
+  int *cnt = sm, *start = sm + g.KS;
+  int32_t *Oi = O + bi * g.L;
+  group_rows(A + bi * g.L, len, k, cnt, start, Oi);
+  const int hd = g.hd, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const float *Xi = X + bi * g.L * hd;
+  for (int64_t j = warp; j < k; j += nw) {
+    const int c = cnt[j];
+    if (c == 0) continue;
+    float acc[kMaxHd / 32] = {0};
+    for (int m = 0; m < c; m++) {
+      const float *xr = Xi + (int64_t)Oi[start[j] + m] * hd;
+#pragma unroll
+      for (int i = 0; i < kMaxHd / 32; i++)
+        if (lane + 32 * i < hd) acc[i] += xr[lane + 32 * i];
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kMaxHd / 32; i++) ss += acc[i] * acc[i];
+    ss = warp_sum(ss);
+    if (ss <= 0.0f) continue;
+    const float inv = 1.0f / sqrtf(ss);
+    float *cr = C + (bi * g.KS + j) * hd;
+#pragma unroll
+    for (int i = 0; i < kMaxHd / 32; i++)
+      if (lane + 32 * i < hd) cr[lane + 32 * i] = acc[i] * inv;
+  }
+}
+
+struct final_out {
+  int32_t *perm, *counts; /* device [hkv, n], [hkv, K] */
+  float *centroid, *size, *vsum;
+  int64_t cap, c0;
+  void *out_k, *out_v;
+  int out_k_dtype, out_v_dtype;
+};
+
+/* A block per item: the final grouping, perm/counts, raw-key centroids, sizes, value sums and
+ * the permuted rows. */
+template <typename T>
+__global__ void __launch_bounds__(kSortThreads) final_kernel(const T *__restrict__ kc, const T *__restrict__ vc,
+                                                             geom g, int64_t item0, const int32_t *__restrict__ A,
+                                                             int32_t *__restrict__ O, final_out f) {
+  ra_cuda_pdl_entry();
+  extern __shared__ int sm[];
+  const int64_t bi = blockIdx.x;
+  int64_t h, seg, t0, len, k;
+  item_shape(g, item0 + bi, &h, &seg, &t0, &len, &k);
+  int *cnt = sm, *start = sm + g.KS;
+  int32_t *Oi = O + bi * g.L;
+  group_rows(A + bi * g.L, len, k, cnt, start, Oi);
+  const int hd = g.hd, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int64_t p = threadIdx.x; p < len; p += blockDim.x) f.perm[h * g.n + t0 + p] = (int32_t)(t0 + Oi[p]);
+  for (int64_t j = threadIdx.x; j < k; j += blockDim.x) f.counts[h * g.K + seg * g.KS + j] = cnt[j];
+  const int64_t rs = (int64_t)g.hkv * hd;
+  const T *kb = kc + (g.row0 + t0) * rs + h * hd, *vb = vc + (g.row0 + t0) * rs + h * hd;
+  for (int64_t j = warp; j < k; j += nw) {
+    const int c = cnt[j];
+    float ak[kMaxHd / 32] = {0}, av[kMaxHd / 32] = {0};
+    for (int m = 0; m < c; m++) {
+      const int64_t pos = start[j] + m, t = Oi[pos], orow = (h * g.n + t0 + pos) * hd;
+#pragma unroll
+      for (int i = 0; i < kMaxHd / 32; i++) {
+        const int d = lane + 32 * i;
+        if (d >= hd) continue;
+        const float kv = elem(kb, t * rs + d), vv = elem(vb, t * rs + d);
+        ak[i] += kv;
+        av[i] += vv;
+        if (f.out_k) store_any(f.out_k, f.out_k_dtype, orow + d, kv);
+        if (f.out_v) store_any(f.out_v, f.out_v_dtype, orow + d, vv);
+      }
+    }
+    const int64_t slot = h * f.cap + f.c0 + seg * g.KS + j;
+#pragma unroll
+    for (int i = 0; i < kMaxHd / 32; i++) {
+      const int d = lane + 32 * i;
+      if (d >= hd) continue;
+      f.centroid[slot * hd + d] = c ? ak[i] / (float)c : 0.0f;
+      f.vsum[slot * hd + d] = av[i];
+    }
+    if (lane == 0) f.size[slot] = (float)c;
+  }
+}
+
+template <typename T>
+int cluster_run(const ra_cuda_wave_ctx *ctx, const T *kc, const T *vc, const geom &g, int iters, final_out f,
+                int64_t nb_max, carver cv, ra_error *err) {
+  const char *op = "cluster_keys";
+  cudaStream_t s = ctx->stream;
+  const int64_t items = (int64_t)g.hkv * g.S;
+  float *X = cv.take<float>((size_t)(nb_max * g.L * g.hd));
+  float *C = cv.take<float>((size_t)(nb_max * g.KS * g.hd));
+  float *Sc = cv.take<float>((size_t)(nb_max * g.L * g.KS));
+  int32_t *A = cv.take<int32_t>((size_t)(nb_max * g.L));
+  int32_t *O = cv.take<int32_t>((size_t)(nb_max * g.L));
+  int32_t *flags = cv.take<int32_t>((size_t)(iters * nb_max));
+  const size_t sort_smem = (size_t)g.KS * 2 * sizeof(int);
+  WV_TRY(op, cudaFuncSetAttribute(update_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sort_smem));
+  WV_TRY(op, cudaFuncSetAttribute(final_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sort_smem));
+  const float one = 1.0f, zero = 0.0f;
+  for (int64_t i0 = 0; i0 < items; i0 += nb_max) {
+    const int64_t nb = items - i0 < nb_max ? items - i0 : nb_max;
+    WV_TRY(op, cudaMemsetAsync(flags, 0, sizeof(int32_t) * (size_t)(iters * nb_max), s));
+    WV_TRY(op, ra_cuda_launch(prep_kernel<T>, dim3((unsigned)nb), dim3(512), 0, s, kc, g, i0, X, C, A));
+    for (int it = 0; it < iters; it++) {
+      cublasStatus_t st = cublasGemmStridedBatchedEx(
+          ctx->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)g.KS, (int)g.L, g.hd, &one, C, CUDA_R_32F, g.hd, g.KS * g.hd, X,
+          CUDA_R_32F, g.hd, g.L * g.hd, &zero, Sc, CUDA_R_32F, (int)g.KS, g.L * g.KS, (int)nb,
+          CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT);
+      if (st != CUBLAS_STATUS_SUCCESS)
+        return ra_errorf(err, st == CUBLAS_STATUS_ALLOC_FAILED ? RA_ENOMEM : RA_EINTERNAL, "cuda %s: cuBLAS: %s", op,
+                         cublasGetStatusString(st));
+      const int32_t *prev = it ? flags + (it - 1) * nb_max : nullptr;
+      int32_t *cur = flags + it * nb_max;
+      WV_TRY(op, ra_cuda_launch(argmax_kernel, dim3((unsigned)((g.L + 7) / 8), (unsigned)nb), dim3(256), 0, s, Sc, g,
+                                i0, A, prev, cur));
+      if (it + 1 < iters)
+        WV_TRY(op, ra_cuda_launch(update_kernel, dim3((unsigned)nb), dim3(kSortThreads), sort_smem, s, X, g, i0,
+                                  (const int32_t *)A, O, (const int32_t *)cur, C));
+    }
+    WV_TRY(op, ra_cuda_launch(final_kernel<T>, dim3((unsigned)nb), dim3(kSortThreads), sort_smem, s, kc, vc, g, i0,
+                              (const int32_t *)A, O, f));
+  }
+  return RA_OK;
+}
+
+/* ---------- wave_select / wave_estimate ---------- */
+
+/* A warp per column: z[(kvh * group + gi) * n_cols + col] = scale q_(kvh, gi) . centroid[c],
+ * c = col, or ids[kvh * n_cols + col] when ids is given (-1: z = 0, unused). */
+__global__ void __launch_bounds__(256) scores_kernel(const float *__restrict__ q, const float *__restrict__ cen,
+                                                     int64_t cap, int64_t n_cols, const int32_t *__restrict__ ids,
+                                                     int group, int hd, float scale, float *__restrict__ z) {
+  extern __shared__ float qs[]; /* [group, hd] */
+  ra_cuda_pdl_wait();
+  const int64_t kvh = blockIdx.y;
+  for (int i = threadIdx.x; i < group * hd; i += blockDim.x) qs[i] = q[kvh * group * hd + i];
+  __syncthreads();
+  ra_cuda_pdl_trigger();
+  const int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+  for (int64_t col = (int64_t)blockIdx.x * nw + (threadIdx.x >> 5); col < n_cols; col += (int64_t)gridDim.x * nw) {
+    const int64_t c = ids ? ids[kvh * n_cols + col] : col;
+    float cv[kMaxHd / 32];
+#pragma unroll
+    for (int i = 0; i < kMaxHd / 32; i++) {
+      const int d = lane + 32 * i;
+      cv[i] = (c >= 0 && d < hd) ? cen[(kvh * cap + c) * hd + d] : 0.0f;
+    }
+    for (int gi = 0; gi < group; gi++) {
+      float s = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kMaxHd / 32; i++)
+        if (lane + 32 * i < hd) s += qs[gi * hd + lane + 32 * i] * cv[i];
+      s = warp_sum(s);
+      if (lane == 0) z[(kvh * group + gi) * n_cols + col] = scale * s;
+    }
+  }
+}
+
+/* The estimate of one kv head's q heads over n clusters (ids id[j], -1 or size 0 skipped) with
+ * z(gi, j) = zrow[gi * zld + zcol(j)]: m, l per head by block reductions, then warps over the
+ * clusters and lanes over dims accumulate 4 heads at a time, reduced over warps in fixed order.
+ * red: 16 * 4 * hd floats of shared memory, blockDim 512. */
+__device__ void block_estimate(int64_t kvh, int group, int hd, int64_t cap, int n, const int32_t *id,
+                               const float *zrow, int64_t zld, bool zgather, const float *__restrict__ size,
+                               const float *__restrict__ vsum, float *__restrict__ o, float *__restrict__ ml,
+                               float *red) {
+  __shared__ float mh[kMaxGroup], lh[kMaxGroup], rsm[32];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+  const float *sz = size + kvh * cap;
+  for (int gi = 0; gi < group; gi++) {
+    const float *zg = zrow + gi * zld;
+    float m = -INFINITY;
+    for (int j = tid; j < n; j += blockDim.x) {
+      const int c = id[j];
+      if (c >= 0 && sz[c] > 0.0f) m = fmaxf(m, zg[zgather ? c : j]);
+    }
+    m = block_max(m, rsm);
+    float l = 0.0f;
+    if (m != -INFINITY)
+      for (int j = tid; j < n; j += blockDim.x) {
+        const int c = id[j];
+        if (c >= 0 && sz[c] > 0.0f) l += sz[c] * expf(zg[zgather ? c : j] - m);
+      }
+    l = block_sum(l, rsm);
+    if (tid == 0) mh[gi] = m, lh[gi] = l;
+  }
+  __syncthreads();
+  for (int g0 = 0; g0 < group; g0 += 4) {
+    const int ng = group - g0 < 4 ? group - g0 : 4;
+    float acc[4][kMaxHd / 32] = {};
+    for (int j = warp; j < n; j += nw) {
+      const int c = id[j];
+      if (c < 0 || !(sz[c] > 0.0f)) continue;
+      const float *vr = vsum + (kvh * cap + c) * hd;
+      float v[kMaxHd / 32];
+#pragma unroll
+      for (int i = 0; i < kMaxHd / 32; i++) v[i] = lane + 32 * i < hd ? vr[lane + 32 * i] : 0.0f;
+#pragma unroll
+      for (int gg = 0; gg < 4; gg++) {
+        if (gg >= ng) break;
+        const float w = expf(zrow[(g0 + gg) * zld + (zgather ? c : j)] - mh[g0 + gg]);
+#pragma unroll
+        for (int i = 0; i < kMaxHd / 32; i++) acc[gg][i] += w * v[i];
+      }
+    }
+    for (int gg = 0; gg < ng; gg++)
+#pragma unroll
+      for (int i = 0; i < kMaxHd / 32; i++)
+        if (lane + 32 * i < hd) red[(warp * 4 + gg) * hd + lane + 32 * i] = acc[gg][i];
+    __syncthreads();
+    for (int i = tid; i < ng * hd; i += blockDim.x) {
+      const int gg = i / hd, d = i % hd;
+      float s = 0.0f;
+      for (int w = 0; w < nw; w++) s += red[(w * 4 + gg) * hd + d];
+      const float l = lh[g0 + gg];
+      o[(kvh * group + g0 + gg) * hd + d] = l > 0.0f ? s / l : 0.0f;
+    }
+    __syncthreads();
+  }
+  for (int gi = tid; gi < group; gi += blockDim.x) {
+    ml[2 * (kvh * group + gi)] = mh[gi];
+    ml[2 * (kvh * group + gi) + 1] = lh[gi];
+  }
+}
+
+struct est_args {
+  const float *size, *vsum;
+  float *o, *ml; /* NULL: no estimate */
+  int64_t cap;
+};
+
+/* A block per kv head: softmax per q head of z + log(size), summed over the group into key
+ * (size 0: -inf), the top min(r + e, nc) by key (ties to the lower index) into idx [hkv, ld]
+ * (-1 past nc), then the estimate over entries [r, ld). */
+__global__ void __launch_bounds__(RA_CUDA_TOPK_THREADS) select_kernel(const float *__restrict__ z, int64_t nc,
+                                                                      int group, int hd, int r, int ld,
+                                                                      float *__restrict__ key,
+                                                                      int32_t *__restrict__ idx, est_args a) {
+  extern __shared__ unsigned long long smem[];
+  __shared__ float mh[kMaxGroup], lh[kMaxGroup], rsm[32];
+  ra_cuda_pdl_wait();
+  const int64_t kvh = blockIdx.x;
+  const int tid = threadIdx.x;
+  const float *sz = a.size + kvh * a.cap;
+  for (int gi = 0; gi < group; gi++) {
+    const float *zg = z + (kvh * group + gi) * nc;
+    float m = -INFINITY;
+    for (int64_t c = tid; c < nc; c += blockDim.x)
+      if (sz[c] > 0.0f) m = fmaxf(m, zg[c] + logf(sz[c]));
+    m = block_max(m, rsm);
+    float l = 0.0f;
+    if (m != -INFINITY)
+      for (int64_t c = tid; c < nc; c += blockDim.x)
+        if (sz[c] > 0.0f) l += expf(zg[c] + logf(sz[c]) - m);
+    l = block_sum(l, rsm);
+    if (tid == 0) mh[gi] = m, lh[gi] = l;
+  }
+  __syncthreads();
+  float *kr = key + kvh * nc;
+  for (int64_t c = tid; c < nc; c += blockDim.x) {
+    float p = -INFINITY;
+    if (sz[c] > 0.0f) {
+      p = 0.0f;
+      const float ls = logf(sz[c]);
+      for (int gi = 0; gi < group; gi++)
+        if (lh[gi] > 0.0f) p += expf(z[(kvh * group + gi) * nc + c] + ls - mh[gi]) / lh[gi];
+    }
+    kr[c] = p;
+  }
+  __syncthreads();
+  const int k = (int)(ld < nc ? ld : nc);
+  int32_t *ir = idx + kvh * ld;
+  if (k > 0) {
+    int k_pow2 = 1;
+    while (k_pow2 < k) k_pow2 <<= 1;
+    ra_cuda_block_topk(kr, nc, k, k_pow2, smem);
+    for (int i = tid; i < k; i += blockDim.x) ir[i] = (int32_t)ra_cuda_topk_index(smem[i]);
+  }
+  for (int i = k + tid; i < ld; i += blockDim.x) ir[i] = -1;
+  __syncthreads();
+  ra_cuda_pdl_trigger();
+  if (a.o)
+    block_estimate(kvh, group, hd, a.cap, ld - r, ir + r, z + kvh * group * nc, nc, true, a.size, a.vsum, a.o, a.ml,
+                   (float *)smem);
+}
+
+/* A block per kv head: the estimate over ids [hkv, n] with z [hq, n] from scores_kernel. */
+__global__ void __launch_bounds__(RA_CUDA_TOPK_THREADS) estimate_kernel(const float *__restrict__ z, int n,
+                                                                        int group, int hd,
+                                                                        const int32_t *__restrict__ ids, est_args a) {
+  extern __shared__ float red[];
+  ra_cuda_pdl_entry();
+  const int64_t kvh = blockIdx.x;
+  block_estimate(kvh, group, hd, a.cap, n, ids + kvh * n, z + kvh * group * n, n, false, a.size, a.vsum, a.o, a.ml,
+                 red);
+}
+
+int check_limits(const char *op, int64_t hd, int64_t group, ra_error *err) {
+  if (hd > kMaxHd) return ra_errorf(err, RA_EUNSUPPORTED, "cuda %s: head_dim %lld above %d", op, (long long)hd, kMaxHd);
+  if (group > kMaxGroup)
+    return ra_errorf(err, RA_EUNSUPPORTED, "cuda %s: %lld q heads per kv head (at most %d)", op, (long long)group,
+                     kMaxGroup);
+  return RA_OK;
+}
+
+size_t est_smem(int64_t hd) { return (size_t)(RA_CUDA_TOPK_THREADS / 32) * 4 * (size_t)hd * sizeof(float); }
+
+cudaError_t launch_scores(cudaStream_t s, const float *q, const ra_tensor *cen, int64_t n_cols, const int32_t *ids, int hkv,
+                  int group, int hd, float scale, float *z) {
+  if (n_cols == 0) return cudaSuccess;
+  const size_t smem = (size_t)group * hd * sizeof(float);
+  cudaError_t e = cudaFuncSetAttribute(scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (e != cudaSuccess) return e;
+  int64_t bx = (n_cols + 31) / 32; /* 8 warps, ~4 columns each */
+  if (bx > 65535) bx = 65535;
+  return ra_cuda_launch(scores_kernel, dim3((unsigned)bx, (unsigned)hkv), dim3(256), smem, s, q,
+                        (const float *)cen->data, cen->shape[1], n_cols, ids, group, hd, scale, z);
+}
+
+} /* namespace */
+
+void ra_cuda_wave_scratch_release(ra_cuda_wave_scratch *s) {
+  if (s->p) cudaFree(s->p);
+  s->p = nullptr;
+  s->cap = 0;
+}
+
+int ra_cuda_cluster_keys(const ra_cuda_wave_ctx *ctx, const ra_tensor *kc, const ra_tensor *vc, int64_t row0,
+                         int64_t n, const ra_wave_cluster_params *p, ra_tensor *centroid, ra_tensor *size,
+                         ra_tensor *vsum, int64_t c0, ra_tensor *out_k, ra_tensor *out_v, int32_t *perm,
+                         int32_t *counts, ra_error *err) {
+  const char *op = "cluster_keys";
+  int64_t K;
+  int rc = ra_backend_check_wave_cluster("cuda", kc, vc, row0, n, p, centroid, size, vsum, c0, out_k, out_v, perm,
+                                         counts, &K, err);
+  if (rc) return rc;
+  geom g;
+  g.n = n;
+  g.row0 = row0;
+  g.cs = p->cluster_size;
+  g.L = p->seg_len < n ? p->seg_len : n;
+  g.S = (n + g.L - 1) / g.L;
+  g.KS = (g.L + g.cs - 1) / g.cs;
+  g.K = K;
+  g.hkv = (int)kc->shape[1];
+  g.hd = (int)kc->shape[2];
+  if ((rc = check_limits(op, g.hd, 1, err))) return rc;
+  if (g.KS > kMaxSegClusters)
+    return ra_errorf(err, RA_EUNSUPPORTED, "cuda %s: %lld clusters per segment (at most %d)", op, (long long)g.KS,
+                     kMaxSegClusters);
+  const int64_t items = (int64_t)g.hkv * g.S;
+  const size_t per_item = align256((size_t)(g.L * g.hd) * 4) + align256((size_t)(g.KS * g.hd) * 4) +
+                          align256((size_t)(g.L * g.KS) * 4) + 2 * align256((size_t)g.L * 4) +
+                          align256((size_t)p->iters * 4);
+  int64_t nb = (int64_t)(kBatchBytes / per_item);
+  nb = nb < 1 ? 1 : nb > items ? items : nb;
+  const size_t fixed = align256((size_t)(g.hkv * n) * 4) + align256((size_t)(g.hkv * K) * 4);
+  const size_t total = fixed + (size_t)nb * per_item + (size_t)p->iters * 256 * 8;
+  if ((rc = grow(ctx->scratch, total, op, err))) return rc;
+  carver cv = {(char *)ctx->scratch->p, 0};
+  final_out f;
+  f.perm = cv.take<int32_t>((size_t)(g.hkv * n));
+  f.counts = cv.take<int32_t>((size_t)(g.hkv * K));
+  f.centroid = (float *)centroid->data;
+  f.size = (float *)size->data;
+  f.vsum = (float *)vsum->data;
+  f.cap = centroid->shape[1];
+  f.c0 = c0;
+  f.out_k = out_k ? out_k->data : nullptr;
+  f.out_v = out_v ? out_v->data : nullptr;
+  f.out_k_dtype = out_k ? out_k->dtype : RA_DTYPE_F32;
+  f.out_v_dtype = out_v ? out_v->dtype : RA_DTYPE_F32;
+  switch (kc->dtype) {
+    case RA_DTYPE_F32:
+      rc = cluster_run(ctx, (const float *)kc->data, (const float *)vc->data, g, p->iters, f, nb, cv, err);
+      break;
+    case RA_DTYPE_F16:
+      rc = cluster_run(ctx, (const __half *)kc->data, (const __half *)vc->data, g, p->iters, f, nb, cv, err);
+      break;
+    default:
+      rc = cluster_run(ctx, (const __nv_bfloat16 *)kc->data, (const __nv_bfloat16 *)vc->data, g, p->iters, f, nb, cv,
+                       err);
+  }
+  if (rc) return rc;
+  WV_TRY(op, cudaMemcpyAsync(perm, f.perm, sizeof(int32_t) * (size_t)(g.hkv * n), cudaMemcpyDeviceToHost, ctx->stream));
+  WV_TRY(op, cudaMemcpyAsync(counts, f.counts, sizeof(int32_t) * (size_t)(g.hkv * K), cudaMemcpyDeviceToHost,
+                             ctx->stream));
+  WV_TRY(op, cudaStreamSynchronize(ctx->stream));
+  return RA_OK;
+}
+
+int ra_cuda_wave_select(const ra_cuda_wave_ctx *ctx, const ra_tensor *q, const ra_tensor *centroid,
+                        const ra_tensor *size, int64_t n_clusters, float scale, int r, int e, int32_t *idx,
+                        const ra_tensor *vsum, ra_tensor *o, ra_tensor *ml, ra_error *err) {
+  const char *op = "wave_select";
+  int rc = ra_backend_check_wave_select("cuda", q, centroid, size, n_clusters, r, e, idx, vsum, o, ml, err);
+  if (rc) return rc;
+  const int hkv = (int)centroid->shape[0], hd = (int)centroid->shape[2];
+  const int group = (int)((int64_t)(nelem_of(q)) / hd / hkv);
+  if ((rc = check_limits(op, hd, group, err))) return rc;
+  const int64_t nc = n_clusters, ld = (int64_t)r + e, k = ld < nc ? ld : nc;
+  if (k > kMaxRank)
+    return ra_errorf(err, RA_EUNSUPPORTED, "cuda %s: %lld ranked clusters (r + e at most %d)", op, (long long)k,
+                     kMaxRank);
+  int k_pow2 = 1;
+  while (k_pow2 < k) k_pow2 <<= 1;
+  const size_t hq = (size_t)hkv * (size_t)group;
+  if ((rc = grow(ctx->scratch, align256(hq * (size_t)nc * 4) + align256((size_t)hkv * (size_t)nc * 4) +
+                                    align256((size_t)hkv * (size_t)ld * 4),
+                 op, err)))
+    return rc;
+  carver cv = {(char *)ctx->scratch->p, 0};
+  float *z = cv.take<float>(hq * (size_t)nc), *key = cv.take<float>((size_t)hkv * (size_t)nc);
+  int32_t *d_idx = cv.take<int32_t>((size_t)hkv * (size_t)ld);
+  WV_TRY(op, launch_scores(ctx->stream, (const float *)q->data, centroid, nc, nullptr, hkv, group, hd,
+                                        scale, z));
+  est_args a = {(const float *)size->data, vsum ? (const float *)vsum->data : nullptr,
+                o ? (float *)o->data : nullptr, ml ? (float *)ml->data : nullptr, centroid->shape[1]};
+  size_t smem = (size_t)k_pow2 * 8;
+  if (o && est_smem(hd) > smem) smem = est_smem(hd);
+  WV_TRY(op, cudaFuncSetAttribute(select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  WV_TRY(op, ra_cuda_launch(select_kernel, dim3((unsigned)hkv), dim3(RA_CUDA_TOPK_THREADS), smem, ctx->stream,
+                            (const float *)z, nc, group, hd, r, (int)ld, key, d_idx, a));
+  WV_TRY(op, cudaMemcpyAsync(idx, d_idx, sizeof(int32_t) * (size_t)hkv * (size_t)ld, cudaMemcpyDeviceToHost,
+                             ctx->stream));
+  WV_TRY(op, cudaStreamSynchronize(ctx->stream));
+  return RA_OK;
+}
+
+int ra_cuda_wave_estimate(const ra_cuda_wave_ctx *ctx, const ra_tensor *q, const ra_tensor *centroid,
+                          const ra_tensor *size, const ra_tensor *vsum, int64_t n_clusters, const int32_t *ids,
+                          int n_ids, int64_t ld, float scale, ra_tensor *o, ra_tensor *ml, ra_error *err) {
+  const char *op = "wave_estimate";
+  int rc = ra_backend_check_wave_estimate("cuda", q, centroid, size, vsum, n_clusters, ids, n_ids, ld, o, ml, err);
+  if (rc) return rc;
+  const int hkv = (int)centroid->shape[0], hd = (int)centroid->shape[2];
+  const int group = (int)((int64_t)(nelem_of(q)) / hd / hkv);
+  if ((rc = check_limits(op, hd, group, err))) return rc;
+  const size_t hq = (size_t)hkv * (size_t)group, nid = (size_t)n_ids;
+  if ((rc = grow(ctx->scratch, align256(hq * nid * 4 + 4) + align256((size_t)hkv * nid * 4 + 4), op, err))) return rc;
+  carver cv = {(char *)ctx->scratch->p, 0};
+  float *z = cv.take<float>(hq * nid + 1);
+  int32_t *d_ids = cv.take<int32_t>((size_t)hkv * nid + 1);
+  if (n_ids > 0) {
+    /* the rows of ids, packed [hkv, n_ids] (pageable: staged before cudaMemcpyAsync returns) */
+    int32_t *packed = (int32_t *)malloc(sizeof(int32_t) * (size_t)hkv * nid);
+    if (!packed) return ra_errorf(err, RA_ENOMEM, "cuda %s: no host memory for %d ids", op, n_ids);
+    for (int h = 0; h < hkv; h++) memcpy(packed + (size_t)h * nid, ids + h * ld, sizeof(int32_t) * nid);
+    cudaError_t ce = cudaMemcpyAsync(d_ids, packed, sizeof(int32_t) * (size_t)hkv * nid, cudaMemcpyHostToDevice,
+                                     ctx->stream);
+    free(packed);
+    if (ce != cudaSuccess) return fail(err, op, "cudaMemcpyAsync(ids)", ce);
+    WV_TRY(op, launch_scores(ctx->stream, (const float *)q->data, centroid, n_ids, d_ids, hkv, group,
+                                          hd, scale, z));
+  }
+  est_args a = {(const float *)size->data, (const float *)vsum->data, (float *)o->data, (float *)ml->data,
+                centroid->shape[1]};
+  const size_t smem = est_smem(hd);
+  WV_TRY(op, cudaFuncSetAttribute(estimate_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  WV_TRY(op, ra_cuda_launch(estimate_kernel, dim3((unsigned)hkv), dim3(RA_CUDA_TOPK_THREADS), smem, ctx->stream,
+                            (const float *)z, n_ids, group, hd, (const int32_t *)d_ids, a));
+  return RA_OK;
+}
