@@ -8,8 +8,8 @@
  * Every key and value row is loaded once for all asked q heads of its GQA group: strips of 64
  * rows, gathered across clusters, are scored against the group's queries while in L1, weighted
  * by an online softmax (ra_vec_exp_sum) and accumulated. Work is split into (kv head, row
- * chunk) tasks run by OpenMP, whose partials merge exactly per q head in a fixed order, so the
- * result does not depend on the thread count. n_scanned counts the rows attended; ids (when
+ * chunk) tasks run by OpenMP, whose partials merge exactly per q head in task order (the same
+ * result for the same request and thread count). n_scanned counts the rows attended; ids (when
  * asked) are their row positions, selected clusters in row order, then the lag. */
 #ifndef KVS_ATTEND_WAVE_H
 #define KVS_ATTEND_WAVE_H
