@@ -287,6 +287,22 @@ static void test_put_refused_unchanged(void **state) {
   fixture_free(&f);
 }
 
+/* Rows outside this store's shards, or crossing a shard's end. */
+static void test_put_rows_outside(void **state) {
+  (void)state;
+  fixture f;
+  fixture_make(&f, RA_DTYPE_F32, 16, 1u << 26);
+  ra_error err;
+  uint32_t counts[1] = {20};
+  expect(put(&f, 1, 0, 10, counts, 1, NULL, &err), RA_EINVAL, &err,
+         "rows [10, 30) of layer 1 kv head 1 are in no shard of this store");
+  uint32_t c300[2] = {290, 20};
+  expect(put(&f, 0, 0, 0, c300, 2, NULL, &err), RA_EINVAL, &err,
+         "rows [0, 310) of layer 1 kv head 0 run past the end 300 of their shard");
+  assert_null(f.s->clusters);
+  fixture_free(&f);
+}
+
 /* A perm of a shard that has a search index is refused: the index's ids are rows. */
 static void test_perm_refused_with_index(void **state) {
   (void)state;
@@ -527,6 +543,7 @@ int main(void) {
       cmocka_unit_test(test_directory),
       cmocka_unit_test(test_perm_in_place),
       cmocka_unit_test(test_put_refused_unchanged),
+      cmocka_unit_test(test_put_rows_outside),
       cmocka_unit_test(test_perm_refused_with_index),
       cmocka_unit_test(test_wave_f32),
       cmocka_unit_test(test_wave_f16),
