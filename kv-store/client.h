@@ -8,6 +8,7 @@
  *   ra_kvclient_stream *st;  ra_kvclient_attend_open(c, &s, &st, &err);
  *   per layer:  ra_kvclient_attend(st, &req, partials, 50, &err);  // one long-lived stream
  *   ra_kvclient_append(c, &s, &row, 1, &err);                      // window eviction
+ *   wave:  ra_kvclient_put_clusters(c, &s, &clusters, NULL, &err);  // after put_kv / append
  *   ra_kvclient_attend_close(st);  ra_kvclient_close_session(c, &s, NULL, &err);
  *   ra_kvclient_close(c);
  *

@@ -63,13 +63,7 @@ typedef struct wave_fx {
 
 /* A segment's clustering: a random permutation and cluster sizes 8..24 covering n rows. */
 static size_t cluster_segment(ref_rng *r, uint32_t *perm, uint32_t *counts, size_t n) {
-  for (size_t i = 0; i < n; i++) perm[i] = (uint32_t)i;
-  for (size_t i = n; i > 1; i--) {
-    size_t j = ref_rng_next(r) % i;
-    uint32_t t = perm[i - 1];
-    perm[i - 1] = perm[j];
-    perm[j] = t;
-  }
+  ref_shuffle(r, perm, n);
   size_t c = 0;
   for (size_t left = n; left > 0;) {
     uint32_t k = 8 + (uint32_t)(ref_rng_next(r) % 17);

@@ -132,16 +132,6 @@ static size_t random_counts(ref_rng *r, uint64_t n, uint32_t *counts) {
   return c;
 }
 
-static void random_perm(ref_rng *r, uint32_t *perm, size_t n) {
-  for (size_t i = 0; i < n; i++) perm[i] = (uint32_t)i;
-  for (size_t i = n; i > 1; i--) {
-    size_t j = ref_rng_next(r) % i;
-    uint32_t t = perm[i - 1];
-    perm[i - 1] = perm[j];
-    perm[j] = t;
-  }
-}
-
 static void ok(int rc, const ra_error *err) {
   if (rc != RA_OK) fail_msg("%s: %s", ra_status_name(rc), err->msg);
 }
@@ -234,7 +224,7 @@ static void test_perm_in_place(void **state) {
   ra_error err;
   uint32_t perm[400], counts[400];
   /* a random one over the first 130 rows of kv head 1 */
-  random_perm(&f.rng, perm, 130);
+  ref_shuffle(&f.rng, perm, 130);
   size_t n = random_counts(&f.rng, 130, counts);
   ok(put(&f, 1, 0, 50, counts, n, perm, &err), &err);
   check_rows_match(&f, 1);
@@ -247,7 +237,7 @@ static void test_perm_in_place(void **state) {
   ok(put(&f, 1, (uint32_t)n + 1, 244, counts, 1, perm, &err), &err);
   check_rows_match(&f, 1);
   /* a shard boundary does not matter to a perm inside the second shard */
-  random_perm(&f.rng, perm, 400);
+  ref_shuffle(&f.rng, perm, 400);
   counts[0] = 400;
   ok(put(&f, 0, 0, 300, counts, 1, perm, &err), &err);
   check_rows_match(&f, 0);
@@ -383,10 +373,10 @@ static void check_wave(ra_dtype t, int dim, double tol) {
   size_t n = random_counts(&f.rng, 250, counts); /* shard 0: rows [0, 250), lag [250, 300) */
   ok(put(&f, 0, 0, 0, counts, n, NULL, &err), &err);
   uint32_t next = (uint32_t)n;
-  random_perm(&f.rng, perm, 300);
+  ref_shuffle(&f.rng, perm, 300);
   n = random_counts(&f.rng, 300, counts); /* shard 1: [300, 600) permuted, lag [600, 700) */
   ok(put(&f, 0, next, 300, counts, n, perm, &err), &err);
-  random_perm(&f.rng, perm, 380);
+  ref_shuffle(&f.rng, perm, 380);
   n = random_counts(&f.rng, 380, counts); /* kv head 1: ids from 1000, lag [430, 550) */
   ok(put(&f, 1, 1000, 50, counts, n, perm, &err), &err);
 
@@ -466,7 +456,7 @@ static void test_wave_all_equals_full(void **state) {
   fixture_make(&f, RA_DTYPE_F16, 64, 1u << 26);
   ra_error err;
   uint32_t counts[400], perm[400];
-  random_perm(&f.rng, perm, 300);
+  ref_shuffle(&f.rng, perm, 300);
   size_t n = random_counts(&f.rng, 300, counts);
   ok(put(&f, 0, 0, 0, counts, n, NULL, &err), &err);
   ok(put(&f, 0, (uint32_t)n, 300, counts, n, perm, &err), &err);
