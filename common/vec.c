@@ -2,6 +2,7 @@
 
 #include "cpu.h"
 
+#include <math.h>
 #include <string.h>
 
 #if defined(__x86_64__)
@@ -211,7 +212,50 @@ RA_AVX2 static void vecmat8_avx2(const float *x, const float *A, int rows, int c
   _mm256_storeu_ps(out + c0, a);
 }
 
+/* exp(x) for eight lanes (Cephes' expf): x = k ln2 + r with |r| <= ln2 / 2, ln2 split in two
+ * so that the reduction is exact, e^r by a degree-5 polynomial, 2^k built in the exponent bits.
+ * x is clamped to the range where 2^k is a normal float or zero. */
+RA_AVX2 static inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
+  x = _mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f));
+  __m256 k = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f),
+                                             _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+RA_AVX2 static float exp_sum_avx2(float *x, size_t n, float shift) {
+  __m256 vs = _mm256_set1_ps(shift), acc = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vs));
+    _mm256_storeu_ps(x + i, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  float s = hsum(acc);
+  for (; i < n; i++) s += (x[i] = expf(x[i] - shift));
+  return s;
+}
+
 #endif
+
+float ra_vec_exp_sum(float *x, size_t n, float shift) {
+#ifdef RA_X86
+  if (ra_cpu_has_avx2()) return exp_sum_avx2(x, n, shift);
+#endif
+  float s = 0.0f;
+  for (size_t i = 0; i < n; i++) s += (x[i] = expf(x[i] - shift));
+  return s;
+}
 
 /* Columns [c0, cols) of x A, one column at a time. */
 static void vecmat_portable(const float *x, const float *A, int rows, int cols, int c0,

@@ -37,6 +37,11 @@ void ra_vec_vecmat(const float *x, const float *A, int rows, int cols, float *ou
 /* acc[0..dim) += w * row. */
 void ra_vec_axpy(float *acc, float w, const void *row, ra_dtype t, int dim);
 
+/* x[i] = exp(x[i] - shift) for i < n, returning their sum: the softmax weights of a strip of
+ * logits in one pass. Within 2 ulp of expf; an argument below about -87.3 gives 0 (AVX2: a
+ * degree-5 polynomial after reduction by ln 2, eight lanes at a time). */
+float ra_vec_exp_sum(float *x, size_t n, float shift);
+
 /* Issues a prefetch of one row (all its cache lines). */
 void ra_vec_prefetch_row(const void *rows, ra_dtype t, int dim, uint32_t id);
 

@@ -1,5 +1,6 @@
 #include "attend.h"
 
+#include "attend_wave.h"
 #include "clock.h"
 #include "merge.h"
 #include "topk.h"
@@ -27,6 +28,7 @@ const char *kvs_mode_name(kvs_mode m) {
     case KVS_MODE_IVF: return "ivf";
     case KVS_MODE_KGRAPH: return "kgraph";
     case KVS_MODE_ROAR: return "roar";
+    case KVS_MODE_WAVE: return "wave";
   }
   return "?";
 }
@@ -74,6 +76,7 @@ static int check_args(const kvs_session *s, const kvs_attend_args *a, ra_error *
                      g->n_q_heads);
   switch (a->mode) {
     case KVS_MODE_FULL: break;
+    case KVS_MODE_WAVE: break;
     case KVS_MODE_FLAT:
       if (a->top_k == 0) return ra_errorf(err, RA_EINVAL, "mode flat needs top_k > 0");
       break;
@@ -679,7 +682,8 @@ int kvs_attend(kvs_session *s, const kvs_attend_args *a, kvs_attend_result *out,
   int nt = a->n_threads > 0 ? a->n_threads : omp_get_max_threads();
   pthread_rwlock_rdlock(&s->lock);
   int rc = check_args(s, a, err);
-  if (rc) {
+  if (rc == RA_OK && kvs_attend_is_wave(a)) rc = kvs_attend_wave(s, a, nt, out, err);
+  if (rc || kvs_attend_is_wave(a)) {
     pthread_rwlock_unlock(&s->lock);
     return rc;
   }

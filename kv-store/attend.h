@@ -17,6 +17,9 @@
  * non-empty shard without an index of the mode's kind fails the request with RA_ESTATE
  * (FAILED_PRECONDITION) naming the layer, q head and shard.
  *
+ * Wave mode (attend_wave.h) attends exactly over the clusters the request selects (clusters.h)
+ * plus every row of the kv head that no cluster covers.
+ *
  * Work is split into (kv head, row block) tasks run by OpenMP, the q heads of one GQA group
  * sharing each block's key and value loads; per-block partials merge exactly, so even one head
  * over many tokens uses every thread. Index modes run one task per (q head, shard), each
@@ -36,9 +39,20 @@ typedef enum kvs_mode {
   KVS_MODE_IVF = 2,
   KVS_MODE_KGRAPH = 3,
   KVS_MODE_ROAR = 4,
+  KVS_MODE_WAVE = 5, /* the worker's clusters + the unclustered rows (attend_wave.h) */
 } kvs_mode;
 
 const char *kvs_mode_name(kvs_mode m); /* "full", "flat", ...; "?" when unknown */
+
+/* Wave mode's cluster selection (proto AttendRequest.cluster_*): kv head kv_heads[i] selects
+ * counts[i] cluster ids, the next ones of ids ([n_ids], concatenated). */
+typedef struct kvs_wave_select {
+  const uint32_t *kv_heads; /* [n_heads] */
+  const uint32_t *counts;   /* [n_heads] */
+  size_t n_heads;
+  const uint32_t *ids;
+  size_t n_ids;
+} kvs_wave_select;
 
 typedef struct kvs_attend_args {
   uint32_t layer;
@@ -50,6 +64,7 @@ typedef struct kvs_attend_args {
   uint32_t ef, nprobe;     /* index modes: beam width, ivf lists probed; 0: ra_search_params_default */
   int want_ids;            /* fill ids with the token positions attended over */
   int n_threads;           /* OpenMP threads; 0: the OpenMP default */
+  kvs_wave_select wave;    /* mode wave only */
 } kvs_attend_args;
 
 typedef struct kvs_head_partial {

@@ -411,6 +411,39 @@ int ra_kvclient_append(ra_kvclient *c, const ra_kvclient_session *s, const ra_kv
   return rc;
 }
 
+/* ---- PutClusters ---- */
+
+int ra_kvclient_put_clusters(ra_kvclient *c, const ra_kvclient_session *s,
+                             const ra_kvclient_clusters *in, ra_kvclient_clusters_result *out,
+                             ra_error *err) {
+  Rakv__PutClustersRequest req = RAKV__PUT_CLUSTERS_REQUEST__INIT;
+  req.session_id.data = (uint8_t *)s->id;
+  req.session_id.len = sizeof s->id;
+  req.layer = in->layer;
+  req.kv_head = in->kv_head;
+  req.first_cluster = in->first_cluster;
+  req.row_begin = in->row_begin;
+  req.counts = (uint32_t *)in->counts;
+  req.n_counts = in->n_clusters;
+  if (in->perm) {
+    size_t n = 0;
+    for (size_t i = 0; i < in->n_clusters; i++) n += in->counts[i];
+    req.perm = (uint32_t *)in->perm;
+    req.n_perm = n;
+  }
+  int rc = unary(c, "/rakv.KvStore/PutClusters", &req.base, err);
+  if (rc) return rc;
+  Rakv__PutClustersReply *r = rakv__put_clusters_reply__unpack(NULL, c->rx.len, c->rx.data);
+  if (!r) return bad_reply(c, "PutClustersReply", err);
+  if (out)
+    *out = (ra_kvclient_clusters_result){.n_clusters = r->n_clusters,
+                                         .rows_clustered = r->rows_clustered,
+                                         .rows_lagging = r->rows_lagging,
+                                         .directory_bytes = r->directory_bytes};
+  rakv__put_clusters_reply__free_unpacked(r, NULL);
+  return RA_OK;
+}
+
 /* ---- Attend ---- */
 
 int ra_kvclient_attend_open(ra_kvclient *c, const ra_kvclient_session *s,
@@ -507,6 +540,14 @@ int ra_kvclient_attend_send(ra_kvclient_stream *st, const ra_kvclient_attend_req
   m.search = (req->ef || req->nprobe) ? &sp : NULL;
   m.seq = ++st->seq;
   m.return_ids = req->want_ids != 0;
+  size_t n_clusters = 0;
+  for (size_t i = 0; req->cluster_counts && i < req->n_cluster_heads; i++)
+    n_clusters += req->cluster_counts[i];
+  m.n_cluster_kv_heads = m.n_cluster_counts = req->n_cluster_heads;
+  m.cluster_kv_heads = (uint32_t *)req->cluster_kv_heads;
+  m.cluster_counts = (uint32_t *)req->cluster_counts;
+  m.n_clusters = n_clusters;
+  m.clusters = (uint32_t *)req->clusters;
   rc = pack(&m.base, &st->tx, err);
   if (rc == RA_OK) rc = ra_rpc_call_send(st->call, st->tx.data, st->tx.len, err);
   if (rc) stream_break(st);

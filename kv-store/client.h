@@ -8,6 +8,7 @@
  *   ra_kvclient_stream *st;  ra_kvclient_attend_open(c, &s, &st, &err);
  *   per layer:  ra_kvclient_attend(st, &req, partials, 50, &err);  // one long-lived stream
  *   ra_kvclient_append(c, &s, &row, 1, &err);                      // window eviction
+ *   wave:  ra_kvclient_put_clusters(c, &s, &clusters, NULL, &err);  // after put_kv / append
  *   ra_kvclient_attend_close(st);  ra_kvclient_close_session(c, &s, NULL, &err);
  *   ra_kvclient_close(c);
  *
@@ -76,6 +77,7 @@ typedef enum ra_kvclient_mode {
   RA_KVCLIENT_IVF = 2,
   RA_KVCLIENT_KGRAPH = 3,
   RA_KVCLIENT_ROAR = 4,
+  RA_KVCLIENT_WAVE = 5, /* selected clusters (ra_kvclient_put_clusters) + unclustered rows */
 } ra_kvclient_mode;
 
 /* Index parameters (proto IndexParams). Zero fields are unset: BuildIndex takes the session's
@@ -109,7 +111,15 @@ typedef struct ra_kvclient_attend_req {
   ra_kvclient_mode mode;
   uint32_t top_k;          /* every mode but full */
   uint32_t ef, nprobe;     /* index search parameters; 0: store defaults */
-  int want_ids;
+  int want_ids;            /* wave: the row positions attended (clusters', then the lag) */
+  /* wave only: kv head cluster_kv_heads[i] (of an asked q head, each named once) selects
+   * cluster_counts[i] ids, the next ones of `clusters` (concatenated, sum(cluster_counts) in
+   * all), each distinct and held by this store. A kv head not named selects none; the rows no
+   * cluster covers are attended whatever the selection. */
+  const uint32_t *cluster_kv_heads; /* [n_cluster_heads] */
+  const uint32_t *cluster_counts;   /* [n_cluster_heads] */
+  size_t n_cluster_heads;
+  const uint32_t *clusters;         /* [sum(cluster_counts)] */
 } ra_kvclient_attend_req;
 
 /* One head's partial; o and ids are the caller's buffers. */
@@ -196,6 +206,35 @@ int ra_kvclient_put_kv(ra_kvclient *c, const ra_kvclient_session *s, const ra_kv
 /* Appends tokens (each block continues its shard); all blocks are stored or none. */
 int ra_kvclient_append(ra_kvclient *c, const ra_kvclient_session *s, const ra_kvclient_rows *rows,
                        size_t n_rows, ra_error *err);
+
+/* Wave mode's clusters of one (layer, kv head) (proto PutClustersRequest has the rules): rows
+ * [row_begin, row_begin + n), n = sum(counts), of one shard this store holds, stored already and
+ * starting where its clustered rows end, are first reordered by perm when given (new row
+ * row_begin + j = old row row_begin + perm[j]), then cluster first_cluster + i covers the next
+ * counts[i] of them. Ids are global per kv head, taken by a store in increasing order. */
+typedef struct ra_kvclient_clusters {
+  uint32_t layer, kv_head;
+  uint32_t first_cluster;
+  uint64_t row_begin;        /* a row position: the shard's token_begin + its row */
+  const uint32_t *counts;    /* [n_clusters], each > 0 */
+  size_t n_clusters;
+  const uint32_t *perm;      /* [sum(counts)] or NULL: the rows are in cluster order already */
+} ra_kvclient_clusters;
+
+typedef struct ra_kvclient_clusters_result {
+  uint32_t n_clusters;      /* the kv head's clusters on this store */
+  uint64_t rows_clustered;  /* its rows here that clusters cover */
+  uint64_t rows_lagging;    /* its rows here that none covers (attended by every wave attend) */
+  uint64_t directory_bytes; /* the session's cluster directory on this store */
+} ra_kvclient_clusters_result;
+
+/* Installs the clusters, all or nothing; out may be NULL. Errors: RA_EINVAL (INVALID_ARGUMENT)
+ * for malformed counts / perm / ids or rows outside the store's shards, RA_ESTATE
+ * (FAILED_PRECONDITION) for ids already held or out of order and rows not stored yet, already
+ * clustered or not at the clustered prefix's end, RA_ENOMEM for the budget. */
+int ra_kvclient_put_clusters(ra_kvclient *c, const ra_kvclient_session *s,
+                             const ra_kvclient_clusters *in, ra_kvclient_clusters_result *out,
+                             ra_error *err);
 
 /* A long-lived Attend stream. attend sends one request and waits up to timeout_ms (< 0: no
  * limit) for its reply; out: [n_heads] in request order. When the store ends the stream with an

@@ -2,6 +2,7 @@
 
 #include "clock.h"
 #include "attend.h"
+#include "clusters.h"
 #include "kvstore.pb-c.h"
 #include "log.h"
 
@@ -372,7 +373,14 @@ static int attend(kvs_service *svc, const Rakv__AttendRequest *r, ra_buf *reply,
       .nprobe = nprobe,
       .want_ids = r->return_ids,
       .n_threads = svc->attend_threads,
+      .wave = {.kv_heads = r->cluster_kv_heads, .counts = r->cluster_counts,
+               .n_heads = r->n_cluster_kv_heads, .ids = r->clusters, .n_ids = r->n_clusters},
   };
+  if (r->n_cluster_counts != r->n_cluster_kv_heads) {
+    rc = ra_errorf(err, RA_EINVAL, "%zu cluster_counts for %zu cluster_kv_heads",
+                   r->n_cluster_counts, r->n_cluster_kv_heads);
+    goto out;
+  }
   rc = kvs_attend(s, &a, &res, err);
   if (rc == RA_OK) rc = attend_reply(r, s, &res, ra_clock_now_us() - t0, reply, err);
 out:
@@ -389,6 +397,40 @@ int kvs_service_attend(kvs_service *svc, const uint8_t *req, size_t len, ra_buf 
   if (!r) return counted(svc, malformed(err, "AttendRequest", len));
   int rc = attend(svc, r, reply, err);
   rakv__attend_request__free_unpacked(r, NULL);
+  return counted(svc, rc);
+}
+
+/* ---- PutClusters ---- */
+
+static int put_clusters(kvs_service *svc, const Rakv__PutClustersRequest *r, ra_buf *reply,
+                        ra_error *err) {
+  kvs_session *s;
+  int rc = kvs_store_get(svc->store, r->session_id.data, r->session_id.len, &s, err);
+  if (rc) return rc;
+  kvs_cluster_put p = {.layer = r->layer, .kv_head = r->kv_head,
+                       .first_cluster = r->first_cluster, .row_begin = r->row_begin,
+                       .counts = r->counts, .n_clusters = r->n_counts,
+                       .perm = r->n_perm ? r->perm : NULL, .n_perm = r->n_perm};
+  kvs_cluster_stats st;
+  rc = kvs_session_put_clusters(s, &p, &st, err);
+  if (rc == RA_OK) {
+    Rakv__PutClustersReply out = RAKV__PUT_CLUSTERS_REPLY__INIT;
+    out.n_clusters = st.n_clusters;
+    out.rows_clustered = st.rows_clustered;
+    out.rows_lagging = st.rows_lagging;
+    out.directory_bytes = st.directory_bytes;
+    rc = pack_reply(&out.base, reply, err);
+  }
+  kvs_session_release(s);
+  return rc;
+}
+
+int kvs_service_put_clusters(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
+                             ra_error *err) {
+  Rakv__PutClustersRequest *r = rakv__put_clusters_request__unpack(NULL, len, req);
+  if (!r) return counted(svc, malformed(err, "PutClustersRequest", len));
+  int rc = put_clusters(svc, r, reply, err);
+  rakv__put_clusters_request__free_unpacked(r, NULL);
   return counted(svc, rc);
 }
 

@@ -49,6 +49,11 @@ int kvs_service_attend(kvs_service *svc, const uint8_t *req, size_t len, ra_buf 
  * Reply: keys indexed, index bytes, build time. */
 int kvs_service_build_index(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
                             ra_error *err);
+/* PutClusters (wave mode): installs clusters of one (layer, kv head) over rows held here, after
+ * reordering them by the optional perm (kvs_session_put_clusters, clusters.h); all or nothing.
+ * Reply: the kv head's clusters and clustered / lagging rows here, the directory's bytes. */
+int kvs_service_put_clusters(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
+                             ra_error *err);
 int kvs_service_close_session(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
                               ra_error *err);
 int kvs_service_stats(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,

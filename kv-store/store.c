@@ -1,6 +1,7 @@
 #include "store.h"
 
 #include "clock.h"
+#include "clusters.h"
 #include "hugemem.h"
 #include "indexer.h"
 #include "log.h"
@@ -79,6 +80,7 @@ static void session_free(kvs_session *s) {
     ra_huge_free(s->shards[i].keys, s->shards[i].keys_cap * rb);
     ra_huge_free(s->shards[i].values, s->shards[i].cap * rb);
   }
+  kvs_clusters_free(s->clusters);
   free(s->shards);
   free(s->heads);
   pthread_rwlock_destroy(&s->lock);

@@ -102,10 +102,44 @@ static void test_vecmat(void **state) {
   }
 }
 
+/* exp_sum against double exp over the logit range attention sees (0 down to far below the
+ * max), lengths with and without a vector tail, and arguments that must give 0. */
+static void test_exp_sum(void **state) {
+  (void)state;
+  float x[203];
+  double want_sum = 0.0, want[203];
+  uint32_t s = 7;
+  for (int i = 0; i < 203; i++) {
+    x[i] = 40.0f * frand(&s) - 30.0f; /* shifted by 10: arguments in [-80, 0] */
+    want[i] = exp((double)(x[i] - 10.0f)); /* the argument as the kernel rounds it */
+    want_sum += want[i];
+  }
+  x[5] = -INFINITY;
+  want_sum -= want[5];
+  want[5] = 0.0;
+  x[6] = -200.0f;
+  want_sum -= want[6];
+  want[6] = 0.0;
+  float sum = ra_vec_exp_sum(x, 203, 10.0f);
+  for (int i = 0; i < 203; i++)
+    if (fabs(x[i] - want[i]) > 4e-7 * want[i] + 1e-37)
+      fail_msg("exp(%g): %.9g, want %.9g", (double)i, (double)x[i], want[i]);
+  assert_true(fabs(sum - want_sum) <= 1e-6 * want_sum);
+  for (size_t n = 0; n < 17; n++) {
+    for (size_t i = 0; i < n; i++) x[i] = -(float)i;
+    float t = ra_vec_exp_sum(x, n, 0.0f);
+    double w = 0.0;
+    for (size_t i = 0; i < n; i++) w += exp(-(double)i);
+    assert_true(fabs(t - w) <= 1e-6 * (w + 1.0));
+    if (n) assert_true(x[0] == 1.0f);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_all_dtypes_and_dims),
       cmocka_unit_test(test_vecmat),
+      cmocka_unit_test(test_exp_sum),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -122,6 +122,34 @@ int main(int argc, char **argv) {
   at.top_k = 5;
   write_seed("attend_roar", FUZZ_ATTEND, &at.base);
 
+  /* Wave: clusters 0 and 1 of layer 0 kv head 0 selected, the lag [8, 16) scanned; more
+   * clusters over rows [8, 12), permuted. */
+  uint32_t wave_kv[1] = {0}, wave_counts[1] = {2}, wave_ids[2] = {1, 0};
+  heads[1] = 1;
+  at.n_q_heads = 2;
+  at.q.len = sizeof q;
+  at.mode = RAKV__ATTEND_MODE__MODE_WAVE;
+  at.n_cluster_kv_heads = at.n_cluster_counts = 1;
+  at.cluster_kv_heads = wave_kv;
+  at.cluster_counts = wave_counts;
+  at.n_clusters = 2;
+  at.clusters = wave_ids;
+  write_seed("attend_wave", FUZZ_ATTEND, &at.base);
+  uint32_t pc_counts[2] = {1, 3}, pc_perm[4] = {2, 0, 3, 1};
+  Rakv__PutClustersRequest pc = RAKV__PUT_CLUSTERS_REQUEST__INIT;
+  pc.session_id.data = placeholder;
+  pc.session_id.len = 16;
+  pc.first_cluster = 2;
+  pc.row_begin = 8;
+  pc.n_counts = 2;
+  pc.counts = pc_counts;
+  pc.n_perm = 4;
+  pc.perm = pc_perm;
+  write_seed("put_clusters", FUZZ_PUT_CLUSTERS, &pc.base);
+  pc.n_perm = 0;
+  pc.first_cluster = 1;
+  write_seed("put_clusters_defined", FUZZ_PUT_CLUSTERS, &pc.base);
+
   /* BuildIndex: ivf from defaults, roar from vectors, roar from knn positions (some outside the
    * shard), a shared kgraph over the two empty shards of layer 1 kv head 1. */
   Rakv__IndexParams ip = RAKV__INDEX_PARAMS__INIT;

@@ -70,6 +70,17 @@ static int open_live(void) {
   if (rc == RA_OK) rc = kvs_service_put_chunk(svc, &st, b.data, b.len, &err);
   if (rc == RA_OK) rc = kvs_service_put_finish(svc, &st, &reply, &err);
 
+  uint32_t counts[2] = {4, 4}, perm[8] = {7, 6, 5, 4, 3, 2, 1, 0};
+  Rakv__PutClustersRequest pc = RAKV__PUT_CLUSTERS_REQUEST__INIT;
+  pc.session_id.data = live_id;
+  pc.session_id.len = 16;
+  pc.n_counts = 2;
+  pc.counts = counts;
+  pc.n_perm = 8;
+  pc.perm = perm;
+  if (rc == RA_OK) rc = pack_into(&pc.base, &b);
+  if (rc == RA_OK) rc = kvs_service_put_clusters(svc, b.data, b.len, &reply, &err);
+
   float q[2 * FUZZ_DIM];
   for (int i = 0; i < 2 * FUZZ_DIM; i++) q[i] = 0.5f - 0.125f * (float)(i % 9);
   Rakv__IndexParams ip = RAKV__INDEX_PARAMS__INIT;
@@ -153,6 +164,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case FUZZ_STATS: kvs_service_stats(svc, req, len, &reply, &err); break;
     case FUZZ_HEALTH: kvs_service_health(svc, req, len, &reply, &err); break;
     case FUZZ_BUILD: kvs_service_build_index(svc, req, len, &reply, &err); break;
+    case FUZZ_PUT_CLUSTERS: kvs_service_put_clusters(svc, req, len, &reply, &err); break;
   }
   free(req);
   kvs_session *s;

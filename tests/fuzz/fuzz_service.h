@@ -19,11 +19,13 @@ enum fuzz_call {
   FUZZ_STATS = 5,
   FUZZ_HEALTH = 6,
   FUZZ_BUILD = 7,
-  FUZZ_N_CALLS = 8,
+  FUZZ_PUT_CLUSTERS = 8,
+  FUZZ_N_CALLS = 9,
 };
 
 /* The live session: f16, 2 layers, 4 q heads, 2 kv heads, head_dim 8; shards layer 0 kv 0
- * [0, open), layer 1 kv 1 [0, 64) and [100, open). It holds tokens [0, 16) of the first, a roar
+ * [0, open), layer 1 kv 1 [0, 64) and [100, open). It holds tokens [0, 16) of the first (rows
+ * [0, 8) of it permuted and in wave clusters 0 and 1, of 4 rows each), a roar
  * index of layer 0 q head 0 and a shared kgraph index of layer 1 kv head 1 (both shards, empty),
  * so that index-mode attends and appends reach the search and insertion paths. */
 #define FUZZ_N_LAYERS 2

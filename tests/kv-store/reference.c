@@ -79,3 +79,13 @@ double ref_max_abs_diff(const float *a, const double *b, size_t n) {
   }
   return m;
 }
+
+void ref_shuffle(ref_rng *r, uint32_t *perm, size_t n) {
+  for (size_t i = 0; i < n; i++) perm[i] = (uint32_t)i;
+  for (size_t i = n; i > 1; i--) {
+    size_t j = ref_rng_next(r) % i;
+    uint32_t t = perm[i - 1];
+    perm[i - 1] = perm[j];
+    perm[j] = t;
+  }
+}

@@ -18,6 +18,9 @@ float ref_rng_normal(ref_rng *r);
 /* x[i] ~ N(0, sigma^2). */
 void ref_fill_normal(ref_rng *r, float *x, size_t n, float sigma);
 
+/* perm = a uniformly random permutation of [0, n) (Fisher-Yates). */
+void ref_shuffle(ref_rng *r, uint32_t *perm, size_t n);
+
 /* Packs fp32 data into dtype t (dst: n elements of t) and rewrites x with the rounded values, so
  * x is exactly what a store holding dst holds. */
 void ref_pack(ra_dtype t, float *x, void *dst, size_t n);

@@ -789,6 +789,146 @@ static void test_index_insert_rebuild_close(void **state) {
   assert_int_equal(bytes_used(f), 0);
 }
 
+/* PutClusters: every class of bad request gets its code and a message naming the problem, and
+ * changes nothing; a wave attend's selection is checked too. */
+typedef struct bad_put {
+  uint32_t layer, kv_head, first;
+  uint64_t row_begin;
+  uint32_t counts[2];
+  size_t n;
+  uint32_t perm[4];
+  size_t n_perm;
+  int code;
+  const char *msg;
+} bad_put;
+
+static int put_clusters(fx *f, uint32_t layer, uint32_t kv, uint32_t first, uint64_t row_begin,
+                        uint32_t *counts, size_t n, uint32_t *perm, size_t n_perm) {
+  Rakv__PutClustersRequest r = RAKV__PUT_CLUSTERS_REQUEST__INIT;
+  r.session_id.data = f->id;
+  r.session_id.len = 16;
+  r.layer = layer;
+  r.kv_head = kv;
+  r.first_cluster = first;
+  r.row_begin = row_begin;
+  r.counts = counts;
+  r.n_counts = n;
+  r.perm = perm;
+  r.n_perm = n_perm;
+  return call(f, kvs_service_put_clusters, &r.base);
+}
+
+static void test_put_clusters_and_wave(void **state) {
+  fx *f = *state;
+  float buf[64 * DIM];
+  kvs_put_state st;
+  kvs_service_put_begin(f->svc, &st);
+  Rakv__KvChunk c;
+  chunk_init(&c, f->id, 1, 0, 0, 64, buf, 0.5f);
+  assert_int_equal(put(f, &st, &c), RA_OK);
+  uint32_t counts[4] = {8, 8, 8, 8};
+  assert_int_equal(put_clusters(f, 1, 0, 10, 0, counts, 4, NULL, 0), RA_OK);
+  Rakv__PutClustersReply *pr = rakv__put_clusters_reply__unpack(NULL, f->reply.len, f->reply.data);
+  assert_non_null(pr);
+  assert_int_equal(pr->n_clusters, 4);
+  assert_int_equal(pr->rows_clustered, 32);
+  assert_int_equal(pr->rows_lagging, 32);
+  assert_true(pr->directory_bytes > 0);
+  rakv__put_clusters_reply__free_unpacked(pr, NULL);
+
+  const bad_put bad[] = {
+      {.layer = 2, .counts = {4}, .n = 1, .code = RA_EINVAL, .msg = "layer 2 out of range"},
+      {.layer = 1, .kv_head = 2, .counts = {4}, .n = 1, .code = RA_EINVAL, .msg = "kv head 2 out of range"},
+      {.layer = 1, .kv_head = 1, .counts = {4}, .n = 1, .code = RA_EINVAL, .msg = "is not stored here"},
+      {.layer = 1, .first = 14, .row_begin = 32, .n = 0, .code = RA_EINVAL, .msg = "counts is empty"},
+      {.layer = 1, .first = 14, .row_begin = 32, .counts = {4, 0}, .n = 2, .code = RA_EINVAL,
+       .msg = "cluster 15 has 0 rows"},
+      {.layer = 1, .first = UINT32_MAX, .row_begin = 32, .counts = {4, 4}, .n = 2, .code = RA_EINVAL,
+       .msg = "run past"},
+      {.layer = 1, .first = 14, .row_begin = UINT64_MAX - 2, .counts = {4}, .n = 1, .code = RA_EINVAL,
+       .msg = "overflow"},
+      {.layer = 1, .first = 14, .row_begin = 32, .counts = {4}, .n = 1, .perm = {0, 1, 2}, .n_perm = 3,
+       .code = RA_EINVAL, .msg = "perm has 3 entries, the clusters cover 4 rows"},
+      {.layer = 1, .first = 14, .row_begin = 32, .counts = {4}, .n = 1, .perm = {0, 1, 2, 4}, .n_perm = 4,
+       .code = RA_EINVAL, .msg = "perm[3] = 4 is out of range [0, 4)"},
+      {.layer = 1, .first = 14, .row_begin = 32, .counts = {2, 2}, .n = 2, .perm = {0, 1, 1, 2},
+       .n_perm = 4, .code = RA_EINVAL, .msg = "perm[2] = 1 repeats an entry: not a permutation"},
+      {.layer = 1, .first = 14, .row_begin = 32, .counts = {40}, .n = 1, .code = RA_ESTATE,
+       .msg = "not all stored yet"},
+      {.layer = 1, .first = 14, .row_begin = 16, .counts = {4}, .n = 1, .code = RA_ESTATE,
+       .msg = "already clustered"},
+      {.layer = 1, .first = 14, .row_begin = 40, .counts = {4}, .n = 1, .code = RA_ESTATE,
+       .msg = "start past row 32"},
+      {.layer = 1, .first = 12, .row_begin = 32, .counts = {4}, .n = 1, .code = RA_ESTATE,
+       .msg = "cluster 12 of layer 1 kv head 0 is already defined"},
+      {.layer = 1, .first = 9, .row_begin = 32, .counts = {4, 4}, .n = 2, .code = RA_ESTATE,
+       .msg = "cluster 10 of layer 1 kv head 0 is already defined"},
+      {.layer = 1, .first = 3, .row_begin = 32, .counts = {4}, .n = 1, .code = RA_ESTATE,
+       .msg = "out of order: 3 after 13"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    const bad_put *b = &bad[i];
+    uint32_t cnt[2], perm[4];
+    memcpy(cnt, b->counts, sizeof cnt);
+    memcpy(perm, b->perm, sizeof perm);
+    int rc = put_clusters(f, b->layer, b->kv_head, b->first, b->row_begin, cnt, b->n,
+                          b->n_perm ? perm : NULL, b->n_perm);
+    if (rc != b->code)
+      fail_msg("case %zu: %s (%s), want %s", i, ra_status_name(rc), f->err.msg, ra_status_name(b->code));
+    expect_msg(f, b->msg);
+  }
+  uint8_t junk[3] = {0xff, 0xff, 0xff};
+  ra_error_clear(&f->err);
+  assert_int_equal(kvs_service_put_clusters(f->svc, junk, 3, &f->reply, &f->err), RA_EFORMAT);
+  f->id[0] ^= 1;
+  assert_int_equal(put_clusters(f, 1, 0, 14, 32, counts, 1, NULL, 0), RA_ENOTFOUND);
+  f->id[0] ^= 1;
+  /* Nothing was half applied: the next install fits exactly where the clusters ended. */
+  uint32_t perm[8] = {7, 6, 5, 4, 3, 2, 1, 0};
+  assert_int_equal(put_clusters(f, 1, 0, 14, 32, counts, 1, perm, 8), RA_OK);
+  pr = rakv__put_clusters_reply__unpack(NULL, f->reply.len, f->reply.data);
+  assert_int_equal(pr->n_clusters, 5);
+  assert_int_equal(pr->rows_clustered, 40);
+  assert_int_equal(pr->rows_lagging, 24);
+  rakv__put_clusters_reply__free_unpacked(pr, NULL);
+
+  /* Wave attends: one cluster + the lag; then bad selections. */
+  uint32_t heads[2] = {1, 0}, kv[1] = {0}, cc[1] = {1}, ids[1] = {12};
+  float q[2 * DIM] = {0};
+  Rakv__AttendRequest a;
+  attend_init(&a, f->id, heads, 2, q);
+  a.mode = RAKV__ATTEND_MODE__MODE_WAVE;
+  a.n_cluster_kv_heads = a.n_cluster_counts = a.n_clusters = 1;
+  a.cluster_kv_heads = kv;
+  a.cluster_counts = cc;
+  a.clusters = ids;
+  a.return_ids = 1;
+  assert_int_equal(call(f, kvs_service_attend, &a.base), RA_OK);
+  Rakv__AttendReply *rep = rakv__attend_reply__unpack(NULL, f->reply.len, f->reply.data);
+  assert_int_equal(rep->n_heads, 2);
+  assert_int_equal(rep->heads[0]->n_scanned, 8 + 24);
+  assert_int_equal(rep->heads[0]->n_keys, 64);
+  assert_int_equal(rep->heads[0]->n_ids, 32);
+  assert_int_equal(rep->heads[0]->ids[0], 16);
+  assert_int_equal(rep->heads[0]->ids[8], 40);
+  rakv__attend_reply__free_unpacked(rep, NULL);
+  a.n_cluster_counts = 0;
+  assert_int_equal(call(f, kvs_service_attend, &a.base), RA_EINVAL);
+  expect_msg(f, "0 cluster_counts for 1 cluster_kv_heads");
+  a.n_cluster_counts = 1;
+  ids[0] = 9;
+  assert_int_equal(call(f, kvs_service_attend, &a.base), RA_EINVAL);
+  expect_msg(f, "cluster 9 of layer 1 kv head 0 is not held by this store");
+  ids[0] = 12;
+  kv[0] = 1;
+  assert_int_equal(call(f, kvs_service_attend, &a.base), RA_EINVAL);
+  expect_msg(f, "kv head 1, which no asked q head");
+  kv[0] = 0;
+  a.mode = RAKV__ATTEND_MODE__MODE_FULL;
+  assert_int_equal(call(f, kvs_service_attend, &a.base), RA_EINVAL);
+  expect_msg(f, "mode wave only");
+}
+
 static void test_health(void **state) {
   fx *f = *state;
   Rakv__HealthRequest req = RAKV__HEALTH_REQUEST__INIT;
@@ -817,6 +957,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_build_index_over_budget, fx_setup, fx_teardown),
       cmocka_unit_test_setup_teardown(test_build_index_key_lists, fx_setup_big, fx_teardown),
       cmocka_unit_test_setup_teardown(test_index_insert_rebuild_close, fx_setup_big, fx_teardown),
+      cmocka_unit_test_setup_teardown(test_put_clusters_and_wave, fx_setup, fx_teardown),
       cmocka_unit_test_setup_teardown(test_health, fx_setup, fx_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,415 @@
+#include "attend_wave.h"
+
+#include "clusters.h"
+#include "merge.h"
+#include "vec.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Rows per strip: 64 keys of head_dim 128 in fp16 are 16 KiB, in L1 while every q head of the
+ * group scores them and their values are accumulated. */
+#define WAVE_STRIP 64
+/* Rows per task: enough to amortize scheduling and the per-task merge of [G, head_dim]. */
+#define WAVE_TASK_MIN 256
+#define WAVE_TASK_MAX 16384
+
+int kvs_attend_is_wave(const kvs_attend_args *a) {
+  return a->mode == KVS_MODE_WAVE || a->wave.n_heads > 0 || a->wave.n_ids > 0;
+}
+
+/* Consecutive rows [r0, r1) of one shard. */
+typedef struct piece {
+  const kvs_shard *shard;
+  uint64_t r0, r1;
+} piece;
+
+/* The asked q heads of one kv head and the rows they attend. */
+typedef struct wgroup {
+  uint32_t kv_head;
+  size_t first, count;  /* into members */
+  const uint32_t *sel;  /* the selected cluster ids */
+  size_t n_sel;
+  size_t piece0, n_pieces;
+  uint64_t n_rows, n_keys;
+} wgroup;
+
+/* Pieces [piece0, piece0 + n_pieces) of one group; partial slots [slot, slot + G). */
+typedef struct wtask {
+  uint32_t group;
+  size_t piece0, n_pieces;
+  size_t slot;
+} wtask;
+
+typedef struct wplan {
+  const kvs_session *s;
+  const kvs_attend_args *a;
+  int dim;
+  size_t rb;
+  size_t *members; /* [n_heads] request head indices, grouped by kv head */
+  float *qs;       /* [n_heads, dim] the members' queries times 1/sqrt(dim), in member order */
+  wgroup *groups;
+  size_t n_groups, max_group;
+  piece *pieces;
+  size_t n_pieces, cap_pieces;
+  wtask *tasks;
+  size_t n_tasks, n_slots;
+} wplan;
+
+static void plan_free(wplan *p) {
+  free(p->members);
+  free(p->qs);
+  free(p->groups);
+  free(p->pieces);
+  free(p->tasks);
+}
+
+/* Groups the asked heads by kv head (in order of first appearance) and gives each group its
+ * entry of the selection; checks the selection's shape. */
+static int plan_groups(wplan *p, ra_error *err) {
+  const kvs_attend_args *a = p->a;
+  const kvs_wave_select *w = &a->wave;
+  const kvs_geometry *g = &p->s->geo;
+  const uint32_t group_size = g->n_q_heads / g->n_kv_heads;
+  for (size_t i = 0; i < a->n_heads; i++) {
+    uint32_t kv = a->q_heads[i] / group_size;
+    size_t gi = 0;
+    while (gi < p->n_groups && p->groups[gi].kv_head != kv) gi++;
+    if (gi == p->n_groups) p->groups[p->n_groups++] = (wgroup){.kv_head = kv};
+    p->groups[gi].count++;
+  }
+  size_t at = 0;
+  for (size_t gi = 0; gi < p->n_groups; gi++) {
+    p->groups[gi].first = at;
+    at += p->groups[gi].count;
+    if (p->groups[gi].count > p->max_group) p->max_group = p->groups[gi].count;
+    p->groups[gi].count = 0;
+  }
+  for (size_t i = 0; i < a->n_heads; i++) {
+    size_t gi = 0;
+    while (p->groups[gi].kv_head != a->q_heads[i] / group_size) gi++;
+    wgroup *gr = &p->groups[gi];
+    size_t j = gr->first + gr->count++;
+    p->members[j] = i;
+    const float scale = 1.0f / sqrtf((float)p->dim);
+    for (int d = 0; d < p->dim; d++)
+      p->qs[j * (size_t)p->dim + d] = a->q[i * (size_t)p->dim + d] * scale;
+  }
+  uint64_t total = 0;
+  for (size_t i = 0; i < w->n_heads; i++) total += w->counts[i];
+  if (total != w->n_ids)
+    return ra_errorf(err, RA_EINVAL, "cluster_counts sum to %llu, but %zu cluster ids came",
+                     (unsigned long long)total, w->n_ids);
+  size_t off = 0;
+  for (size_t i = 0; i < w->n_heads; i++) {
+    const uint32_t kv = w->kv_heads[i];
+    size_t gi = 0;
+    while (gi < p->n_groups && p->groups[gi].kv_head != kv) gi++;
+    if (gi == p->n_groups)
+      return ra_errorf(err, RA_EINVAL,
+                       "clusters selected for kv head %u, which no asked q head of layer %u reads",
+                       kv, a->layer);
+    if (p->groups[gi].sel)
+      return ra_errorf(err, RA_EINVAL, "clusters of kv head %u selected twice", kv);
+    p->groups[gi].sel = w->ids + off;
+    p->groups[gi].n_sel = w->counts[i];
+    off += w->counts[i];
+  }
+  return RA_OK;
+}
+
+typedef struct chosen {
+  kvs_cluster_span span;
+  uint32_t id;
+} chosen;
+
+static int chosen_cmp(const void *x, const void *y) {
+  const chosen *a = x, *b = y;
+  if (a->span.shard != b->span.shard) return a->span.shard < b->span.shard ? -1 : 1;
+  if (a->span.row != b->span.row) return a->span.row < b->span.row ? -1 : 1;
+  return 0;
+}
+
+/* Appends rows [r0, r1) of sh, extending the last piece when it continues it. */
+static int push_rows(wplan *p, size_t piece0, const kvs_shard *sh, uint64_t r0, uint64_t r1) {
+  if (r0 == r1) return RA_OK;
+  if (p->n_pieces > piece0) {
+    piece *last = &p->pieces[p->n_pieces - 1];
+    if (last->shard == sh && last->r1 == r0) {
+      last->r1 = r1;
+      return RA_OK;
+    }
+  }
+  if (p->n_pieces == p->cap_pieces) {
+    size_t cap = p->cap_pieces ? p->cap_pieces * 2 : 64;
+    piece *np = realloc(p->pieces, cap * sizeof *np);
+    if (!np) return RA_ENOMEM;
+    p->pieces = np;
+    p->cap_pieces = cap;
+  }
+  p->pieces[p->n_pieces++] = (piece){.shard = sh, .r0 = r0, .r1 = r1};
+  return RA_OK;
+}
+
+/* A group's rows as pieces, in row order per shard: its selected clusters, then the shard's
+ * lag (rows no cluster covers). */
+static int plan_rows(wplan *p, wgroup *gr, ra_error *err) {
+  const kvs_attend_args *a = p->a;
+  size_t count;
+  const kvs_shard *sh = kvs_session_head(p->s, a->layer, gr->kv_head, &count);
+  const kvs_cluster_dir *d = kvs_session_clusters(p->s, a->layer, gr->kv_head);
+  chosen *c = malloc((gr->n_sel ? gr->n_sel : 1) * sizeof *c);
+  if (!c) return ra_errorf(err, RA_ENOMEM, "out of memory for %zu selected clusters", gr->n_sel);
+  for (size_t i = 0; i < gr->n_sel; i++) {
+    c[i].id = gr->sel[i];
+    if (!kvs_cluster_dir_find(d, gr->sel[i], &c[i].span)) {
+      free(c);
+      return ra_errorf(err, RA_EINVAL, "cluster %u of layer %u kv head %u is not held by this store",
+                       gr->sel[i], a->layer, gr->kv_head);
+    }
+  }
+  qsort(c, gr->n_sel, sizeof *c, chosen_cmp);
+  for (size_t i = 1; i < gr->n_sel; i++)
+    if (chosen_cmp(&c[i - 1], &c[i]) == 0) {
+      uint32_t id = c[i].id;
+      free(c);
+      return ra_errorf(err, RA_EINVAL, "cluster %u of layer %u kv head %u selected twice", id,
+                       a->layer, gr->kv_head);
+    }
+  gr->piece0 = p->n_pieces;
+  int rc = RA_OK;
+  size_t i = 0;
+  for (size_t k = 0; k < count && rc == RA_OK; k++) {
+    gr->n_keys += sh[k].n;
+    for (; i < gr->n_sel && c[i].span.shard == k && rc == RA_OK; i++)
+      rc = push_rows(p, gr->piece0, &sh[k], c[i].span.row, (uint64_t)c[i].span.row + c[i].span.count);
+    if (rc == RA_OK) rc = push_rows(p, gr->piece0, &sh[k], kvs_cluster_dir_clustered(d, (uint32_t)k), sh[k].n);
+  }
+  free(c);
+  if (rc) return ra_errorf(err, RA_ENOMEM, "out of memory planning a wave attend");
+  gr->n_pieces = p->n_pieces - gr->piece0;
+  for (size_t j = gr->piece0; j < p->n_pieces; j++) gr->n_rows += p->pieces[j].r1 - p->pieces[j].r0;
+  return RA_OK;
+}
+
+/* Cuts each group's pieces into tasks of about `block` rows (a long piece, such as a lag that
+ * was never clustered, is split). */
+static int plan_tasks(wplan *p, int n_threads, ra_error *err) {
+  uint64_t total = 0;
+  for (size_t gi = 0; gi < p->n_groups; gi++) total += p->groups[gi].n_rows;
+  uint64_t block = total / ((uint64_t)n_threads * 4 + 1);
+  if (block < WAVE_TASK_MIN) block = WAVE_TASK_MIN;
+  if (block > WAVE_TASK_MAX) block = WAVE_TASK_MAX;
+  /* Split pieces longer than a block, in place from the back. */
+  size_t extra = 0;
+  for (size_t i = 0; i < p->n_pieces; i++)
+    extra += (size_t)((p->pieces[i].r1 - p->pieces[i].r0 - 1) / block);
+  if (extra) {
+    piece *np = malloc((p->n_pieces + extra) * sizeof *np);
+    if (!np) return ra_errorf(err, RA_ENOMEM, "out of memory planning a wave attend");
+    size_t at = 0;
+    for (size_t gi = 0; gi < p->n_groups; gi++) {
+      wgroup *gr = &p->groups[gi];
+      size_t first = at;
+      for (size_t i = gr->piece0; i < gr->piece0 + gr->n_pieces; i++)
+        for (uint64_t r = p->pieces[i].r0; r < p->pieces[i].r1; r += block)
+          np[at++] = (piece){.shard = p->pieces[i].shard, .r0 = r,
+                             .r1 = r + block < p->pieces[i].r1 ? r + block : p->pieces[i].r1};
+      gr->piece0 = first;
+      gr->n_pieces = at - first;
+    }
+    free(p->pieces);
+    p->pieces = np;
+    p->n_pieces = p->cap_pieces = at;
+  }
+  p->tasks = malloc((p->n_pieces ? p->n_pieces : 1) * sizeof *p->tasks);
+  if (!p->tasks) return ra_errorf(err, RA_ENOMEM, "out of memory planning a wave attend");
+  for (size_t gi = 0; gi < p->n_groups; gi++) {
+    const wgroup *gr = &p->groups[gi];
+    size_t i = gr->piece0, end = gr->piece0 + gr->n_pieces;
+    while (i < end) {
+      wtask *t = &p->tasks[p->n_tasks++];
+      *t = (wtask){.group = (uint32_t)gi, .piece0 = i, .slot = p->n_slots};
+      uint64_t rows = 0;
+      while (i < end && (rows == 0 || rows + (p->pieces[i].r1 - p->pieces[i].r0) <= block)) {
+        rows += p->pieces[i].r1 - p->pieces[i].r0;
+        i++;
+      }
+      t->n_pieces = i - t->piece0;
+      p->n_slots += gr->count;
+    }
+  }
+  return RA_OK;
+}
+
+/* Scratch of one thread: a strip's row addresses and scores. */
+typedef struct strip {
+  const char *k[WAVE_STRIP], *v[WAVE_STRIP];
+  size_t n;
+  float *scores; /* [G, WAVE_STRIP] */
+  float *dots;   /* [G] */
+} strip;
+
+/* Folds the strip into the G running partials (o: [G, dim], m, l: [G]): each key scored against
+ * every query of the group once loaded, the partials rescaled to the strip's new maxima, then
+ * each value row accumulated for every head while in L1. */
+static void strip_flush(const wplan *p, const float *qs, size_t G, strip *st, float *o, float *m,
+                        float *l) {
+  const ra_dtype dt = p->s->geo.dtype;
+  const int dim = p->dim;
+  const size_t nb = st->n;
+  for (size_t r = 0; r < nb; r++) {
+    ra_vec_dot_queries(qs, G, st->k[r], dt, dim, st->dots);
+    for (size_t j = 0; j < G; j++) st->scores[j * WAVE_STRIP + r] = st->dots[j];
+  }
+  for (size_t j = 0; j < G; j++) {
+    float *sc = st->scores + j * WAVE_STRIP, mx = sc[0];
+    for (size_t r = 1; r < nb; r++) mx = sc[r] > mx ? sc[r] : mx;
+    if (mx > m[j]) {
+      if (l[j] > 0.0f) {
+        const float f = expf(m[j] - mx);
+        l[j] *= f;
+        for (int d = 0; d < dim; d++) o[j * (size_t)dim + d] *= f;
+      }
+      m[j] = mx;
+    }
+    l[j] += ra_vec_exp_sum(sc, nb, m[j]);
+  }
+  for (size_t r = 0; r < nb; r++)
+    for (size_t j = 0; j < G; j++)
+      ra_vec_axpy(o + j * (size_t)dim, st->scores[j * WAVE_STRIP + r], st->v[r], dt, dim);
+  st->n = 0;
+}
+
+static void task_run(const wplan *p, const wtask *t, strip *st, float *o, float *m, float *l) {
+  const wgroup *gr = &p->groups[t->group];
+  const size_t G = gr->count;
+  const float *qs = p->qs + gr->first * (size_t)p->dim;
+  memset(o, 0, G * (size_t)p->dim * sizeof *o);
+  for (size_t j = 0; j < G; j++) {
+    m[j] = -INFINITY;
+    l[j] = 0.0f;
+  }
+  st->n = 0;
+  for (size_t i = t->piece0; i < t->piece0 + t->n_pieces; i++) {
+    const piece *pc = &p->pieces[i];
+    const char *k = (const char *)pc->shard->keys, *v = (const char *)pc->shard->values;
+    for (uint64_t r = pc->r0; r < pc->r1; r++) {
+      st->k[st->n] = k + r * p->rb;
+      st->v[st->n] = v + r * p->rb;
+      if (++st->n == WAVE_STRIP) strip_flush(p, qs, G, st, o, m, l);
+    }
+  }
+  if (st->n) strip_flush(p, qs, G, st, o, m, l);
+  for (size_t j = 0; j < G; j++) {
+    const float inv = 1.0f / l[j];
+    for (int d = 0; d < p->dim; d++) o[j * (size_t)p->dim + d] *= inv;
+  }
+}
+
+static int run(const wplan *p, int nt, float *o, float *ml, ra_error *err) {
+  atomic_int failed = 0;
+#pragma omp parallel num_threads(nt) if (p->n_tasks > 1)
+  {
+    strip st;
+    st.scores = malloc((p->max_group * (WAVE_STRIP + 1) + 1) * sizeof *st.scores);
+    st.dots = st.scores ? st.scores + p->max_group * WAVE_STRIP : NULL;
+    if (!st.scores) atomic_store(&failed, 1);
+#pragma omp for schedule(dynamic, 1)
+    for (size_t ti = 0; ti < p->n_tasks; ti++) {
+      if (!st.scores) continue;
+      const wtask *t = &p->tasks[ti];
+      task_run(p, t, &st, o + t->slot * (size_t)p->dim, ml + t->slot, ml + p->n_slots + t->slot);
+    }
+    free(st.scores);
+  }
+  if (atomic_load(&failed)) return ra_errorf(err, RA_ENOMEM, "out of memory for attention scratch");
+  return RA_OK;
+}
+
+/* The result: every head's partial merged over its group's tasks in task order, and the row
+ * positions of each group (shared by its heads). */
+static int result_fill(const wplan *p, const float *o, const float *ml, kvs_attend_result *out,
+                       ra_error *err) {
+  const kvs_attend_args *a = p->a;
+  const int dim = p->dim;
+  out->n_heads = a->n_heads;
+  out->heads = calloc(a->n_heads, sizeof *out->heads);
+  out->o = calloc(a->n_heads * (size_t)dim, sizeof *out->o);
+  uint64_t n_ids = 0;
+  for (size_t gi = 0; a->want_ids && gi < p->n_groups; gi++) n_ids += p->groups[gi].n_rows;
+  if (a->want_ids) out->ids = malloc((size_t)(n_ids ? n_ids : 1) * sizeof *out->ids);
+  if (!out->heads || !out->o || (a->want_ids && !out->ids))
+    return ra_errorf(err, RA_ENOMEM, "out of memory for the attend result");
+  for (size_t i = 0; i < a->n_heads; i++) {
+    out->heads[i] = (kvs_head_partial){.q_head = a->q_heads[i], .o = out->o + i * (size_t)dim,
+                                       .m = -INFINITY};
+  }
+  for (size_t ti = 0; ti < p->n_tasks; ti++) {
+    const wtask *t = &p->tasks[ti];
+    const wgroup *gr = &p->groups[t->group];
+    for (size_t j = 0; j < gr->count; j++) {
+      kvs_head_partial *h = &out->heads[p->members[gr->first + j]];
+      ra_partial acc = {.o = h->o, .m = h->m, .l = h->l};
+      const size_t slot = t->slot + j;
+      ra_partial_merge(&acc, o + slot * (size_t)dim, ml[slot], ml[p->n_slots + slot], dim);
+      h->m = acc.m;
+      h->l = acc.l;
+    }
+  }
+  uint64_t *ids = out->ids;
+  for (size_t gi = 0; gi < p->n_groups; gi++) {
+    const wgroup *gr = &p->groups[gi];
+    if (ids) {
+      uint64_t *at = ids;
+      for (size_t i = gr->piece0; i < gr->piece0 + gr->n_pieces; i++)
+        for (uint64_t r = p->pieces[i].r0; r < p->pieces[i].r1; r++)
+          *at++ = p->pieces[i].shard->spec.token_begin + r;
+    }
+    for (size_t j = 0; j < gr->count; j++) {
+      kvs_head_partial *h = &out->heads[p->members[gr->first + j]];
+      h->n_scanned = gr->n_rows;
+      h->n_keys = gr->n_keys;
+      if (ids) {
+        h->ids = ids;
+        h->n_ids = (size_t)gr->n_rows;
+      }
+    }
+    if (ids) ids += gr->n_rows;
+  }
+  return RA_OK;
+}
+
+int kvs_attend_wave(const kvs_session *s, const kvs_attend_args *a, int n_threads,
+                    kvs_attend_result *out, ra_error *err) {
+  memset(out, 0, sizeof *out);
+  if (a->mode != KVS_MODE_WAVE)
+    return ra_errorf(err, RA_EINVAL, "clusters are selected in mode wave only, not in mode %s",
+                     kvs_mode_name(a->mode));
+  wplan p = {.s = s, .a = a, .dim = (int)s->geo.head_dim, .rb = kvs_row_bytes(&s->geo)};
+  p.members = malloc(a->n_heads * sizeof *p.members);
+  p.qs = malloc(a->n_heads * (size_t)p.dim * sizeof *p.qs);
+  p.groups = malloc(a->n_heads * sizeof *p.groups);
+  int rc = RA_OK;
+  if (!p.members || !p.qs || !p.groups)
+    rc = ra_errorf(err, RA_ENOMEM, "out of memory planning a wave attend");
+  if (rc == RA_OK) rc = plan_groups(&p, err);
+  for (size_t gi = 0; rc == RA_OK && gi < p.n_groups; gi++) rc = plan_rows(&p, &p.groups[gi], err);
+  if (rc == RA_OK) rc = plan_tasks(&p, n_threads, err);
+  float *o = NULL, *ml = NULL;
+  if (rc == RA_OK) {
+    o = malloc((p.n_slots ? p.n_slots : 1) * (size_t)p.dim * sizeof *o);
+    ml = malloc((p.n_slots ? p.n_slots : 1) * 2 * sizeof *ml);
+    if (!o || !ml) rc = ra_errorf(err, RA_ENOMEM, "out of memory for %zu partials", p.n_slots);
+  }
+  if (rc == RA_OK) rc = run(&p, n_threads, o, ml, err);
+  if (rc == RA_OK) rc = result_fill(&p, o, ml, out, err);
+  free(o);
+  free(ml);
+  plan_free(&p);
+  if (rc) kvs_attend_result_free(out);
+  return rc;
+}
