@@ -258,9 +258,9 @@ int ra_remote_build_index_start(ra_remote *r, uint32_t layer, uint32_t q_head, c
   if (layer >= r->plan->n_layers || q_head >= r->plan->n_q_heads)
     return ra_errorf(err, RA_EINVAL, "remote: layer %u q head %u out of range", layer, q_head);
   /* ivf and kgraph learn from the keys alone: one index per kv head serves its whole group. */
-  int key_only = r->cfg.mode == RA_KVCLIENT_IVF || r->cfg.mode == RA_KVCLIENT_KGRAPH;
-  ra_kvclient_index_params params = {.kind = r->cfg.mode,
-                                     .per_kv_head = key_only || (r->cfg.mode == RA_KVCLIENT_ROAR && r->cfg.roar_per_kv_head)};
+  int key_only = r->cfg.mode == RA_MODE_IVF || r->cfg.mode == RA_MODE_KGRAPH;
+  ra_index_spec params = {.kind = r->cfg.mode,
+                          .per_kv_head = key_only || (r->cfg.mode == RA_MODE_ROAR && r->cfg.roar_per_kv_head)};
   for (size_t i = 0; i < r->n_stores && rc == RA_OK; i++) {
     remote_store *s = &r->stores[i];
     if (!ra_offload_plan_asks(r->plan, i, layer, q_head)) continue;
@@ -359,8 +359,7 @@ int ra_remote_attend_begin(ra_remote *r, uint32_t layer, const float *q, ra_erro
       n++;
     }
     s->req = (ra_kvclient_attend_req){.layer = layer, .q_heads = s->heads, .n_heads = n, .q = s->q,
-                                      .mode = r->cfg.mode, .top_k = r->cfg.top_k, .ef = r->cfg.ef,
-                                      .nprobe = r->cfg.nprobe};
+                                      .mode = r->cfg.mode, .top_k = r->cfg.top_k, .search = r->cfg.search};
     rc = ra_kvclient_attend_send(s->stream, &s->req, err);
   }
   if (rc) return remote_fail(r, rc, err);

@@ -25,9 +25,9 @@ typedef struct ra_remote ra_remote;
 
 typedef struct ra_remote_config {
   ra_dtype dtype;          /* KV storage dtype at the stores */
-  ra_kvclient_mode mode;   /* how stores choose keys (full, flat, ivf, kgraph, roar) */
+  ra_mode mode;            /* how stores choose keys: a mode with a wire value (common/modes.h) */
   uint32_t top_k;          /* keys per q head for every mode but full */
-  uint32_t ef, nprobe;     /* index search parameters; 0: store defaults */
+  ra_search_spec search;   /* index search parameters; 0: store defaults */
   int timeout_ms;          /* deadline of each attend reply; 0: 10 s */
   int roar_per_kv_head;    /* roar: one graph per kv head, built from its whole group's queries */
   const char *client_name; /* for the stores' logs */

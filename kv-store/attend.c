@@ -20,17 +20,6 @@
 #define KVS_BLOCK_MIN 1024
 #define KVS_BLOCK_MAX 16384
 
-const char *kvs_mode_name(kvs_mode m) {
-  switch (m) {
-    case KVS_MODE_FULL: return "full";
-    case KVS_MODE_FLAT: return "flat";
-    case KVS_MODE_IVF: return "ivf";
-    case KVS_MODE_KGRAPH: return "kgraph";
-    case KVS_MODE_ROAR: return "roar";
-  }
-  return "?";
-}
-
 /* The request heads reading one kv head. */
 typedef struct group {
   uint32_t kv_head;
@@ -72,19 +61,12 @@ static int check_args(const kvs_session *s, const kvs_attend_args *a, ra_error *
   if (a->n_heads > g->n_q_heads)
     return ra_errorf(err, RA_EINVAL, "%zu q heads asked for, the model has %u", a->n_heads,
                      g->n_q_heads);
-  switch (a->mode) {
-    case KVS_MODE_FULL: break;
-    case KVS_MODE_FLAT:
-      if (a->top_k == 0) return ra_errorf(err, RA_EINVAL, "mode flat needs top_k > 0");
-      break;
-    case KVS_MODE_IVF:
-    case KVS_MODE_KGRAPH:
-    case KVS_MODE_ROAR:
-      if (a->top_k == 0)
-        return ra_errorf(err, RA_EINVAL, "mode %s needs top_k > 0", kvs_mode_name(a->mode));
-      break;
-    default: return ra_errorf(err, RA_EINVAL, "attend mode %d is unknown", (int)a->mode);
-  }
+  if ((unsigned)a->mode >= RA_MODE_COUNT)
+    return ra_errorf(err, RA_EINVAL, "attend mode %d is unknown", (int)a->mode);
+  if (ra_mode_to_wire(a->mode) == RA_MODE_NO_WIRE)
+    return ra_errorf(err, RA_EINVAL, "mode %s is not one a kv-store answers", ra_mode_name(a->mode));
+  if (a->mode != RA_MODE_FULL && a->top_k == 0)
+    return ra_errorf(err, RA_EINVAL, "mode %s needs top_k > 0", ra_mode_name(a->mode));
   uint32_t group_size = g->n_q_heads / g->n_kv_heads;
   uint8_t seen[KVS_MAX_Q_HEADS / 8] = {0};
   for (size_t i = 0; i < a->n_heads; i++) {
@@ -307,7 +289,7 @@ static int result_alloc(const plan *p, kvs_attend_result *out) {
   if (a->want_ids) {
     for (size_t gi = 0; gi < p->n_groups; gi++) {
       uint64_t per = p->groups[gi].n_keys;
-      if (a->mode != KVS_MODE_FULL && per > a->top_k) per = a->top_k;
+      if (a->mode != RA_MODE_FULL && per > a->top_k) per = a->top_k;
       n_ids += (size_t)per * p->groups[gi].count;
     }
     out->ids = malloc((n_ids ? n_ids : 1) * sizeof *out->ids);
@@ -479,7 +461,7 @@ typedef struct search_task {
 /* One task per (asked head, shard of its kv head), each with the index it searches; RA_ESTATE
  * when a shard has none of the mode's kind (even an empty one: BuildIndex builds on every shard
  * of the kv head, so a missing index means the client skipped it). */
-static int index_tasks(const plan *p, ra_index_kind kind, search_task **out, size_t *n_out,
+static int index_tasks(const plan *p, ra_mode kind, search_task **out, size_t *n_out,
                        ra_error *err) {
   const kvs_attend_args *a = p->a;
   size_t n = 0;
@@ -511,7 +493,7 @@ static int index_tasks(const plan *p, ra_index_kind kind, search_task **out, siz
           return ra_errorf(err, RA_ESTATE,
                            "mode %s needs an index: none built for layer %u q head %u (shard "
                            "tokens %s)",
-                           kvs_mode_name(a->mode), a->layer, a->q_heads[hi], range);
+                           ra_mode_name(a->mode), a->layer, a->q_heads[hi], range);
         }
         t[at++] = (search_task){.head = hi, .shard = &sh[k], .ix = ix, .row_base = base};
         base += sh[k].n;
@@ -551,7 +533,7 @@ static uint32_t scan_tail(const plan *p, const search_task *t, const float *q, u
 
 static int run_index(const plan *p, int nt, kvs_attend_result *out, ra_error *err) {
   const kvs_attend_args *a = p->a;
-  const ra_index_kind kind = (ra_index_kind)a->mode;
+  const ra_mode kind = a->mode;
   /* No head can use more candidates than its kv head has keys. */
   uint64_t most = 0;
   for (size_t gi = 0; gi < p->n_groups; gi++)
@@ -563,8 +545,10 @@ static int run_index(const plan *p, int nt, kvs_attend_result *out, ra_error *er
   if (rc) return rc;
   ra_search_params sp;
   ra_search_params_default(kind, &sp);
-  if (a->ef) sp.ef = a->ef;
-  if (a->nprobe) sp.nprobe = a->nprobe;
+#define PICK_(name, type, lo, hi, modes, zero, flag, help) \
+  if (a->search.name) sp.name = a->search.name;
+  RA_SEARCH_PARAM_TABLE(PICK_)
+#undef PICK_
   /* Per task: up to k candidates (shard rows, q·k) and the dot products computed. */
   uint32_t *cid = malloc((n_tasks * k + 1) * sizeof *cid);
   float *csc = malloc((n_tasks * k + 1) * sizeof *csc);
@@ -643,7 +627,7 @@ static int run_index(const plan *p, int nt, kvs_attend_result *out, ra_error *er
     out->search_cpu_us += search_cpu_us;
   }
   if ((rc = atomic_load(&failed)) != RA_OK) {
-    rc = ra_errorf(err, rc, "%s search failed: %s", kvs_mode_name(a->mode), ra_strerror(rc));
+    rc = ra_errorf(err, rc, "%s search failed: %s", ra_mode_name(a->mode), ra_strerror(rc));
     goto done;
   }
   /* The global top-k of each head over its shards' candidates, in kv-head row numbers. */
@@ -691,9 +675,9 @@ int kvs_attend(kvs_session *s, const kvs_attend_args *a, kvs_attend_result *out,
   }
   if (result_alloc(&p, out) != RA_OK) {
     rc = ra_errorf(err, RA_ENOMEM, "out of memory for the attend result");
-  } else if (a->mode == KVS_MODE_FULL) {
+  } else if (a->mode == RA_MODE_FULL) {
     rc = run_full(&p, nt, out, err);
-  } else if (a->mode == KVS_MODE_FLAT) {
+  } else if (a->mode == RA_MODE_FLAT) {
     rc = run_flat(&p, nt, out, err);
   } else {
     rc = run_index(&p, nt, out, err);

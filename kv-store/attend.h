@@ -24,30 +24,21 @@
 #ifndef KVS_ATTEND_H
 #define KVS_ATTEND_H
 
+#include "index_params.h"
+#include "modes.h"
 #include "store.h"
 
 #include <stddef.h>
 #include <stdint.h>
-
-/* Numbered as proto/kvstore.proto's AttendMode. */
-typedef enum kvs_mode {
-  KVS_MODE_FULL = 0,
-  KVS_MODE_FLAT = 1,
-  KVS_MODE_IVF = 2,
-  KVS_MODE_KGRAPH = 3,
-  KVS_MODE_ROAR = 4,
-} kvs_mode;
-
-const char *kvs_mode_name(kvs_mode m); /* "full", "flat", ...; "?" when unknown */
 
 typedef struct kvs_attend_args {
   uint32_t layer;
   const uint32_t *q_heads; /* [n_heads], distinct, each of a kv head this session stores */
   size_t n_heads;
   const float *q;          /* [n_heads, head_dim] */
-  kvs_mode mode;
+  ra_mode mode;            /* a mode a store answers (one with a wire value) */
   uint32_t top_k;          /* keys per head for every mode but full */
-  uint32_t ef, nprobe;     /* index modes: beam width, ivf lists probed; 0: ra_search_params_default */
+  ra_search_spec search;   /* index modes: beam width, ivf lists probed; 0: ra_search_params_default */
   int want_ids;            /* fill ids with the token positions attended over */
   int n_threads;           /* OpenMP threads; 0: the OpenMP default */
 } kvs_attend_args;

@@ -203,7 +203,7 @@ static int demo_connect_and_fill(demo *d, ra_error *err) {
  * over all heads, *min_mass the smallest share of a head's softmax mass that the attended tokens
  * carry (1 for full; what retrieval kept for flat), *us the slowest store's round trip and
  * *scanned the keys the stores scored. */
-static int demo_attend_layer(demo *d, uint32_t layer, ra_kvclient_mode mode, const float *q,
+static int demo_attend_layer(demo *d, uint32_t layer, ra_mode mode, const float *q,
                              float *max_err, float *min_mass, double *us, uint64_t *scanned,
                              ra_error *err) {
   const demo_opts *o = &d->o;
@@ -329,7 +329,7 @@ static int demo_run(demo *d, ra_error *err) {
   for (uint32_t l = 0; l < o->n_layers && rc == RA_OK; l++) {
     demo_make_queries(d, l, q, &s);
     for (int m = 0; m < 2 && rc == RA_OK; m++) {
-      ra_kvclient_mode mode = m ? RA_KVCLIENT_FLAT : RA_KVCLIENT_FULL;
+      ra_mode mode = m ? RA_MODE_FLAT : RA_MODE_FULL;
       float e, mass;
       double us;
       uint64_t scanned;

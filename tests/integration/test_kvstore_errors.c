@@ -265,7 +265,7 @@ static void test_index_mode_without_index(void **state) {
   uint32_t head = 1;
   float q[DIM] = {0};
   ra_kvclient_attend_req req = {.layer = 1, .q_heads = &head, .n_heads = 1, .q = q,
-                                .mode = RA_KVCLIENT_ROAR, .top_k = 10};
+                                .mode = RA_MODE_ROAR, .top_k = 10};
   expect(f, attend_once(f, &f->s, &req), RA_ESTATE, "FAILED_PRECONDITION",
          "mode roar needs an index: none built for layer 1 q head 1 (shard tokens 0-open)");
   ra_kvclient_store_stats s;

@@ -69,7 +69,7 @@ static void check_split(ra_dtype t, double tol) {
     ref_fill_normal(&rng, q, 8 * 128, 1.0f);
     for (int h = 0; h < 8; h++) parts[h] = (ra_kvclient_partial){.o = o[h]};
     ra_kvclient_attend_req req = {.layer = layer, .q_heads = heads, .n_heads = 8, .q = q,
-                                  .mode = RA_KVCLIENT_FULL};
+                                  .mode = RA_MODE_FULL};
     ok(ra_kvclient_attend(stream, &req, parts, TIMEOUT_MS, NULL, &err), &err);
     for (int h = 0; h < 8; h++) {
       uint32_t kv = (uint32_t)h / 4;
@@ -89,7 +89,7 @@ static void check_split(ra_dtype t, double tol) {
   parts[0] = (ra_kvclient_partial){.o = o[0], .ids = ids, .ids_cap = 100};
   uint32_t head = 6;
   ra_kvclient_attend_req req = {.layer = 1, .q_heads = &head, .n_heads = 1, .q = q,
-                                .mode = RA_KVCLIENT_FLAT, .top_k = 100, .want_ids = 1};
+                                .mode = RA_MODE_FLAT, .top_k = 100, .want_ids = 1};
   ok(ra_kvclient_attend(stream, &req, parts, TIMEOUT_MS, NULL, &err), &err);
   assert_int_equal(parts[0].n_ids, 100);
   const float *k = kvdata_k(&d, 1, 1), *v = kvdata_v(&d, 1, 1);
@@ -208,7 +208,7 @@ static void test_three_stores(void **state) {
       ra_kvclient_partial parts[8];
       for (size_t i = 0; i < nh; i++) parts[i] = (ra_kvclient_partial){.o = o[i]};
       ra_kvclient_attend_req req = {.layer = layer, .q_heads = heads, .n_heads = nh, .q = sq,
-                                    .mode = RA_KVCLIENT_FULL};
+                                    .mode = RA_MODE_FULL};
       ok(ra_kvclient_attend(stream[si], &req, parts, TIMEOUT_MS, NULL, &err), &err);
       for (size_t i = 0; i < nh; i++) {
         ra_partial_merge(&acc[heads[i]], parts[i].o, parts[i].m, parts[i].l, 64);

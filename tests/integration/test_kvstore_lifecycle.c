@@ -77,7 +77,7 @@ static void test_stats_append_close(void **state) {
   ra_kvclient_partial p[2] = {{.o = o[0], .ids = ids[0], .ids_cap = 1},
                               {.o = o[1], .ids = ids[1], .ids_cap = 1}};
   ra_kvclient_attend_req req = {.layer = 0, .q_heads = heads, .n_heads = 2, .q = q,
-                                .mode = RA_KVCLIENT_FLAT, .top_k = 1, .want_ids = 1};
+                                .mode = RA_MODE_FLAT, .top_k = 1, .want_ids = 1};
   ok(ra_kvclient_attend(stream, &req, p, 10000, NULL, &err), &err);
   assert_int_equal(p[0].n_keys, 1000);
   assert_true(ids[0][0] != 1000);
@@ -225,7 +225,7 @@ static void test_idle_session_expires(void **state) {
   float q[2 * DIM] = {0}, o[2 * DIM];
   uint32_t heads[2] = {0, 1};
   ra_kvclient_partial parts[2] = {{.o = o}, {.o = o + DIM}};
-  ra_kvclient_attend_req req = {.layer = 0, .q_heads = heads, .n_heads = 2, .q = q, .mode = RA_KVCLIENT_FULL};
+  ra_kvclient_attend_req req = {.layer = 0, .q_heads = heads, .n_heads = 2, .q = q, .mode = RA_MODE_FULL};
   for (int i = 0; i < 10; i++) { /* 3 s: past the 1 s lease, checked every 250 ms */
     ok(ra_kvclient_attend(stream, &req, parts, 5000, NULL, &err), &err);
     usleep(300 * 1000);

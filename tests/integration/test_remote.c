@@ -125,7 +125,7 @@ static void test_full_mode_matches_direct_attention_through_decode(void **state)
   fixture_start(&f);
   ra_remote *r;
   ra_error err;
-  ra_remote_config cfg = {.dtype = RA_DTYPE_F16, .mode = RA_KVCLIENT_FULL, .timeout_ms = 10000};
+  ra_remote_config cfg = {.dtype = RA_DTYPE_F16, .mode = RA_MODE_FULL, .timeout_ms = 10000};
   ok(ra_remote_open(&f.plan, HD, &cfg, &r, &err), &err);
   uint64_t n0 = N_TOKENS - STEPS;
   prefill(r, &f, n0);
@@ -144,7 +144,7 @@ static void test_flat_with_k_covering_everything_equals_full(void **state) {
   fixture_start(&f);
   ra_remote *r;
   ra_error err;
-  ra_remote_config cfg = {.dtype = RA_DTYPE_F16, .mode = RA_KVCLIENT_FLAT, .top_k = N_TOKENS};
+  ra_remote_config cfg = {.dtype = RA_DTYPE_F16, .mode = RA_MODE_FLAT, .top_k = N_TOKENS};
   ok(ra_remote_open(&f.plan, HD, &cfg, &r, &err), &err);
   prefill(r, &f, N_TOKENS);
   double e = check_context(r, &f, N_TOKENS, 2);
@@ -160,7 +160,7 @@ static void test_store_killed_mid_decode_fails_fast_and_names_it(void **state) {
   fixture_start(&f);
   ra_remote *r;
   ra_error err;
-  ra_remote_config cfg = {.dtype = RA_DTYPE_F16, .mode = RA_KVCLIENT_FULL, .timeout_ms = 3000};
+  ra_remote_config cfg = {.dtype = RA_DTYPE_F16, .mode = RA_MODE_FULL, .timeout_ms = 3000};
   ok(ra_remote_open(&f.plan, HD, &cfg, &r, &err), &err);
   prefill(r, &f, N_TOKENS);
   assert_true(check_context(r, &f, N_TOKENS, 3) < 1e-4);
@@ -196,7 +196,7 @@ static void test_unreachable_store_is_named_at_open(void **state) {
   ok(ra_shard_map_parse("127.0.0.1:1 * * *\n", &map, &err), &err);
   ok(ra_offload_plan_build(&map, 1, 2, 1, 4, 4, &plan, &err), &err);
   ra_remote *r;
-  ra_remote_config cfg = {.dtype = RA_DTYPE_F32, .mode = RA_KVCLIENT_FULL};
+  ra_remote_config cfg = {.dtype = RA_DTYPE_F32, .mode = RA_MODE_FULL};
   assert_int_equal(ra_remote_open(&plan, 8, &cfg, &r, &err), RA_EUNAVAIL);
   assert_non_null(strstr(err.msg, "127.0.0.1:1"));
   ra_offload_plan_free(&plan);
@@ -212,7 +212,7 @@ static void test_builds_in_flight_together_and_a_refused_one_is_reported(void **
   fixture_start(&f);
   ra_remote *r;
   ra_error err;
-  ra_remote_config cfg = {.dtype = RA_DTYPE_F16, .mode = RA_KVCLIENT_ROAR, .top_k = 50};
+  ra_remote_config cfg = {.dtype = RA_DTYPE_F16, .mode = RA_MODE_ROAR, .top_k = 50};
   ok(ra_remote_open(&f.plan, HD, &cfg, &r, &err), &err);
   prefill(r, &f, N_TOKENS);
   enum { NQ = 32 };
