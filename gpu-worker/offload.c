@@ -36,8 +36,7 @@ struct ra_offload {
   int32_t *q_pick_rows;   /* [build_queries] their rows in the step's q */
   float *q_host;          /* [n_heads, head_dim] */
   float *o_host;          /* [n_heads, head_dim] */
-  float *m_host, *l_host; /* [n_heads] */
-  float *ml_host;         /* [n_heads, 2] */
+  float *ml_host;         /* [n_heads, 2]: (m, l) per head, the layout attn_merge takes */
   float *evict_k;         /* [n_layers, n_kv_heads, head_dim]: the token leaving the window */
   float *evict_v;
   size_t kv_row;          /* floats per cache row: n_kv_heads * head_dim */
@@ -70,8 +69,6 @@ void ra_offload_free(ra_offload *o) {
   ra_state_free(o->st);
   free(o->q_host);
   free(o->o_host);
-  free(o->m_host);
-  free(o->l_host);
   free(o->ml_host);
   free(o->evict_k);
   free(o->evict_v);
@@ -133,12 +130,10 @@ int ra_offload_new(const ra_model *m, const ra_offload_plan *plan, const ra_offl
     size_t hq = (size_t)c->n_heads * (size_t)c->head_dim, ev = (size_t)c->n_layers * o->kv_row;
     o->q_host = malloc(hq * sizeof(float));
     o->o_host = malloc(hq * sizeof(float));
-    o->m_host = malloc((size_t)c->n_heads * sizeof(float));
-    o->l_host = malloc((size_t)c->n_heads * sizeof(float));
     o->ml_host = malloc((size_t)c->n_heads * 2 * sizeof(float));
     o->evict_k = malloc(ev * sizeof(float));
     o->evict_v = malloc(ev * sizeof(float));
-    if (!o->q_host || !o->o_host || !o->m_host || !o->l_host || !o->ml_host || !o->evict_k || !o->evict_v)
+    if (!o->q_host || !o->o_host || !o->ml_host || !o->evict_k || !o->evict_v)
       rc = ra_errorf(err, RA_ENOMEM, "offload: out of memory");
   }
   if (rc == RA_OK && plan) {
@@ -720,15 +715,11 @@ int ra_offload_decode(ra_offload *o, int32_t token, ra_offload_stats *stats, ra_
       rc = be->ops->sync(be, err);
       uint64_t tw = uv_hrtime();
       ra_remote_stats rs;
-      if (rc == RA_OK) rc = ra_remote_attend_end(o->remote, o->o_host, o->m_host, o->l_host, &rs, err);
+      if (rc == RA_OK) rc = ra_remote_attend_end(o->remote, o->o_host, o->ml_host, &rs, err);
       s.wait_us += (double)(uv_hrtime() - tw) / 1e3;
       if (rc == RA_OK) {
         s.store_us += rs.store_us;
         s.n_scanned += rs.n_scanned;
-        for (int h = 0; h < c->n_heads; h++) {
-          o->ml_host[2 * h] = o->m_host[h];
-          o->ml_host[2 * h + 1] = o->l_host[h];
-        }
         rc = be->ops->upload(be, &o->rem_o, 0, o->o_host, hq, err);
       }
       if (rc == RA_OK) rc = be->ops->upload(be, &o->rem_ml, 0, o->ml_host, (size_t)c->n_heads * 2, err);

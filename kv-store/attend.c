@@ -253,8 +253,8 @@ static const kvs_shard *row_locate(const kvs_shard *sh, size_t count, uint32_t r
  * selecting mode (flat, and the index modes) ends with. dots: [n] the q·k already known for
  * each id (flat has them from the scan). Also turns ids into token positions when pos != NULL. */
 static void partial_over_rows(const plan *p, uint32_t kv_head, const uint32_t *ids,
-                              const float *dots, size_t n, float *o, float *m, float *l,
-                              uint64_t *pos) {
+                              const float *dots, size_t n, ra_partial *out, uint64_t *pos) {
+  float *o = out->o;
   size_t count;
   const kvs_shard *sh = kvs_session_head(p->s, p->a->layer, kv_head, &count);
   ra_dtype dt = p->s->geo.dtype;
@@ -274,8 +274,8 @@ static void partial_over_rows(const plan *p, uint32_t kv_head, const uint32_t *i
   if (n > 0) {
     for (int d = 0; d < p->dim; d++) o[d] /= sum;
   }
-  *m = mx;
-  *l = sum;
+  out->m = mx;
+  out->l = sum;
 }
 
 static int result_alloc(const plan *p, kvs_attend_result *out) {
@@ -297,8 +297,7 @@ static int result_alloc(const plan *p, kvs_attend_result *out) {
   }
   for (size_t i = 0; i < a->n_heads; i++) {
     out->heads[i].q_head = a->q_heads[i];
-    out->heads[i].o = out->o + i * (size_t)p->dim;
-    out->heads[i].m = -INFINITY;
+    out->heads[i].part = (ra_partial){.o = out->o + i * (size_t)p->dim, .m = -INFINITY};
   }
   return RA_OK;
 }
@@ -343,23 +342,20 @@ static int run_full(const plan *p, int nt, kvs_attend_result *out, ra_error *err
     const task *t = &p->tasks[ti];
     const group *g = &p->groups[t->group];
     for (size_t j = 0; j < g->count; j++) {
-      kvs_head_partial *h = &out->heads[p->members[g->first + j]];
-      ra_partial acc = {.o = h->o, .m = h->m, .l = h->l};
+      ra_head_partial *h = &out->heads[p->members[g->first + j]];
       size_t slot = t->slot + j;
-      ra_partial_merge(&acc, o + slot * (size_t)dim, ml[slot], ml[p->n_slots + slot], dim);
-      h->m = acc.m;
-      h->l = acc.l;
+      ra_partial_merge(&h->part, o + slot * (size_t)dim, ml[slot], ml[p->n_slots + slot], dim);
     }
   }
   uint64_t *ids = out->ids;
   for (size_t gi = 0; gi < p->n_groups; gi++) {
     const group *g = &p->groups[gi];
     for (size_t j = 0; j < g->count; j++) {
-      kvs_head_partial *h = &out->heads[p->members[g->first + j]];
+      ra_head_partial *h = &out->heads[p->members[g->first + j]];
       h->n_scanned = h->n_keys = g->n_keys;
       if (ids) {
         h->ids = ids;
-        h->n_ids = (size_t)g->n_keys;
+        h->n_ids = h->ids_cap = (size_t)g->n_keys;
         all_positions(p, g->kv_head, ids);
         ids += g->n_keys;
       }
@@ -378,16 +374,16 @@ static void finish_selected(const plan *p, ra_topk *final, kvs_attend_result *ou
     const group *g = &p->groups[gi];
     for (size_t j = 0; j < g->count; j++) {
       size_t hi = p->members[g->first + j];
-      kvs_head_partial *h = &out->heads[hi];
+      ra_head_partial *h = &out->heads[hi];
       ra_topk *sel = &final[hi];
       ra_topk_sort(sel);
       h->n_keys = g->n_keys;
       if (pos) {
         h->ids = pos;
-        h->n_ids = sel->n;
+        h->n_ids = h->ids_cap = sel->n;
         pos += sel->n;
       }
-      partial_over_rows(p, g->kv_head, sel->id, sel->score, sel->n, h->o, &h->m, &h->l, h->ids);
+      partial_over_rows(p, g->kv_head, sel->id, sel->score, sel->n, &h->part, h->ids);
     }
   }
 }
@@ -641,7 +637,7 @@ static int run_index(const plan *p, int nt, kvs_attend_result *out, ra_error *er
   if (rc) goto done;
   for (size_t ti = 0; ti < n_tasks; ti++) {
     const search_task *t = &tasks[ti];
-    kvs_head_partial *h = &out->heads[t->head];
+    ra_head_partial *h = &out->heads[t->head];
     h->n_scanned += cscan[ti];
     for (uint32_t i = 0; i < cn[ti]; i++)
       ra_topk_push(&final[t->head], csc[ti * k + i], (uint32_t)(t->row_base + cid[ti * k + i]));

@@ -25,6 +25,7 @@
 #define KVS_ATTEND_H
 
 #include "index_params.h"
+#include "merge.h"
 #include "modes.h"
 #include "store.h"
 
@@ -43,20 +44,9 @@ typedef struct kvs_attend_args {
   int n_threads;           /* OpenMP threads; 0: the OpenMP default */
 } kvs_attend_args;
 
-typedef struct kvs_head_partial {
-  uint32_t q_head;
-  float *o; /* [head_dim], inside kvs_attend_result.o */
-  float m;
-  float l;
-  uint64_t n_scanned; /* keys whose q·k was computed */
-  uint64_t n_keys;    /* keys stored for this head's kv head */
-  uint64_t *ids;      /* [n_ids] token positions, ascending by score rank (flat) or position */
-  size_t n_ids;
-} kvs_head_partial;
-
 typedef struct kvs_attend_result {
   size_t n_heads;
-  kvs_head_partial *heads; /* [n_heads], in request order */
+  ra_head_partial *heads;  /* [n_heads], in request order; heads[i].part.o = o + i * head_dim */
   float *o;                /* [n_heads, head_dim] */
   uint64_t *ids;           /* backing store of every head's ids */
   /* index modes: (head, shard) searches, those that scanned the shard exactly because the

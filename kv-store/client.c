@@ -435,31 +435,20 @@ static void stream_break(ra_kvclient_stream *st) {
 
 /* Copies a reply into the caller's partials after checking it answers the request. */
 static int attend_unpack(ra_kvclient_stream *st, const ra_kvclient_attend_req *req,
-                         ra_kvclient_partial *out, uint64_t *compute_us, ra_error *err) {
+                         ra_head_partial *out, uint64_t *compute_us, ra_error *err) {
   Rakv__AttendReply *r = rakv__attend_reply__unpack(NULL, st->rx.len, st->rx.data);
   if (!r) return bad_reply(st->c, "AttendReply", err);
-  size_t o_bytes = (size_t)st->s.geo.head_dim * sizeof(float);
   int rc = RA_OK;
   if (r->seq != st->seq || r->n_heads != req->n_heads) {
     rc = ra_errorf(err, RA_EFORMAT, "%s: AttendReply seq %llu with %zu heads answers no request",
                    ra_kvclient_addr(st->c), (unsigned long long)r->seq, r->n_heads);
   }
   for (size_t i = 0; rc == RA_OK && i < r->n_heads; i++) {
-    const Rakv__HeadPartial *h = r->heads[i];
-    if (h->q_head != req->q_heads[i] || h->o.len != o_bytes) {
+    if (r->heads[i]->q_head != req->q_heads[i] ||
+        kvs_wire_partial_from_proto(r->heads[i], st->s.geo.head_dim, &out[i]) != RA_OK) {
       rc = bad_reply(st->c, "HeadPartial", err);
       break;
     }
-    ra_kvclient_partial *p = &out[i];
-    p->q_head = h->q_head;
-    memcpy(p->o, h->o.data, o_bytes);
-    p->m = h->m;
-    p->l = h->l;
-    p->n_scanned = h->n_scanned;
-    p->n_keys = h->n_keys;
-    p->n_ids = h->n_ids;
-    if (p->ids)
-      memcpy(p->ids, h->ids, (h->n_ids < p->ids_cap ? h->n_ids : p->ids_cap) * sizeof *p->ids);
   }
   if (rc == RA_OK && compute_us) *compute_us = r->compute_us;
   rakv__attend_reply__free_unpacked(r, NULL);
@@ -497,7 +486,7 @@ int ra_kvclient_attend_send(ra_kvclient_stream *st, const ra_kvclient_attend_req
 }
 
 int ra_kvclient_attend_recv(ra_kvclient_stream *st, const ra_kvclient_attend_req *req,
-                            ra_kvclient_partial *out, int timeout_ms, uint64_t *compute_us,
+                            ra_head_partial *out, int timeout_ms, uint64_t *compute_us,
                             ra_error *err) {
   if (!st->call)
     return ra_errorf(err, RA_ESTATE, "%s: no attend request in flight", ra_kvclient_addr(st->c));
@@ -511,7 +500,7 @@ int ra_kvclient_attend_recv(ra_kvclient_stream *st, const ra_kvclient_attend_req
 }
 
 int ra_kvclient_attend(ra_kvclient_stream *st, const ra_kvclient_attend_req *req,
-                       ra_kvclient_partial *out, int timeout_ms, uint64_t *compute_us,
+                       ra_head_partial *out, int timeout_ms, uint64_t *compute_us,
                        ra_error *err) {
   int rc = ra_kvclient_attend_send(st, req, err);
   return rc ? rc : ra_kvclient_attend_recv(st, req, out, timeout_ms, compute_us, err);

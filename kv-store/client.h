@@ -19,6 +19,7 @@
 
 #include "half.h"
 #include "index_params.h"
+#include "merge.h"
 #include "modes.h"
 #include "shardmap.h"
 #include "status.h"
@@ -88,17 +89,6 @@ typedef struct ra_kvclient_attend_req {
   ra_search_spec search;   /* index search parameters; 0: store defaults */
   int want_ids;
 } ra_kvclient_attend_req;
-
-/* One head's partial; o and ids are the caller's buffers. */
-typedef struct ra_kvclient_partial {
-  uint32_t q_head;
-  float *o;        /* in: room for head_dim floats */
-  float m, l;
-  uint64_t n_scanned, n_keys;
-  uint64_t *ids;   /* in: room for ids_cap positions (or NULL); out: n_ids written */
-  size_t ids_cap;
-  size_t n_ids;    /* ids the store returned (may exceed ids_cap; only ids_cap are kept) */
-} ra_kvclient_partial;
 
 int ra_kvclient_connect(const char *addr, const ra_kvclient_options *opt, ra_kvclient **out,
                         ra_error *err);
@@ -177,13 +167,14 @@ int ra_kvclient_append(ra_kvclient *c, const ra_kvclient_session *s, const ra_kv
                        size_t n_rows, ra_error *err);
 
 /* A long-lived Attend stream. attend sends one request and waits up to timeout_ms (< 0: no
- * limit) for its reply; out: [n_heads] in request order. When the store ends the stream with an
- * error (a bad request, a timeout, a restart) that error is returned and the next attend opens
- * a fresh stream. *compute_us (optional) gets the store's compute time. */
+ * limit) for its reply; out: [n_heads] in request order, each with part.o room for head_dim
+ * floats and ids room for ids_cap positions (or NULL), both the caller's (common/merge.h).
+ * When the store ends the stream with an error (a bad request, a timeout, a restart) that error
+ * is returned and the next attend opens a fresh stream. *compute_us (optional) gets the store's compute time. */
 int ra_kvclient_attend_open(ra_kvclient *c, const ra_kvclient_session *s,
                             ra_kvclient_stream **out, ra_error *err);
 int ra_kvclient_attend(ra_kvclient_stream *st, const ra_kvclient_attend_req *req,
-                       ra_kvclient_partial *out, int timeout_ms, uint64_t *compute_us,
+                       ra_head_partial *out, int timeout_ms, uint64_t *compute_us,
                        ra_error *err);
 void ra_kvclient_attend_close(ra_kvclient_stream *st);
 
@@ -192,7 +183,7 @@ void ra_kvclient_attend_close(ra_kvclient_stream *st);
 int ra_kvclient_attend_send(ra_kvclient_stream *st, const ra_kvclient_attend_req *req,
                             ra_error *err);
 int ra_kvclient_attend_recv(ra_kvclient_stream *st, const ra_kvclient_attend_req *req,
-                            ra_kvclient_partial *out, int timeout_ms, uint64_t *compute_us,
+                            ra_head_partial *out, int timeout_ms, uint64_t *compute_us,
                             ra_error *err);
 
 #endif

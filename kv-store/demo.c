@@ -216,7 +216,7 @@ static int demo_attend_layer(demo *d, uint32_t layer, ra_mode mode, const float 
   float *o_ref = calloc(hd, sizeof(float));
   uint32_t *heads = calloc(nq, sizeof *heads);
   float *qs = calloc(nq * hd, sizeof(float));
-  ra_kvclient_partial *parts = calloc(nq, sizeof *parts);
+  ra_head_partial *parts = calloc(nq, sizeof *parts);
   ra_partial *acc = calloc(nq, sizeof *acc);
   int rc = RA_OK;
   if (!o_acc || !o_in || !o_ref || !heads || !qs || !parts || !acc) rc = ra_errorf(err, RA_ENOMEM, "out of memory");
@@ -240,7 +240,7 @@ static int demo_attend_layer(demo *d, uint32_t layer, ra_mode mode, const float 
       if (!ra_offload_plan_asks(&d->plan, s, layer, h)) continue;
       heads[n] = h;
       memcpy(qs + n * hd, q + (size_t)h * hd, hd * sizeof(float));
-      parts[n] = (ra_kvclient_partial){.o = o_in + n * hd};
+      parts[n] = (ra_head_partial){.part.o = o_in + n * hd};
       n++;
     }
     if (n == 0) continue;
@@ -251,7 +251,7 @@ static int demo_attend_layer(demo *d, uint32_t layer, ra_mode mode, const float 
     double t = (double)(uv_hrtime() - t0) / 1e3;
     if (t > *us) *us = t;
     for (size_t i = 0; i < n && rc == RA_OK; i++) {
-      ra_partial_merge(&acc[heads[i]], parts[i].o, parts[i].m, parts[i].l, (int)hd);
+      ra_partial_merge_from(&acc[heads[i]], &parts[i].part, (int)hd);
       *scanned += parts[i].n_scanned;
     }
   }

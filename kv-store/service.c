@@ -291,17 +291,7 @@ static int attend_reply(const Rakv__AttendRequest *r, const kvs_session *s,
     goto out;
   }
   for (size_t i = 0; i < n; i++) {
-    const kvs_head_partial *h = &res->heads[i];
-    rakv__head_partial__init(&heads[i]);
-    heads[i].q_head = h->q_head;
-    heads[i].o.data = (uint8_t *)h->o;
-    heads[i].o.len = (size_t)s->geo.head_dim * sizeof(float);
-    heads[i].m = h->m;
-    heads[i].l = h->l;
-    heads[i].n_scanned = h->n_scanned;
-    heads[i].n_keys = h->n_keys;
-    heads[i].n_ids = h->n_ids;
-    heads[i].ids = h->ids;
+    kvs_wire_partial_to_proto(&res->heads[i], s->geo.head_dim, &heads[i]);
     ptrs[i] = &heads[i];
   }
   Rakv__AttendReply out = RAKV__ATTEND_REPLY__INIT;

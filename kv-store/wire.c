@@ -80,3 +80,31 @@ int kvs_wire_search_spec_to_proto(const ra_search_spec *src, Rakv__SearchParams 
 }
 #undef ANY_
 #undef COPY_
+
+void kvs_wire_partial_to_proto(const ra_head_partial *h, uint32_t head_dim, Rakv__HeadPartial *m) {
+  rakv__head_partial__init(m);
+  m->q_head = h->q_head;
+  m->o.data = (uint8_t *)h->part.o;
+  m->o.len = (size_t)head_dim * sizeof(float);
+  m->m = h->part.m;
+  m->l = h->part.l;
+  m->n_scanned = h->n_scanned;
+  m->n_keys = h->n_keys;
+  m->n_ids = h->n_ids;
+  m->ids = h->ids;
+}
+
+int kvs_wire_partial_from_proto(const Rakv__HeadPartial *m, uint32_t head_dim, ra_head_partial *out) {
+  size_t o_bytes = (size_t)head_dim * sizeof(float);
+  if (m->o.len != o_bytes) return RA_EFORMAT;
+  out->q_head = m->q_head;
+  memcpy(out->part.o, m->o.data, o_bytes);
+  out->part.m = m->m;
+  out->part.l = m->l;
+  out->n_scanned = m->n_scanned;
+  out->n_keys = m->n_keys;
+  out->n_ids = m->n_ids;
+  if (out->ids)
+    memcpy(out->ids, m->ids, (m->n_ids < out->ids_cap ? m->n_ids : out->ids_cap) * sizeof *out->ids);
+  return RA_OK;
+}

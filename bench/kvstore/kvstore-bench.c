@@ -143,10 +143,10 @@ static lat summarize(double *us, double *compute, int n) {
 static int run_attend(ra_kvclient_stream *st, ra_mode mode, int iters, float *q,
                       float (*o)[DIM], lat *out, ra_error *err) {
   uint32_t heads[N_Q];
-  ra_kvclient_partial p[N_Q];
+  ra_head_partial p[N_Q];
   for (uint32_t h = 0; h < N_Q; h++) {
     heads[h] = h;
-    p[h] = (ra_kvclient_partial){.o = o[h]};
+    p[h] = (ra_head_partial){.part.o = o[h]};
   }
   ra_kvclient_attend_req req = {.layer = 0, .q_heads = heads, .n_heads = N_Q, .q = q,
                                 .mode = mode, .top_k = mode == RA_MODE_FLAT ? 100 : 0};

@@ -164,7 +164,7 @@ static void conn_close(conn *cn) {
 
 /* One attend of q heads [first, first + n) for test query i (a->p[0..n)). */
 typedef struct answer {
-  ra_kvclient_partial p[NQH];
+  ra_head_partial p[NQH];
   float o[NQH][DIM];
   uint64_t ids[NQH][TOPK];
   uint64_t compute_us;
@@ -177,7 +177,7 @@ static void attend_some(conn *cn, int i, uint32_t first, uint32_t n, ra_mode mod
   for (uint32_t j = 0; j < n; j++) {
     heads[j] = first + j;
     memcpy(q + j * DIM, W.qt[first + j] + (size_t)i * DIM, DIM * sizeof(float));
-    a->p[j] = (ra_kvclient_partial){.o = a->o[j], .ids = a->ids[j], .ids_cap = TOPK};
+    a->p[j] = (ra_head_partial){.part.o = a->o[j], .ids = a->ids[j], .ids_cap = TOPK};
   }
   ra_kvclient_attend_req req = {.layer = 0, .q_heads = heads, .n_heads = n, .q = q,
                                 .mode = mode, .top_k = TOPK, .search = {.ef = ef, .nprobe = nprobe},
@@ -209,7 +209,7 @@ static int close_rel(double a, double b, double tol) {
 }
 
 /* Head by head: recall of the index's ids against flat's; equal (o, m, l) when the sets agree. */
-static void compare(const ra_kvclient_partial *x, const ra_kvclient_partial *f, tally *t) {
+static void compare(const ra_head_partial *x, const ra_head_partial *f, tally *t) {
   assert_int_equal(x->q_head, f->q_head);
   assert_int_equal(x->n_keys, f->n_keys);
   assert_true(x->n_ids <= TOPK && f->n_ids <= TOPK);
@@ -220,12 +220,12 @@ static void compare(const ra_kvclient_partial *x, const ra_kvclient_partial *f, 
   t->scanned += (double)x->n_scanned / (double)x->n_keys;
   if (hit != f->n_ids || x->n_ids != f->n_ids) return;
   t->same++;
-  if (!close_rel(x->m, f->m, 1e-5) || !close_rel(x->l, f->l, 1e-4))
-    fail_msg("head %u: same ids, (m, l) = (%g, %g) vs flat (%g, %g)", x->q_head, x->m, x->l,
-             f->m, f->l);
+  if (!close_rel(x->part.m, f->part.m, 1e-5) || !close_rel(x->part.l, f->part.l, 1e-4))
+    fail_msg("head %u: same ids, (m, l) = (%g, %g) vs flat (%g, %g)", x->q_head, x->part.m, x->part.l,
+             f->part.m, f->part.l);
   for (int d = 0; d < DIM; d++)
-    if (!close_rel(x->o[d], f->o[d], 1e-4))
-      fail_msg("head %u: same ids, o[%d] = %g vs flat %g", x->q_head, d, x->o[d], f->o[d]);
+    if (!close_rel(x->part.o[d], f->part.o[d], 1e-4))
+      fail_msg("head %u: same ids, o[%d] = %g vs flat %g", x->q_head, d, x->part.o[d], f->part.o[d]);
 }
 
 /* Every test query in `mode` and in flat; asserts recall >= floor, and that the index scanned
@@ -359,10 +359,10 @@ static void test_split_across_two_stores(void **state) {
       ra_partial mx = {.o = ox}, mf = {.o = of};
       ra_partial_reset(&mx, DIM);
       ra_partial_reset(&mf, DIM);
-      ra_partial_merge(&mx, xa.p[h].o, xa.p[h].m, xa.p[h].l, DIM);
-      ra_partial_merge(&mx, xb.p[h].o, xb.p[h].m, xb.p[h].l, DIM);
-      ra_partial_merge(&mf, fa.p[h].o, fa.p[h].m, fa.p[h].l, DIM);
-      ra_partial_merge(&mf, fb.p[h].o, fb.p[h].m, fb.p[h].l, DIM);
+      ra_partial_merge_from(&mx, &xa.p[h].part, DIM);
+      ra_partial_merge_from(&mx, &xb.p[h].part, DIM);
+      ra_partial_merge_from(&mf, &fa.p[h].part, DIM);
+      ra_partial_merge_from(&mf, &fb.p[h].part, DIM);
       for (int d = 0; d < DIM; d++) assert_true(close_rel(ox[d], of[d], 1e-4));
     }
   }
@@ -406,7 +406,7 @@ static void test_append_is_retrievable(void **state) {
   assert_true(x.p[0].n_ids > 0);
   assert_int_equal(x.ids[0][0], NK);
   /* The planted key takes (nearly) all the softmax mass: o is its value. */
-  for (int d = 0; d < DIM; d++) assert_true(fabsf(x.p[0].o[d] - 0.5f) < 1e-3f);
+  for (int d = 0; d < DIM; d++) assert_true(fabsf(x.p[0].part.o[d] - 0.5f) < 1e-3f);
   /* No drain over RPC: ask again until the insertion is done (2 s at most). */
   for (int i = 0; i < 200 && x.p[0].n_scanned >= NK / 2; i++) {
     struct timespec pause = {0, 10 * 1000 * 1000};

@@ -109,7 +109,7 @@ static void check_split_exactness(ra_dtype t, double tol) {
     assert_int_equal(res.heads[i].n_scanned, n - split);
     ra_partial local = {.o = local_o};
     ra_partial_attend_f32(q + i * dim, hd->k, hd->v, split, dim, scale, &local);
-    ra_partial_merge(&local, res.heads[i].o, res.heads[i].m, res.heads[i].l, dim);
+    ra_partial_merge_from(&local, &res.heads[i].part, dim);
     ref_attention(q + i * dim, hd->k, hd->v, NULL, n, dim, want);
     double e = ref_max_abs_diff(local.o, want, dim);
     assert_true(e <= tol);
@@ -149,10 +149,10 @@ static void test_threads_agree(void **state) {
   assert_int_equal(kvs_attend(f.s, &a, &r4, &err), RA_OK);
   double want[64];
   ref_attention(q, f.heads[0].k, f.heads[0].v, NULL, 20000, dim, want);
-  assert_true(ref_max_abs_diff(r1.heads[0].o, want, dim) <= 1e-5);
-  assert_true(ref_max_abs_diff(r4.heads[0].o, want, dim) <= 1e-5);
-  assert_true(fabsf(r1.heads[0].m - r4.heads[0].m) == 0.0f);
-  assert_true(fabsf(r1.heads[0].l - r4.heads[0].l) <= 1e-4f * r1.heads[0].l);
+  assert_true(ref_max_abs_diff(r1.heads[0].part.o, want, dim) <= 1e-5);
+  assert_true(ref_max_abs_diff(r4.heads[0].part.o, want, dim) <= 1e-5);
+  assert_true(fabsf(r1.heads[0].part.m - r4.heads[0].part.m) == 0.0f);
+  assert_true(fabsf(r1.heads[0].part.l - r4.heads[0].part.l) <= 1e-4f * r1.heads[0].part.l);
   kvs_attend_result_free(&r1);
   kvs_attend_result_free(&r4);
   free(q);
@@ -191,7 +191,7 @@ static void test_two_shards_one_head(void **state) {
   assert_int_equal(kvs_attend(s, &a, &res, &err), RA_OK);
   double want[32];
   ref_attention(q, k, v, NULL, n, dim, want);
-  assert_true(ref_max_abs_diff(res.heads[0].o, want, dim) <= 1e-5);
+  assert_true(ref_max_abs_diff(res.heads[0].part.o, want, dim) <= 1e-5);
   assert_int_equal(res.heads[0].n_ids, n);
   assert_int_equal(res.heads[0].ids[0], 100);
   assert_int_equal(res.heads[0].ids[999], 1099);
@@ -212,7 +212,7 @@ static void test_two_shards_one_head(void **state) {
     assert_int_equal(res.heads[0].ids[i], pos);
   }
   ref_attention(q, k, v, want_ids, 50, dim, want);
-  assert_true(ref_max_abs_diff(res.heads[0].o, want, dim) <= 1e-5);
+  assert_true(ref_max_abs_diff(res.heads[0].part.o, want, dim) <= 1e-5);
   kvs_attend_result_free(&res);
   free(scores);
   free(q);
@@ -253,7 +253,7 @@ static void test_flat_exact_topk(void **state) {
     uint32_t got[100];
     for (size_t j = 0; j < k; j++) got[j] = (uint32_t)res.heads[i].ids[j];
     ref_attention(q + i * dim, hd->k, hd->v, got, k, dim, want);
-    assert_true(ref_max_abs_diff(res.heads[i].o, want, dim) <= 1e-5);
+    assert_true(ref_max_abs_diff(res.heads[i].part.o, want, dim) <= 1e-5);
   }
   kvs_attend_result_free(&res);
 
@@ -262,7 +262,7 @@ static void test_flat_exact_topk(void **state) {
   a.want_ids = 0;
   assert_int_equal(kvs_attend(f.s, &a, &res, &err), RA_OK);
   ref_attention(q, f.heads[1].k, f.heads[1].v, NULL, n, dim, want);
-  assert_true(ref_max_abs_diff(res.heads[0].o, want, dim) <= 1e-5);
+  assert_true(ref_max_abs_diff(res.heads[0].part.o, want, dim) <= 1e-5);
   kvs_attend_result_free(&res);
   free(scores);
   free(q);
@@ -284,8 +284,8 @@ static void test_empty_head_is_merge_identity(void **state) {
     a.mode = modes[mi];
     a.top_k = 4;
     assert_int_equal(kvs_attend(f.s, &a, &res, &err), RA_OK);
-    assert_true(isinf(res.heads[0].m) && res.heads[0].m < 0);
-    assert_true(res.heads[0].l == 0.0f);
+    assert_true(isinf(res.heads[0].part.m) && res.heads[0].part.m < 0);
+    assert_true(res.heads[0].part.l == 0.0f);
     assert_int_equal(res.heads[0].n_keys, 0);
     kvs_attend_result_free(&res);
   }
@@ -381,7 +381,7 @@ static void test_append_while_attending(void **state) {
     assert_int_equal(kvs_attend(r.s, &a, &res, &err), RA_OK);
     assert_true(res.heads[0].n_keys >= last);
     last = res.heads[0].n_keys;
-    if (last > 0) assert_true(res.heads[0].o[0] >= 0.0f && res.heads[0].o[0] <= 0.61f);
+    if (last > 0) assert_true(res.heads[0].part.o[0] >= 0.0f && res.heads[0].part.o[0] <= 0.61f);
     kvs_attend_result_free(&res);
   }
   void *ret;

@@ -143,8 +143,8 @@ static void assert_same_selection(const kvs_attend_result *x, const kvs_attend_r
   for (size_t i = 0; i < x->heads[0].n_ids; i++)
     assert_int_equal(x->heads[0].ids[i], y->heads[0].ids[i]);
   /* Same rows; the dot products may come from different kernels (search, scan). */
-  assert_true(fabsf(x->heads[0].m - y->heads[0].m) <= 1e-5f);
-  for (int d = 0; d < DIM; d++) assert_true(fabsf(x->heads[0].o[d] - y->heads[0].o[d]) <= 1e-5f);
+  assert_true(fabsf(x->heads[0].part.m - y->heads[0].part.m) <= 1e-5f);
+  for (int d = 0; d < DIM; d++) assert_true(fabsf(x->heads[0].part.o[d] - y->heads[0].part.o[d]) <= 1e-5f);
 }
 
 /* Exact retrieval does not depend on how far insertion has got: with a beam wide enough that the
@@ -465,7 +465,7 @@ static void *stress_attender(void *p) {
     }
     int bad = 0;
     for (uint32_t i = 0; i < 4; i++) {
-      const kvs_head_partial *hp = &r.heads[i];
+      const ra_head_partial *hp = &r.heads[i];
       uint64_t plant = S_N + S_PLANT_STEP;
       if (hp->n_keys < S_N || hp->n_keys > S_N + S_STEPS || hp->n_ids == 0) bad = 1;
       if (l == 0 && hp->n_keys < last[i]) bad = 1; /* layer 0's count only grows */
