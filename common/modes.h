@@ -26,12 +26,18 @@
 
 /* clang-format off */
 #define RA_MODE_TABLE(X)                                                                          \
-  X(FULL,      "full",      0,               0,                -1, "exact attention over every token") \
-  X(STREAMING, "streaming", RA_MODE_NO_WIRE, 0,                -1, "sink + window only; evicted tokens are dropped (StreamingLLM)") \
-  X(FLAT,      "flat",      1,               RA_MODE_F_STORES, -1, "stores attend over the exact top-k keys by inner product") \
-  X(IVF,       "ivf",       2,               RA_MODE_F_STORES,  0, "top-k from k-means lists: the nprobe lists of nearest centroid") \
-  X(KGRAPH,    "kgraph",    3,               RA_MODE_F_STORES,  1, "top-k from a key-key proximity graph (HNSW-like baseline)") \
-  X(ROAR,      "roar",      4,               RA_MODE_F_STORES,  2, "top-k from an attention-aware graph built from prefill queries (RoarGraph)")
+  X(FULL,      "full",      0,               0,                -1,                                \
+    "exact attention over every token")                                                           \
+  X(STREAMING, "streaming", RA_MODE_NO_WIRE, 0,                -1,                                \
+    "sink + window only; evicted tokens are dropped (StreamingLLM)")                              \
+  X(FLAT,      "flat",      1,               RA_MODE_F_STORES, -1,                                \
+    "stores attend over the exact top-k keys by inner product")                                   \
+  X(IVF,       "ivf",       2,               RA_MODE_F_STORES,  0,                                \
+    "top-k from k-means lists: the nprobe lists of nearest centroid")                             \
+  X(KGRAPH,    "kgraph",    3,               RA_MODE_F_STORES,  1,                                \
+    "top-k from a key-key proximity graph (HNSW-like baseline)")                                  \
+  X(ROAR,      "roar",      4,               RA_MODE_F_STORES,  2,                                \
+    "top-k from an attention-aware graph built from prefill queries (RoarGraph)")
 /* clang-format on */
 
 typedef enum ra_mode {

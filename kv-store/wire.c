@@ -6,8 +6,9 @@
 /* Every mode's table wire value is protobuf-c's constant of the same name; streaming has none
  * (RA_MODE_NO_WIRE), so it is given one here for the assertion to name. */
 #define RAKV__ATTEND_MODE__MODE_STREAMING RA_MODE_NO_WIRE
-#define WIRE_ASSERT_(id, name, wire, flags, slot, help) \
-  _Static_assert((wire) == (int)RAKV__ATTEND_MODE__MODE_##id, "mode " name ": wire value differs from proto AttendMode");
+#define WIRE_ASSERT_(id, name, wire, flags, slot, help)      \
+  _Static_assert((wire) == (int)RAKV__ATTEND_MODE__MODE_##id, \
+                 "mode " name ": wire value differs from proto AttendMode");
 RA_MODE_TABLE(WIRE_ASSERT_)
 #undef WIRE_ASSERT_
 #undef RAKV__ATTEND_MODE__MODE_STREAMING
