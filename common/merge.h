@@ -10,6 +10,7 @@
 #define RA_MERGE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 typedef struct ra_partial {
   float *o; /* [head_dim] */
@@ -17,11 +18,29 @@ typedef struct ra_partial {
   float l;
 } ra_partial;
 
+/* One query head's partial as a kv-store computes it (kv-store/attend.h) and a client of the
+ * store receives it (kv-store/client.h); proto HeadPartial is its wire form only, converted in
+ * kv-store/wire.c. */
+typedef struct ra_head_partial {
+  uint32_t q_head;
+  ra_partial part;    /* part.o: [head_dim] */
+  uint64_t n_scanned; /* keys whose q·k was computed */
+  uint64_t n_keys;    /* keys stored for this head's kv head */
+  uint64_t *ids;      /* [n_ids] token positions attended over, best first (flat, index modes)
+                         or by position (full) */
+  size_t ids_cap;     /* a client's room in ids (it keeps the first ids_cap); a store's: n_ids */
+  size_t n_ids;       /* positions the store returned */
+} ra_head_partial;
+
 /* Makes `p` the empty partial; p->o must hold head_dim floats. */
 void ra_partial_reset(ra_partial *p, int head_dim);
 
 /* acc <- merge(acc, (o, m, l)). `o` may be NULL only when l == 0. */
 void ra_partial_merge(ra_partial *acc, const float *o, float m, float l, int head_dim);
+/* acc <- merge(acc, *p) */
+static inline void ra_partial_merge_from(ra_partial *acc, const ra_partial *p, int head_dim) {
+  ra_partial_merge(acc, p->o, p->m, p->l, head_dim);
+}
 
 /* Exact partial attention of one query over n fp32 keys/values (the reference the optimized
  * kernels are tested against).  q: [head_dim], k, v: [n, head_dim], out->o: [head_dim].

@@ -57,7 +57,7 @@ static const char *usage_text =
 typedef struct opts {
   const char *cmd, *model, *tokenizer, *prompt_file, *prompt, *backend, *json, *out, *layers;
   const char *stores, *shard_map;
-  ra_offload_config off; /* mode == RA_ATTN_FULL: no offload */
+  ra_offload_config off; /* mode == RA_MODE_FULL: no offload */
   int chat, threads, max_new, decode_tokens, no_stop, top_k, key_top_given, synthetic;
   long ctx, batch;
   float temperature, top_p;
@@ -94,7 +94,7 @@ static int parse_opts(int argc, char **argv, opts *o) {
   o->kv_dtype = RA_DTYPE_F32;
   o->dump_dtype = RA_DTYPE_F16;
   ra_offload_config_default(&o->off);
-  o->off.mode = RA_ATTN_FULL;
+  o->off.mode = RA_MODE_FULL;
   o->cmd = argv[1];
   for (int i = 2; i < argc; i++) {
     const char *a = argv[i];
@@ -126,7 +126,7 @@ static int parse_opts(int argc, char **argv, opts *o) {
     else if (strcmp(a, "--dtype") == 0) { NEED_VALUE(); if (ra_dtype_parse(v, &o->dump_dtype) || o->dump_dtype == RA_DTYPE_BF16) return usage_error("bad --dtype %s (f16 or f32)", v); }
     else if (strcmp(a, "--stores") == 0) { NEED_VALUE(); o->stores = v; }
     else if (strcmp(a, "--shard-map") == 0) { NEED_VALUE(); o->shard_map = v; }
-    else if (strcmp(a, "--mode") == 0) { NEED_VALUE(); if (ra_attn_mode_parse(v, &o->off.mode)) return usage_error("bad --mode %s (full, streaming, flat, ivf, kgraph, roar)", v); }
+    else if (strcmp(a, "--mode") == 0) { NEED_VALUE(); if (ra_mode_parse(v, &o->off.mode)) return usage_error("bad --mode %s (full, streaming, flat, ivf, kgraph, roar)", v); }
     else if (strcmp(a, "--sink") == 0) { NEED_VALUE(); if (parse_int(v, 0, 1L << 20, &n)) return usage_error("bad --sink %s", v); o->off.n_sink = (uint32_t)n; }
     else if (strcmp(a, "--window") == 0) { NEED_VALUE(); if (parse_int(v, 1, 1L << 20, &n)) return usage_error("bad --window %s", v); o->off.n_window = (uint32_t)n; }
     else if (strcmp(a, "--attn-top-k") == 0) { NEED_VALUE(); if (parse_int(v, 1, 1L << 24, &n)) return usage_error("bad --attn-top-k %s", v); o->off.top_k = (uint32_t)n; }
@@ -140,22 +140,22 @@ static int parse_opts(int argc, char **argv, opts *o) {
 #undef NEED_VALUE
   }
   if (!o->model) return usage_error("%s needs --model", o->cmd);
-  int distributed = o->off.mode != RA_ATTN_FULL && o->off.mode != RA_ATTN_STREAMING;
+  int distributed = o->off.mode != RA_MODE_FULL && o->off.mode != RA_MODE_STREAMING;
   if (distributed && !o->stores && !o->shard_map)
-    return usage_error("--mode %s needs --stores or --shard-map", ra_attn_mode_name(o->off.mode));
+    return usage_error("--mode %s needs --stores or --shard-map", ra_mode_name(o->off.mode));
   if (!distributed && (o->stores || o->shard_map))
     return usage_error("--stores / --shard-map need a --mode that uses them (flat, ivf, kgraph, roar), not %s",
-                       ra_attn_mode_name(o->off.mode));
+                       ra_mode_name(o->off.mode));
   if (o->stores && o->shard_map) return usage_error("give --stores or --shard-map, not both%s", "");
-  if (o->off.roar_per_kv_head && o->off.mode != RA_ATTN_ROAR)
-    return usage_error("--index-per-kv-head is for --mode roar, not %s", ra_attn_mode_name(o->off.mode));
+  if (o->off.roar_per_kv_head && o->off.mode != RA_MODE_ROAR)
+    return usage_error("--index-per-kv-head is for --mode roar, not %s", ra_mode_name(o->off.mode));
   if (o->synthetic && strcmp(o->cmd, "generate") != 0)
     return usage_error("--synthetic-prefill is a generate option, not %s", o->cmd);
-  if (o->synthetic && o->off.mode == RA_ATTN_FULL)
+  if (o->synthetic && o->off.mode == RA_MODE_FULL)
     return usage_error("--synthetic-prefill fills kv-stores: it needs a --mode other than %s", "full");
   o->off.synthetic_chunk = o->synthetic ? o->batch : 0;
-  if (o->key_top_given && o->off.mode != RA_ATTN_ROAR)
-    return usage_error("--key-top-queries is for --mode roar, not %s", ra_attn_mode_name(o->off.mode));
+  if (o->key_top_given && o->off.mode != RA_MODE_ROAR)
+    return usage_error("--key-top-queries is for --mode roar, not %s", ra_mode_name(o->off.mode));
   return 0;
 }
 
@@ -261,7 +261,7 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
   ra_shard_map map = {0};
   ra_offload_plan plan = {0};
   ra_offload *off = NULL;
-  if (o->off.mode == RA_ATTN_FULL) {
+  if (o->off.mode == RA_MODE_FULL) {
     rc = ra_state_new(m, ctx, o->batch < ctx ? o->batch : ctx, o->kv_dtype, &st, err);
   } else {
     ra_offload_config oc = o->off;
@@ -269,8 +269,8 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
     oc.max_ctx = ctx;
     oc.max_prompt = (int64_t)n; /* the prefill runs layer by layer over the whole prompt */
     if (!o->json && isatty(STDERR_FILENO)) oc.progress = print_progress;
-    if (oc.mode != RA_ATTN_STREAMING) rc = stores_plan(o, m, &map, &plan, err);
-    if (rc == RA_OK) rc = ra_offload_new(m, oc.mode == RA_ATTN_STREAMING ? NULL : &plan, &oc, &off, err);
+    if (oc.mode != RA_MODE_STREAMING) rc = stores_plan(o, m, &map, &plan, err);
+    if (rc == RA_OK) rc = ra_offload_new(m, oc.mode == RA_MODE_STREAMING ? NULL : &plan, &oc, &off, err);
     if (rc == RA_OK) st = ra_offload_state(off);
   }
   if (rc) {
@@ -309,7 +309,7 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
         for (size_t i = 0; i < res.n_tokens; i++) fprintf(f, "%s%d", i ? ", " : "", res.tokens[i]);
         fprintf(f, "], \"prefill_s\": %.6f, \"prefill_tok_s\": %.3f, \"decode_s\": %.6f, \"decode_steps\": %zu, \"decode_tok_s\": %.3f",
                 res.prefill_s, pf, res.decode_s, res.n_decode_steps, dc);
-        fprintf(f, ", \"mode\": \"%s\"", ra_attn_mode_name(o->off.mode));
+        fprintf(f, ", \"mode\": \"%s\"", ra_mode_name(o->off.mode));
         if (off) {
           size_t n_steps;
           const ra_offload_stats *steps = ra_offload_step_stats(off, &n_steps);

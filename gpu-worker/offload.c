@@ -8,29 +8,13 @@
 #include <string.h>
 #include <uv.h>
 
-static const char *const mode_names[] = {"full", "streaming", "flat", "ivf", "kgraph", "roar"};
-
-const char *ra_attn_mode_name(ra_attn_mode m) {
-  return (unsigned)m < sizeof mode_names / sizeof mode_names[0] ? mode_names[m] : "?";
-}
-
-int ra_attn_mode_parse(const char *name, ra_attn_mode *out) {
-  for (size_t i = 0; i < sizeof mode_names / sizeof mode_names[0]; i++) {
-    if (strcmp(name, mode_names[i]) == 0) {
-      *out = (ra_attn_mode)i;
-      return RA_OK;
-    }
-  }
-  return RA_EINVAL;
-}
-
 /* build_queries 4096: on SmolLM2 8K Q/K (index-bench, layers 3/15/27 x q heads 0/4/8, roar with
  * 64 pivots) the median head scans 12.6 % of the keys for recall@100 >= 0.95 (worst head 53.9 %)
  * from 1/8 of the ~8.1K prefill queries (about the former 1024), 9.2 % (19.3 %) from half of them
  * and 9.0 % (16.2 %) from all. The GPU's score block is build_queries x offloaded keys fp32:
  * 2 GiB at 128K keys. */
 void ra_offload_config_default(ra_offload_config *c) {
-  *c = (ra_offload_config){.mode = RA_ATTN_ROAR, .n_sink = 128, .n_window = 512, .top_k = 100,
+  *c = (ra_offload_config){.mode = RA_MODE_ROAR, .n_sink = 128, .n_window = 512, .top_k = 100,
                            .knn_nq = 100, .build_queries = 4096, .key_top_queries = 4, .build_layers = 3, .kv_dtype = RA_DTYPE_F32,
                            .store_dtype = RA_DTYPE_F16, .max_ctx = 8192, .max_prompt = 8192,
                            .timeout_ms = 10000};
@@ -52,8 +36,7 @@ struct ra_offload {
   int32_t *q_pick_rows;   /* [build_queries] their rows in the step's q */
   float *q_host;          /* [n_heads, head_dim] */
   float *o_host;          /* [n_heads, head_dim] */
-  float *m_host, *l_host; /* [n_heads] */
-  float *ml_host;         /* [n_heads, 2] */
+  float *ml_host;         /* [n_heads, 2]: (m, l) per head, the layout attn_merge takes */
   float *evict_k;         /* [n_layers, n_kv_heads, head_dim]: the token leaving the window */
   float *evict_v;
   size_t kv_row;          /* floats per cache row: n_kv_heads * head_dim */
@@ -74,17 +57,6 @@ static int64_t ring_row(const ra_offload *o, int64_t p) {
   return p < s ? p : s + (p - s) % o->cfg.n_window;
 }
 
-static ra_kvclient_mode store_mode(ra_attn_mode m) {
-  switch (m) {
-    case RA_ATTN_IVF: return RA_KVCLIENT_IVF;
-    case RA_ATTN_KGRAPH: return RA_KVCLIENT_KGRAPH;
-    case RA_ATTN_ROAR: return RA_KVCLIENT_ROAR;
-    default: return RA_KVCLIENT_FLAT;
-  }
-}
-
-static int is_index_mode(ra_attn_mode m) { return m == RA_ATTN_IVF || m == RA_ATTN_KGRAPH || m == RA_ATTN_ROAR; }
-
 void ra_offload_free(ra_offload *o) {
   if (!o) return;
   ra_remote_close(o->remote);
@@ -97,8 +69,6 @@ void ra_offload_free(ra_offload *o) {
   ra_state_free(o->st);
   free(o->q_host);
   free(o->o_host);
-  free(o->m_host);
-  free(o->l_host);
   free(o->ml_host);
   free(o->evict_k);
   free(o->evict_v);
@@ -110,10 +80,11 @@ int ra_offload_new(const ra_model *m, const ra_offload_plan *plan, const ra_offl
                    ra_offload **out, ra_error *err) {
   *out = NULL;
   const ra_model_config *c = &m->cfg;
-  if (cfg->mode == RA_ATTN_FULL) return ra_errorf(err, RA_EINVAL, "offload: full attention is not an offload mode");
+  if (cfg->mode == RA_MODE_FULL) return ra_errorf(err, RA_EINVAL, "offload: full attention is not an offload mode");
+  if (cfg->mode == RA_MODE_WAVE) return ra_errorf(err, RA_EUNSUPPORTED, "offload: mode wave is served by the stores only");
   if (cfg->n_window < 1) return ra_errorf(err, RA_EINVAL, "offload: the window must hold at least 1 token");
-  if (cfg->mode != RA_ATTN_STREAMING && !plan)
-    return ra_errorf(err, RA_EINVAL, "offload: mode %s needs kv-stores", ra_attn_mode_name(cfg->mode));
+  if (ra_mode_uses_stores(cfg->mode) && !plan)
+    return ra_errorf(err, RA_EINVAL, "offload: mode %s needs kv-stores", ra_mode_name(cfg->mode));
   if (plan && (plan->n_layers != (uint32_t)c->n_layers || plan->n_q_heads != (uint32_t)c->n_heads ||
                plan->n_kv_heads != (uint32_t)c->n_kv_heads || plan->n_sink != cfg->n_sink ||
                plan->n_window != cfg->n_window))
@@ -121,7 +92,7 @@ int ra_offload_new(const ra_model *m, const ra_offload_plan *plan, const ra_offl
                      "is not the model's (%d layers, %d/%d heads, sink %u, window %u)",
                      plan->n_layers, plan->n_q_heads, plan->n_kv_heads, plan->n_sink, plan->n_window, c->n_layers,
                      c->n_heads, c->n_kv_heads, cfg->n_sink, cfg->n_window);
-  if (is_index_mode(cfg->mode) && (cfg->knn_nq < 2 || cfg->build_queries < 1))
+  if (ra_mode_has_index(cfg->mode) && (cfg->knn_nq < 2 || cfg->build_queries < 1))
     return ra_errorf(err, RA_EINVAL, "offload: index build needs knn_nq >= 2 and build_queries >= 1");
   if (cfg->build_layers < 1 || cfg->build_layers > RA_OFFLOAD_MAX_BUILD_LAYERS)
     return ra_errorf(err, RA_EINVAL, "offload: build_layers %u (1 to %d)", cfg->build_layers,
@@ -149,7 +120,7 @@ int ra_offload_new(const ra_model *m, const ra_offload_plan *plan, const ra_offl
   if (rc == RA_OK) rc = ra_tensor_new(m->be, &o->scratch_v, cfg->kv_dtype, 3, scratch_shape, err);
   if (rc == RA_OK) rc = ra_tensor_new(m->be, &o->rem_o, RA_DTYPE_F32, 2, o_shape, err);
   if (rc == RA_OK) rc = ra_tensor_new(m->be, &o->rem_ml, RA_DTYPE_F32, 2, ml_shape, err);
-  if (rc == RA_OK && cfg->mode == RA_ATTN_ROAR) {
+  if (rc == RA_OK && cfg->mode == RA_MODE_ROAR) {
     int64_t n_q = (int64_t)cfg->build_queries < max_prompt ? (int64_t)cfg->build_queries : max_prompt;
     int64_t pick_shape[2] = {n_q, (int64_t)c->n_heads * c->head_dim};
     rc = ra_tensor_new(m->be, &o->q_pick, RA_DTYPE_F32, 2, pick_shape, err);
@@ -160,17 +131,15 @@ int ra_offload_new(const ra_model *m, const ra_offload_plan *plan, const ra_offl
     size_t hq = (size_t)c->n_heads * (size_t)c->head_dim, ev = (size_t)c->n_layers * o->kv_row;
     o->q_host = malloc(hq * sizeof(float));
     o->o_host = malloc(hq * sizeof(float));
-    o->m_host = malloc((size_t)c->n_heads * sizeof(float));
-    o->l_host = malloc((size_t)c->n_heads * sizeof(float));
     o->ml_host = malloc((size_t)c->n_heads * 2 * sizeof(float));
     o->evict_k = malloc(ev * sizeof(float));
     o->evict_v = malloc(ev * sizeof(float));
-    if (!o->q_host || !o->o_host || !o->m_host || !o->l_host || !o->ml_host || !o->evict_k || !o->evict_v)
+    if (!o->q_host || !o->o_host || !o->ml_host || !o->evict_k || !o->evict_v)
       rc = ra_errorf(err, RA_ENOMEM, "offload: out of memory");
   }
   if (rc == RA_OK && plan) {
-    ra_remote_config rcfg = {.dtype = cfg->store_dtype, .mode = store_mode(cfg->mode), .top_k = cfg->top_k,
-                             .ef = cfg->ef, .nprobe = cfg->nprobe, .timeout_ms = cfg->timeout_ms,
+    ra_remote_config rcfg = {.dtype = cfg->store_dtype, .mode = cfg->mode, .top_k = cfg->top_k,
+                             .search = {.ef = cfg->ef, .nprobe = cfg->nprobe}, .timeout_ms = cfg->timeout_ms,
                              .roar_per_kv_head = cfg->roar_per_kv_head, .client_name = "gpu-worker"};
     rc = ra_remote_open(plan, (uint32_t)c->head_dim, &rcfg, &o->remote, err);
   }
@@ -313,7 +282,7 @@ static int layer_job_knn(layer_job *j, const ra_tensor *kc, int64_t kc_b, const 
     j->knn = 0; /* too few offloaded keys to be worth an index: the stores scan */
     return RA_OK;
   }
-  if (o->cfg.mode != RA_ATTN_ROAR) return RA_OK;
+  if (o->cfg.mode != RA_MODE_ROAR) return RA_OK;
   j->n_q = n_q;
   j->q = malloc((size_t)(c->n_heads * n_q * hd) * sizeof(float));
   j->ids = malloc((size_t)(c->n_heads * n_q * j->knn) * sizeof(uint64_t));
@@ -400,11 +369,11 @@ static int layer_job_run(void *arg, ra_error *err) {
   uint64_t t0 = uv_hrtime();
   int rc = ra_remote_put(o->remote, (uint32_t)j->layer, j->k, j->v, (uint64_t)j->b, (uint64_t)(j->e - j->b), err);
   o->pipe_append_us += (double)(uv_hrtime() - t0) / 1e3;
-  if (rc != RA_OK || !is_index_mode(o->cfg.mode) || j->knn == 0) return rc;
+  if (rc != RA_OK || !ra_mode_has_index(o->cfg.mode) || j->knn == 0) return rc;
   if ((rc = layer_builds_make_room(o, err)) != RA_OK) return rc;
   const size_t in_flight = ra_remote_builds_in_flight(o->remote);
   int64_t group = c->n_heads / c->n_kv_heads, hd = c->head_dim;
-  if (o->cfg.mode == RA_ATTN_ROAR) {
+  if (o->cfg.mode == RA_MODE_ROAR) {
     /* per kv head: the group's q heads are consecutive in q and ids, so their queries and lists
      * go as one block of group * n_q */
     const int64_t step = o->cfg.roar_per_kv_head ? group : 1, nq = step * j->n_q;
@@ -445,7 +414,7 @@ static int layer_job_new(ra_offload *o, int l, int64_t b, int64_t e, const float
     return ra_errorf(err, RA_ENOMEM, "offload: out of memory");
   }
   *j = (layer_job){.o = o, .layer = l, .b = b, .e = e, .k = k, .v = v, .own_kv = own_kv};
-  int rc = is_index_mode(o->cfg.mode) ? layer_job_knn(j, kc, kc_b, q_sample, n_q, err) : RA_OK;
+  int rc = ra_mode_has_index(o->cfg.mode) ? layer_job_knn(j, kc, kc_b, q_sample, n_q, err) : RA_OK;
   if (rc != RA_OK) {
     layer_job_free(j);
     return rc;
@@ -553,7 +522,7 @@ int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offlo
   const size_t q_row = (size_t)o->m->cfg.n_heads * (size_t)o->m->cfg.head_dim;
   float *q = NULL;
   int rc = RA_OK;
-  if (o->remote && o->cfg.mode == RA_ATTN_ROAR && !(q = malloc((size_t)n_q * q_row * sizeof(float))))
+  if (o->remote && o->cfg.mode == RA_MODE_ROAR && !(q = malloc((size_t)n_q * q_row * sizeof(float))))
     rc = ra_errorf(err, RA_ENOMEM, "offload: out of memory for %lld sampled queries", (long long)n_q);
   if (rc == RA_OK && o->remote) rc = ra_job_pipe_start(2, &pipe, err);
   if (rc == RA_OK && !synthetic) rc = ra_step_begin(st, tokens, n, err);
@@ -636,7 +605,7 @@ int ra_offload_seed(ra_offload *o, const ra_prefill_capture *cap, ra_offload_sta
     return ra_errorf(err, RA_EINVAL, "offload: a seed of %lld tokens (at most %lld)", (long long)n,
                      (long long)o->scratch_k.shape[0]);
   int64_t n_q = n < (int64_t)o->cfg.build_queries ? n : (int64_t)o->cfg.build_queries;
-  if (is_index_mode(o->cfg.mode) && cap->n_queries != n_q)
+  if (ra_mode_has_index(o->cfg.mode) && cap->n_queries != n_q)
     return ra_errorf(err, RA_EINVAL, "offload: the capture sampled %lld queries per layer, the index build wants %lld",
                      (long long)cap->n_queries, (long long)n_q);
   uint64_t t0 = uv_hrtime(), b64, e64;
@@ -654,7 +623,7 @@ int ra_offload_seed(ra_offload *o, const ra_prefill_capture *cap, ra_offload_sta
       layer_job *job = NULL;
       o->pipe_append_us = o->pipe_index_us = 0.0;
       /* roar's kNN reads the layer's keys on the backend: the offloaded rows go to the scratch */
-      if (o->cfg.mode == RA_ATTN_ROAR)
+      if (o->cfg.mode == RA_MODE_ROAR)
         rc = o->m->be->ops->upload(o->m->be, &o->scratch_k, (size_t)b * o->kv_row, k + (size_t)b * o->kv_row,
                                    (size_t)(e - b) * o->kv_row, err);
       if (rc == RA_OK)
@@ -747,15 +716,11 @@ int ra_offload_decode(ra_offload *o, int32_t token, ra_offload_stats *stats, ra_
       rc = be->ops->sync(be, err);
       uint64_t tw = uv_hrtime();
       ra_remote_stats rs;
-      if (rc == RA_OK) rc = ra_remote_attend_end(o->remote, o->o_host, o->m_host, o->l_host, &rs, err);
+      if (rc == RA_OK) rc = ra_remote_attend_end(o->remote, o->o_host, o->ml_host, &rs, err);
       s.wait_us += (double)(uv_hrtime() - tw) / 1e3;
       if (rc == RA_OK) {
         s.store_us += rs.store_us;
         s.n_scanned += rs.n_scanned;
-        for (int h = 0; h < c->n_heads; h++) {
-          o->ml_host[2 * h] = o->m_host[h];
-          o->ml_host[2 * h + 1] = o->l_host[h];
-        }
         rc = be->ops->upload(be, &o->rem_o, 0, o->o_host, hq, err);
       }
       if (rc == RA_OK) rc = be->ops->upload(be, &o->rem_ml, 0, o->ml_host, (size_t)c->n_heads * 2, err);

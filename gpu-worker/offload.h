@@ -26,23 +26,12 @@
 #define RA_OFFLOAD_H
 
 #include "model.h"
+#include "modes.h"
 #include "offload_plan.h"
 #include "prefill_capture.h"
 #include "remote.h"
 
 #include <stdint.h>
-
-typedef enum ra_attn_mode {
-  RA_ATTN_FULL = 0,
-  RA_ATTN_STREAMING,
-  RA_ATTN_FLAT,
-  RA_ATTN_IVF,
-  RA_ATTN_KGRAPH,
-  RA_ATTN_ROAR,
-} ra_attn_mode;
-
-const char *ra_attn_mode_name(ra_attn_mode m);
-int ra_attn_mode_parse(const char *name, ra_attn_mode *out); /* 0 or RA_EINVAL */
 
 /* Where a prefill stands, after each layer. */
 typedef struct ra_offload_progress {
@@ -55,7 +44,7 @@ typedef struct ra_offload_progress {
 #define RA_OFFLOAD_MAX_BUILD_LAYERS 8
 
 typedef struct ra_offload_config {
-  ra_attn_mode mode;      /* anything but full */
+  ra_mode mode;           /* anything but full (common/modes.h) */
   uint32_t n_sink;        /* S, default 128 */
   uint32_t n_window;      /* W, default 512 */
   uint32_t top_k;         /* keys per q head at the stores (default 100) */

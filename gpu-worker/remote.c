@@ -18,7 +18,7 @@ typedef struct remote_store {
   uint32_t *heads;             /* [n_q_heads] */
   float *q;                    /* [n_q_heads, head_dim] */
   float *o;                    /* [n_q_heads, head_dim] */
-  ra_kvclient_partial *parts;  /* [n_q_heads] */
+  ra_head_partial *parts;      /* [n_q_heads] */
   ra_kvclient_attend_req req;  /* the request in flight */
   ra_kvclient_rows *rows;      /* [n_shards + n_layers * n_kv_heads]: put / append blocks */
   size_t n_rows;               /* blocks staged in rows */
@@ -258,9 +258,9 @@ int ra_remote_build_index_start(ra_remote *r, uint32_t layer, uint32_t q_head, c
   if (layer >= r->plan->n_layers || q_head >= r->plan->n_q_heads)
     return ra_errorf(err, RA_EINVAL, "remote: layer %u q head %u out of range", layer, q_head);
   /* ivf and kgraph learn from the keys alone: one index per kv head serves its whole group. */
-  int key_only = r->cfg.mode == RA_KVCLIENT_IVF || r->cfg.mode == RA_KVCLIENT_KGRAPH;
-  ra_kvclient_index_params params = {.kind = r->cfg.mode,
-                                     .per_kv_head = key_only || (r->cfg.mode == RA_KVCLIENT_ROAR && r->cfg.roar_per_kv_head)};
+  int key_only = r->cfg.mode == RA_MODE_IVF || r->cfg.mode == RA_MODE_KGRAPH;
+  ra_index_spec params = {.kind = r->cfg.mode,
+                          .per_kv_head = key_only || (r->cfg.mode == RA_MODE_ROAR && r->cfg.roar_per_kv_head)};
   for (size_t i = 0; i < r->n_stores && rc == RA_OK; i++) {
     remote_store *s = &r->stores[i];
     if (!ra_offload_plan_asks(r->plan, i, layer, q_head)) continue;
@@ -355,12 +355,11 @@ int ra_remote_attend_begin(ra_remote *r, uint32_t layer, const float *q, ra_erro
       if (!ra_offload_plan_asks(p, i, layer, h)) continue;
       s->heads[n] = h;
       memcpy(s->q + n * hd, q + (size_t)h * hd, hd * sizeof(float));
-      s->parts[n] = (ra_kvclient_partial){.o = s->o + n * hd};
+      s->parts[n] = (ra_head_partial){.part.o = s->o + n * hd};
       n++;
     }
     s->req = (ra_kvclient_attend_req){.layer = layer, .q_heads = s->heads, .n_heads = n, .q = s->q,
-                                      .mode = r->cfg.mode, .top_k = r->cfg.top_k, .ef = r->cfg.ef,
-                                      .nprobe = r->cfg.nprobe};
+                                      .mode = r->cfg.mode, .top_k = r->cfg.top_k, .search = r->cfg.search};
     rc = ra_kvclient_attend_send(s->stream, &s->req, err);
   }
   if (rc) return remote_fail(r, rc, err);
@@ -368,7 +367,7 @@ int ra_remote_attend_begin(ra_remote *r, uint32_t layer, const float *q, ra_erro
   return RA_OK;
 }
 
-int ra_remote_attend_end(ra_remote *r, float *o, float *m, float *l, ra_remote_stats *stats, ra_error *err) {
+int ra_remote_attend_end(ra_remote *r, float *o, float *ml, ra_remote_stats *stats, ra_error *err) {
   int rc = remote_check(r, err);
   if (rc) return rc;
   if (!r->in_flight) return ra_errorf(err, RA_ESTATE, "remote: no attend in flight");
@@ -389,24 +388,24 @@ int ra_remote_attend_end(ra_remote *r, float *o, float *m, float *l, ra_remote_s
     if (rc) break;
     if ((double)compute_us > st.store_us) st.store_us = (double)compute_us;
     for (size_t j = 0; j < s->req.n_heads; j++) {
-      const ra_kvclient_partial *pt = &s->parts[j];
-      ra_partial_merge(&acc[s->heads[j]], pt->o, pt->m, pt->l, (int)hd);
+      const ra_head_partial *pt = &s->parts[j];
+      ra_partial_merge_from(&acc[s->heads[j]], &pt->part, (int)hd);
       st.n_scanned += pt->n_scanned;
       st.n_keys += pt->n_keys;
     }
   }
   st.wait_us = (double)(uv_hrtime() - r->t_begin) / 1e3;
   for (uint32_t h = 0; h < p->n_q_heads; h++) {
-    m[h] = acc[h].m;
-    l[h] = acc[h].l;
+    ml[2 * h] = acc[h].m;
+    ml[2 * h + 1] = acc[h].l;
   }
   if (rc) return remote_fail(r, rc, err);
   if (stats) *stats = st;
   return RA_OK;
 }
 
-int ra_remote_attend(ra_remote *r, uint32_t layer, const float *q, float *o, float *m, float *l,
+int ra_remote_attend(ra_remote *r, uint32_t layer, const float *q, float *o, float *ml,
                      ra_remote_stats *stats, ra_error *err) {
   int rc = ra_remote_attend_begin(r, layer, q, err);
-  return rc ? rc : ra_remote_attend_end(r, o, m, l, stats, err);
+  return rc ? rc : ra_remote_attend_end(r, o, ml, stats, err);
 }

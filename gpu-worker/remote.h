@@ -25,9 +25,9 @@ typedef struct ra_remote ra_remote;
 
 typedef struct ra_remote_config {
   ra_dtype dtype;          /* KV storage dtype at the stores */
-  ra_kvclient_mode mode;   /* how stores choose keys (full, flat, ivf, kgraph, roar) */
+  ra_mode mode;            /* how stores choose keys: a mode with a wire value (common/modes.h) */
   uint32_t top_k;          /* keys per q head for every mode but full */
-  uint32_t ef, nprobe;     /* index search parameters; 0: store defaults */
+  ra_search_spec search;   /* index search parameters; 0: store defaults */
   int timeout_ms;          /* deadline of each attend reply; 0: 10 s */
   int roar_per_kv_head;    /* roar: one graph per kv head, built from its whole group's queries */
   const char *client_name; /* for the stores' logs */
@@ -78,15 +78,16 @@ size_t ra_remote_builds_in_flight(const ra_remote *r);
 int ra_remote_append(ra_remote *r, uint64_t pos, const float *k, const float *v, ra_error *err);
 
 /* The merged partial over the offloaded tokens of `layer` for every q head.
- * q: [n_q_heads, head_dim] (RoPE applied); o: [n_q_heads, head_dim]; m, l: [n_q_heads].
+ * q: [n_q_heads, head_dim] (RoPE applied); o: [n_q_heads, head_dim]; ml: [n_q_heads, 2], (m, l)
+ * per head: the layout of the backend's attn_merge (backend.h), uploaded as it is.
  * A head no store holds tokens for gets the empty partial (m = -inf, l = 0, o = 0). */
-int ra_remote_attend(ra_remote *r, uint32_t layer, const float *q, float *o, float *m, float *l,
+int ra_remote_attend(ra_remote *r, uint32_t layer, const float *q, float *o, float *ml,
                      ra_remote_stats *stats, ra_error *err);
 
 /* attend in two halves: begin sends the requests of every store, end waits for the replies and
  * merges; the caller computes its own sink + window attention in between. */
 int ra_remote_attend_begin(ra_remote *r, uint32_t layer, const float *q, ra_error *err);
-int ra_remote_attend_end(ra_remote *r, float *o, float *m, float *l, ra_remote_stats *stats, ra_error *err);
+int ra_remote_attend_end(ra_remote *r, float *o, float *ml, ra_remote_stats *stats, ra_error *err);
 
 /* Closes the sessions (stores free their memory) and frees everything. */
 void ra_remote_close(ra_remote *r);

@@ -21,18 +21,6 @@
 #define KVS_BLOCK_MIN 1024
 #define KVS_BLOCK_MAX 16384
 
-const char *kvs_mode_name(kvs_mode m) {
-  switch (m) {
-    case KVS_MODE_FULL: return "full";
-    case KVS_MODE_FLAT: return "flat";
-    case KVS_MODE_IVF: return "ivf";
-    case KVS_MODE_KGRAPH: return "kgraph";
-    case KVS_MODE_ROAR: return "roar";
-    case KVS_MODE_WAVE: return "wave";
-  }
-  return "?";
-}
-
 /* The request heads reading one kv head. */
 typedef struct group {
   uint32_t kv_head;
@@ -74,20 +62,12 @@ static int check_args(const kvs_session *s, const kvs_attend_args *a, ra_error *
   if (a->n_heads > g->n_q_heads)
     return ra_errorf(err, RA_EINVAL, "%zu q heads asked for, the model has %u", a->n_heads,
                      g->n_q_heads);
-  switch (a->mode) {
-    case KVS_MODE_FULL: break;
-    case KVS_MODE_WAVE: break;
-    case KVS_MODE_FLAT:
-      if (a->top_k == 0) return ra_errorf(err, RA_EINVAL, "mode flat needs top_k > 0");
-      break;
-    case KVS_MODE_IVF:
-    case KVS_MODE_KGRAPH:
-    case KVS_MODE_ROAR:
-      if (a->top_k == 0)
-        return ra_errorf(err, RA_EINVAL, "mode %s needs top_k > 0", kvs_mode_name(a->mode));
-      break;
-    default: return ra_errorf(err, RA_EINVAL, "attend mode %d is unknown", (int)a->mode);
-  }
+  if ((unsigned)a->mode >= RA_MODE_COUNT)
+    return ra_errorf(err, RA_EINVAL, "attend mode %d is unknown", (int)a->mode);
+  if (ra_mode_to_wire(a->mode) == RA_MODE_NO_WIRE)
+    return ra_errorf(err, RA_EINVAL, "mode %s is not one a kv-store answers", ra_mode_name(a->mode));
+  if (ra_mode_takes_top_k(a->mode) && a->top_k == 0)
+    return ra_errorf(err, RA_EINVAL, "mode %s needs top_k > 0", ra_mode_name(a->mode));
   uint32_t group_size = g->n_q_heads / g->n_kv_heads;
   uint8_t seen[KVS_MAX_Q_HEADS / 8] = {0};
   for (size_t i = 0; i < a->n_heads; i++) {
@@ -274,8 +254,8 @@ static const kvs_shard *row_locate(const kvs_shard *sh, size_t count, uint32_t r
  * selecting mode (flat, and the index modes) ends with. dots: [n] the q·k already known for
  * each id (flat has them from the scan). Also turns ids into token positions when pos != NULL. */
 static void partial_over_rows(const plan *p, uint32_t kv_head, const uint32_t *ids,
-                              const float *dots, size_t n, float *o, float *m, float *l,
-                              uint64_t *pos) {
+                              const float *dots, size_t n, ra_partial *out, uint64_t *pos) {
+  float *o = out->o;
   size_t count;
   const kvs_shard *sh = kvs_session_head(p->s, p->a->layer, kv_head, &count);
   ra_dtype dt = p->s->geo.dtype;
@@ -295,8 +275,8 @@ static void partial_over_rows(const plan *p, uint32_t kv_head, const uint32_t *i
   if (n > 0) {
     for (int d = 0; d < p->dim; d++) o[d] /= sum;
   }
-  *m = mx;
-  *l = sum;
+  out->m = mx;
+  out->l = sum;
 }
 
 static int result_alloc(const plan *p, kvs_attend_result *out) {
@@ -310,7 +290,7 @@ static int result_alloc(const plan *p, kvs_attend_result *out) {
   if (a->want_ids) {
     for (size_t gi = 0; gi < p->n_groups; gi++) {
       uint64_t per = p->groups[gi].n_keys;
-      if (a->mode != KVS_MODE_FULL && per > a->top_k) per = a->top_k;
+      if (a->mode != RA_MODE_FULL && per > a->top_k) per = a->top_k;
       n_ids += (size_t)per * p->groups[gi].count;
     }
     out->ids = malloc((n_ids ? n_ids : 1) * sizeof *out->ids);
@@ -318,8 +298,7 @@ static int result_alloc(const plan *p, kvs_attend_result *out) {
   }
   for (size_t i = 0; i < a->n_heads; i++) {
     out->heads[i].q_head = a->q_heads[i];
-    out->heads[i].o = out->o + i * (size_t)p->dim;
-    out->heads[i].m = -INFINITY;
+    out->heads[i].part = (ra_partial){.o = out->o + i * (size_t)p->dim, .m = -INFINITY};
   }
   return RA_OK;
 }
@@ -364,23 +343,20 @@ static int run_full(const plan *p, int nt, kvs_attend_result *out, ra_error *err
     const task *t = &p->tasks[ti];
     const group *g = &p->groups[t->group];
     for (size_t j = 0; j < g->count; j++) {
-      kvs_head_partial *h = &out->heads[p->members[g->first + j]];
-      ra_partial acc = {.o = h->o, .m = h->m, .l = h->l};
+      ra_head_partial *h = &out->heads[p->members[g->first + j]];
       size_t slot = t->slot + j;
-      ra_partial_merge(&acc, o + slot * (size_t)dim, ml[slot], ml[p->n_slots + slot], dim);
-      h->m = acc.m;
-      h->l = acc.l;
+      ra_partial_merge(&h->part, o + slot * (size_t)dim, ml[slot], ml[p->n_slots + slot], dim);
     }
   }
   uint64_t *ids = out->ids;
   for (size_t gi = 0; gi < p->n_groups; gi++) {
     const group *g = &p->groups[gi];
     for (size_t j = 0; j < g->count; j++) {
-      kvs_head_partial *h = &out->heads[p->members[g->first + j]];
+      ra_head_partial *h = &out->heads[p->members[g->first + j]];
       h->n_scanned = h->n_keys = g->n_keys;
       if (ids) {
         h->ids = ids;
-        h->n_ids = (size_t)g->n_keys;
+        h->n_ids = h->ids_cap = (size_t)g->n_keys;
         all_positions(p, g->kv_head, ids);
         ids += g->n_keys;
       }
@@ -399,16 +375,16 @@ static void finish_selected(const plan *p, ra_topk *final, kvs_attend_result *ou
     const group *g = &p->groups[gi];
     for (size_t j = 0; j < g->count; j++) {
       size_t hi = p->members[g->first + j];
-      kvs_head_partial *h = &out->heads[hi];
+      ra_head_partial *h = &out->heads[hi];
       ra_topk *sel = &final[hi];
       ra_topk_sort(sel);
       h->n_keys = g->n_keys;
       if (pos) {
         h->ids = pos;
-        h->n_ids = sel->n;
+        h->n_ids = h->ids_cap = sel->n;
         pos += sel->n;
       }
-      partial_over_rows(p, g->kv_head, sel->id, sel->score, sel->n, h->o, &h->m, &h->l, h->ids);
+      partial_over_rows(p, g->kv_head, sel->id, sel->score, sel->n, &h->part, h->ids);
     }
   }
 }
@@ -482,7 +458,7 @@ typedef struct search_task {
 /* One task per (asked head, shard of its kv head), each with the index it searches; RA_ESTATE
  * when a shard has none of the mode's kind (even an empty one: BuildIndex builds on every shard
  * of the kv head, so a missing index means the client skipped it). */
-static int index_tasks(const plan *p, ra_index_kind kind, search_task **out, size_t *n_out,
+static int index_tasks(const plan *p, ra_mode kind, search_task **out, size_t *n_out,
                        ra_error *err) {
   const kvs_attend_args *a = p->a;
   size_t n = 0;
@@ -514,7 +490,7 @@ static int index_tasks(const plan *p, ra_index_kind kind, search_task **out, siz
           return ra_errorf(err, RA_ESTATE,
                            "mode %s needs an index: none built for layer %u q head %u (shard "
                            "tokens %s)",
-                           kvs_mode_name(a->mode), a->layer, a->q_heads[hi], range);
+                           ra_mode_name(a->mode), a->layer, a->q_heads[hi], range);
         }
         t[at++] = (search_task){.head = hi, .shard = &sh[k], .ix = ix, .row_base = base};
         base += sh[k].n;
@@ -554,7 +530,7 @@ static uint32_t scan_tail(const plan *p, const search_task *t, const float *q, u
 
 static int run_index(const plan *p, int nt, kvs_attend_result *out, ra_error *err) {
   const kvs_attend_args *a = p->a;
-  const ra_index_kind kind = (ra_index_kind)a->mode;
+  const ra_mode kind = a->mode;
   /* No head can use more candidates than its kv head has keys. */
   uint64_t most = 0;
   for (size_t gi = 0; gi < p->n_groups; gi++)
@@ -566,8 +542,10 @@ static int run_index(const plan *p, int nt, kvs_attend_result *out, ra_error *er
   if (rc) return rc;
   ra_search_params sp;
   ra_search_params_default(kind, &sp);
-  if (a->ef) sp.ef = a->ef;
-  if (a->nprobe) sp.nprobe = a->nprobe;
+#define PICK_(name, type, lo, hi, modes, zero, flag, help) \
+  if (a->search.name) sp.name = a->search.name;
+  RA_SEARCH_PARAM_TABLE(PICK_)
+#undef PICK_
   /* Per task: up to k candidates (shard rows, q·k) and the dot products computed. */
   uint32_t *cid = malloc((n_tasks * k + 1) * sizeof *cid);
   float *csc = malloc((n_tasks * k + 1) * sizeof *csc);
@@ -646,7 +624,7 @@ static int run_index(const plan *p, int nt, kvs_attend_result *out, ra_error *er
     out->search_cpu_us += search_cpu_us;
   }
   if ((rc = atomic_load(&failed)) != RA_OK) {
-    rc = ra_errorf(err, rc, "%s search failed: %s", kvs_mode_name(a->mode), ra_strerror(rc));
+    rc = ra_errorf(err, rc, "%s search failed: %s", ra_mode_name(a->mode), ra_strerror(rc));
     goto done;
   }
   /* The global top-k of each head over its shards' candidates, in kv-head row numbers. */
@@ -660,7 +638,7 @@ static int run_index(const plan *p, int nt, kvs_attend_result *out, ra_error *er
   if (rc) goto done;
   for (size_t ti = 0; ti < n_tasks; ti++) {
     const search_task *t = &tasks[ti];
-    kvs_head_partial *h = &out->heads[t->head];
+    ra_head_partial *h = &out->heads[t->head];
     h->n_scanned += cscan[ti];
     for (uint32_t i = 0; i < cn[ti]; i++)
       ra_topk_push(&final[t->head], csc[ti * k + i], (uint32_t)(t->row_base + cid[ti * k + i]));
@@ -695,9 +673,9 @@ int kvs_attend(kvs_session *s, const kvs_attend_args *a, kvs_attend_result *out,
   }
   if (result_alloc(&p, out) != RA_OK) {
     rc = ra_errorf(err, RA_ENOMEM, "out of memory for the attend result");
-  } else if (a->mode == KVS_MODE_FULL) {
+  } else if (a->mode == RA_MODE_FULL) {
     rc = run_full(&p, nt, out, err);
-  } else if (a->mode == KVS_MODE_FLAT) {
+  } else if (a->mode == RA_MODE_FLAT) {
     rc = run_flat(&p, nt, out, err);
   } else {
     rc = run_index(&p, nt, out, err);

@@ -27,22 +27,13 @@
 #ifndef KVS_ATTEND_H
 #define KVS_ATTEND_H
 
+#include "index_params.h"
+#include "merge.h"
+#include "modes.h"
 #include "store.h"
 
 #include <stddef.h>
 #include <stdint.h>
-
-/* Numbered as proto/kvstore.proto's AttendMode. */
-typedef enum kvs_mode {
-  KVS_MODE_FULL = 0,
-  KVS_MODE_FLAT = 1,
-  KVS_MODE_IVF = 2,
-  KVS_MODE_KGRAPH = 3,
-  KVS_MODE_ROAR = 4,
-  KVS_MODE_WAVE = 5, /* the worker's clusters + the unclustered rows (attend_wave.h) */
-} kvs_mode;
-
-const char *kvs_mode_name(kvs_mode m); /* "full", "flat", ...; "?" when unknown */
 
 /* Wave mode's cluster selection (proto AttendRequest.cluster_*): kv head kv_heads[i] selects
  * counts[i] cluster ids, the next ones of ids ([n_ids], concatenated). */
@@ -59,28 +50,17 @@ typedef struct kvs_attend_args {
   const uint32_t *q_heads; /* [n_heads], distinct, each of a kv head this session stores */
   size_t n_heads;
   const float *q;          /* [n_heads, head_dim] */
-  kvs_mode mode;
+  ra_mode mode;            /* a mode a store answers (one with a wire value) */
   uint32_t top_k;          /* keys per head for every mode but full */
-  uint32_t ef, nprobe;     /* index modes: beam width, ivf lists probed; 0: ra_search_params_default */
+  ra_search_spec search;   /* index modes: beam width, ivf lists probed; 0: ra_search_params_default */
   int want_ids;            /* fill ids with the token positions attended over */
   int n_threads;           /* OpenMP threads; 0: the OpenMP default */
   kvs_wave_select wave;    /* mode wave only */
 } kvs_attend_args;
 
-typedef struct kvs_head_partial {
-  uint32_t q_head;
-  float *o; /* [head_dim], inside kvs_attend_result.o */
-  float m;
-  float l;
-  uint64_t n_scanned; /* keys whose q·k was computed */
-  uint64_t n_keys;    /* keys stored for this head's kv head */
-  uint64_t *ids;      /* [n_ids] token positions, ascending by score rank (flat) or position */
-  size_t n_ids;
-} kvs_head_partial;
-
 typedef struct kvs_attend_result {
   size_t n_heads;
-  kvs_head_partial *heads; /* [n_heads], in request order */
+  ra_head_partial *heads;  /* [n_heads], in request order; heads[i].part.o = o + i * head_dim */
   float *o;                /* [n_heads, head_dim] */
   uint64_t *ids;           /* backing store of every head's ids */
   /* index modes: (head, shard) searches, those that scanned the shard exactly because the

@@ -18,7 +18,7 @@
 #define WAVE_TASK_MAX 16384
 
 int kvs_attend_is_wave(const kvs_attend_args *a) {
-  return a->mode == KVS_MODE_WAVE || a->wave.n_heads > 0 || a->wave.n_ids > 0;
+  return a->mode == RA_MODE_WAVE || a->wave.n_heads > 0 || a->wave.n_ids > 0;
 }
 
 /* Consecutive rows [r0, r1) of one shard. */
@@ -345,19 +345,16 @@ static int result_fill(const wplan *p, const float *o, const float *ml, kvs_atte
   if (!out->heads || !out->o || (a->want_ids && !out->ids))
     return ra_errorf(err, RA_ENOMEM, "out of memory for the attend result");
   for (size_t i = 0; i < a->n_heads; i++) {
-    out->heads[i] = (kvs_head_partial){.q_head = a->q_heads[i], .o = out->o + i * (size_t)dim,
-                                       .m = -INFINITY};
+    out->heads[i] = (ra_head_partial){.q_head = a->q_heads[i],
+                                      .part = {.o = out->o + i * (size_t)dim, .m = -INFINITY}};
   }
   for (size_t ti = 0; ti < p->n_tasks; ti++) {
     const wtask *t = &p->tasks[ti];
     const wgroup *gr = &p->groups[t->group];
     for (size_t j = 0; j < gr->count; j++) {
-      kvs_head_partial *h = &out->heads[p->members[gr->first + j]];
-      ra_partial acc = {.o = h->o, .m = h->m, .l = h->l};
+      ra_head_partial *h = &out->heads[p->members[gr->first + j]];
       const size_t slot = t->slot + j;
-      ra_partial_merge(&acc, o + slot * (size_t)dim, ml[slot], ml[p->n_slots + slot], dim);
-      h->m = acc.m;
-      h->l = acc.l;
+      ra_partial_merge(&h->part, o + slot * (size_t)dim, ml[slot], ml[p->n_slots + slot], dim);
     }
   }
   uint64_t *ids = out->ids;
@@ -370,7 +367,7 @@ static int result_fill(const wplan *p, const float *o, const float *ml, kvs_atte
           *at++ = p->pieces[i].shard->spec.token_begin + r;
     }
     for (size_t j = 0; j < gr->count; j++) {
-      kvs_head_partial *h = &out->heads[p->members[gr->first + j]];
+      ra_head_partial *h = &out->heads[p->members[gr->first + j]];
       h->n_scanned = gr->n_rows;
       h->n_keys = gr->n_keys;
       if (ids) {
@@ -386,9 +383,9 @@ static int result_fill(const wplan *p, const float *o, const float *ml, kvs_atte
 int kvs_attend_wave(const kvs_session *s, const kvs_attend_args *a, int n_threads,
                     kvs_attend_result *out, ra_error *err) {
   memset(out, 0, sizeof *out);
-  if (a->mode != KVS_MODE_WAVE)
+  if (a->mode != RA_MODE_WAVE)
     return ra_errorf(err, RA_EINVAL, "clusters are selected in mode wave only, not in mode %s",
-                     kvs_mode_name(a->mode));
+                     ra_mode_name(a->mode));
   wplan p = {.s = s, .a = a, .dim = (int)s->geo.head_dim, .rb = kvs_row_bytes(&s->geo)};
   p.members = malloc(a->n_heads * sizeof *p.members);
   p.qs = malloc(a->n_heads * (size_t)p.dim * sizeof *p.qs);

@@ -3,6 +3,7 @@
 #include "buf.h"
 #include "kvstore.pb-c.h"
 #include "rpc.h"
+#include "wire.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -108,21 +109,6 @@ int ra_kvclient_stats(ra_kvclient *c, ra_kvclient_store_stats *out, ra_error *er
   return RA_OK;
 }
 
-static void index_params_fill(Rakv__IndexParams *m, const ra_kvclient_index_params *p) {
-  rakv__index_params__init(m);
-  m->kind = (Rakv__AttendMode)p->kind;
-  m->degree = p->degree;
-  m->build_ef = p->build_ef;
-  m->knn_nq = p->knn_nq;
-  m->query_sample = p->query_sample;
-  m->n_lists = p->n_lists;
-  m->per_kv_head = p->per_kv_head != 0;
-  m->seed = p->seed;
-  m->pivots = p->pivots;
-  m->keep_queries = p->keep_queries;
-  m->keep_topk = p->keep_topk;
-}
-
 int ra_kvclient_open_session(ra_kvclient *c, const ra_kvclient_geometry *geo,
                              const ra_kvclient_shard *shards, size_t n_shards, const char *name,
                              ra_kvclient_session *out, ra_error *err) {
@@ -131,7 +117,7 @@ int ra_kvclient_open_session(ra_kvclient *c, const ra_kvclient_geometry *geo,
 
 int ra_kvclient_open_session_indexed(ra_kvclient *c, const ra_kvclient_geometry *geo,
                                      const ra_kvclient_shard *shards, size_t n_shards,
-                                     const ra_kvclient_index_params *index, const char *name,
+                                     const ra_index_spec *index, const char *name,
                                      ra_kvclient_session *out, ra_error *err) {
   Rakv__Geometry g = RAKV__GEOMETRY__INIT;
   g.n_layers = geo->n_layers;
@@ -160,11 +146,9 @@ int ra_kvclient_open_session_indexed(ra_kvclient *c, const ra_kvclient_geometry 
   req.shards = ptrs;
   req.client = (char *)(name ? name : "");
   Rakv__IndexParams ip;
-  if (index) {
-    index_params_fill(&ip, index);
-    req.index = &ip;
-  }
-  int rc = unary(c, "/rakv.KvStore/OpenSession", &req.base, err);
+  int rc = index ? kvs_wire_index_spec_to_proto(index, &ip, err) : RA_OK;
+  req.index = index ? &ip : NULL;
+  if (rc == RA_OK) rc = unary(c, "/rakv.KvStore/OpenSession", &req.base, err);
   free(sh);
   free(ptrs);
   if (rc) return rc;
@@ -199,7 +183,7 @@ struct ra_kvclient_build {
 };
 
 int ra_kvclient_build_index_start(ra_kvclient *c, const ra_kvclient_session *s, uint32_t layer,
-                                  uint32_t q_head, const ra_kvclient_index_params *params,
+                                  uint32_t q_head, const ra_index_spec *params,
                                   const ra_kvclient_build_input *in, ra_kvclient_build **out,
                                   ra_error *err) {
   Rakv__BuildIndexRequest req = RAKV__BUILD_INDEX_REQUEST__INIT;
@@ -209,7 +193,8 @@ int ra_kvclient_build_index_start(ra_kvclient *c, const ra_kvclient_session *s, 
   req.layer = layer;
   req.q_head = q_head;
   if (params) {
-    index_params_fill(&ip, params);
+    int rc = kvs_wire_index_spec_to_proto(params, &ip, err);
+    if (rc) return rc;
     req.params = &ip;
   }
   if (in) {
@@ -260,7 +245,7 @@ int ra_kvclient_build_index_wait(ra_kvclient_build *b, ra_kvclient_build_result 
 }
 
 int ra_kvclient_build_index(ra_kvclient *c, const ra_kvclient_session *s, uint32_t layer,
-                            uint32_t q_head, const ra_kvclient_index_params *params,
+                            uint32_t q_head, const ra_index_spec *params,
                             const ra_kvclient_build_input *in, ra_kvclient_build_result *out,
                             ra_error *err) {
   ra_kvclient_build *b = NULL;
@@ -483,31 +468,20 @@ static void stream_break(ra_kvclient_stream *st) {
 
 /* Copies a reply into the caller's partials after checking it answers the request. */
 static int attend_unpack(ra_kvclient_stream *st, const ra_kvclient_attend_req *req,
-                         ra_kvclient_partial *out, uint64_t *compute_us, ra_error *err) {
+                         ra_head_partial *out, uint64_t *compute_us, ra_error *err) {
   Rakv__AttendReply *r = rakv__attend_reply__unpack(NULL, st->rx.len, st->rx.data);
   if (!r) return bad_reply(st->c, "AttendReply", err);
-  size_t o_bytes = (size_t)st->s.geo.head_dim * sizeof(float);
   int rc = RA_OK;
   if (r->seq != st->seq || r->n_heads != req->n_heads) {
     rc = ra_errorf(err, RA_EFORMAT, "%s: AttendReply seq %llu with %zu heads answers no request",
                    ra_kvclient_addr(st->c), (unsigned long long)r->seq, r->n_heads);
   }
   for (size_t i = 0; rc == RA_OK && i < r->n_heads; i++) {
-    const Rakv__HeadPartial *h = r->heads[i];
-    if (h->q_head != req->q_heads[i] || h->o.len != o_bytes) {
+    if (r->heads[i]->q_head != req->q_heads[i] ||
+        kvs_wire_partial_from_proto(r->heads[i], st->s.geo.head_dim, &out[i]) != RA_OK) {
       rc = bad_reply(st->c, "HeadPartial", err);
       break;
     }
-    ra_kvclient_partial *p = &out[i];
-    p->q_head = h->q_head;
-    memcpy(p->o, h->o.data, o_bytes);
-    p->m = h->m;
-    p->l = h->l;
-    p->n_scanned = h->n_scanned;
-    p->n_keys = h->n_keys;
-    p->n_ids = h->n_ids;
-    if (p->ids)
-      memcpy(p->ids, h->ids, (h->n_ids < p->ids_cap ? h->n_ids : p->ids_cap) * sizeof *p->ids);
   }
   if (rc == RA_OK && compute_us) *compute_us = r->compute_us;
   rakv__attend_reply__free_unpacked(r, NULL);
@@ -524,10 +498,9 @@ int ra_kvclient_attend_send(ra_kvclient_stream *st, const ra_kvclient_attend_req
       return rc;
     }
   }
-  Rakv__SearchParams sp = RAKV__SEARCH_PARAMS__INIT;
-  sp.ef = req->ef;
-  sp.nprobe = req->nprobe;
+  Rakv__SearchParams sp;
   Rakv__AttendRequest m = RAKV__ATTEND_REQUEST__INIT;
+  if ((rc = kvs_wire_mode_to_proto(req->mode, &m.mode, err))) return rc;
   m.session_id.data = st->s.id;
   m.session_id.len = sizeof st->s.id;
   m.layer = req->layer;
@@ -535,9 +508,8 @@ int ra_kvclient_attend_send(ra_kvclient_stream *st, const ra_kvclient_attend_req
   m.q_heads = (uint32_t *)req->q_heads;
   m.q.data = (uint8_t *)req->q;
   m.q.len = req->n_heads * (size_t)st->s.geo.head_dim * sizeof(float);
-  m.mode = (Rakv__AttendMode)req->mode;
   m.top_k = req->top_k;
-  m.search = (req->ef || req->nprobe) ? &sp : NULL;
+  m.search = kvs_wire_search_spec_to_proto(&req->search, &sp) ? &sp : NULL;
   m.seq = ++st->seq;
   m.return_ids = req->want_ids != 0;
   size_t n_clusters = 0;
@@ -555,7 +527,7 @@ int ra_kvclient_attend_send(ra_kvclient_stream *st, const ra_kvclient_attend_req
 }
 
 int ra_kvclient_attend_recv(ra_kvclient_stream *st, const ra_kvclient_attend_req *req,
-                            ra_kvclient_partial *out, int timeout_ms, uint64_t *compute_us,
+                            ra_head_partial *out, int timeout_ms, uint64_t *compute_us,
                             ra_error *err) {
   if (!st->call)
     return ra_errorf(err, RA_ESTATE, "%s: no attend request in flight", ra_kvclient_addr(st->c));
@@ -569,7 +541,7 @@ int ra_kvclient_attend_recv(ra_kvclient_stream *st, const ra_kvclient_attend_req
 }
 
 int ra_kvclient_attend(ra_kvclient_stream *st, const ra_kvclient_attend_req *req,
-                       ra_kvclient_partial *out, int timeout_ms, uint64_t *compute_us,
+                       ra_head_partial *out, int timeout_ms, uint64_t *compute_us,
                        ra_error *err) {
   int rc = ra_kvclient_attend_send(st, req, err);
   return rc ? rc : ra_kvclient_attend_recv(st, req, out, timeout_ms, compute_us, err);

@@ -19,6 +19,9 @@
 #define RA_KVCLIENT_H
 
 #include "half.h"
+#include "index_params.h"
+#include "merge.h"
+#include "modes.h"
 #include "shardmap.h"
 #include "status.h"
 
@@ -70,32 +73,6 @@ typedef struct ra_kvclient_stats {
   uint64_t sessions, tokens, bytes_used, bytes_budget, requests, errors, attend_requests;
 } ra_kvclient_store_stats;
 
-/* Numbered as the proto's AttendMode. */
-typedef enum ra_kvclient_mode {
-  RA_KVCLIENT_FULL = 0,
-  RA_KVCLIENT_FLAT = 1,
-  RA_KVCLIENT_IVF = 2,
-  RA_KVCLIENT_KGRAPH = 3,
-  RA_KVCLIENT_ROAR = 4,
-  RA_KVCLIENT_WAVE = 5, /* selected clusters (ra_kvclient_put_clusters) + unclustered rows */
-} ra_kvclient_mode;
-
-/* Index parameters (proto IndexParams). Zero fields are unset: BuildIndex takes the session's
- * (OpenSession), then the store's defaults (ra_index_params_default). */
-typedef struct ra_kvclient_index_params {
-  ra_kvclient_mode kind; /* RA_KVCLIENT_IVF, _KGRAPH or _ROAR; RA_KVCLIENT_FULL: unset */
-  uint32_t degree;       /* graph out-degree M */
-  uint32_t build_ef;     /* beam width while building */
-  uint32_t knn_nq;       /* roar: top keys per prefill query projected */
-  float query_sample;    /* roar: fraction of the queries used, (0, 1] */
-  uint32_t n_lists;      /* ivf lists */
-  int per_kv_head;       /* one index per kv head, shared by its GQA group */
-  uint64_t seed;
-  uint32_t pivots;       /* roar: pivots per query's list */
-  uint32_t keep_queries; /* roar: build queries kept for query-aware insertion */
-  uint32_t keep_topk;    /* roar: top keys each kept query tracks */
-} ra_kvclient_index_params;
-
 typedef struct ra_kvclient_build_result {
   uint64_t n_keys;      /* keys indexed over the head's shards on this store */
   uint64_t index_bytes; /* bytes the new indexes hold (charged to the store's budget) */
@@ -108,9 +85,9 @@ typedef struct ra_kvclient_attend_req {
   const uint32_t *q_heads; /* [n_heads] */
   size_t n_heads;
   const float *q;          /* [n_heads, head_dim], RoPE applied */
-  ra_kvclient_mode mode;
+  ra_mode mode;            /* a mode with a wire value (common/modes.h) */
   uint32_t top_k;          /* every mode but full */
-  uint32_t ef, nprobe;     /* index search parameters; 0: store defaults */
+  ra_search_spec search;   /* index search parameters; 0: store defaults */
   int want_ids;            /* wave: the row positions attended (clusters', then the lag) */
   /* wave only: kv head cluster_kv_heads[i] (of an asked q head, each named once) selects
    * cluster_counts[i] ids, the next ones of `clusters` (concatenated, sum(cluster_counts) in
@@ -121,17 +98,6 @@ typedef struct ra_kvclient_attend_req {
   size_t n_cluster_heads;
   const uint32_t *clusters;         /* [sum(cluster_counts)] */
 } ra_kvclient_attend_req;
-
-/* One head's partial; o and ids are the caller's buffers. */
-typedef struct ra_kvclient_partial {
-  uint32_t q_head;
-  float *o;        /* in: room for head_dim floats */
-  float m, l;
-  uint64_t n_scanned, n_keys;
-  uint64_t *ids;   /* in: room for ids_cap positions (or NULL); out: n_ids written */
-  size_t ids_cap;
-  size_t n_ids;    /* ids the store returned (may exceed ids_cap; only ids_cap are kept) */
-} ra_kvclient_partial;
 
 int ra_kvclient_connect(const char *addr, const ra_kvclient_options *opt, ra_kvclient **out,
                         ra_error *err);
@@ -144,10 +110,12 @@ int ra_kvclient_stats(ra_kvclient *c, ra_kvclient_store_stats *out, ra_error *er
 int ra_kvclient_open_session(ra_kvclient *c, const ra_kvclient_geometry *geo,
                              const ra_kvclient_shard *shards, size_t n_shards, const char *name,
                              ra_kvclient_session *out, ra_error *err);
-/* open_session with the session's index defaults (NULL: none), checked by the store. */
+/* open_session with the session's index defaults (NULL: none), checked by the store. Index
+ * parameters (common/index_params.h): zero fields are unset; BuildIndex takes the session's,
+ * then the store's defaults (ra_index_params_default). */
 int ra_kvclient_open_session_indexed(ra_kvclient *c, const ra_kvclient_geometry *geo,
                                      const ra_kvclient_shard *shards, size_t n_shards,
-                                     const ra_kvclient_index_params *index, const char *name,
+                                     const ra_index_spec *index, const char *name,
                                      ra_kvclient_session *out, ra_error *err);
 int ra_kvclient_close_session(ra_kvclient *c, const ra_kvclient_session *s,
                               uint64_t *bytes_freed, ra_error *err);
@@ -176,7 +144,7 @@ typedef struct ra_kvclient_build_input {
  * any head of the group and the queries those of the whole group. Attends in the index's mode
  * work once it returns; appended tokens are inserted by the store. */
 int ra_kvclient_build_index(ra_kvclient *c, const ra_kvclient_session *s, uint32_t layer,
-                            uint32_t q_head, const ra_kvclient_index_params *params,
+                            uint32_t q_head, const ra_index_spec *params,
                             const ra_kvclient_build_input *in, ra_kvclient_build_result *out,
                             ra_error *err);
 /* The same in two halves, so that builds of many heads run at the store at once: start sends
@@ -184,7 +152,7 @@ int ra_kvclient_build_index(ra_kvclient *c, const ra_kvclient_session *s, uint32
  * frees the call whatever happened. Every started build must be waited for. */
 typedef struct ra_kvclient_build ra_kvclient_build;
 int ra_kvclient_build_index_start(ra_kvclient *c, const ra_kvclient_session *s, uint32_t layer,
-                                  uint32_t q_head, const ra_kvclient_index_params *params,
+                                  uint32_t q_head, const ra_index_spec *params,
                                   const ra_kvclient_build_input *in, ra_kvclient_build **out,
                                   ra_error *err);
 int ra_kvclient_build_index_wait(ra_kvclient_build *b, ra_kvclient_build_result *out, ra_error *err);
@@ -237,13 +205,14 @@ int ra_kvclient_put_clusters(ra_kvclient *c, const ra_kvclient_session *s,
                              ra_error *err);
 
 /* A long-lived Attend stream. attend sends one request and waits up to timeout_ms (< 0: no
- * limit) for its reply; out: [n_heads] in request order. When the store ends the stream with an
- * error (a bad request, a timeout, a restart) that error is returned and the next attend opens
- * a fresh stream. *compute_us (optional) gets the store's compute time. */
+ * limit) for its reply; out: [n_heads] in request order, each with part.o room for head_dim
+ * floats and ids room for ids_cap positions (or NULL), both the caller's (common/merge.h).
+ * When the store ends the stream with an error (a bad request, a timeout, a restart) that error
+ * is returned and the next attend opens a fresh stream. *compute_us (optional) gets the store's compute time. */
 int ra_kvclient_attend_open(ra_kvclient *c, const ra_kvclient_session *s,
                             ra_kvclient_stream **out, ra_error *err);
 int ra_kvclient_attend(ra_kvclient_stream *st, const ra_kvclient_attend_req *req,
-                       ra_kvclient_partial *out, int timeout_ms, uint64_t *compute_us,
+                       ra_head_partial *out, int timeout_ms, uint64_t *compute_us,
                        ra_error *err);
 void ra_kvclient_attend_close(ra_kvclient_stream *st);
 
@@ -252,7 +221,7 @@ void ra_kvclient_attend_close(ra_kvclient_stream *st);
 int ra_kvclient_attend_send(ra_kvclient_stream *st, const ra_kvclient_attend_req *req,
                             ra_error *err);
 int ra_kvclient_attend_recv(ra_kvclient_stream *st, const ra_kvclient_attend_req *req,
-                            ra_kvclient_partial *out, int timeout_ms, uint64_t *compute_us,
+                            ra_head_partial *out, int timeout_ms, uint64_t *compute_us,
                             ra_error *err);
 
 #endif

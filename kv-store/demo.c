@@ -203,7 +203,7 @@ static int demo_connect_and_fill(demo *d, ra_error *err) {
  * over all heads, *min_mass the smallest share of a head's softmax mass that the attended tokens
  * carry (1 for full; what retrieval kept for flat), *us the slowest store's round trip and
  * *scanned the keys the stores scored. */
-static int demo_attend_layer(demo *d, uint32_t layer, ra_kvclient_mode mode, const float *q,
+static int demo_attend_layer(demo *d, uint32_t layer, ra_mode mode, const float *q,
                              float *max_err, float *min_mass, double *us, uint64_t *scanned,
                              ra_error *err) {
   const demo_opts *o = &d->o;
@@ -216,7 +216,7 @@ static int demo_attend_layer(demo *d, uint32_t layer, ra_kvclient_mode mode, con
   float *o_ref = calloc(hd, sizeof(float));
   uint32_t *heads = calloc(nq, sizeof *heads);
   float *qs = calloc(nq * hd, sizeof(float));
-  ra_kvclient_partial *parts = calloc(nq, sizeof *parts);
+  ra_head_partial *parts = calloc(nq, sizeof *parts);
   ra_partial *acc = calloc(nq, sizeof *acc);
   int rc = RA_OK;
   if (!o_acc || !o_in || !o_ref || !heads || !qs || !parts || !acc) rc = ra_errorf(err, RA_ENOMEM, "out of memory");
@@ -240,7 +240,7 @@ static int demo_attend_layer(demo *d, uint32_t layer, ra_kvclient_mode mode, con
       if (!ra_offload_plan_asks(&d->plan, s, layer, h)) continue;
       heads[n] = h;
       memcpy(qs + n * hd, q + (size_t)h * hd, hd * sizeof(float));
-      parts[n] = (ra_kvclient_partial){.o = o_in + n * hd};
+      parts[n] = (ra_head_partial){.part.o = o_in + n * hd};
       n++;
     }
     if (n == 0) continue;
@@ -251,7 +251,7 @@ static int demo_attend_layer(demo *d, uint32_t layer, ra_kvclient_mode mode, con
     double t = (double)(uv_hrtime() - t0) / 1e3;
     if (t > *us) *us = t;
     for (size_t i = 0; i < n && rc == RA_OK; i++) {
-      ra_partial_merge(&acc[heads[i]], parts[i].o, parts[i].m, parts[i].l, (int)hd);
+      ra_partial_merge_from(&acc[heads[i]], &parts[i].part, (int)hd);
       *scanned += parts[i].n_scanned;
     }
   }
@@ -329,7 +329,7 @@ static int demo_run(demo *d, ra_error *err) {
   for (uint32_t l = 0; l < o->n_layers && rc == RA_OK; l++) {
     demo_make_queries(d, l, q, &s);
     for (int m = 0; m < 2 && rc == RA_OK; m++) {
-      ra_kvclient_mode mode = m ? RA_KVCLIENT_FLAT : RA_KVCLIENT_FULL;
+      ra_mode mode = m ? RA_MODE_FLAT : RA_MODE_FULL;
       float e, mass;
       double us;
       uint64_t scanned;

@@ -5,6 +5,7 @@
 #include "clusters.h"
 #include "kvstore.pb-c.h"
 #include "log.h"
+#include "wire.h"
 
 #include <omp.h>
 #include <stdatomic.h>
@@ -94,22 +95,10 @@ static void id_hex(const uint8_t *id, char out[2 * KVS_SESSION_ID_BYTES + 1]) {
 
 /* ---- OpenSession ---- */
 
-/* proto IndexParams as a spec (a missing message: every field unset). */
-static kvs_index_spec index_spec(const Rakv__IndexParams *m) {
-  kvs_index_spec sp = {0};
-  if (!m) return sp;
-  sp.kind = (uint32_t)m->kind;
-  sp.degree = m->degree;
-  sp.build_ef = m->build_ef;
-  sp.knn_nq = m->knn_nq;
-  sp.query_sample = m->query_sample;
-  sp.n_lists = m->n_lists;
-  sp.per_kv_head = m->per_kv_head;
-  sp.seed = m->seed;
-  sp.pivots = m->pivots;
-  sp.keep_queries = m->keep_queries;
-  sp.keep_topk = m->keep_topk;
-  return sp;
+/* The one check of a request's index parameters: converted from the wire, then bounded. */
+static int index_spec(const Rakv__IndexParams *m, ra_index_spec *out, ra_error *err) {
+  int rc = kvs_wire_index_spec_from_proto(m, out, err);
+  return rc ? rc : ra_index_spec_check(out, err);
 }
 
 static int open_session(kvs_service *svc, const Rakv__OpenSessionRequest *r, ra_buf *reply,
@@ -122,7 +111,9 @@ static int open_session(kvs_service *svc, const Rakv__OpenSessionRequest *r, ra_
       .head_dim = r->geometry->head_dim,
       .dtype = (ra_dtype)r->geometry->dtype,
   };
+  ra_index_spec ix;
   int rc = kvs_geometry_check(&g, err);
+  if (rc == RA_OK) rc = index_spec(r->index, &ix, err);
   if (rc) return rc;
   if (r->n_shards == 0) return ra_errorf(err, RA_EINVAL, "a session needs at least one shard");
   kvs_shard_spec *specs = malloc(r->n_shards * sizeof *specs);
@@ -137,7 +128,6 @@ static int open_session(kvs_service *svc, const Rakv__OpenSessionRequest *r, ra_
     };
   }
   kvs_session *s = NULL;
-  kvs_index_spec ix = index_spec(r->index);
   rc = kvs_store_open(svc->store, &g, specs, r->n_shards, &ix, r->client, &s, err);
   free(specs);
   if (rc) return rc;
@@ -302,17 +292,7 @@ static int attend_reply(const Rakv__AttendRequest *r, const kvs_session *s,
     goto out;
   }
   for (size_t i = 0; i < n; i++) {
-    const kvs_head_partial *h = &res->heads[i];
-    rakv__head_partial__init(&heads[i]);
-    heads[i].q_head = h->q_head;
-    heads[i].o.data = (uint8_t *)h->o;
-    heads[i].o.len = (size_t)s->geo.head_dim * sizeof(float);
-    heads[i].m = h->m;
-    heads[i].l = h->l;
-    heads[i].n_scanned = h->n_scanned;
-    heads[i].n_keys = h->n_keys;
-    heads[i].n_ids = h->n_ids;
-    heads[i].ids = h->ids;
+    kvs_wire_partial_to_proto(&res->heads[i], s->geo.head_dim, &heads[i]);
     ptrs[i] = &heads[i];
   }
   Rakv__AttendReply out = RAKV__ATTEND_REPLY__INIT;
@@ -352,25 +332,19 @@ static int attend(kvs_service *svc, const Rakv__AttendRequest *r, ra_buf *reply,
     goto out;
   }
   if (want) memcpy(q, r->q.data, want);
-  uint32_t ef = r->search ? r->search->ef : 0, nprobe = r->search ? r->search->nprobe : 0;
-  if (ef > KVS_INDEX_MAX_EF) {
-    rc = ra_errorf(err, RA_EINVAL, "search ef %u out of range [1, %u]", ef, KVS_INDEX_MAX_EF);
+  ra_search_spec sp;
+  ra_mode mode;
+  kvs_wire_search_spec_from_proto(r->search, &sp);
+  if ((rc = kvs_wire_mode_from_proto(r->mode, &mode, err)) || (rc = ra_search_spec_check(&sp, err)))
     goto out;
-  }
-  if (nprobe > KVS_INDEX_MAX_LISTS) {
-    rc = ra_errorf(err, RA_EINVAL, "search nprobe %u out of range [1, %u]", nprobe,
-                   KVS_INDEX_MAX_LISTS);
-    goto out;
-  }
   kvs_attend_args a = {
       .layer = r->layer,
       .q_heads = r->q_heads,
       .n_heads = r->n_q_heads,
       .q = q,
-      .mode = (kvs_mode)r->mode,
+      .mode = mode,
       .top_k = r->top_k,
-      .ef = ef,
-      .nprobe = nprobe,
+      .search = sp,
       .want_ids = r->return_ids,
       .n_threads = svc->attend_threads,
       .wave = {.kv_heads = r->cluster_kv_heads, .counts = r->cluster_counts,
@@ -443,8 +417,9 @@ static int build_index(kvs_service *svc, const Rakv__BuildIndexRequest *r, ra_bu
   if (rc) return rc;
   float *q = NULL;
   uint64_t t0 = ra_clock_now_us();
-  kvs_index_spec req = index_spec(r->params);
+  ra_index_spec req;
   kvs_build_args a = {.layer = r->layer, .q_head = r->q_head, .n_queries = r->n_queries};
+  if ((rc = index_spec(r->params, &req, err))) goto out;
   if ((rc = kvs_index_spec_resolve(&req, &s->index, &a.params, &a.per_kv_head, err))) goto out;
   a.params.n_threads = svc->attend_threads;
   a.gate = &svc->build_gate;
@@ -471,9 +446,9 @@ static int build_index(kvs_service *svc, const Rakv__BuildIndexRequest *r, ra_bu
                      r->n_knn_ids, r->n_queries);
       goto out;
     }
-    if (r->n_knn_ids / r->n_queries > KVS_INDEX_MAX_EF) {
+    if (r->n_knn_ids / r->n_queries > RA_INDEX_MAX_EF) {
       rc = ra_errorf(err, RA_EINVAL, "knn_ids has %zu ids per query, more than %u",
-                     r->n_knn_ids / r->n_queries, KVS_INDEX_MAX_EF);
+                     r->n_knn_ids / r->n_queries, RA_INDEX_MAX_EF);
       goto out;
     }
     a.knn = r->knn_ids;
@@ -515,7 +490,7 @@ static int build_index(kvs_service *svc, const Rakv__BuildIndexRequest *r, ra_bu
   id_hex(s->id, hex);
   ra_log_info("session %s: %s index of layer %u %s %u: %llu keys in %u shards, %llu bytes, "
               "%llu repaired, %.1f ms",
-              hex, ra_index_kind_name(a.params.kind), a.layer, a.per_kv_head ? "kv head" : "q head",
+              hex, ra_mode_name(a.params.kind), a.layer, a.per_kv_head ? "kv head" : "q head",
               a.per_kv_head ? a.q_head / (s->geo.n_q_heads / s->geo.n_kv_heads) : a.q_head,
               (unsigned long long)res.n_keys, res.n_shards, (unsigned long long)res.index_bytes,
               (unsigned long long)res.n_repaired, (double)us / 1000.0);

@@ -330,13 +330,12 @@ static int shard_locks_init(kvs_shard *sh, size_t n, size_t *done) {
 }
 
 int kvs_store_open(kvs_store *st, const kvs_geometry *g, const kvs_shard_spec *shards, size_t n,
-                   const kvs_index_spec *index, const char *client, kvs_session **out,
+                   const ra_index_spec *index, const char *client, kvs_session **out,
                    ra_error *err) {
   int rc = kvs_geometry_check(g, err);
   if (rc) return rc;
   rc = kvs_shards_check(g, shards, n, err);
   if (rc) return rc;
-  if (index && (rc = kvs_index_spec_check(index, err))) return rc;
 
   size_t n_heads = (size_t)g->n_layers * g->n_kv_heads;
   uint64_t meta = sizeof(kvs_session) + n * sizeof(kvs_shard) + n_heads * sizeof(kvs_head_shards);

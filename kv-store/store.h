@@ -84,9 +84,6 @@ typedef struct kvs_index {
                           retries once more rows are written, as a write did before */
 } kvs_index;
 
-/* Index kinds a shard can hold (ivf, kgraph, roar: numbered as ra_index_kind and kvs_mode). */
-#define KVS_INDEX_KINDS 3u
-
 typedef struct kvs_shard {
   kvs_shard_spec spec; /* first: shards sort by their spec (store.c) */
   uint64_t n;      /* rows filled: tokens [token_begin, token_begin + n) */
@@ -96,7 +93,7 @@ typedef struct kvs_shard {
   void *values;    /* [cap, head_dim] session dtype */
   uint64_t pending; /* rows a write in progress will add (write lock held) */
   /* NULL until the first index of this shard is installed; then
-   * [KVS_INDEX_KINDS][group_size + 1]: slot j < group_size is the index of the group's j-th q
+   * [RA_MODE_N_INDEXED][group_size + 1] (by ra_mode_index_slot): slot j < group_size is the index of the group's j-th q
    * head, slot group_size the kv head's shared one (kvs_shard_index). Set, and its slots
    * swapped, under the session write lock and ix_lock. */
   kvs_index *ix;
@@ -116,32 +113,6 @@ typedef struct kvs_head_shards {
 
 typedef struct kvs_store kvs_store;
 
-/* Index parameters as OpenSession and BuildIndex carry them (proto IndexParams): zero fields are
- * unset. A BuildIndex request's set fields override the session's, which override
- * ra_index_params_default. kind is numbered as kvs_mode / ra_index_kind (2 ivf, 3 kgraph, 4
- * roar). per_kv_head can only be switched on by either. */
-typedef struct kvs_index_spec {
-  uint32_t kind;
-  uint32_t degree;
-  uint32_t build_ef;
-  uint32_t knn_nq;
-  float query_sample;
-  uint32_t n_lists;
-  int per_kv_head;
-  uint64_t seed;
-  uint32_t pivots;
-  uint32_t keep_queries;
-  uint32_t keep_topk;
-} kvs_index_spec;
-
-/* Size bounds of index parameters: far above any useful value, low enough that a hostile
- * request cannot ask for an absurd graph (its memory is charged anyway). */
-#define KVS_INDEX_MAX_DEGREE 1024u
-#define KVS_INDEX_MAX_EF 65536u
-#define KVS_INDEX_MAX_LISTS 65536u
-#define KVS_INDEX_MAX_KEEP 65536u     /* kept queries */
-#define KVS_INDEX_MAX_KEEP_TOPK 1024u /* a kept query's list */
-
 typedef struct kvs_session {
   uint8_t id[KVS_SESSION_ID_BYTES];
   kvs_geometry geo;
@@ -154,7 +125,7 @@ typedef struct kvs_session {
   atomic_uint_fast64_t bytes;  /* charged to the budget: metadata + KV capacity */
   atomic_uint_fast64_t tokens; /* rows filled over all shards */
   atomic_uint_fast64_t last_used_ms; /* monotonic ms of the last request that looked it up */
-  kvs_index_spec index;        /* the session's index defaults (OpenSession) */
+  ra_index_spec index;         /* the session's index defaults (OpenSession) */
   struct kvs_clusters *clusters; /* wave mode's cluster directory (clusters.h); NULL: none */
   char client[64];
   /* Indexer bookkeeping (indexer mutex): shards of this session queued or being indexed, and
@@ -208,10 +179,10 @@ int kvs_geometry_check(const kvs_geometry *g, ra_error *err);
 int kvs_shards_check(const kvs_geometry *g, const kvs_shard_spec *shards, size_t n, ra_error *err);
 
 /* Creates a session (its id from getrandom) and returns it with one reference held by the
- * caller, besides the registry's. index: the session's index defaults (NULL: none; checked with
- * kvs_index_spec_check). */
+ * caller, besides the registry's. index: the session's index defaults (NULL: none), as
+ * ra_index_spec_check passed them (common/index_params.h; the service checks requests). */
 int kvs_store_open(kvs_store *st, const kvs_geometry *g, const kvs_shard_spec *shards, size_t n,
-                   const kvs_index_spec *index, const char *client, kvs_session **out,
+                   const ra_index_spec *index, const char *client, kvs_session **out,
                    ra_error *err);
 /* Looks a session up by id and takes a reference; RA_ENOTFOUND when there is none. */
 int kvs_store_get(kvs_store *st, const uint8_t *id, size_t id_len, kvs_session **out,
@@ -255,12 +226,9 @@ void kvs_store_index_pause(kvs_store *st, int paused);
 
 /* ---- indexes (store_index.c) ---- */
 
-/* Checks a spec's fields (kind ivf/kgraph/roar or unset, sizes within bounds); names what is
- * wrong. */
-int kvs_index_spec_check(const kvs_index_spec *spec, ra_error *err);
-/* The build parameters of a request: req's set fields over the session's over the defaults.
- * RA_EINVAL when neither names a kind. */
-int kvs_index_spec_resolve(const kvs_index_spec *req, const kvs_index_spec *session,
+/* The build parameters of a request: req's set fields over the session's over the defaults
+ * (both checked by ra_index_spec_check). RA_EINVAL when neither names a kind. */
+int kvs_index_spec_resolve(const ra_index_spec *req, const ra_index_spec *session,
                            ra_index_params *out, int *per_kv_head, ra_error *err);
 
 typedef struct kvs_build_args {
@@ -302,7 +270,7 @@ int kvs_session_build_index(kvs_session *s, const kvs_build_args *a, kvs_build_r
 
 /* The index an attend of `kind` uses for q head q_head over shard sh: the q head's own, else the
  * kv head's shared one; NULL when there is none. Caller holds the read lock. */
-const ra_index *kvs_shard_index(const kvs_session *s, const kvs_shard *sh, ra_index_kind kind,
+const ra_index *kvs_shard_index(const kvs_session *s, const kvs_shard *sh, ra_mode kind,
                                 uint32_t q_head);
 
 /* One batch of the indexer on sh, holding sh->ix_lock for writing (and no other lock): inserts

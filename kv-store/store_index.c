@@ -22,13 +22,13 @@
 static uint32_t group_size(const kvs_session *s) { return s->geo.n_q_heads / s->geo.n_kv_heads; }
 
 static size_t table_len(const kvs_session *s) {
-  return (size_t)KVS_INDEX_KINDS * (group_size(s) + 1);
+  return (size_t)RA_MODE_N_INDEXED * (group_size(s) + 1);
 }
 
 /* The slot of (kind, q head) in a shard's table; shared: the kv head's slot of that kind. */
-static size_t slot_of(const kvs_session *s, ra_index_kind kind, uint32_t q_head, int shared) {
+static size_t slot_of(const kvs_session *s, ra_mode kind, uint32_t q_head, int shared) {
   uint32_t g = group_size(s);
-  return (size_t)(kind - RA_INDEX_IVF) * (g + 1) + (shared ? g : q_head % g);
+  return (size_t)ra_mode_index_slot(kind) * (g + 1) + (shared ? g : q_head % g);
 }
 
 static void shard_range(const kvs_shard *sh, char *buf, size_t len) {
@@ -39,69 +39,28 @@ static void shard_range(const kvs_shard *sh, char *buf, size_t len) {
              (unsigned long long)sh->spec.token_end);
 }
 
-int kvs_index_spec_check(const kvs_index_spec *p, ra_error *err) {
-  if (p->kind == RA_INDEX_FLAT)
-    return ra_errorf(err, RA_EINVAL, "index kind flat: mode flat scans every key, it has no index");
-  if (p->kind != 0 && (p->kind < RA_INDEX_IVF || p->kind > RA_INDEX_ROAR))
-    return ra_errorf(err, RA_EINVAL, "index kind %u is not ivf (2), kgraph (3) or roar (4)",
-                     p->kind);
-  if (p->degree == 1 || p->degree > KVS_INDEX_MAX_DEGREE)
-    return ra_errorf(err, RA_EINVAL, "index degree %u out of range [2, %u]", p->degree,
-                     KVS_INDEX_MAX_DEGREE);
-  if (p->build_ef > KVS_INDEX_MAX_EF)
-    return ra_errorf(err, RA_EINVAL, "index build_ef %u out of range [1, %u]", p->build_ef,
-                     KVS_INDEX_MAX_EF);
-  if (p->knn_nq == 1 || p->knn_nq > KVS_INDEX_MAX_EF)
-    return ra_errorf(err, RA_EINVAL, "index knn_nq %u out of range [2, %u]", p->knn_nq,
-                     KVS_INDEX_MAX_EF);
-  if (!(p->query_sample >= 0.0f && p->query_sample <= 1.0f))
-    return ra_errorf(err, RA_EINVAL, "index query_sample %g not in (0, 1]",
-                     (double)p->query_sample);
-  if (p->n_lists > KVS_INDEX_MAX_LISTS)
-    return ra_errorf(err, RA_EINVAL, "index n_lists %u out of range [1, %u]", p->n_lists,
-                     KVS_INDEX_MAX_LISTS);
-  if (p->pivots > KVS_INDEX_MAX_EF)
-    return ra_errorf(err, RA_EINVAL, "index pivots %u out of range [1, %u]", p->pivots, KVS_INDEX_MAX_EF);
-  if (p->keep_queries > KVS_INDEX_MAX_KEEP)
-    return ra_errorf(err, RA_EINVAL, "index keep_queries %u out of range [1, %u]", p->keep_queries,
-                     KVS_INDEX_MAX_KEEP);
-  if (p->keep_topk == 1 || p->keep_topk > KVS_INDEX_MAX_KEEP_TOPK)
-    return ra_errorf(err, RA_EINVAL, "index keep_topk %u out of range [2, %u]", p->keep_topk,
-                     KVS_INDEX_MAX_KEEP_TOPK);
-  return RA_OK;
-}
-
-int kvs_index_spec_resolve(const kvs_index_spec *req, const kvs_index_spec *session,
+int kvs_index_spec_resolve(const ra_index_spec *req, const ra_index_spec *session,
                            ra_index_params *out, int *per_kv_head, ra_error *err) {
-  int rc = kvs_index_spec_check(req, err);
-  if (rc) return rc;
-  uint32_t kind = req->kind ? req->kind : session->kind;
-  if (kind == 0)
+  ra_mode kind = req->kind != RA_MODE_FULL ? req->kind : session->kind;
+  if (kind == RA_MODE_FULL)
     return ra_errorf(err, RA_EINVAL,
                      "no index kind: neither the request's nor the session's IndexParams names one");
-  ra_index_params_default((ra_index_kind)kind, out);
-#define KVS_PICK(f)           \
-  if (req->f)                 \
-    out->f = req->f;          \
-  else if (session->f)        \
-    out->f = session->f
-  KVS_PICK(degree);
-  KVS_PICK(build_ef);
-  KVS_PICK(knn_nq);
-  KVS_PICK(n_lists);
-  KVS_PICK(seed);
-  KVS_PICK(query_sample);
-  KVS_PICK(pivots);
-  KVS_PICK(keep_queries);
-  KVS_PICK(keep_topk);
-#undef KVS_PICK
+  ra_index_params_default(kind, out);
+  /* 0 is unset: the request's value, else the session's, else the default. */
+#define PICK_(name, type, lo, hi, modes, zero, flag, help) \
+  if (req->name)                                         \
+    out->name = req->name;                               \
+  else if (session->name)                                \
+    out->name = session->name;
+  RA_INDEX_BUILD_PARAM_TABLE(PICK_)
+#undef PICK_
   *per_kv_head = req->per_kv_head || session->per_kv_head;
   return RA_OK;
 }
 
-const ra_index *kvs_shard_index(const kvs_session *s, const kvs_shard *sh, ra_index_kind kind,
+const ra_index *kvs_shard_index(const kvs_session *s, const kvs_shard *sh, ra_mode kind,
                                 uint32_t q_head) {
-  if (!sh->ix || kind < RA_INDEX_IVF || kind > RA_INDEX_ROAR) return NULL;
+  if (!sh->ix || !ra_mode_has_index(kind)) return NULL;
   const ra_index *own = sh->ix[slot_of(s, kind, q_head, 0)].ix;
   return own ? own : sh->ix[slot_of(s, kind, q_head, 1)].ix;
 }
@@ -120,7 +79,7 @@ static void index_settle(kvs_session *s, kvs_index *x, uint64_t actual) {
  * capacity step (half its nodes, plus 64 nodes of the largest degree, 4 KiB each), an ivf list
  * doubling (at most 8 bytes per key), the insertion work's marks; plus slack. */
 static uint64_t insert_margin(uint64_t bytes, uint64_t n) {
-  return bytes / 2 + 8 * n + 64 * ((uint64_t)KVS_INDEX_MAX_DEGREE * 4 + 64) + (64u << 10);
+  return bytes / 2 + 8 * n + 64 * ((uint64_t)RA_INDEX_MAX_DEGREE * 4 + 64) + (64u << 10);
 }
 
 /* Inserts rows [ra_index_count, keys->n) into x, charging ahead of each insertion so that the
@@ -169,7 +128,7 @@ int kvs_shard_index_step(kvs_session *s, kvs_shard *sh, uint64_t budget_us) {
       ra_log_warn("layer %u kv head %u shard %s: %s index lags by %llu rows (scanned exactly "
                   "until a later write retries): %s",
                   sh->spec.layer, sh->spec.kv_head, range,
-                  ra_index_kind_name(ra_index_get_kind(x->ix)),
+                  ra_mode_name(ra_index_get_kind(x->ix)),
                   (unsigned long long)(n - ra_index_count(x->ix)), err.msg);
     } else if (ra_index_count(x->ix) < n) {
       more = 1;
@@ -373,7 +332,7 @@ static int build_one(kvs_session *s, const kvs_build_args *a, int joined, shard_
   int rc = build_snapshot(s, b, err);
   if (rc) return rc;
   ra_queries qs, *qp = NULL;
-  if (a->params.kind == RA_INDEX_ROAR) {
+  if (a->params.kind == RA_MODE_ROAR) {
     if ((rc = build_queries(s, a, b, &qs, err))) return rc;
     if (qs.n > 0) qp = &qs;
   }
@@ -423,10 +382,9 @@ int kvs_session_build_index(kvs_session *s, const kvs_build_args *a, kvs_build_r
     return ra_errorf(err, RA_EINVAL, "layer %u out of range [0, %u)", a->layer, g->n_layers);
   if (a->q_head >= g->n_q_heads)
     return ra_errorf(err, RA_EINVAL, "q head %u out of range [0, %u)", a->q_head, g->n_q_heads);
-  if (a->params.kind < RA_INDEX_IVF || a->params.kind > RA_INDEX_ROAR)
-    return ra_errorf(err, RA_EINVAL, "index kind %d is not ivf, kgraph or roar",
-                     (int)a->params.kind);
-  if (a->params.kind == RA_INDEX_ROAR && !a->queries && !a->knn)
+  if (!ra_mode_has_index(a->params.kind))
+    return ra_errorf(err, RA_EINVAL, "index kind %s has no index", ra_mode_name(a->params.kind));
+  if (a->params.kind == RA_MODE_ROAR && !a->queries && !a->knn)
     return ra_errorf(err, RA_EINVAL,
                      "a roar index needs the q head's prefill queries: send queries and/or "
                      "knn_ids");
@@ -462,7 +420,7 @@ int kvs_session_build_index(kvs_session *s, const kvs_build_args *a, kvs_build_r
   if (a->gate) ra_gate_leave(a->gate, joined);
   if (rc) {
     ra_error_wrap(err, "building the %s index of layer %u q head %u",
-                  ra_index_kind_name(a->params.kind), a->layer, a->q_head);
+                  ra_mode_name(a->params.kind), a->layer, a->q_head);
     goto fail;
   }
 
@@ -489,7 +447,7 @@ int kvs_session_build_index(kvs_session *s, const kvs_build_args *a, kvs_build_r
   if (rc) {
     pthread_rwlock_unlock(&s->lock);
     ra_error_wrap(err, "installing the %s index of layer %u q head %u",
-                  ra_index_kind_name(a->params.kind), a->layer, a->q_head);
+                  ra_mode_name(a->params.kind), a->layer, a->q_head);
     goto fail;
   }
   for (size_t i = 0; i < count; i++) {

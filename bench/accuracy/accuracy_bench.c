@@ -73,7 +73,7 @@ static int parse_depth(const char *s, void *out, int i) {
 }
 
 static int parse_task(const char *s, void *out, int i) { return ra_acc_task_parse(s, &((ra_acc_task *)out)[i]); }
-static int parse_mode(const char *s, void *out, int i) { return ra_attn_mode_parse(s, &((ra_attn_mode *)out)[i]); }
+static int parse_mode(const char *s, void *out, int i) { return ra_mode_parse(s, &((ra_mode *)out)[i]); }
 
 static int parse_u32(const char *s, uint32_t *out) {
   char *e;
@@ -120,7 +120,7 @@ int main(int argc, char **argv) {
   for (int i = 0; i < 4; i++) cfg.lengths[cfg.n_lengths++] = def_len[i];
   const double def_depth[] = {0, 0.25, 0.5, 0.75, 1};
   for (int i = 0; i < 5; i++) cfg.depths[cfg.n_depths++] = def_depth[i];
-  for (int i = 0; i < RA_ACC_MAX_MODES; i++) cfg.modes[cfg.n_modes++] = (ra_attn_mode)i;
+  for (int i = 0; i < RA_ACC_MAX_MODES; i++) cfg.modes[cfg.n_modes++] = (ra_mode)i;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -174,9 +174,9 @@ int main(int argc, char **argv) {
   }
   if (!model || !out) return bad("--model and --out are required");
   if (samples < 1) return bad("--samples must be >= 1");
-  if (cfg.n_modes < 1 || cfg.modes[0] != RA_ATTN_FULL) return bad("--modes must start with full (the reference)");
+  if (cfg.n_modes < 1 || cfg.modes[0] != RA_MODE_FULL) return bad("--modes must start with full (the reference)");
   int need_stores = 0;
-  for (int i = 1; i < cfg.n_modes; i++) need_stores |= cfg.modes[i] != RA_ATTN_STREAMING;
+  for (int i = 1; i < cfg.n_modes; i++) need_stores |= ra_mode_uses_stores(cfg.modes[i]);
   if (report_from) need_stores = 0;
   if (fidelity_from && !report_from) return bad("--fidelity-from goes with --report-from");
   if (report_from && cfg.n_tasks == 0) return bad("--report-from needs the run's --tasks");
@@ -259,7 +259,7 @@ int main(int argc, char **argv) {
     if (!f) rc = ra_errorf(&err, RA_EIO, "cannot write %s", path);
     for (int i = 0; f && i < n_fid; i++) {
       fprintf(f, "%s{\"mode\": \"%s\", \"prompt\": %u, \"forced\": %d, \"top1\": %.4f, \"kl_mean\": %.6e, \"att_rel\": [",
-              i ? ",\n " : "[", ra_attn_mode_name(fid[i].mode), fid_prompt, fid[i].positions, fid[i].top1,
+              i ? ",\n " : "[", ra_mode_name(fid[i].mode), fid_prompt, fid[i].positions, fid[i].top1,
               fid[i].kl_mean);
       for (int l = 0; l < fid[i].n_layers; l++) fprintf(f, "%s%.4e", l ? ", " : "", fid[i].att_rel[l]);
       fputs("]}", f);

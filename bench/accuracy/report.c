@@ -29,7 +29,7 @@ static void cell(FILE *f, double v) {
 /* Task x mode table over lengths [lo, hi]. */
 static void task_table(FILE *f, const ra_acc_config *cfg, const ra_acc_results *r, int lo, int hi, int trained_ctx) {
   fputs("| task | counts |", f);
-  for (int i = 0; i < cfg->n_modes; i++) fprintf(f, " %s |", ra_attn_mode_name(cfg->modes[i]));
+  for (int i = 0; i < cfg->n_modes; i++) fprintf(f, " %s |", ra_mode_name(cfg->modes[i]));
   fputs("\n|---|---|", f);
   for (int i = 0; i < cfg->n_modes; i++) fputs("---|", f);
   fputc('\n', f);
@@ -76,7 +76,7 @@ static double counted_mean(const ra_acc_config *cfg, const ra_acc_results *r, in
 /* *drawn: 0 when no cell has data (no counted needle task): nothing to plot. */
 static int heatmap(const char *dir, const ra_acc_config *cfg, const ra_acc_results *r, int mi, int trained_ctx,
                    int *drawn, ra_error *err) {
-  const char *mode = ra_attn_mode_name(cfg->modes[mi]);
+  const char *mode = ra_mode_name(cfg->modes[mi]);
   char dat[1024], gp[1024], png[1024];
   snprintf(dat, sizeof dat, "%s/heatmap_%s.dat", dir, mode);
   snprintf(gp, sizeof gp, "%s/heatmap_%s.gp", dir, mode);
@@ -136,7 +136,7 @@ int ra_acc_report_write(const char *dir, const ra_acc_config *cfg, const ra_acc_
   fprintf(f, "## Lengths up to %d (trained context)\n\n", tc);
   task_table(f, cfg, r, 0, tc, tc);
   fputs("### Per length, counted tasks\n\n| length |", f);
-  for (int i = 0; i < cfg->n_modes; i++) fprintf(f, " %s |", ra_attn_mode_name(cfg->modes[i]));
+  for (int i = 0; i < cfg->n_modes; i++) fprintf(f, " %s |", ra_mode_name(cfg->modes[i]));
   fputs("\n|---|", f);
   for (int i = 0; i < cfg->n_modes; i++) fputs("---|", f);
   fputc('\n', f);
@@ -163,7 +163,7 @@ int ra_acc_report_write(const char *dir, const ra_acc_config *cfg, const ra_acc_
       const ra_acc_fidelity *x = &info->fidelity[i];
       double mean = 0;
       for (int l = 0; l < x->n_layers; l++) mean += x->att_rel[l] / x->n_layers;
-      fprintf(f, "| %s | %.1f %% | %.3e | %.3e | %.3e | %.3e | %.3e |\n", ra_attn_mode_name(x->mode), 100 * x->top1,
+      fprintf(f, "| %s | %.1f %% | %.3e | %.3e | %.3e | %.3e | %.3e |\n", ra_mode_name(x->mode), 100 * x->top1,
               x->kl_mean, mean, x->att_rel[0], x->att_rel[x->n_layers / 2], x->att_rel[x->n_layers - 1]);
     }
     fputc('\n', f);

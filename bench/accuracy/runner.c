@@ -11,12 +11,12 @@
 #include <string.h>
 
 int ra_acc_config_check(const ra_acc_config *cfg, ra_error *err) {
-  if (cfg->n_modes < 1 || cfg->modes[0] != RA_ATTN_FULL)
+  if (cfg->n_modes < 1 || cfg->modes[0] != RA_MODE_FULL)
     return ra_errorf(err, RA_EINVAL, "accuracy: full attention must be the first mode (it is the reference)");
   for (int i = 1; i < cfg->n_modes; i++) {
-    if (cfg->modes[i] == RA_ATTN_FULL) return ra_errorf(err, RA_EINVAL, "accuracy: full given twice");
-    if (cfg->modes[i] != RA_ATTN_STREAMING && !cfg->plan)
-      return ra_errorf(err, RA_EINVAL, "accuracy: mode %s needs kv-stores", ra_attn_mode_name(cfg->modes[i]));
+    if (cfg->modes[i] == RA_MODE_FULL) return ra_errorf(err, RA_EINVAL, "accuracy: full given twice");
+    if (ra_mode_uses_stores(cfg->modes[i]) && !cfg->plan)
+      return ra_errorf(err, RA_EINVAL, "accuracy: mode %s needs kv-stores", ra_mode_name(cfg->modes[i]));
   }
   if (cfg->plan && (cfg->plan->n_sink != cfg->off.n_sink || cfg->plan->n_window != cfg->off.n_window))
     return ra_errorf(err, RA_EINVAL, "accuracy: the store plan's sink/window differ from the config's");
@@ -57,14 +57,14 @@ static int greedy(ra_state *st, const ra_tokenizer *tok, step_fn step, void *ctx
 }
 
 /* A runtime of `mode` seeded from the capture, with room for max_new more tokens. */
-static int mode_open(const ra_model *m, const ra_acc_config *cfg, ra_attn_mode mode, const ra_prefill_capture *cap,
+static int mode_open(const ra_model *m, const ra_acc_config *cfg, ra_mode mode, const ra_prefill_capture *cap,
                      int max_new, ra_offload_config *oc, ra_offload **o, ra_error *err) {
   *oc = cfg->off;
   oc->mode = mode;
   oc->max_prompt = cap->n;
   oc->max_ctx = cap->n + max_new + 1;
   oc->progress = NULL;
-  int rc = ra_offload_new(m, mode == RA_ATTN_STREAMING ? NULL : cfg->plan, oc, o, err);
+  int rc = ra_offload_new(m, mode == RA_MODE_STREAMING ? NULL : cfg->plan, oc, o, err);
   if (rc == RA_OK && (rc = ra_offload_seed(*o, cap, NULL, err)) != RA_OK) {
     ra_offload_free(*o);
     *o = NULL;
@@ -98,7 +98,7 @@ static void write_jsonl(FILE *f, const ra_acc_config *cfg, const ra_acc_sample *
   for (int i = 0; i < cfg->n_modes; i++) {
     const ra_acc_mode_result *r = &rec->modes[i];
     fprintf(f, "%s\"%s\": {\"score\": %.4f, \"seed_s\": %.3f, \"decode_s\": %.3f, \"tokens\": %d, \"output\": ",
-            i ? ", " : "", ra_attn_mode_name(cfg->modes[i]), r->score, r->seed_s, r->decode_s, r->n_generated);
+            i ? ", " : "", ra_mode_name(cfg->modes[i]), r->score, r->seed_s, r->decode_s, r->n_generated);
     ra_json_write_str(f, r->output);
     fputc('}', f);
   }
@@ -130,7 +130,7 @@ int ra_acc_run_sample(const ra_model *m, const ra_tokenizer *tok, const ra_acc_c
     ra_acc_mode_result *r = &rec->modes[i];
     int n_out = 0;
     double td = ra_clock_now_s();
-    if (cfg->modes[i] == RA_ATTN_FULL) {
+    if (cfg->modes[i] == RA_MODE_FULL) {
       rc = greedy(st, tok, full_step, st, max_new, out, &n_out, err);
     } else {
       ra_offload *o;
@@ -143,7 +143,7 @@ int ra_acc_run_sample(const ra_model *m, const ra_tokenizer *tok, const ra_acc_c
         ra_offload_free(o);
       }
     }
-    if (rc != RA_OK) ra_error_wrap(err, "mode %s", ra_attn_mode_name(cfg->modes[i]));
+    if (rc != RA_OK) ra_error_wrap(err, "mode %s", ra_mode_name(cfg->modes[i]));
     r->decode_s = ra_clock_now_s() - td;
     record_output(tok, s, out, n_out, r);
   }
@@ -192,7 +192,7 @@ static int read_record(const ra_json *o, const ra_acc_config *cfg, ra_acc_record
   ra_json_get_num(o, "prefill_s", &rec->prefill_s);
   const ra_json *modes = ra_json_get(o, "modes");
   for (int i = 0; i < cfg->n_modes; i++) {
-    const char *name = ra_attn_mode_name(cfg->modes[i]), *outp = "";
+    const char *name = ra_mode_name(cfg->modes[i]), *outp = "";
     const ra_json *mr = modes ? ra_json_get(modes, name) : NULL;
     ra_acc_mode_result *r = &rec->modes[i];
     if (!mr || ra_json_get_num(mr, "score", &r->score))
@@ -254,7 +254,7 @@ int ra_acc_run(const ra_model *m, const ra_tokenizer *tok, const ra_acc_corpus *
               fprintf(cfg->log, "%-20s %5d tok depth %5.2f #%d  prefill %.1f s ", ra_acc_task_name(task), rec.n_tokens,
                       rec.depth, k, rec.prefill_s);
               for (int i = 0; i < cfg->n_modes; i++)
-                fprintf(cfg->log, " %s=%.2f", ra_attn_mode_name(cfg->modes[i]), rec.modes[i].score);
+                fprintf(cfg->log, " %s=%.2f", ra_mode_name(cfg->modes[i]), rec.modes[i].score);
               fprintf(cfg->log, "  (full: \"%.40s\")\n", rec.modes[0].output);
               fflush(cfg->log);
             }
@@ -418,7 +418,7 @@ int ra_acc_fidelity_read(const char *path, const ra_acc_config *cfg, int n_layer
   free(text);
   if (rc == RA_OK && root->type != RA_JSON_ARRAY) rc = ra_errorf(err, RA_EFORMAT, "not a JSON array");
   for (int i = 1; rc == RA_OK && i < cfg->n_modes; i++) {
-    const char *name = ra_attn_mode_name(cfg->modes[i]);
+    const char *name = ra_mode_name(cfg->modes[i]);
     const ra_json *e = NULL;
     for (size_t j = 0; j < root->n && !e; j++) {
       const char *m;

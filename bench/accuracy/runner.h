@@ -14,7 +14,7 @@
 
 #include <stdio.h>
 
-#define RA_ACC_MAX_MODES 6
+#define RA_ACC_MAX_MODES RA_MODE_COUNT
 #define RA_ACC_MAX_AXIS 16
 
 typedef struct ra_acc_config {
@@ -26,7 +26,7 @@ typedef struct ra_acc_config {
   int n_depths;
   int samples;                  /* per (task, length, depth) */
   uint64_t seed;
-  ra_attn_mode modes[RA_ACC_MAX_MODES]; /* full must be first: it is the reference */
+  ra_mode modes[RA_ACC_MAX_MODES]; /* full must be first: it is the reference */
   int n_modes;
   ra_offload_config off;        /* sink, window, top_k, ef, nprobe, knn_nq, build_queries, dtypes */
   const ra_offload_plan *plan;  /* the stores; NULL when only full / streaming run */
@@ -78,7 +78,7 @@ int ra_acc_results_read(const char *path, const ra_acc_config *cfg, ra_acc_resul
 /* Text fidelity, per mode: teacher-forced decode of n_forced tokens of natural text after a
  * prompt of n_prompt tokens (one captured prefill), against full attention at every step. */
 typedef struct ra_acc_fidelity {
-  ra_attn_mode mode;
+  ra_mode mode;
   int positions;
   double top1;        /* fraction of steps whose argmax equals full's */
   double kl_mean;     /* mean KL(full || mode) of the next-token distributions */

@@ -270,16 +270,16 @@ static void eval_point(const ra_index *ix, const ra_keys *keys, const qset *qs, 
   *scanned = ss / qs->nq;
 }
 
-static void sweep(const ra_index *ix, ra_index_kind kind, const ra_keys *keys, const qset *qs,
+static void sweep(const ra_index *ix, ra_mode kind, const ra_keys *keys, const qset *qs,
                   uint32_t k, int threads, curve *c) {
   memset(c, 0, sizeof *c);
   const uint32_t *list;
   uint32_t n;
-  if (kind == RA_INDEX_FLAT) {
+  if (kind == RA_MODE_FLAT) {
     static const uint32_t one[] = {0};
     list = one;
     n = 1;
-  } else if (kind == RA_INDEX_IVF) {
+  } else if (kind == RA_MODE_IVF) {
     list = ivf_probes;
     n = sizeof ivf_probes / sizeof *ivf_probes;
   } else if (k > 1000) {
@@ -319,7 +319,7 @@ static double recall_at(const curve *c, double S) {
   return c->recall[c->n - 1];
 }
 
-static void params_for(const opts *o, ra_index_kind kind, ra_index_params *p) {
+static void params_for(const opts *o, ra_mode kind, ra_index_params *p) {
   ra_index_params_default(kind, p);
   p->n_threads = o->threads;
   if (o->M) p->degree = (uint32_t)o->M;
@@ -338,7 +338,7 @@ static ra_index *build_timed(const ra_index_params *p, const ra_keys *keys, cons
   ra_error err;
   double t0 = ra_clock_now_s(), c0 = ra_clock_process_cpu_s();
   if (ra_index_build(p, keys, qs, &ix, &err)) {
-    fprintf(stderr, "index-bench: build %s: %s\n", ra_index_kind_name(p->kind), err.msg);
+    fprintf(stderr, "index-bench: build %s: %s\n", ra_mode_name(p->kind), err.msg);
     return NULL;
   }
   r->build_s = ra_clock_now_s() - t0;
@@ -598,7 +598,7 @@ static void write_json(const opts *o, const ra_qk_meta *m, head_result *hr, int 
     return;
   }
   ra_index_params pr;
-  params_for(o, RA_INDEX_ROAR, &pr);
+  params_for(o, RA_MODE_ROAR, &pr);
   fprintf(f, "{\n  \"dump\": {\"dir\": \"%s\", \"model\": \"%s\", \"n_tokens\": %u, \"n_decode\": %u, "
              "\"head_dim\": %d, \"q_heads\": %d, \"kv_heads\": %d},\n",
           o->qk, m->model, m->n_tokens, m->n_decode, m->head_dim, m->q_heads, m->kv_heads);
@@ -869,8 +869,8 @@ int main(int argc, char **argv) {
       for (int k = 0; k < N_KINDS; k++) {
         if (!o.kinds[k]) continue;
         result *r = &H->r[k];
-        ra_index_kind kind = k == K_FLAT ? RA_INDEX_FLAT : k == K_IVF ? RA_INDEX_IVF
-                             : k == K_KGRAPH ? RA_INDEX_KGRAPH : RA_INDEX_ROAR;
+        ra_mode kind = k == K_FLAT ? RA_MODE_FLAT : k == K_IVF ? RA_MODE_IVF
+                             : k == K_KGRAPH ? RA_MODE_KGRAPH : RA_MODE_ROAR;
         ra_index_params p;
         params_for(&o, kind, &p);
         ra_index *ix = NULL;
@@ -961,7 +961,7 @@ int main(int argc, char **argv) {
           printf("  L%d H%d roar-ins: %u inserts, %.1f us each (wall), CPU per insertion median "
                  "%.1f us, mean %.1f us\n",
                  L, h, n_ins, r->ins_wall_us, r->ins_cpu_us_median, r->ins_cpu_us_mean);
-        } else if (kind == RA_INDEX_ROAR && o.lists) {
+        } else if (kind == RA_MODE_ROAR && o.lists) {
           bench_lists bl;
           ra_queries lq;
           if (bench_lists_make(k32, n_idx, D, q, n_build, p.query_sample, p.knn_nq,
@@ -973,7 +973,7 @@ int main(int argc, char **argv) {
           bench_lists_free(&bl);
           if (!ix) return 1;
         } else {
-          if (!(ix = build_timed(&p, &keys, kind == RA_INDEX_ROAR ? &bq : NULL, r))) return 1;
+          if (!(ix = build_timed(&p, &keys, kind == RA_MODE_ROAR ? &bq : NULL, r))) return 1;
         }
         r->present = 1;
         sweep(ix, kind, &keys, &qs100, 100, threads, &r->c[C_Q100]);
@@ -983,7 +983,7 @@ int main(int argc, char **argv) {
           /* The operating point: the smallest swept ef with recall@100 >= 0.95 (the store's
            * default ef if none reaches it), unless --latency-ef names one. */
           ra_search_params sd;
-          ra_search_params_default(RA_INDEX_ROAR, &sd);
+          ra_search_params_default(RA_MODE_ROAR, &sd);
           uint32_t ef = sd.ef;
           const curve *c = &r->c[C_Q100];
           for (uint32_t i = c->n; i-- > 0;)

@@ -39,7 +39,7 @@ static int attend_layers(kvs_session *s, uint32_t layers, const float *q, int th
   for (uint32_t h = 0; h < N_Q; h++) heads[h] = h;
   for (uint32_t l = 0; l < layers; l++) {
     kvs_attend_args a = {.layer = l, .q_heads = heads, .n_heads = N_Q, .q = q,
-                         .mode = KVS_MODE_ROAR, .top_k = 100, .n_threads = threads};
+                         .mode = RA_MODE_ROAR, .top_k = 100, .n_threads = threads};
     kvs_attend_result r;
     int rc = kvs_attend(s, &a, &r, err);
     if (rc) return rc;
@@ -98,7 +98,7 @@ int append_roar_run(const append_roar_opts *o, append_roar_result *out, ra_error
   for (uint32_t i = 0; i < o->shards && rc == RA_OK; i++) {
     kvs_build_args b = {.layer = i / N_KV, .q_head = (i % N_KV) * (N_Q / N_KV), .per_kv_head = 1,
                         .queries = queries, .n_queries = N_QUERIES};
-    ra_index_params_default(RA_INDEX_ROAR, &b.params);
+    ra_index_params_default(RA_MODE_ROAR, &b.params);
     b.params.n_threads = o->threads;
     kvs_build_result br;
     rc = kvs_session_build_index(s, &b, &br, err);

@@ -237,7 +237,7 @@ int main(int argc, char **argv) {
   ra_gate gate;
   if (ra_gate_init(&gate, o.threads)) return 1;
   ra_index_params p;
-  ra_index_params_default(RA_INDEX_ROAR, &p);
+  ra_index_params_default(RA_MODE_ROAR, &p);
   p.knn_nq = l.nq;
   p.n_threads = o.threads;
   if (o.pivots) p.pivots = o.pivots;

@@ -140,16 +140,16 @@ static lat summarize(double *us, double *compute, int n) {
   return (lat){us[n / 2], us[(int)(0.99 * (n - 1))], sum / n, compute[n / 2]};
 }
 
-static int run_attend(ra_kvclient_stream *st, ra_kvclient_mode mode, int iters, float *q,
+static int run_attend(ra_kvclient_stream *st, ra_mode mode, int iters, float *q,
                       float (*o)[DIM], lat *out, ra_error *err) {
   uint32_t heads[N_Q];
-  ra_kvclient_partial p[N_Q];
+  ra_head_partial p[N_Q];
   for (uint32_t h = 0; h < N_Q; h++) {
     heads[h] = h;
-    p[h] = (ra_kvclient_partial){.o = o[h]};
+    p[h] = (ra_head_partial){.part.o = o[h]};
   }
   ra_kvclient_attend_req req = {.layer = 0, .q_heads = heads, .n_heads = N_Q, .q = q,
-                                .mode = mode, .top_k = mode == RA_KVCLIENT_FLAT ? 100 : 0};
+                                .mode = mode, .top_k = mode == RA_MODE_FLAT ? 100 : 0};
   double *us = malloc((size_t)iters * sizeof *us), *cu = malloc((size_t)iters * sizeof *cu);
   int rc = RA_OK;
   for (int i = -5; i < iters && rc == RA_OK; i++) { /* 5 warm-up requests */
@@ -231,8 +231,8 @@ static int run_remote(const opts *o, remote_result *res, int *store_ok, ra_error
     q[i] = ((float)(s >> 8) / (float)(1 << 24) - 0.5f) * 2.0f;
   }
   if (rc == RA_OK) rc = ra_kvclient_attend_open(c, &sess, &st, err);
-  if (rc == RA_OK) rc = run_attend(st, RA_KVCLIENT_FULL, o->iters, q, o_buf, &res->full, err);
-  if (rc == RA_OK) rc = run_attend(st, RA_KVCLIENT_FLAT, o->iters, q, o_buf, &res->flat, err);
+  if (rc == RA_OK) rc = run_attend(st, RA_MODE_FULL, o->iters, q, o_buf, &res->full, err);
+  if (rc == RA_OK) rc = run_attend(st, RA_MODE_FLAT, o->iters, q, o_buf, &res->flat, err);
   ra_kvclient_attend_close(st);
   if (rc == RA_OK) rc = ra_kvclient_close_session(c, &sess, NULL, err);
   ra_kvclient_close(c);

@@ -16,22 +16,9 @@
  * distinct; an LRU of 1024 hit 98 % / 77 % of the maps (4096: 98 % / 95 %). */
 #define INS_MAP_CACHE 1024u
 
-static const char *const kind_names[] = {NULL, "flat", "ivf", "kgraph", "roar"};
+_Static_assert(RA_INDEX_MAX_DEGREE <= RA_GRAPH_MAX_DEGREE, "graph rows are sized for the degree bound");
 
-const char *ra_index_kind_name(ra_index_kind kind) {
-  return kind >= RA_INDEX_FLAT && kind <= RA_INDEX_ROAR ? kind_names[kind] : "?";
-}
-
-int ra_index_kind_parse(const char *name, ra_index_kind *out) {
-  for (int k = RA_INDEX_FLAT; k <= RA_INDEX_ROAR; k++)
-    if (name && strcmp(name, kind_names[k]) == 0) {
-      *out = (ra_index_kind)k;
-      return RA_OK;
-    }
-  return RA_EINVAL;
-}
-
-static int is_graph(ra_index_kind k) { return k == RA_INDEX_KGRAPH || k == RA_INDEX_ROAR; }
+static int is_graph(ra_mode k) { return (RA_MODE_BIT(k) & RA_MODES_GRAPH) != 0; }
 
 /* Defaults, from sweeps on synthetic Q/K (qk-synth, 32K tokens, head 0, head_dim 64; one factor
  * at a time from M 32 / Nq 100 / pivots 4 / sample 1 / L_build 128; the scan fraction roar needs
@@ -75,7 +62,7 @@ static int is_graph(ra_index_kind k) { return k == RA_INDEX_KGRAPH || k == RA_IN
  * ms per insertion at 16 pivots). A second seed at the newest key (for the tokens inserted last,
  * which local heads attend to) trapped walks among the recent tokens: on SmolLM2 135K, 4 of 15
  * heads never reached recall@100 0.95 that reached it from the entry alone. */
-void ra_index_params_default(ra_index_kind kind, ra_index_params *p) {
+void ra_index_params_default(ra_mode kind, ra_index_params *p) {
   memset(p, 0, sizeof *p);
   p->kind = kind;
   p->degree = 16;
@@ -92,9 +79,9 @@ void ra_index_params_default(ra_index_kind kind, ra_index_params *p) {
   p->n_threads = 0;
 }
 
-void ra_search_params_default(ra_index_kind kind, ra_search_params *sp) {
+void ra_search_params_default(ra_mode kind, ra_search_params *sp) {
   /* Where roar / ivf reach recall@100 ~0.95 on the 32K synthetic heads. */
-  sp->ef = kind == RA_INDEX_ROAR ? 320 : 400;
+  sp->ef = kind == RA_MODE_ROAR ? 320 : 400;
   sp->nprobe = 96;
 }
 
@@ -111,31 +98,18 @@ static int check_keys(const ra_keys *keys, ra_error *err) {
 
 static int check_params(const ra_index_params *p, ra_error *err) {
   if (!p) return ra_errorf(err, RA_EINVAL, "index: params is NULL");
-  if (p->kind < RA_INDEX_FLAT || p->kind > RA_INDEX_ROAR)
+  if (p->kind != RA_MODE_FLAT && !ra_mode_has_index(p->kind))
     return ra_errorf(err, RA_EINVAL, "index: unknown kind %d", (int)p->kind);
-  if (is_graph(p->kind)) {
-    if (p->degree < 2 || p->degree > RA_GRAPH_MAX_DEGREE)
-      return ra_errorf(err, RA_EINVAL, "index: degree %u out of range [2, %u]", p->degree,
-                       RA_GRAPH_MAX_DEGREE);
-    if (p->build_ef < 1 || p->build_ef > 65536)
-      return ra_errorf(err, RA_EINVAL, "index: build_ef %u out of range [1, 65536]", p->build_ef);
-  }
-  if (p->kind == RA_INDEX_ROAR) {
-    if (p->knn_nq < 2 || p->knn_nq > 65536)
-      return ra_errorf(err, RA_EINVAL, "index: knn_nq %u out of range [2, 65536]", p->knn_nq);
-    if (p->pivots > 65536)
-      return ra_errorf(err, RA_EINVAL, "index: pivots %u out of range [0 (auto), 65536]",
-                       p->pivots);
-    if (p->keep_queries > 65536 || p->keep_topk > 1024)
-      return ra_errorf(err, RA_EINVAL, "index: keep_queries %u / keep_topk %u out of range",
-                       p->keep_queries, p->keep_topk);
-    if (!(p->query_sample > 0.0f && p->query_sample <= 1.0f))
-      return ra_errorf(err, RA_EINVAL, "index: query_sample %g not in (0, 1]",
-                       (double)p->query_sample);
-  }
-  if (p->kind == RA_INDEX_IVF && p->max_iters > 1000)
+  /* The table's rows and bounds, over the fields of the same names. */
+  ra_index_spec sp = {.kind = p->kind};
+#define SPEC_FIELD_(name, type, lo, hi, modes, zero, flag, help) sp.name = p->name;
+  RA_INDEX_BUILD_PARAM_TABLE(SPEC_FIELD_)
+#undef SPEC_FIELD_
+  int rc = ra_index_spec_check_resolved(&sp, err);
+  if (rc) return rc;
+  if (p->kind == RA_MODE_IVF && p->max_iters > 1000)
     return ra_errorf(err, RA_EINVAL, "index: max_iters %u > 1000", p->max_iters);
-  if (p->kind == RA_INDEX_IVF && p->train_per_list > 65536)
+  if (p->kind == RA_MODE_IVF && p->train_per_list > 65536)
     return ra_errorf(err, RA_EINVAL, "index: train_per_list %u > 65536", p->train_per_list);
   return RA_OK;
 }
@@ -150,7 +124,7 @@ size_t ra_index_estimate_bytes(const ra_index_params *p, uint32_t n_keys, int di
   /* knn.c: per thread, a [512, 2048] sgemm score block and 512 heaps of k (id, score) pairs. */
   const size_t blocks = nt * (size_t)512 * 2048 * 4, heaps = nt * (size_t)512 * 8;
   size_t total = sizeof(ra_index);
-  if (p->kind == RA_INDEX_IVF) {
+  if (p->kind == RA_MODE_IVF) {
     size_t nl = p->n_lists ? p->n_lists : (size_t)(4.0 * sqrt((double)n)) + 1;
     /* Lists: exactly the ids at build (insertion grows them by doubling, up to twice). */
     total += nl * (d * 4 + 4 + 8 + 8 + 16 * 4) + n * 4 * 2;
@@ -164,7 +138,7 @@ size_t ra_index_estimate_bytes(const ra_index_params *p, uint32_t n_keys, int di
     /* Per-thread work: marks and visited (n each, 1/8 headroom), candidates, beam. */
     size_t work = n * 4 * 9 / 4 + 64 + (M + L + 1 + n) * 16 + (L + 1) * 8 + d * 16 + M * d * 4;
     size_t peak;
-    if (p->kind == RA_INDEX_KGRAPH) {
+    if (p->kind == RA_MODE_KGRAPH) {
       size_t lc = L < n ? L : n;
       peak = n * lc * 8 + blocks + heaps * lc; /* knn of the cached fp32 keys */
     } else {
@@ -185,9 +159,9 @@ size_t ra_index_estimate_bytes(const ra_index_params *p, uint32_t n_keys, int di
     if (connect > phase) phase = connect;
     size_t metric_cache = n * d * 4; /* graph.h's mk, alive for the whole build */
     /* + the index's insertion work with its map cache (a metric needs queries: roar only) */
-    size_t ins_cache = p->kind == RA_INDEX_ROAR ? (size_t)INS_MAP_CACHE * (d * 4 + 8) : 0;
+    size_t ins_cache = p->kind == RA_MODE_ROAR ? (size_t)INS_MAP_CACHE * (d * 4 + 8) : 0;
     total += graph + metric_cache + nt * work + phase + work + ins_cache;
-    if (p->kind == RA_INDEX_ROAR) {
+    if (p->kind == RA_MODE_ROAR) {
       total += ra_roar_keep_estimate(p, n_queries, dim); /* the kept queries */
     }
   }
@@ -295,7 +269,7 @@ int ra_index_build(const ra_index_params *p, const ra_keys *keys, const ra_queri
   if (!out) return ra_errorf(err, RA_EINVAL, "index build: out is NULL");
   *out = NULL;
   if ((rc = check_params(p, err)) || (rc = check_keys(keys, err))) return rc;
-  if (p->kind == RA_INDEX_ROAR && queries && queries->q == NULL && queries->knn == NULL)
+  if (p->kind == RA_MODE_ROAR && queries && queries->q == NULL && queries->knn == NULL)
     return ra_errorf(err, RA_EINVAL, "roar: queries has neither vectors nor knn lists");
   ra_index *ix = calloc(1, sizeof *ix);
   if (!ix) return ra_errorf(err, RA_ENOMEM, "index build: out of memory");
@@ -305,10 +279,10 @@ int ra_index_build(const ra_index_params *p, const ra_keys *keys, const ra_queri
   ix->dtype = keys->dtype;
   ix->n = keys->n;
   switch (p->kind) {
-    case RA_INDEX_FLAT: rc = RA_OK; break;
-    case RA_INDEX_IVF: rc = ra_ivf_build(ix, keys, err); break;
-    case RA_INDEX_KGRAPH: rc = ra_kgraph_build(ix, keys, err); break;
-    case RA_INDEX_ROAR:
+    case RA_MODE_FLAT: rc = RA_OK; break;
+    case RA_MODE_IVF: rc = ra_ivf_build(ix, keys, err); break;
+    case RA_MODE_KGRAPH: rc = ra_kgraph_build(ix, keys, err); break;
+    case RA_MODE_ROAR:
       if (keys->n <= 1 && (!queries || queries->n == 0)) {
         /* Nothing to learn from: an empty or single-key graph needs no queries. */
         ra_graph *g = calloc(1, sizeof *g);
@@ -323,6 +297,7 @@ int ra_index_build(const ra_index_params *p, const ra_keys *keys, const ra_queri
         rc = ra_roar_build(ix, keys, queries, err);
       }
       break;
+    default: rc = ra_errorf(err, RA_EINVAL, "index: unknown kind %d", (int)p->kind); break;
   }
   if (!rc && ix->graph) {
     ix->ins_work = calloc(1, sizeof *ix->ins_work);
@@ -359,12 +334,12 @@ int ra_index_insert(ra_index *ix, const ra_keys *keys, uint32_t id, ra_error *er
     return ra_errorf(err, RA_EINVAL, "index insert: id %u, expected the next id %u", id, ix->n);
   if (id >= MAX_KEYS) return ra_errorf(err, RA_EINVAL, "index insert: index is full");
   switch (ix->kind) {
-    case RA_INDEX_FLAT: break;
-    case RA_INDEX_IVF:
+    case RA_MODE_FLAT: break;
+    case RA_MODE_IVF:
       if ((rc = ra_ivf_insert(ix, keys, id, err))) return rc;
       break;
-    case RA_INDEX_KGRAPH:
-    case RA_INDEX_ROAR: {
+    case RA_MODE_KGRAPH:
+    case RA_MODE_ROAR: {
       ra_graph *g = ix->graph;
       uint32_t L = ix->params.build_ef;
       if (id >= g->cap) {
@@ -377,12 +352,13 @@ int ra_index_insert(ra_index *ix, const ra_keys *keys, uint32_t id, ra_error *er
       if (ra_graph_work_reserve(ix->ins_work, g->M + L + 1 + guide, id + 1, L) ||
           (g->qm && !ix->ins_work->mc_n && ra_graph_work_cache(ix->ins_work, INS_MAP_CACHE)))
         return ra_errorf(err, RA_ENOMEM, "index insert: out of memory");
-      if (ix->kind == RA_INDEX_ROAR)
+      if (ix->kind == RA_MODE_ROAR)
         ra_roar_insert(ix, keys, id);
       else
         ra_graph_insert(g, keys, id, L, NULL, ix->ins_work);
       break;
     }
+    default: return ra_errorf(err, RA_EINTERNAL, "index insert: unknown kind %d", (int)ix->kind);
   }
   ix->n = id + 1;
   return RA_OK;
@@ -402,15 +378,15 @@ int ra_index_search(const ra_index *ix, const ra_keys *keys, const float *q, uin
     sp = &def;
   }
   uint32_t ef = sp->ef > k ? sp->ef : k;
-  if (ix->kind == RA_INDEX_FLAT || ix->kind == RA_INDEX_IVF) ef = k;
+  if (ix->kind == RA_MODE_FLAT || ix->kind == RA_MODE_IVF) ef = k;
   if (scratch_fit(s, ix, ef, k)) return RA_ENOMEM;
   switch (ix->kind) {
-    case RA_INDEX_FLAT:
+    case RA_MODE_FLAT:
       return ra_flat_search(ix, keys, q, k, s, ids_out, scores_out, n_out, n_scanned);
-    case RA_INDEX_IVF:
+    case RA_MODE_IVF:
       return ra_ivf_search(ix, keys, q, k, sp->nprobe, s, ids_out, scores_out, n_out, n_scanned);
-    case RA_INDEX_KGRAPH:
-    case RA_INDEX_ROAR:
+    case RA_MODE_KGRAPH:
+    case RA_MODE_ROAR:
       /* A beam of a quarter of the keys computes nearly every dot anyway (each expansion looks
        * at M neighbors): the exact scan is then cheaper and exact (k = 2000 over a few thousand
        * offloaded keys). */
@@ -418,12 +394,13 @@ int ra_index_search(const ra_index *ix, const ra_keys *keys, const float *q, uin
         return ra_flat_search(ix, keys, q, k, s, ids_out, scores_out, n_out, n_scanned);
       ra_graph_search(ix->graph, keys, q, ef, k, s, ids_out, scores_out, n_out, n_scanned);
       return RA_OK;
+    default: break;
   }
   return RA_EINVAL;
 }
 
 uint32_t ra_index_count(const ra_index *ix) { return ix ? ix->n : 0; }
-ra_index_kind ra_index_get_kind(const ra_index *ix) { return ix->kind; }
+ra_mode ra_index_get_kind(const ra_index *ix) { return ix->kind; }
 
 size_t ra_index_bytes(const ra_index *ix) {
   if (!ix) return 0;

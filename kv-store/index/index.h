@@ -3,7 +3,7 @@
  * largest raw q·k (it applies the softmax scale itself) while computing as few dot products as
  * possible.
  *
- * Kinds (numbered as proto AttendMode):
+ * Kinds (ra_mode, common/modes.h):
  *   flat    exact scan of every key.
  *   ivf     k-means clusters of the keys; a query scans the nprobe clusters whose centroid has
  *           the largest q·centroid.
@@ -24,20 +24,12 @@
 #define RA_INDEX_H
 
 #include "half.h"
+#include "index_params.h"
+#include "modes.h"
 #include "status.h"
 
 #include <stddef.h>
 #include <stdint.h>
-
-typedef enum {
-  RA_INDEX_FLAT = 1,
-  RA_INDEX_IVF = 2,
-  RA_INDEX_KGRAPH = 3,
-  RA_INDEX_ROAR = 4,
-} ra_index_kind;
-
-const char *ra_index_kind_name(ra_index_kind kind); /* "flat", "ivf", ...; "?" if unknown */
-int ra_index_kind_parse(const char *name, ra_index_kind *out); /* 0 or RA_EINVAL */
 
 /* A view of a shard's keys: rows is [n, dim] row-major in dtype. */
 typedef struct {
@@ -47,9 +39,11 @@ typedef struct {
   uint32_t n;
 } ra_keys;
 
-/* Build parameters. Fields a kind does not use are ignored. */
+/* Build parameters, resolved (the library takes no "unset"). Fields a kind does not use are
+ * ignored. The fields of common/index_params.h's build rows have their names, and their bounds
+ * (ra_index_spec_check_resolved); the rest are the library's own. */
 typedef struct {
-  ra_index_kind kind;
+  ra_mode kind;       /* RA_MODE_FLAT (an exact scan) or a mode with an index */
   uint32_t degree;    /* graphs: max out-degree M of every node */
   uint32_t build_ef;  /* graphs: beam width L_build when linking a key by search (connectivity
                          repair, insertion); kgraph: also the length of each key's exact
@@ -71,14 +65,14 @@ typedef struct {
 } ra_index_params;
 
 /* Defaults measured on synthetic Q/K (bench/results/index-synthetic; see index.c's comment). */
-void ra_index_params_default(ra_index_kind kind, ra_index_params *p);
+void ra_index_params_default(ra_mode kind, ra_index_params *p);
 
 /* Search parameters: ef = L_search (graphs; raised to k when smaller), nprobe (ivf). */
 typedef struct {
   uint32_t ef;
   uint32_t nprobe;
 } ra_search_params;
-void ra_search_params_default(ra_index_kind kind, ra_search_params *sp);
+void ra_search_params_default(ra_mode kind, ra_search_params *sp);
 
 /* Prefill queries for roar: vectors q [n, dim] (fp32), and/or knn [n, knn_k]: each query's exact
  * top-knn_k key ids by inner product, best first (computed on the GPU during prefill). With knn
@@ -161,7 +155,7 @@ int ra_index_search(const ra_index *ix, const ra_keys *keys, const float *q, uin
                     float *scores_out, uint32_t *n_out, uint64_t *n_scanned);
 
 uint32_t ra_index_count(const ra_index *ix); /* keys indexed */
-ra_index_kind ra_index_get_kind(const ra_index *ix);
+ra_mode ra_index_get_kind(const ra_index *ix);
 size_t ra_index_bytes(const ra_index *ix); /* heap bytes held now */
 
 /* Structural self-check (tests, debugging): graph degree <= M, no self loops or duplicate edges,

@@ -40,7 +40,7 @@ typedef struct ra_roar_keep {
 } ra_roar_keep;
 
 struct ra_index {
-  ra_index_kind kind;
+  ra_mode kind;
   ra_index_params params;
   int dim;
   ra_dtype dtype;

@@ -82,7 +82,7 @@ static ra_keys keys_of(const data *d, uint32_t n) {
   return k;
 }
 
-static ra_index *build(ra_index_kind kind, const data *d, uint32_t n, int threads) {
+static ra_index *build(ra_mode kind, const data *d, uint32_t n, int threads) {
   ra_index_params p;
   ra_index_params_default(kind, &p);
   p.n_threads = threads;
@@ -91,8 +91,8 @@ static ra_index *build(ra_index_kind kind, const data *d, uint32_t n, int thread
   ra_index *ix = NULL;
   ra_error err;
   ra_error_clear(&err);
-  int rc = ra_index_build(&p, &k, kind == RA_INDEX_ROAR ? &qs : NULL, &ix, &err);
-  if (rc) fail_msg("build %s: %s", ra_index_kind_name(kind), err.msg);
+  int rc = ra_index_build(&p, &k, kind == RA_MODE_ROAR ? &qs : NULL, &ix, &err);
+  if (rc) fail_msg("build %s: %s", ra_mode_name(kind), err.msg);
   return ix;
 }
 
@@ -260,7 +260,7 @@ static void test_flat_is_exact(void **state) {
   (void)state;
   data d;
   make_data(&d, NK, 1);
-  ra_index *ix = build(RA_INDEX_FLAT, &d, NK, 0);
+  ra_index *ix = build(RA_MODE_FLAT, &d, NK, 0);
   ra_index_scratch s;
   assert_int_equal(ra_index_scratch_init(&s, ix, 0, 50, NULL), RA_OK);
   ra_keys k = keys_of(&d, NK);
@@ -286,11 +286,11 @@ static void test_flat_is_exact(void **state) {
 
 /* With L >= n a beam search visits every reachable node, so on a connected graph it must return
  * exactly flat's answer (same kernels, same tie order). */
-static void check_exact_when_beam_covers(ra_index_kind kind) {
+static void check_exact_when_beam_covers(ra_mode kind) {
   data d;
   make_data(&d, NK, 2);
   ra_index *ix = build(kind, &d, NK, 2);
-  ra_index *fl = build(RA_INDEX_FLAT, &d, NK, 0);
+  ra_index *fl = build(RA_MODE_FLAT, &d, NK, 0);
   assert_graph_invariants(ix);
   ra_keys k = keys_of(&d, NK);
   ra_index_scratch s;
@@ -316,20 +316,20 @@ static void check_exact_when_beam_covers(ra_index_kind kind) {
 
 static void test_roar_exact_when_beam_covers(void **state) {
   (void)state;
-  check_exact_when_beam_covers(RA_INDEX_ROAR);
+  check_exact_when_beam_covers(RA_MODE_ROAR);
 }
 
 static void test_kgraph_exact_when_beam_covers(void **state) {
   (void)state;
-  check_exact_when_beam_covers(RA_INDEX_KGRAPH);
+  check_exact_when_beam_covers(RA_MODE_KGRAPH);
 }
 
 static void test_ivf_all_probes_exact(void **state) {
   (void)state;
   data d;
   make_data(&d, NK, 3);
-  ra_index *ix = build(RA_INDEX_IVF, &d, NK, 2);
-  ra_index *fl = build(RA_INDEX_FLAT, &d, NK, 0);
+  ra_index *ix = build(RA_MODE_IVF, &d, NK, 2);
+  ra_index *fl = build(RA_MODE_FLAT, &d, NK, 0);
   ra_error err;
   if (ra_index_check(ix, &err)) fail_msg("%s", err.msg);
   ra_keys k = keys_of(&d, NK);
@@ -382,7 +382,7 @@ static void test_roar_recall_on_shifted_queries(void **state) {
   (void)state;
   data d;
   make_data(&d, NK, 4);
-  ra_index *ix = build(RA_INDEX_ROAR, &d, NK, 2);
+  ra_index *ix = build(RA_MODE_ROAR, &d, NK, 2);
   double frac;
   double r = mean_recall(ix, &d, NK, 40, &frac);
   print_message("roar recall@10 %.3f scanning %.3f of keys\n", r, frac);
@@ -397,10 +397,10 @@ static void test_insertion_keeps_invariants_and_recall(void **state) {
   data d;
   const uint32_t n0 = NK * 8 / 10;
   make_data(&d, NK, 5);
-  ra_index *ix = build(RA_INDEX_ROAR, &d, n0, 2);
-  ra_index *kg = build(RA_INDEX_KGRAPH, &d, n0, 2);
-  ra_index *iv = build(RA_INDEX_IVF, &d, n0, 2);
-  ra_index *full = build(RA_INDEX_ROAR, &d, NK, 2);
+  ra_index *ix = build(RA_MODE_ROAR, &d, n0, 2);
+  ra_index *kg = build(RA_MODE_KGRAPH, &d, n0, 2);
+  ra_index *iv = build(RA_MODE_IVF, &d, n0, 2);
+  ra_index *full = build(RA_MODE_ROAR, &d, NK, 2);
   ra_keys k = keys_of(&d, NK);
   ra_error err;
   ra_index_scratch s;
@@ -441,7 +441,7 @@ static void test_insertion_keeps_invariants_and_recall(void **state) {
 
 static ra_index *build_roar_keep(const data *d, uint32_t n, uint32_t keep_queries) {
   ra_index_params p;
-  ra_index_params_default(RA_INDEX_ROAR, &p);
+  ra_index_params_default(RA_MODE_ROAR, &p);
   p.n_threads = 2;
   p.keep_queries = keep_queries;
   ra_keys k = keys_of(d, n);
@@ -607,7 +607,7 @@ static void test_kept_queries_are_accounted(void **state) {
   assert_true(extra >= least);
   assert_int_equal(extra, ra_roar_keep_bytes(k));
   ra_index_params p;
-  ra_index_params_default(RA_INDEX_ROAR, &p);
+  ra_index_params_default(RA_MODE_ROAR, &p);
   p.n_threads = 2;
   size_t est = ra_index_estimate_bytes(&p, NK, DIM, NQ);
   p.keep_queries = 0;
@@ -632,7 +632,7 @@ static void test_insert_into_empty(void **state) {
   data d;
   make_data(&d, 300, 6);
   ra_index_params p;
-  ra_index_params_default(RA_INDEX_ROAR, &p);
+  ra_index_params_default(RA_MODE_ROAR, &p);
   ra_keys k0 = keys_of(&d, 0), k = keys_of(&d, 300);
   ra_index *ix = NULL;
   ra_error err;
@@ -660,7 +660,7 @@ static void test_build_is_deterministic(void **state) {
   (void)state;
   data d;
   make_data(&d, NK, 7);
-  ra_index_kind kinds[] = {RA_INDEX_ROAR, RA_INDEX_KGRAPH};
+  ra_mode kinds[] = {RA_MODE_ROAR, RA_MODE_KGRAPH};
   for (int t = 0; t < 2; t++) {
     ra_index *a = build(kinds[t], &d, NK, 2), *b = build(kinds[t], &d, NK, 1);
     assert_int_equal(a->graph->n, NK);
@@ -669,7 +669,7 @@ static void test_build_is_deterministic(void **state) {
     ra_index_free(b);
   }
   /* ivf too: same centroids and lists for the same seed, on any number of threads. */
-  ra_index *a = build(RA_INDEX_IVF, &d, NK, 2), *b = build(RA_INDEX_IVF, &d, NK, 1);
+  ra_index *a = build(RA_MODE_IVF, &d, NK, 2), *b = build(RA_MODE_IVF, &d, NK, 1);
   assert_int_equal(a->ivf->n_lists, b->ivf->n_lists);
   assert_memory_equal(a->ivf->centroids, b->ivf->centroids,
                       (size_t)a->ivf->n_lists * DIM * sizeof(float));
@@ -836,7 +836,7 @@ static void test_ivf_sampled_lists(void **state) {
   make_data(&d, N, 23);
   ra_keys k = keys_of(&d, N);
   ra_index_params p;
-  ra_index_params_default(RA_INDEX_IVF, &p);
+  ra_index_params_default(RA_MODE_IVF, &p);
   p.n_lists = L;
   p.train_per_list = 4;
   ra_index *ix[2] = {NULL, NULL};
@@ -901,7 +901,7 @@ static void test_roar_from_knn_lists(void **state) {
   ra_error err;
   assert_int_equal(ra_knn_ip(d.keys, NK, DIM, NULL, d.q, NQ, KK, 0, 2, knn, NULL, &err), RA_OK);
   ra_index_params p;
-  ra_index_params_default(RA_INDEX_ROAR, &p);
+  ra_index_params_default(RA_MODE_ROAR, &p);
   ra_keys k = keys_of(&d, NK);
   ra_queries qs = {.q = NULL, .n = NQ, .knn = knn, .knn_k = KK};
   ra_index *ix = NULL;
@@ -931,7 +931,7 @@ static void test_roar_pivots_per_list(void **state) {
   ra_error err;
   assert_int_equal(ra_knn_ip(d.keys, NK, DIM, NULL, d.q, NQ, KK, 0, 2, knn, NULL, &err), RA_OK);
   ra_index_params p;
-  ra_index_params_default(RA_INDEX_ROAR, &p);
+  ra_index_params_default(RA_MODE_ROAR, &p);
   ra_keys k = keys_of(&d, NK);
   ra_queries qs = {.q = d.q, .n = NQ, .knn = knn, .knn_k = KK};
   static const uint32_t pivots[] = {1, 4, 64};
@@ -982,7 +982,7 @@ static void test_roar_entry_is_a_pivot(void **state) {
   for (uint32_t i = 0; i < NQ; i++)
     for (int j = 0; j < DIM; j++) outlier[j] += 100.0f * d.q[(size_t)i * DIM + j] / NQ;
   ra_index_params p;
-  ra_index_params_default(RA_INDEX_ROAR, &p);
+  ra_index_params_default(RA_MODE_ROAR, &p);
   ra_keys k = keys_of(&d, NK + 1);
   ra_queries qs = {.q = d.q, .n = NQ, .knn = knn, .knn_k = KK};
   ra_index *ix = NULL;
@@ -1060,12 +1060,12 @@ static void test_f16_keys(void **state) {
   ra_fp32_to_fp16_n(d.keys, h, (size_t)1000 * DIM);
   ra_keys k = {.rows = h, .dtype = RA_DTYPE_F16, .dim = DIM, .n = 1000};
   ra_index_params p;
-  ra_index_params_default(RA_INDEX_ROAR, &p);
+  ra_index_params_default(RA_MODE_ROAR, &p);
   ra_queries qs = {.q = d.q, .n = NQ};
   ra_index *ix = NULL, *fl = NULL;
   ra_error err;
   assert_int_equal(ra_index_build(&p, &k, &qs, &ix, &err), RA_OK);
-  p.kind = RA_INDEX_FLAT;
+  p.kind = RA_MODE_FLAT;
   assert_int_equal(ra_index_build(&p, &k, NULL, &fl, &err), RA_OK);
   assert_graph_invariants(ix);
   ra_index_scratch s;
@@ -1093,7 +1093,7 @@ static void test_errors(void **state) {
   ra_index_params p;
   ra_index *ix = (ra_index *)&p; /* must be reset to NULL on failure */
   ra_error err;
-  ra_index_params_default(RA_INDEX_ROAR, &p);
+  ra_index_params_default(RA_MODE_ROAR, &p);
   assert_int_equal(ra_index_build(&p, &k, NULL, &ix, &err), RA_EINVAL);
   assert_null(ix);
   assert_non_null(strstr(err.msg, "queries"));
@@ -1101,12 +1101,12 @@ static void test_errors(void **state) {
   ra_queries qs = {.q = d.q, .n = NQ};
   assert_int_equal(ra_index_build(&p, &k, &qs, &ix, &err), RA_EINVAL);
   assert_non_null(strstr(err.msg, "degree"));
-  ra_index_params_default(RA_INDEX_ROAR, &p);
+  ra_index_params_default(RA_MODE_ROAR, &p);
   p.query_sample = 0.0f;
   assert_int_equal(ra_index_build(&p, &k, &qs, &ix, &err), RA_EINVAL);
-  p.kind = (ra_index_kind)9;
+  p.kind = (ra_mode)9;
   assert_int_equal(ra_index_build(&p, &k, &qs, &ix, &err), RA_EINVAL);
-  ra_index_params_default(RA_INDEX_KGRAPH, &p);
+  ra_index_params_default(RA_MODE_KGRAPH, &p);
   ra_keys bad = k;
   bad.dim = 0;
   assert_int_equal(ra_index_build(&p, &bad, NULL, &ix, &err), RA_EINVAL);
@@ -1124,10 +1124,10 @@ static void test_errors(void **state) {
   ra_keys small = k;
   small.n = 100;
   assert_int_equal(ra_index_search(ix, &small, d.q, 10, NULL, &s, ids, NULL, &n, NULL), RA_EINVAL);
-  ra_index_kind kind;
-  assert_int_equal(ra_index_kind_parse("roar", &kind), RA_OK);
-  assert_int_equal(kind, RA_INDEX_ROAR);
-  assert_int_equal(ra_index_kind_parse("hnsw", &kind), RA_EINVAL);
+  ra_mode kind;
+  assert_int_equal(ra_mode_parse("roar", &kind), RA_OK);
+  assert_int_equal(kind, RA_MODE_ROAR);
+  assert_int_equal(ra_mode_parse("hnsw", &kind), RA_EINVAL);
   ra_index_scratch_free(&s);
   ra_index_free(ix);
   free_data(&d);
@@ -1137,16 +1137,16 @@ static void test_estimate_covers_bytes(void **state) {
   (void)state;
   data d;
   make_data(&d, NK, 12);
-  ra_index_kind kinds[] = {RA_INDEX_FLAT, RA_INDEX_IVF, RA_INDEX_KGRAPH, RA_INDEX_ROAR};
+  ra_mode kinds[] = {RA_MODE_FLAT, RA_MODE_IVF, RA_MODE_KGRAPH, RA_MODE_ROAR};
   for (int t = 0; t < 4; t++) {
     ra_index *ix = build(kinds[t], &d, NK, 2);
     ra_index_params p;
     ra_index_params_default(kinds[t], &p);
     p.n_threads = 2;
     size_t est = ra_index_estimate_bytes(&p, NK, DIM, NQ), got = ra_index_bytes(ix);
-    print_message("%s: %zu bytes held, %zu estimated\n", ra_index_kind_name(kinds[t]), got, est);
+    print_message("%s: %zu bytes held, %zu estimated\n", ra_mode_name(kinds[t]), got, est);
     assert_true(got <= est);
-    if (kinds[t] == RA_INDEX_ROAR) assert_true(got >= (size_t)NK * p.degree * 4);
+    if (kinds[t] == RA_MODE_ROAR) assert_true(got >= (size_t)NK * p.degree * 4);
     ra_index_free(ix);
   }
   free_data(&d);
@@ -1174,7 +1174,7 @@ enum { KQ_NB = 64, KQ_KK = 24, KQ_T = 4 };
 static ra_index *build_key_lists(const data *d, uint32_t n, const uint32_t *knn,
                                  const uint32_t *ktq, int threads) {
   ra_index_params p;
-  ra_index_params_default(RA_INDEX_ROAR, &p);
+  ra_index_params_default(RA_MODE_ROAR, &p);
   p.n_threads = threads;
   ra_keys k = keys_of(d, n);
   ra_queries qs = {.q = d->q, .n = KQ_NB, .knn = knn, .knn_k = KQ_KK, .key_top_queries = ktq,
@@ -1251,7 +1251,7 @@ static void test_roar_pivots_auto(void **state) {
   for (int kl = 0; kl < 2; kl++)
     for (int t = 0; t < 3; t++) {
       ra_index_params p;
-      ra_index_params_default(RA_INDEX_ROAR, &p);
+      ra_index_params_default(RA_MODE_ROAR, &p);
       assert_int_equal(p.pivots, 0);
       p.pivots = piv[t];
       p.n_threads = 2;
@@ -1306,7 +1306,7 @@ static void test_roar_key_queries_validated(void **state) {
   data d = f.d;
   uint32_t *knn = f.knn, *ktq = f.ktq;
   ra_index_params p;
-  ra_index_params_default(RA_INDEX_ROAR, &p);
+  ra_index_params_default(RA_MODE_ROAR, &p);
   p.n_threads = 2;
   ra_keys k = keys_of(&d, NK);
   ra_queries qs = {.q = d.q, .n = KQ_NB, .knn = knn, .knn_k = KQ_KK, .key_top_queries = ktq,
@@ -1416,7 +1416,7 @@ static void test_insert_map_cache_same_graph(void **state) {
   data d;
   const uint32_t n0 = NK * 9 / 10;
   make_data(&d, NK, 31);
-  ra_index *a = build(RA_INDEX_ROAR, &d, n0, 2), *b = build(RA_INDEX_ROAR, &d, n0, 2);
+  ra_index *a = build(RA_MODE_ROAR, &d, n0, 2), *b = build(RA_MODE_ROAR, &d, n0, 2);
   assert_int_equal(ra_graph_work_cache(b->ins_work, 4), RA_OK);
   ra_keys k = keys_of(&d, NK);
   ra_error err;
@@ -1439,7 +1439,7 @@ static void test_concurrent_search(void **state) {
   (void)state;
   data d;
   make_data(&d, NK, 13);
-  ra_index *ix = build(RA_INDEX_ROAR, &d, NK, 2);
+  ra_index *ix = build(RA_MODE_ROAR, &d, NK, 2);
   ra_keys k = keys_of(&d, NK);
   enum { NT = 64, K = 10 };
   static uint32_t seq[NT][K], par[NT][K];

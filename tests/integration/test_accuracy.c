@@ -70,7 +70,7 @@ static void base_config(ra_acc_config *cfg) {
   cfg->seed = 1;
 }
 
-static ra_offload *offload_new(ra_attn_mode mode, int64_t n, int64_t max_ctx) {
+static ra_offload *offload_new(ra_mode mode, int64_t n, int64_t max_ctx) {
   ra_acc_config cfg;
   base_config(&cfg);
   cfg.off.mode = mode;
@@ -78,7 +78,7 @@ static ra_offload *offload_new(ra_attn_mode mode, int64_t n, int64_t max_ctx) {
   cfg.off.max_ctx = max_ctx;
   ra_offload *o;
   ra_error err;
-  ok(ra_offload_new(F.m, mode == RA_ATTN_STREAMING ? NULL : &F.plan, &cfg.off, &o, &err), &err);
+  ok(ra_offload_new(F.m, mode == RA_MODE_STREAMING ? NULL : &F.plan, &cfg.off, &o, &err), &err);
   return o;
 }
 
@@ -108,7 +108,7 @@ static void test_seeded_runtime_decodes_like_direct_prefill(void **state) {
   ra_state_free(full);
   int vocab = F.m->cfg.vocab;
   float *a = malloc((size_t)vocab * sizeof *a), *b = malloc((size_t)vocab * sizeof *b);
-  static const ra_attn_mode modes[] = {RA_ATTN_FLAT, RA_ATTN_ROAR};
+  static const ra_mode modes[] = {RA_MODE_FLAT, RA_MODE_ROAR};
   for (int mi = 0; mi < 2; mi++) {
     ra_offload *direct = offload_new(modes[mi], N, N + FORCED + 1), *seeded = offload_new(modes[mi], N, N + FORCED + 1);
     ok(ra_offload_prefill(direct, ids, N, NULL, &err), &err);
@@ -126,7 +126,7 @@ static void test_seeded_runtime_decodes_like_direct_prefill(void **state) {
       worst = fmax(worst, max_abs_diff(a, b, (size_t)vocab));
     }
     print_message("%s: seeded vs direct prefill, max |logit diff| over the prefill + %d steps: %.2e\n",
-                  ra_attn_mode_name(modes[mi]), FORCED, worst);
+                  ra_mode_name(modes[mi]), FORCED, worst);
     /* the same K/V and index inputs: equal up to the stores' f16 rounding of identical data */
     assert_true(worst < 1e-3);
     ra_offload_free(direct);
@@ -145,7 +145,7 @@ static void test_passkey_subset_roar_matches_full_streaming_fails(void **state) 
   cfg.lengths[cfg.n_lengths++] = 1024;
   const double depths[] = {0.25, 0.5, 0.75};
   for (int i = 0; i < 3; i++) cfg.depths[cfg.n_depths++] = depths[i];
-  const ra_attn_mode modes[] = {RA_ATTN_FULL, RA_ATTN_STREAMING, RA_ATTN_ROAR};
+  const ra_mode modes[] = {RA_MODE_FULL, RA_MODE_STREAMING, RA_MODE_ROAR};
   for (int i = 0; i < 3; i++) cfg.modes[cfg.n_modes++] = modes[i];
   cfg.log = stderr;
   ra_acc_results res = {0};
@@ -192,7 +192,7 @@ static void test_fidelity_streaming_worse_than_flat(void **state) {
   enum { P = 512, FORCED = 16 };
   ra_acc_config cfg;
   base_config(&cfg);
-  const ra_attn_mode modes[] = {RA_ATTN_FULL, RA_ATTN_STREAMING, RA_ATTN_FLAT};
+  const ra_mode modes[] = {RA_MODE_FULL, RA_MODE_STREAMING, RA_MODE_FLAT};
   for (int i = 0; i < 3; i++) cfg.modes[cfg.n_modes++] = modes[i];
   cfg.tasks[cfg.n_tasks++] = RA_ACC_PASSKEY;
   cfg.lengths[cfg.n_lengths++] = 1024;
@@ -210,7 +210,7 @@ static void test_fidelity_streaming_worse_than_flat(void **state) {
   ok(ra_acc_fidelity_run(F.m, &cfg, ids, P, FORCED, fid, &err), &err);
   for (int i = 0; i < 2; i++)
     print_message("%-9s top-1 = full %.1f %%, KL %.3e, attention rel. error layer 0 / last %.3f / %.3f\n",
-                  ra_attn_mode_name(fid[i].mode), 100 * fid[i].top1, fid[i].kl_mean, fid[i].att_rel[0],
+                  ra_mode_name(fid[i].mode), 100 * fid[i].top1, fid[i].kl_mean, fid[i].att_rel[0],
                   fid[i].att_rel[fid[i].n_layers - 1]);
   assert_int_equal(fid[0].positions, FORCED);
   assert_true(fid[1].top1 >= fid[0].top1);

@@ -76,7 +76,7 @@ static void expect_intact(fx *f, uint64_t n_keys) {
   ok(ra_kvclient_attend_open(f->c, &f->s, &st, &f->err), &f->err);
   uint32_t head = 0;
   float q[DIM] = {1}, o[DIM];
-  ra_kvclient_partial p = {.o = o};
+  ra_head_partial p = {.part.o = o};
   ra_kvclient_attend_req req = {.layer = 1, .q_heads = &head, .n_heads = 1, .q = q};
   ok(ra_kvclient_attend(st, &req, &p, 10000, NULL, &f->err), &f->err);
   assert_int_equal(p.n_keys, n_keys);
@@ -90,7 +90,7 @@ static int attend_once(fx *f, const ra_kvclient_session *s, const ra_kvclient_at
   ra_kvclient_stream *st;
   ok(ra_kvclient_attend_open(f->c, s, &st, &f->err), &f->err);
   float o[4][DIM];
-  ra_kvclient_partial p[4] = {{.o = o[0]}, {.o = o[1]}, {.o = o[2]}, {.o = o[3]}};
+  ra_head_partial p[4] = {{.part.o = o[0]}, {.part.o = o[1]}, {.part.o = o[2]}, {.part.o = o[3]}};
   int rc = ra_kvclient_attend(st, req, p, 10000, NULL, &f->err);
   ra_kvclient_attend_close(st);
   return rc;
@@ -265,7 +265,7 @@ static void test_index_mode_without_index(void **state) {
   uint32_t head = 1;
   float q[DIM] = {0};
   ra_kvclient_attend_req req = {.layer = 1, .q_heads = &head, .n_heads = 1, .q = q,
-                                .mode = RA_KVCLIENT_ROAR, .top_k = 10};
+                                .mode = RA_MODE_ROAR, .top_k = 10};
   expect(f, attend_once(f, &f->s, &req), RA_ESTATE, "FAILED_PRECONDITION",
          "mode roar needs an index: none built for layer 1 q head 1 (shard tokens 0-open)");
   ra_kvclient_store_stats s;

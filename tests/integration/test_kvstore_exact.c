@@ -62,14 +62,14 @@ static void check_split(ra_dtype t, double tol) {
   uint32_t heads[8] = {0, 1, 2, 3, 4, 5, 6, 7};
   float q[8 * 128], o[8][128], local_o[128];
   double want[128];
-  ra_kvclient_partial parts[8];
+  ra_head_partial parts[8];
   ref_rng rng = {5};
   float scale = 1.0f / sqrtf(128.0f);
   for (uint32_t layer = 0; layer < 2; layer++) {
     ref_fill_normal(&rng, q, 8 * 128, 1.0f);
-    for (int h = 0; h < 8; h++) parts[h] = (ra_kvclient_partial){.o = o[h]};
+    for (int h = 0; h < 8; h++) parts[h] = (ra_head_partial){.part.o = o[h]};
     ra_kvclient_attend_req req = {.layer = layer, .q_heads = heads, .n_heads = 8, .q = q,
-                                  .mode = RA_KVCLIENT_FULL};
+                                  .mode = RA_MODE_FULL};
     ok(ra_kvclient_attend(stream, &req, parts, TIMEOUT_MS, NULL, &err), &err);
     for (int h = 0; h < 8; h++) {
       uint32_t kv = (uint32_t)h / 4;
@@ -77,7 +77,7 @@ static void check_split(ra_dtype t, double tol) {
       assert_int_equal(parts[h].n_keys, n - split);
       ra_partial local = {.o = local_o};
       ra_partial_attend_f32(q + h * 128, k, v, split, 128, scale, &local);
-      ra_partial_merge(&local, parts[h].o, parts[h].m, parts[h].l, 128);
+      ra_partial_merge_from(&local, &parts[h].part, 128);
       ref_attention(q + h * 128, k, v, NULL, n, 128, want);
       double e = ref_max_abs_diff(local.o, want, 128);
       if (e > tol) fail_msg("%s layer %u head %d: max abs error %g > %g", ra_dtype_name(t), layer, h, e, tol);
@@ -86,10 +86,10 @@ static void check_split(ra_dtype t, double tol) {
 
   /* flat k=100 on layer 1: the exact top-k of the stored tokens and the partial over them. */
   uint64_t ids[100];
-  parts[0] = (ra_kvclient_partial){.o = o[0], .ids = ids, .ids_cap = 100};
+  parts[0] = (ra_head_partial){.part.o = o[0], .ids = ids, .ids_cap = 100};
   uint32_t head = 6;
   ra_kvclient_attend_req req = {.layer = 1, .q_heads = &head, .n_heads = 1, .q = q,
-                                .mode = RA_KVCLIENT_FLAT, .top_k = 100, .want_ids = 1};
+                                .mode = RA_MODE_FLAT, .top_k = 100, .want_ids = 1};
   ok(ra_kvclient_attend(stream, &req, parts, TIMEOUT_MS, NULL, &err), &err);
   assert_int_equal(parts[0].n_ids, 100);
   const float *k = kvdata_k(&d, 1, 1), *v = kvdata_v(&d, 1, 1);
@@ -103,7 +103,7 @@ static void check_split(ra_dtype t, double tol) {
     if (got[i] != want_ids[i]) assert_true(fabs(scores[got[i]] - scores[want_ids[i]]) < 1e-3);
   }
   ref_attention(q, k + split * 128, v + split * 128, got, 100, 128, want);
-  assert_true(ref_max_abs_diff(parts[0].o, want, 128) <= 1e-5);
+  assert_true(ref_max_abs_diff(parts[0].part.o, want, 128) <= 1e-5);
   free(scores);
 
   ra_kvclient_attend_close(stream);
@@ -205,13 +205,13 @@ static void test_three_stores(void **state) {
         heads[nh++] = h;
       }
       if (nh == 0) continue;
-      ra_kvclient_partial parts[8];
-      for (size_t i = 0; i < nh; i++) parts[i] = (ra_kvclient_partial){.o = o[i]};
+      ra_head_partial parts[8];
+      for (size_t i = 0; i < nh; i++) parts[i] = (ra_head_partial){.part.o = o[i]};
       ra_kvclient_attend_req req = {.layer = layer, .q_heads = heads, .n_heads = nh, .q = sq,
-                                    .mode = RA_KVCLIENT_FULL};
+                                    .mode = RA_MODE_FULL};
       ok(ra_kvclient_attend(stream[si], &req, parts, TIMEOUT_MS, NULL, &err), &err);
       for (size_t i = 0; i < nh; i++) {
-        ra_partial_merge(&acc[heads[i]], parts[i].o, parts[i].m, parts[i].l, 64);
+        ra_partial_merge_from(&acc[heads[i]], &parts[i].part, 64);
         keys_seen[heads[i]] += parts[i].n_keys;
       }
     }

@@ -133,7 +133,7 @@ typedef struct conn {
 /* A store holding tokens [begin, end) of both kv heads (end RA_TOKEN_END_OPEN: open shards
  * filled up to NK). */
 static void conn_open(conn *cn, uint64_t begin, uint64_t end,
-                      const ra_kvclient_index_params *defaults) {
+                      const ra_index_spec *defaults) {
   ra_error err;
   assert_int_equal(harness_store_start(&cn->st, NULL), 0);
   ok(ra_kvclient_connect(cn->st.addr, NULL, &cn->c, &err), &err);
@@ -164,29 +164,29 @@ static void conn_close(conn *cn) {
 
 /* One attend of q heads [first, first + n) for test query i (a->p[0..n)). */
 typedef struct answer {
-  ra_kvclient_partial p[NQH];
+  ra_head_partial p[NQH];
   float o[NQH][DIM];
   uint64_t ids[NQH][TOPK];
   uint64_t compute_us;
 } answer;
 
-static void attend_some(conn *cn, int i, uint32_t first, uint32_t n, ra_kvclient_mode mode,
+static void attend_some(conn *cn, int i, uint32_t first, uint32_t n, ra_mode mode,
                         uint32_t ef, uint32_t nprobe, answer *a) {
   uint32_t heads[NQH];
   float q[NQH * DIM];
   for (uint32_t j = 0; j < n; j++) {
     heads[j] = first + j;
     memcpy(q + j * DIM, W.qt[first + j] + (size_t)i * DIM, DIM * sizeof(float));
-    a->p[j] = (ra_kvclient_partial){.o = a->o[j], .ids = a->ids[j], .ids_cap = TOPK};
+    a->p[j] = (ra_head_partial){.part.o = a->o[j], .ids = a->ids[j], .ids_cap = TOPK};
   }
   ra_kvclient_attend_req req = {.layer = 0, .q_heads = heads, .n_heads = n, .q = q,
-                                .mode = mode, .top_k = TOPK, .ef = ef, .nprobe = nprobe,
+                                .mode = mode, .top_k = TOPK, .search = {.ef = ef, .nprobe = nprobe},
                                 .want_ids = 1};
   ra_error err;
   ok(ra_kvclient_attend(cn->stream, &req, a->p, TIMEOUT_MS, &a->compute_us, &err), &err);
 }
 
-static void attend_all(conn *cn, int i, ra_kvclient_mode mode, uint32_t ef, uint32_t nprobe,
+static void attend_all(conn *cn, int i, ra_mode mode, uint32_t ef, uint32_t nprobe,
                        answer *a) {
   attend_some(cn, i, 0, NQH, mode, ef, nprobe, a);
 }
@@ -209,7 +209,7 @@ static int close_rel(double a, double b, double tol) {
 }
 
 /* Head by head: recall of the index's ids against flat's; equal (o, m, l) when the sets agree. */
-static void compare(const ra_kvclient_partial *x, const ra_kvclient_partial *f, tally *t) {
+static void compare(const ra_head_partial *x, const ra_head_partial *f, tally *t) {
   assert_int_equal(x->q_head, f->q_head);
   assert_int_equal(x->n_keys, f->n_keys);
   assert_true(x->n_ids <= TOPK && f->n_ids <= TOPK);
@@ -220,23 +220,23 @@ static void compare(const ra_kvclient_partial *x, const ra_kvclient_partial *f, 
   t->scanned += (double)x->n_scanned / (double)x->n_keys;
   if (hit != f->n_ids || x->n_ids != f->n_ids) return;
   t->same++;
-  if (!close_rel(x->m, f->m, 1e-5) || !close_rel(x->l, f->l, 1e-4))
-    fail_msg("head %u: same ids, (m, l) = (%g, %g) vs flat (%g, %g)", x->q_head, x->m, x->l,
-             f->m, f->l);
+  if (!close_rel(x->part.m, f->part.m, 1e-5) || !close_rel(x->part.l, f->part.l, 1e-4))
+    fail_msg("head %u: same ids, (m, l) = (%g, %g) vs flat (%g, %g)", x->q_head, x->part.m, x->part.l,
+             f->part.m, f->part.l);
   for (int d = 0; d < DIM; d++)
-    if (!close_rel(x->o[d], f->o[d], 1e-4))
-      fail_msg("head %u: same ids, o[%d] = %g vs flat %g", x->q_head, d, x->o[d], f->o[d]);
+    if (!close_rel(x->part.o[d], f->part.o[d], 1e-4))
+      fail_msg("head %u: same ids, o[%d] = %g vs flat %g", x->q_head, d, x->part.o[d], f->part.o[d]);
 }
 
 /* Every test query in `mode` and in flat; asserts recall >= floor, and that the index scanned
  * at most max_scan of the keys (it searched, it did not fall back to a scan). */
-static tally check_mode(conn *cn, ra_kvclient_mode mode, uint32_t ef, uint32_t nprobe,
+static tally check_mode(conn *cn, ra_mode mode, uint32_t ef, uint32_t nprobe,
                         double floor, double max_scan, const char *what) {
   tally t = {0};
   answer x, f;
   for (int i = 0; i < NQT; i++) {
     attend_all(cn, i, mode, ef, nprobe, &x);
-    attend_all(cn, i, RA_KVCLIENT_FLAT, 0, 0, &f);
+    attend_all(cn, i, RA_MODE_FLAT, 0, 0, &f);
     t.us_index += x.compute_us;
     t.us_flat += f.compute_us;
     for (int h = 0; h < NQH; h++) compare(&x.p[h], &f.p[h], &t);
@@ -251,7 +251,7 @@ static tally check_mode(conn *cn, ra_kvclient_mode mode, uint32_t ef, uint32_t n
   return t;
 }
 
-static const ra_kvclient_index_params ROAR = {.kind = RA_KVCLIENT_ROAR};
+static const ra_index_spec ROAR = {.kind = RA_MODE_ROAR};
 
 /* roar indexes of every q head; the store holds n_keys tokens of each kv head. */
 static void build_roar_per_q_head(conn *cn, uint64_t n_keys) {
@@ -270,7 +270,7 @@ static void test_roar_per_q_head_matches_flat(void **state) {
   conn cn;
   conn_open(&cn, 0, RA_TOKEN_END_OPEN, NULL);
   build_roar_per_q_head(&cn, NK);
-  tally t = check_mode(&cn, RA_KVCLIENT_ROAR, EF, 0, 0.9, 0.5, "roar per q head, ef 128");
+  tally t = check_mode(&cn, RA_MODE_ROAR, EF, 0, 0.9, 0.5, "roar per q head, ef 128");
   assert_true(t.same > 0);
   conn_close(&cn);
 }
@@ -284,7 +284,7 @@ static void test_roar_per_kv_head_matches_flat(void **state) {
   const int gs = NQH / NKV;
   float *q = malloc((size_t)gs * NQB * DIM * sizeof *q);
   uint64_t *knn = malloc((size_t)gs * NQB * KNN * sizeof *knn);
-  ra_kvclient_index_params p = {.kind = RA_KVCLIENT_ROAR, .per_kv_head = 1};
+  ra_index_spec p = {.kind = RA_MODE_ROAR, .per_kv_head = 1};
   ra_error err;
   for (uint32_t g = 0; g < NKV; g++) {
     for (int j = 0; j < gs; j++) {
@@ -298,7 +298,7 @@ static void test_roar_per_kv_head_matches_flat(void **state) {
   }
   free(q);
   free(knn);
-  check_mode(&cn, RA_KVCLIENT_ROAR, EF, 0, 0.9, 0.5, "roar per kv head, ef 128");
+  check_mode(&cn, RA_MODE_ROAR, EF, 0, 0.9, 0.5, "roar per kv head, ef 128");
   conn_close(&cn);
 }
 
@@ -306,9 +306,9 @@ static void test_roar_per_kv_head_matches_flat(void **state) {
 static void test_ivf_and_kgraph(void **state) {
   (void)state;
   conn cn;
-  ra_kvclient_index_params ivf = {.kind = RA_KVCLIENT_IVF, .n_lists = 64};
+  ra_index_spec ivf = {.kind = RA_MODE_IVF, .n_lists = 64};
   conn_open(&cn, 0, RA_TOKEN_END_OPEN, &ivf);
-  ra_kvclient_index_params kg = {.kind = RA_KVCLIENT_KGRAPH};
+  ra_index_spec kg = {.kind = RA_MODE_KGRAPH};
   ra_error err;
   for (uint32_t h = 0; h < NQH; h++) {
     ra_kvclient_build_result r;
@@ -317,8 +317,8 @@ static void test_ivf_and_kgraph(void **state) {
     ok(ra_kvclient_build_index(cn.c, &cn.s, 0, h, &kg, NULL, &r, &err), &err);
     assert_int_equal(r.n_keys, NK);
   }
-  check_mode(&cn, RA_KVCLIENT_IVF, 0, 16, 0.9, 0.5, "ivf 64 lists, nprobe 16");
-  check_mode(&cn, RA_KVCLIENT_KGRAPH, 256, 0, 0.9, 0.6, "kgraph, ef 256");
+  check_mode(&cn, RA_MODE_IVF, 0, 16, 0.9, 0.5, "ivf 64 lists, nprobe 16");
+  check_mode(&cn, RA_MODE_KGRAPH, 256, 0, 0.9, 0.6, "kgraph, ef 256");
   conn_close(&cn);
 }
 
@@ -343,10 +343,10 @@ static void test_split_across_two_stores(void **state) {
   int merged_same = 0;
   for (int i = 0; i < NQT; i++) {
     answer xa, xb, fa, fb;
-    attend_all(&a, i, RA_KVCLIENT_ROAR, EF, 0, &xa);
-    attend_all(&b, i, RA_KVCLIENT_ROAR, EF, 0, &xb);
-    attend_all(&a, i, RA_KVCLIENT_FLAT, 0, 0, &fa);
-    attend_all(&b, i, RA_KVCLIENT_FLAT, 0, 0, &fb);
+    attend_all(&a, i, RA_MODE_ROAR, EF, 0, &xa);
+    attend_all(&b, i, RA_MODE_ROAR, EF, 0, &xb);
+    attend_all(&a, i, RA_MODE_FLAT, 0, 0, &fa);
+    attend_all(&b, i, RA_MODE_FLAT, 0, 0, &fb);
     for (int h = 0; h < NQH; h++) {
       int before = t.same;
       compare(&xa.p[h], &fa.p[h], &t);
@@ -359,10 +359,10 @@ static void test_split_across_two_stores(void **state) {
       ra_partial mx = {.o = ox}, mf = {.o = of};
       ra_partial_reset(&mx, DIM);
       ra_partial_reset(&mf, DIM);
-      ra_partial_merge(&mx, xa.p[h].o, xa.p[h].m, xa.p[h].l, DIM);
-      ra_partial_merge(&mx, xb.p[h].o, xb.p[h].m, xb.p[h].l, DIM);
-      ra_partial_merge(&mf, fa.p[h].o, fa.p[h].m, fa.p[h].l, DIM);
-      ra_partial_merge(&mf, fb.p[h].o, fb.p[h].m, fb.p[h].l, DIM);
+      ra_partial_merge_from(&mx, &xa.p[h].part, DIM);
+      ra_partial_merge_from(&mx, &xb.p[h].part, DIM);
+      ra_partial_merge_from(&mf, &fa.p[h].part, DIM);
+      ra_partial_merge_from(&mf, &fb.p[h].part, DIM);
       for (int d = 0; d < DIM; d++) assert_true(close_rel(ox[d], of[d], 1e-4));
     }
   }
@@ -401,22 +401,22 @@ static void test_append_is_retrievable(void **state) {
                         .values = pv};
   ok(ra_kvclient_append(cn.c, &cn.s, &r, 1, &err), &err);
   answer x;
-  attend_some(&cn, 0, head, 1, RA_KVCLIENT_ROAR, EF, 0, &x);
+  attend_some(&cn, 0, head, 1, RA_MODE_ROAR, EF, 0, &x);
   assert_int_equal(x.p[0].n_keys, NK + 1);
   assert_true(x.p[0].n_ids > 0);
   assert_int_equal(x.ids[0][0], NK);
   /* The planted key takes (nearly) all the softmax mass: o is its value. */
-  for (int d = 0; d < DIM; d++) assert_true(fabsf(x.p[0].o[d] - 0.5f) < 1e-3f);
+  for (int d = 0; d < DIM; d++) assert_true(fabsf(x.p[0].part.o[d] - 0.5f) < 1e-3f);
   /* No drain over RPC: ask again until the insertion is done (2 s at most). */
   for (int i = 0; i < 200 && x.p[0].n_scanned >= NK / 2; i++) {
     struct timespec pause = {0, 10 * 1000 * 1000};
     nanosleep(&pause, NULL);
-    attend_some(&cn, 0, head, 1, RA_KVCLIENT_ROAR, EF, 0, &x);
+    attend_some(&cn, 0, head, 1, RA_MODE_ROAR, EF, 0, &x);
     assert_int_equal(x.ids[0][0], NK);
   }
   assert_true(x.p[0].n_scanned < NK / 2);
   /* The other kv head is untouched by it. */
-  attend_some(&cn, 0, 0, 1, RA_KVCLIENT_FLAT, 0, 0, &x);
+  attend_some(&cn, 0, 0, 1, RA_MODE_FLAT, 0, 0, &x);
   assert_int_equal(x.p[0].n_keys, NK);
   conn_close(&cn);
 }

@@ -74,10 +74,10 @@ static void test_stats_append_close(void **state) {
   uint32_t heads[2] = {0, 1};
   float o[2][DIM];
   uint64_t ids[2][1];
-  ra_kvclient_partial p[2] = {{.o = o[0], .ids = ids[0], .ids_cap = 1},
-                              {.o = o[1], .ids = ids[1], .ids_cap = 1}};
+  ra_head_partial p[2] = {{.part.o = o[0], .ids = ids[0], .ids_cap = 1},
+                              {.part.o = o[1], .ids = ids[1], .ids_cap = 1}};
   ra_kvclient_attend_req req = {.layer = 0, .q_heads = heads, .n_heads = 2, .q = q,
-                                .mode = RA_KVCLIENT_FLAT, .top_k = 1, .want_ids = 1};
+                                .mode = RA_MODE_FLAT, .top_k = 1, .want_ids = 1};
   ok(ra_kvclient_attend(stream, &req, p, 10000, NULL, &err), &err);
   assert_int_equal(p[0].n_keys, 1000);
   assert_true(ids[0][0] != 1000);
@@ -141,7 +141,7 @@ static void *worker_main(void *arg) {
     uint32_t head = 1;
     for (int i = 0; i < 20; i++) {
       ref_fill_normal(&rng, q, DIM, 1.0f);
-      ra_kvclient_partial p = {.o = o};
+      ra_head_partial p = {.part.o = o};
       ra_kvclient_attend_req req = {.layer = 0, .q_heads = &head, .n_heads = 1, .q = q};
       if (ra_kvclient_attend(stream, &req, &p, 10000, NULL, &err) != RA_OK) {
         w->failures++;
@@ -190,7 +190,7 @@ static void test_shutdown_with_open_stream(void **state) {
   ok(ra_kvclient_attend_open(c, &s, &stream, &err), &err);
   uint32_t head = 0;
   float q[DIM] = {1}, o[DIM];
-  ra_kvclient_partial p = {.o = o};
+  ra_head_partial p = {.part.o = o};
   ra_kvclient_attend_req req = {.layer = 0, .q_heads = &head, .n_heads = 1, .q = q};
   ok(ra_kvclient_attend(stream, &req, &p, 10000, NULL, &err), &err);
   assert_int_equal(harness_store_stop(&st, 5000), 0);
@@ -224,8 +224,8 @@ static void test_idle_session_expires(void **state) {
   ok(ra_kvclient_attend_open(c, &busy, &stream, &err), &err);
   float q[2 * DIM] = {0}, o[2 * DIM];
   uint32_t heads[2] = {0, 1};
-  ra_kvclient_partial parts[2] = {{.o = o}, {.o = o + DIM}};
-  ra_kvclient_attend_req req = {.layer = 0, .q_heads = heads, .n_heads = 2, .q = q, .mode = RA_KVCLIENT_FULL};
+  ra_head_partial parts[2] = {{.part.o = o}, {.part.o = o + DIM}};
+  ra_kvclient_attend_req req = {.layer = 0, .q_heads = heads, .n_heads = 2, .q = q, .mode = RA_MODE_FULL};
   for (int i = 0; i < 10; i++) { /* 3 s: past the 1 s lease, checked every 250 ms */
     ok(ra_kvclient_attend(stream, &req, parts, 5000, NULL, &err), &err);
     usleep(300 * 1000);

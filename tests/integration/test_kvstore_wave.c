@@ -191,10 +191,10 @@ static void attend_both(wave_fx *f, const float *q, int wave, int (*pick)(uint32
         }
     }
     float out[NQ][DIM];
-    ra_kvclient_partial parts[NQ];
-    for (int h = 0; h < NQ; h++) parts[h] = (ra_kvclient_partial){.o = out[h]};
+    ra_head_partial parts[NQ];
+    for (int h = 0; h < NQ; h++) parts[h] = (ra_head_partial){.part = {.o = out[h]}};
     ra_kvclient_attend_req req = {.layer = 0, .q_heads = heads, .n_heads = NQ, .q = q,
-                                  .mode = wave ? RA_KVCLIENT_WAVE : RA_KVCLIENT_FULL};
+                                  .mode = wave ? RA_MODE_WAVE : RA_MODE_FULL};
     if (wave) {
       req.cluster_kv_heads = kvs;
       req.cluster_counts = counts;
@@ -203,7 +203,7 @@ static void attend_both(wave_fx *f, const float *q, int wave, int (*pick)(uint32
     }
     ok(ra_kvclient_attend(f->stream[si], &req, parts, TIMEOUT_MS, NULL, &err), &err);
     for (int h = 0; h < NQ; h++) {
-      ra_partial_merge(&acc[h], parts[h].o, parts[h].m, parts[h].l, DIM);
+      ra_partial_merge(&acc[h], parts[h].part.o, parts[h].part.m, parts[h].part.l, DIM);
       *scanned += parts[h].n_scanned;
     }
   }
@@ -324,17 +324,17 @@ static void test_wave_bad_requests(void **state) {
   /* A cluster of the other store, and a selection outside mode wave. */
   uint32_t head = 1, kv = 0, one = 1, id = 0;
   float q[DIM] = {0}, o[DIM];
-  ra_kvclient_partial part = {.o = o};
+  ra_head_partial part = {.part = {.o = o}};
   ra_kvclient_attend_req req = {.layer = 0, .q_heads = &head, .n_heads = 1, .q = q,
-                                .mode = RA_KVCLIENT_WAVE, .cluster_kv_heads = &kv,
+                                .mode = RA_MODE_WAVE, .cluster_kv_heads = &kv,
                                 .cluster_counts = &one, .n_cluster_heads = 1, .clusters = &id};
   expect(ra_kvclient_attend(f.stream[1], &req, &part, TIMEOUT_MS, NULL, &err), RA_EINVAL, &err,
          "cluster 0 of layer 0 kv head 0 is not held by this store");
-  req.mode = RA_KVCLIENT_FULL;
+  req.mode = RA_MODE_FULL;
   expect(ra_kvclient_attend(f.stream[0], &req, &part, TIMEOUT_MS, NULL, &err), RA_EINVAL, &err,
          "mode wave only");
   /* Both streams reopen and serve. */
-  req.mode = RA_KVCLIENT_WAVE;
+  req.mode = RA_MODE_WAVE;
   ok(ra_kvclient_attend(f.stream[0], &req, &part, TIMEOUT_MS, NULL, &err), &err);
   assert_int_equal(part.n_scanned, f.h[0].cl_cnt[0]);
   req.n_cluster_heads = 0;

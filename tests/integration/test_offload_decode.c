@@ -61,14 +61,14 @@ static int teardown(void **state) {
   return smol_fixture_down(F.be, F.m, F.tok, F.st, 2, &F.map);
 }
 
-static ra_offload *offload_new(const ra_offload_plan *plan, ra_attn_mode mode, uint32_t top_k, ra_dtype store_dtype,
+static ra_offload *offload_new(const ra_offload_plan *plan, ra_mode mode, uint32_t top_k, ra_dtype store_dtype,
                                int64_t max_prompt, int64_t max_ctx) {
   ra_offload_config c;
   ra_offload_config_default(&c);
   c.mode = mode;
   c.n_sink = plan->n_sink;
   c.n_window = plan->n_window;
-  if (mode == RA_ATTN_STREAMING) plan = NULL; /* no stores: what leaves the window is dropped */
+  if (mode == RA_MODE_STREAMING) plan = NULL; /* no stores: what leaves the window is dropped */
   c.top_k = top_k;
   c.store_dtype = store_dtype;
   c.max_prompt = max_prompt;
@@ -95,12 +95,12 @@ static int32_t *file_tokens(const char *path, size_t max_tokens, size_t *n) {
 }
 
 /* Greedy answer to a prompt: full attention on an ordinary state, or an offload mode. */
-static size_t answer(ra_attn_mode mode, const int32_t *prompt, size_t n, int max_new, int32_t *out) {
+static size_t answer(ra_mode mode, const int32_t *prompt, size_t n, int max_new, int32_t *out) {
   ra_error err;
   ra_state *st = NULL;
   ra_offload *o = NULL;
   ra_gen_config gc = {.max_new_tokens = max_new, .top_p = 1.0f, .top_k = 1, .seed = 1, .stop_at_eos = 1};
-  if (mode == RA_ATTN_FULL) {
+  if (mode == RA_MODE_FULL) {
     ok(ra_state_new(F.m, (int64_t)n + max_new, (int64_t)n, RA_DTYPE_F32, &st, &err), &err);
   } else {
     o = offload_new(&F.plan, mode, 100, RA_DTYPE_F16, (int64_t)n, (int64_t)n + max_new);
@@ -150,9 +150,9 @@ static void test_needle_answer_matches_full(void **state) {
   print_message("needle prompt: %zu tokens, %zu offloaded\n", n, n - SINK - WINDOW);
   assert_true(n > 1500);
   int32_t full[16], flat[16], roar[16];
-  size_t nf = answer(RA_ATTN_FULL, ids, n, 8, full);
-  size_t nl = answer(RA_ATTN_FLAT, ids, n, 8, flat);
-  size_t nr = answer(RA_ATTN_ROAR, ids, n, 8, roar);
+  size_t nf = answer(RA_MODE_FULL, ids, n, 8, full);
+  size_t nl = answer(RA_MODE_FLAT, ids, n, 8, flat);
+  size_t nr = answer(RA_MODE_ROAR, ids, n, 8, roar);
   print_tokens("full", full, nf);
   print_tokens("flat", flat, nl);
   print_tokens("roar", roar, nr);
@@ -170,7 +170,7 @@ typedef struct agreement {
   double kl_mean, max_abs;
 } agreement;
 
-static agreement forced(ra_attn_mode mode, uint32_t top_k, ra_dtype store_dtype, const int32_t *ids,
+static agreement forced(ra_mode mode, uint32_t top_k, ra_dtype store_dtype, const int32_t *ids,
                         const float *full_logits) {
   int vocab = F.m->cfg.vocab;
   ra_offload *o = offload_new(&F.plan_paper, mode, top_k, store_dtype, PROMPT, PROMPT + FORCED);
@@ -224,19 +224,19 @@ static void test_teacher_forced_agreement_and_exact_flat(void **state) {
   ok(st->be->ops->download(st->be, &st->logits, 0, full, nl, &err), &err);
   ra_state_free(st);
 
-  agreement all = forced(RA_ATTN_FLAT, PROMPT + FORCED, RA_DTYPE_F32, ids, full);
+  agreement all = forced(RA_MODE_FLAT, PROMPT + FORCED, RA_DTYPE_F32, ids, full);
   print_message("flat k=all (f32 stores): top-1 %zu/%zu, max |logit diff| %.2e, KL %.2e\n", all.same_top1,
                 all.positions, all.max_abs, all.kl_mean);
   assert_int_equal(all.same_top1, all.positions);
   assert_true(all.max_abs < 1e-3);
 
-  static const ra_attn_mode modes[] = {RA_ATTN_STREAMING, RA_ATTN_FLAT, RA_ATTN_ROAR};
+  static const ra_mode modes[] = {RA_MODE_STREAMING, RA_MODE_FLAT, RA_MODE_ROAR};
   agreement a[3];
   for (size_t i = 0; i < 3; i++) {
     a[i] = forced(modes[i], 100, RA_DTYPE_F16, ids, full);
     print_message("%-9s k=100: top-1 agreement %zu/%zu (%.1f %%), mean KL(full || %s) %.3e\n",
-                  ra_attn_mode_name(modes[i]), a[i].same_top1, a[i].positions,
-                  100.0 * (double)a[i].same_top1 / (double)a[i].positions, ra_attn_mode_name(modes[i]), a[i].kl_mean);
+                  ra_mode_name(modes[i]), a[i].same_top1, a[i].positions,
+                  100.0 * (double)a[i].same_top1 / (double)a[i].positions, ra_mode_name(modes[i]), a[i].kl_mean);
   }
   double flat = (double)a[1].same_top1 / (double)a[1].positions, roar = (double)a[2].same_top1 / (double)a[2].positions;
   assert_true(flat >= 0.90);                    /* exact top-100 keeps most next tokens */
@@ -250,7 +250,7 @@ static void test_teacher_forced_agreement_and_exact_flat(void **state) {
 static void test_store_killed_mid_decode_names_it(void **state) {
   size_t n;
   int32_t *ids = file_tokens("/usr/share/common-licenses/GPL-3", 400, &n);
-  ra_offload *o = offload_new(&F.plan, RA_ATTN_FLAT, 100, RA_DTYPE_F16, (int64_t)n, (int64_t)n + 8);
+  ra_offload *o = offload_new(&F.plan, RA_MODE_FLAT, 100, RA_DTYPE_F16, (int64_t)n, (int64_t)n + 8);
   ra_error err;
   ok(ra_offload_prefill(o, ids, (int64_t)n, NULL, &err), &err);
   ok(ra_offload_decode(o, ids[1], NULL, &err), &err);

@@ -65,7 +65,7 @@ static void fixture_down(fixture *f) {
 }
 
 /* build_layers 0: the default. */
-static ra_offload *offload_new_synth(fixture *f, ra_attn_mode mode, uint32_t top_k, uint32_t ef, int per_kv_head,
+static ra_offload *offload_new_synth(fixture *f, ra_mode mode, uint32_t top_k, uint32_t ef, int per_kv_head,
                                      uint32_t key_top, int64_t synthetic_chunk, uint32_t build_layers) {
   ra_offload_config c;
   ra_offload_config_default(&c);
@@ -89,7 +89,7 @@ static ra_offload *offload_new_synth(fixture *f, ra_attn_mode mode, uint32_t top
   return o;
 }
 
-static ra_offload *offload_new(fixture *f, ra_attn_mode mode, uint32_t top_k, uint32_t ef, int per_kv_head,
+static ra_offload *offload_new(fixture *f, ra_mode mode, uint32_t top_k, uint32_t ef, int per_kv_head,
                                uint32_t key_top) {
   return offload_new_synth(f, mode, top_k, ef, per_kv_head, key_top, 0, 0);
 }
@@ -135,7 +135,7 @@ static void test_pipelined_prefill_flat_equals_full(void **state) {
   ra_state *st;
   ra_error err;
   ok(ra_state_new(f.m, N_PROMPT + N_DECODE, N_PROMPT, RA_DTYPE_F32, &st, &err), &err);
-  ra_offload *o = offload_new(&f, RA_ATTN_FLAT, N_PROMPT + N_DECODE, 0, 0, 0);
+  ra_offload *o = offload_new(&f, RA_MODE_FLAT, N_PROMPT + N_DECODE, 0, 0, 0);
   ra_offload_stats ps;
   ok(ra_model_forward(st, f.tokens, N_PROMPT, 0, NULL, &err), &err);
   ok(ra_offload_prefill(o, f.tokens, N_PROMPT, &ps, &err), &err);
@@ -161,7 +161,7 @@ static void test_pipelined_prefill_builds_roar(void **state) {
   for (int run = 0; run < 4; run++) {
     const int per_kv = run & 1;
     const uint32_t key_top = run < 2 ? 0 : 4;
-    ra_offload *o = offload_new(&f, RA_ATTN_ROAR, 16, 24, per_kv, key_top); /* a beam short of the ~540 keys */
+    ra_offload *o = offload_new(&f, RA_MODE_ROAR, 16, 24, per_kv, key_top); /* a beam short of the ~540 keys */
     ra_offload_stats ps, ds;
     ra_error err;
     ok(ra_offload_prefill(o, f.tokens, N_PROMPT, &ps, &err), &err);
@@ -189,7 +189,7 @@ static void test_build_layers_install_every_index(void **state) {
   fixture_up(&f, NULL);
   const uint32_t layers[] = {1, 3, 8};
   for (int r = 0; r < 3; r++) {
-    ra_offload *o = offload_new_synth(&f, RA_ATTN_ROAR, 16, 24, 1, 4, 0, layers[r]);
+    ra_offload *o = offload_new_synth(&f, RA_MODE_ROAR, 16, 24, 1, 4, 0, layers[r]);
     ra_offload_stats ps, ds;
     ra_error err;
     ok(ra_offload_prefill(o, f.tokens, N_PROMPT, &ps, &err), &err);
@@ -222,7 +222,7 @@ static void test_synthetic_prefill_is_embeddings_kv(void **state) {
   ok(ra_step_begin(st, f.tokens, N_PROMPT, &err), &err);
   for (int l = 0; l < f.m->cfg.n_layers; l++) ok(ra_step_layer_qkv(st, l, &err), &err);
   ok(ra_step_end(st, 0, &err), &err);
-  ra_offload *o = offload_new_synth(&f, RA_ATTN_FLAT, N_PROMPT + N_DECODE, 0, 0, 0, 128, 0);
+  ra_offload *o = offload_new_synth(&f, RA_MODE_FLAT, N_PROMPT + N_DECODE, 0, 0, 0, 128, 0);
   ra_offload_stats ps;
   ok(ra_offload_prefill(o, f.tokens, N_PROMPT, &ps, &err), &err);
   assert_int_equal(ps.n_offloaded, N_PROMPT - SINK - WINDOW);
@@ -233,7 +233,7 @@ static void test_synthetic_prefill_is_embeddings_kv(void **state) {
   assert_true(moved > 1e-2); /* not a vacuous comparison of zeros */
   ra_offload_free(o);
 
-  o = offload_new_synth(&f, RA_ATTN_ROAR, 16, 24, 1, 4, 128, 0);
+  o = offload_new_synth(&f, RA_MODE_ROAR, 16, 24, 1, 4, 128, 0);
   ra_offload_stats ds;
   ok(ra_offload_prefill(o, f.tokens, N_PROMPT, &ps, &err), &err);
   ok(ra_offload_decode(o, f.tokens[N_PROMPT], &ds, &err), &err);
@@ -252,7 +252,7 @@ static void test_synthetic_chunk_validated(void **state) {
   fixture_up(&f, NULL);
   ra_offload_config c;
   ra_offload_config_default(&c);
-  c.mode = RA_ATTN_FLAT;
+  c.mode = RA_MODE_FLAT;
   c.n_sink = SINK;
   c.n_window = WINDOW;
   c.max_prompt = N_PROMPT;
@@ -295,7 +295,7 @@ static void test_build_layers_validated(void **state) {
 /* Store 1 started with store1_args must refuse the prefill of a runtime in `mode` (top_k, ef,
  * per_kv_head, key_top as offload_new): the prefill fails with RA_ENOMEM, a message naming the
  * store and containing `reason`, and the runtime is stopped, not half-prefilled. */
-static void expect_refused_prefill(const char *const *store1_args, ra_attn_mode mode, uint32_t top_k, uint32_t ef,
+static void expect_refused_prefill(const char *const *store1_args, ra_mode mode, uint32_t top_k, uint32_t ef,
                                    int per_kv_head, uint32_t key_top, const char *reason) {
   fixture f;
   fixture_up(&f, store1_args);
@@ -315,7 +315,7 @@ static void test_refused_put_fails_the_prefill_and_names_the_store(void **state)
   (void)state;
   /* room for a fraction of one layer: the first put to store 1 is refused */
   const char *const small[] = {"--threads", "1", "--memory-budget", "16K", NULL};
-  expect_refused_prefill(small, RA_ATTN_FLAT, 100, 0, 0, 0, "memory budget");
+  expect_refused_prefill(small, RA_MODE_FLAT, 100, 0, 0, 0, "memory budget");
 }
 
 /* A store with room for its KV but not for the roar indexes: the build it refuses fails the
@@ -326,7 +326,7 @@ static void test_refused_build_fails_the_prefill_and_names_the_store(void **stat
   /* store 1's KV is 4 shards of 536 rows x (K + V) x 16 floats, 274 KB; a roar build of one
    * asks for ~4.9 MB more */
   const char *const tight[] = {"--threads", "1", "--memory-budget", "1M", NULL};
-  expect_refused_prefill(tight, RA_ATTN_ROAR, 16, 24, 1, 4, "index");
+  expect_refused_prefill(tight, RA_MODE_ROAR, 16, 24, 1, 4, "index");
 }
 
 int main(void) {

@@ -81,7 +81,7 @@ static void prefill(ra_remote *r, const fixture *f, uint64_t n0) {
 
 /* Remote partial (+ local sink and window) vs direct attention over [0, n) for every layer. */
 static double check_context(ra_remote *r, const fixture *f, uint64_t n, uint64_t seed) {
-  float q[N_Q * HD], o[N_Q * HD], m[N_Q], l[N_Q], o_loc[HD], o_ref[HD];
+  float q[N_Q * HD], o[N_Q * HD], ml[N_Q * 2], o_loc[HD], o_ref[HD];
   uint64_t b, e;
   ra_offload_plan_range(&f->plan, n, &b, &e);
   double worst = 0;
@@ -89,12 +89,12 @@ static double check_context(ra_remote *r, const fixture *f, uint64_t n, uint64_t
   for (uint32_t layer = 0; layer < N_LAYERS; layer++) {
     for (int i = 0; i < N_Q * HD; i++) q[i] = (float)sin((double)(seed * 31 + layer * 7 + (uint64_t)i)) * 0.7f;
     ra_remote_stats stats;
-    ok(ra_remote_attend(r, layer, q, o, m, l, &stats, &err), &err);
+    ok(ra_remote_attend(r, layer, q, o, ml, &stats, &err), &err);
     assert_int_equal(stats.n_keys, (e - b) * N_Q); /* every offloaded token, once per q head */
     for (uint32_t h = 0; h < N_Q; h++) {
       const float *k = kvdata_k(&f->d, layer, h / (N_Q / N_KV)), *v = kvdata_v(&f->d, layer, h / (N_Q / N_KV));
       float scale = 1.0f / sqrtf((float)HD);
-      ra_partial acc = {.o = o + h * HD, .m = m[h], .l = l[h]}, loc = {.o = o_loc}, ref = {.o = o_ref};
+      ra_partial acc = {.o = o + h * HD, .m = ml[2 * h], .l = ml[2 * h + 1]}, loc = {.o = o_loc}, ref = {.o = o_ref};
       ra_partial_attend_f32(q + h * HD, k, v, SINK, HD, scale, &loc);
       ra_partial_merge(&acc, loc.o, loc.m, loc.l, HD);
       ra_partial_attend_f32(q + h * HD, k + e * HD, v + e * HD, n - e, HD, scale, &loc);
@@ -125,7 +125,7 @@ static void test_full_mode_matches_direct_attention_through_decode(void **state)
   fixture_start(&f);
   ra_remote *r;
   ra_error err;
-  ra_remote_config cfg = {.dtype = RA_DTYPE_F16, .mode = RA_KVCLIENT_FULL, .timeout_ms = 10000};
+  ra_remote_config cfg = {.dtype = RA_DTYPE_F16, .mode = RA_MODE_FULL, .timeout_ms = 10000};
   ok(ra_remote_open(&f.plan, HD, &cfg, &r, &err), &err);
   uint64_t n0 = N_TOKENS - STEPS;
   prefill(r, &f, n0);
@@ -144,7 +144,7 @@ static void test_flat_with_k_covering_everything_equals_full(void **state) {
   fixture_start(&f);
   ra_remote *r;
   ra_error err;
-  ra_remote_config cfg = {.dtype = RA_DTYPE_F16, .mode = RA_KVCLIENT_FLAT, .top_k = N_TOKENS};
+  ra_remote_config cfg = {.dtype = RA_DTYPE_F16, .mode = RA_MODE_FLAT, .top_k = N_TOKENS};
   ok(ra_remote_open(&f.plan, HD, &cfg, &r, &err), &err);
   prefill(r, &f, N_TOKENS);
   double e = check_context(r, &f, N_TOKENS, 2);
@@ -160,20 +160,20 @@ static void test_store_killed_mid_decode_fails_fast_and_names_it(void **state) {
   fixture_start(&f);
   ra_remote *r;
   ra_error err;
-  ra_remote_config cfg = {.dtype = RA_DTYPE_F16, .mode = RA_KVCLIENT_FULL, .timeout_ms = 3000};
+  ra_remote_config cfg = {.dtype = RA_DTYPE_F16, .mode = RA_MODE_FULL, .timeout_ms = 3000};
   ok(ra_remote_open(&f.plan, HD, &cfg, &r, &err), &err);
   prefill(r, &f, N_TOKENS);
   assert_true(check_context(r, &f, N_TOKENS, 3) < 1e-4);
   kill(f.st[1].pid, SIGKILL);
   waitpid(f.st[1].pid, NULL, 0);
   f.st[1].pid = 0;
-  float q[N_Q * HD] = {0}, o[N_Q * HD], m[N_Q], l[N_Q];
-  int rc = ra_remote_attend(r, 1, q, o, m, l, NULL, &err);
+  float q[N_Q * HD] = {0}, o[N_Q * HD], ml[N_Q * 2];
+  int rc = ra_remote_attend(r, 1, q, o, ml, NULL, &err);
   assert_true(rc == RA_EUNAVAIL || rc == RA_ETIMEDOUT || rc == RA_ECANCELED);
   print_message("after kill: %s\n", err.msg);
   assert_non_null(strstr(err.msg, f.st[1].addr));
   /* The remote stops: no step runs on half the context. */
-  assert_int_equal(ra_remote_attend(r, 0, q, o, m, l, NULL, &err), RA_ESTATE);
+  assert_int_equal(ra_remote_attend(r, 0, q, o, ml, NULL, &err), RA_ESTATE);
   assert_non_null(strstr(err.msg, f.st[1].addr));
   ra_remote_close(r);
   /* The surviving stores dropped the session's memory on close. */
@@ -196,7 +196,7 @@ static void test_unreachable_store_is_named_at_open(void **state) {
   ok(ra_shard_map_parse("127.0.0.1:1 * * *\n", &map, &err), &err);
   ok(ra_offload_plan_build(&map, 1, 2, 1, 4, 4, &plan, &err), &err);
   ra_remote *r;
-  ra_remote_config cfg = {.dtype = RA_DTYPE_F32, .mode = RA_KVCLIENT_FULL};
+  ra_remote_config cfg = {.dtype = RA_DTYPE_F32, .mode = RA_MODE_FULL};
   assert_int_equal(ra_remote_open(&plan, 8, &cfg, &r, &err), RA_EUNAVAIL);
   assert_non_null(strstr(err.msg, "127.0.0.1:1"));
   ra_offload_plan_free(&plan);
@@ -212,7 +212,7 @@ static void test_builds_in_flight_together_and_a_refused_one_is_reported(void **
   fixture_start(&f);
   ra_remote *r;
   ra_error err;
-  ra_remote_config cfg = {.dtype = RA_DTYPE_F16, .mode = RA_KVCLIENT_ROAR, .top_k = 50};
+  ra_remote_config cfg = {.dtype = RA_DTYPE_F16, .mode = RA_MODE_ROAR, .top_k = 50};
   ok(ra_remote_open(&f.plan, HD, &cfg, &r, &err), &err);
   prefill(r, &f, N_TOKENS);
   enum { NQ = 32 };
@@ -225,10 +225,10 @@ static void test_builds_in_flight_together_and_a_refused_one_is_reported(void **
     ok(ra_remote_build_index_start(r, 1, h, &(ra_kvclient_build_input){.queries = qs, .n_queries = NQ}, &err), &err);
   }
   ok(ra_remote_build_index_wait(r, &err), &err);
-  float q[N_Q * HD], o[N_Q * HD], m[N_Q], l[N_Q];
+  float q[N_Q * HD], o[N_Q * HD], ml[N_Q * 2];
   for (int i = 0; i < N_Q * HD; i++) q[i] = (float)sin((double)i) * 0.7f;
   ra_remote_stats st;
-  ok(ra_remote_attend(r, 1, q, o, m, l, &st, &err), &err);
+  ok(ra_remote_attend(r, 1, q, o, ml, &st, &err), &err);
   print_message("roar after parallel builds: %llu of %llu keys scanned\n", (unsigned long long)st.n_scanned,
                 (unsigned long long)st.n_keys);
   assert_true(st.n_scanned > 0 && st.n_scanned < st.n_keys);
@@ -242,7 +242,7 @@ static void test_builds_in_flight_together_and_a_refused_one_is_reported(void **
   assert_int_equal(ra_remote_build_index_wait(r, &err), RA_EINVAL);
   print_message("refused build: %s\n", err.msg);
   assert_non_null(strstr(err.msg, "at least 2"));
-  assert_int_equal(ra_remote_attend(r, 1, q, o, m, l, &st, &err), RA_ESTATE);
+  assert_int_equal(ra_remote_attend(r, 1, q, o, ml, &st, &err), RA_ESTATE);
   ra_remote_close(r);
   fixture_stop(&f);
 }

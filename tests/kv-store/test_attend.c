@@ -95,7 +95,7 @@ static void check_split_exactness(ra_dtype t, double tol) {
   uint32_t heads[8] = {0, 1, 2, 3, 4, 5, 6, 7};
   float *q = random_q(8, dim, 7);
   kvs_attend_args a = {.layer = f.layer, .q_heads = heads, .n_heads = 8, .q = q,
-                       .mode = KVS_MODE_FULL, .n_threads = 2};
+                       .mode = RA_MODE_FULL, .n_threads = 2};
   kvs_attend_result res;
   ra_error err;
   assert_int_equal(kvs_attend(f.s, &a, &res, &err), RA_OK);
@@ -109,7 +109,7 @@ static void check_split_exactness(ra_dtype t, double tol) {
     assert_int_equal(res.heads[i].n_scanned, n - split);
     ra_partial local = {.o = local_o};
     ra_partial_attend_f32(q + i * dim, hd->k, hd->v, split, dim, scale, &local);
-    ra_partial_merge(&local, res.heads[i].o, res.heads[i].m, res.heads[i].l, dim);
+    ra_partial_merge_from(&local, &res.heads[i].part, dim);
     ref_attention(q + i * dim, hd->k, hd->v, NULL, n, dim, want);
     double e = ref_max_abs_diff(local.o, want, dim);
     assert_true(e <= tol);
@@ -143,16 +143,16 @@ static void test_threads_agree(void **state) {
   kvs_attend_result r1, r4;
   ra_error err;
   kvs_attend_args a = {.layer = f.layer, .q_heads = heads, .n_heads = 1, .q = q,
-                       .mode = KVS_MODE_FULL, .n_threads = 1};
+                       .mode = RA_MODE_FULL, .n_threads = 1};
   assert_int_equal(kvs_attend(f.s, &a, &r1, &err), RA_OK);
   a.n_threads = 4;
   assert_int_equal(kvs_attend(f.s, &a, &r4, &err), RA_OK);
   double want[64];
   ref_attention(q, f.heads[0].k, f.heads[0].v, NULL, 20000, dim, want);
-  assert_true(ref_max_abs_diff(r1.heads[0].o, want, dim) <= 1e-5);
-  assert_true(ref_max_abs_diff(r4.heads[0].o, want, dim) <= 1e-5);
-  assert_true(fabsf(r1.heads[0].m - r4.heads[0].m) == 0.0f);
-  assert_true(fabsf(r1.heads[0].l - r4.heads[0].l) <= 1e-4f * r1.heads[0].l);
+  assert_true(ref_max_abs_diff(r1.heads[0].part.o, want, dim) <= 1e-5);
+  assert_true(ref_max_abs_diff(r4.heads[0].part.o, want, dim) <= 1e-5);
+  assert_true(fabsf(r1.heads[0].part.m - r4.heads[0].part.m) == 0.0f);
+  assert_true(fabsf(r1.heads[0].part.l - r4.heads[0].part.l) <= 1e-4f * r1.heads[0].part.l);
   kvs_attend_result_free(&r1);
   kvs_attend_result_free(&r4);
   free(q);
@@ -186,12 +186,12 @@ static void test_two_shards_one_head(void **state) {
   float *q = random_q(1, dim, 3);
   uint32_t head = 1;
   kvs_attend_args a = {.layer = 0, .q_heads = &head, .n_heads = 1, .q = q,
-                       .mode = KVS_MODE_FULL, .want_ids = 1};
+                       .mode = RA_MODE_FULL, .want_ids = 1};
   kvs_attend_result res;
   assert_int_equal(kvs_attend(s, &a, &res, &err), RA_OK);
   double want[32];
   ref_attention(q, k, v, NULL, n, dim, want);
-  assert_true(ref_max_abs_diff(res.heads[0].o, want, dim) <= 1e-5);
+  assert_true(ref_max_abs_diff(res.heads[0].part.o, want, dim) <= 1e-5);
   assert_int_equal(res.heads[0].n_ids, n);
   assert_int_equal(res.heads[0].ids[0], 100);
   assert_int_equal(res.heads[0].ids[999], 1099);
@@ -199,7 +199,7 @@ static void test_two_shards_one_head(void **state) {
   kvs_attend_result_free(&res);
 
   /* flat over both shards: the exact top-k, named by token position */
-  a.mode = KVS_MODE_FLAT;
+  a.mode = RA_MODE_FLAT;
   a.top_k = 50;
   assert_int_equal(kvs_attend(s, &a, &res, &err), RA_OK);
   double *scores = malloc(n * sizeof *scores);
@@ -212,7 +212,7 @@ static void test_two_shards_one_head(void **state) {
     assert_int_equal(res.heads[0].ids[i], pos);
   }
   ref_attention(q, k, v, want_ids, 50, dim, want);
-  assert_true(ref_max_abs_diff(res.heads[0].o, want, dim) <= 1e-5);
+  assert_true(ref_max_abs_diff(res.heads[0].part.o, want, dim) <= 1e-5);
   kvs_attend_result_free(&res);
   free(scores);
   free(q);
@@ -232,7 +232,7 @@ static void test_flat_exact_topk(void **state) {
   uint32_t heads[3] = {7, 0, 5};
   float *q = random_q(3, dim, 8);
   kvs_attend_args a = {.layer = f.layer, .q_heads = heads, .n_heads = 3, .q = q,
-                       .mode = KVS_MODE_FLAT, .top_k = k, .want_ids = 1, .n_threads = 3};
+                       .mode = RA_MODE_FLAT, .top_k = k, .want_ids = 1, .n_threads = 3};
   kvs_attend_result res;
   ra_error err;
   assert_int_equal(kvs_attend(f.s, &a, &res, &err), RA_OK);
@@ -253,7 +253,7 @@ static void test_flat_exact_topk(void **state) {
     uint32_t got[100];
     for (size_t j = 0; j < k; j++) got[j] = (uint32_t)res.heads[i].ids[j];
     ref_attention(q + i * dim, hd->k, hd->v, got, k, dim, want);
-    assert_true(ref_max_abs_diff(res.heads[i].o, want, dim) <= 1e-5);
+    assert_true(ref_max_abs_diff(res.heads[i].part.o, want, dim) <= 1e-5);
   }
   kvs_attend_result_free(&res);
 
@@ -262,7 +262,7 @@ static void test_flat_exact_topk(void **state) {
   a.want_ids = 0;
   assert_int_equal(kvs_attend(f.s, &a, &res, &err), RA_OK);
   ref_attention(q, f.heads[1].k, f.heads[1].v, NULL, n, dim, want);
-  assert_true(ref_max_abs_diff(res.heads[0].o, want, dim) <= 1e-5);
+  assert_true(ref_max_abs_diff(res.heads[0].part.o, want, dim) <= 1e-5);
   kvs_attend_result_free(&res);
   free(scores);
   free(q);
@@ -276,15 +276,16 @@ static void test_empty_head_is_merge_identity(void **state) {
   uint32_t head = 0;
   float q[16] = {1};
   kvs_attend_args a = {.layer = f.layer, .q_heads = &head, .n_heads = 1, .q = q,
-                       .mode = KVS_MODE_FULL};
+                       .mode = RA_MODE_FULL};
   kvs_attend_result res;
   ra_error err;
-  for (int mode = KVS_MODE_FULL; mode <= KVS_MODE_FLAT; mode++) {
-    a.mode = (kvs_mode)mode;
+  static const ra_mode modes[] = {RA_MODE_FULL, RA_MODE_FLAT};
+  for (size_t mi = 0; mi < sizeof modes / sizeof modes[0]; mi++) {
+    a.mode = modes[mi];
     a.top_k = 4;
     assert_int_equal(kvs_attend(f.s, &a, &res, &err), RA_OK);
-    assert_true(isinf(res.heads[0].m) && res.heads[0].m < 0);
-    assert_true(res.heads[0].l == 0.0f);
+    assert_true(isinf(res.heads[0].part.m) && res.heads[0].part.m < 0);
+    assert_true(res.heads[0].part.l == 0.0f);
     assert_int_equal(res.heads[0].n_keys, 0);
     kvs_attend_result_free(&res);
   }
@@ -312,7 +313,7 @@ static void test_bad_arguments(void **state) {
   assert_int_equal(kvs_store_open(f.st, &g, &sh, 1, NULL, "t", &f.s, &err), RA_OK);
   float q[3 * 16] = {0};
   uint32_t heads[3] = {4, 5, 4};
-  kvs_attend_args a = {.layer = 3, .q_heads = heads, .n_heads = 1, .q = q, .mode = KVS_MODE_FULL};
+  kvs_attend_args a = {.layer = 3, .q_heads = heads, .n_heads = 1, .q = q, .mode = RA_MODE_FULL};
   expect_error(&f, &a, RA_EINVAL, "layer 3 out of range [0, 3)");
   a.layer = 1;
   heads[0] = 8;
@@ -325,13 +326,13 @@ static void test_bad_arguments(void **state) {
   a.n_heads = 0;
   expect_error(&f, &a, RA_EINVAL, "no q heads");
   a.n_heads = 1;
-  a.mode = KVS_MODE_FLAT;
+  a.mode = RA_MODE_FLAT;
   expect_error(&f, &a, RA_EINVAL, "mode flat needs top_k > 0");
   a.top_k = 10;
-  a.mode = KVS_MODE_ROAR;
+  a.mode = RA_MODE_ROAR;
   expect_error(&f, &a, RA_ESTATE,
                "mode roar needs an index: none built for layer 1 q head 4 (shard tokens 0-open)");
-  a.mode = (kvs_mode)9;
+  a.mode = (ra_mode)9;
   expect_error(&f, &a, RA_EINVAL, "attend mode 9 is unknown");
   kvs_session_release(f.s);
   kvs_store_destroy(f.st);
@@ -373,14 +374,14 @@ static void test_append_while_attending(void **state) {
   float q[16] = {0.5f};
   uint32_t head = 0;
   uint64_t last = 0;
-  kvs_attend_args a = {.layer = 0, .q_heads = &head, .n_heads = 1, .q = q, .mode = KVS_MODE_FULL,
+  kvs_attend_args a = {.layer = 0, .q_heads = &head, .n_heads = 1, .q = q, .mode = RA_MODE_FULL,
                        .n_threads = 2};
   while (!__atomic_load_n(&r.stop, __ATOMIC_ACQUIRE)) {
     kvs_attend_result res;
     assert_int_equal(kvs_attend(r.s, &a, &res, &err), RA_OK);
     assert_true(res.heads[0].n_keys >= last);
     last = res.heads[0].n_keys;
-    if (last > 0) assert_true(res.heads[0].o[0] >= 0.0f && res.heads[0].o[0] <= 0.61f);
+    if (last > 0) assert_true(res.heads[0].part.o[0] >= 0.0f && res.heads[0].part.o[0] <= 0.61f);
     kvs_attend_result_free(&res);
   }
   void *ret;
@@ -435,7 +436,7 @@ static void test_build_while_appending(void **state) {
   kvs_rows rows = {.layer = 0, .kv_head = 0, .token_begin = 0, .n = N, .keys = x, .values = x};
   assert_int_equal(kvs_session_write(r.s, &rows, 1, NULL, &err), RA_OK);
   kvs_build_args b = {.layer = 0, .q_head = 1};
-  ra_index_params_default(RA_INDEX_KGRAPH, &b.params);
+  ra_index_params_default(RA_MODE_KGRAPH, &b.params);
   b.params.n_threads = 1;
   pthread_t th;
   assert_int_equal(pthread_create(&th, NULL, build_race_appender, &r), 0);
@@ -454,7 +455,7 @@ static void test_build_while_appending(void **state) {
   kvs_session_index_drain(r.s);
   assert_int_equal(kvs_session_index_lag(r.s), 0);
   const kvs_shard *s0 = &r.s->shards[0];
-  const ra_index *ix = kvs_shard_index(r.s, s0, RA_INDEX_KGRAPH, 1);
+  const ra_index *ix = kvs_shard_index(r.s, s0, RA_MODE_KGRAPH, 1);
   assert_non_null(ix);
   assert_int_equal(ra_index_count(ix), N + 400);
   assert_int_equal(ra_index_check(ix, &err), RA_OK);
@@ -463,7 +464,7 @@ static void test_build_while_appending(void **state) {
   memcpy(q, (const float *)s0->keys + (size_t)(N + 399) * 16, sizeof q);
   uint32_t head = 1;
   kvs_attend_args a = {.layer = 0, .q_heads = &head, .n_heads = 1, .q = q,
-                       .mode = KVS_MODE_KGRAPH, .top_k = 10, .ef = 200, .want_ids = 1};
+                       .mode = RA_MODE_KGRAPH, .top_k = 10, .search = {.ef = 200}, .want_ids = 1};
   kvs_attend_result out;
   assert_int_equal(kvs_attend(r.s, &a, &out, &err), RA_OK);
   assert_int_equal(out.heads[0].n_keys, N + 400);

@@ -103,7 +103,7 @@ static void fx_build(fx *f, uint32_t l, uint32_t qh, uint64_t seed) {
   ref_rng rng = {seed};
   ref_fill_normal(&rng, q, NQ * DIM, 1.0f);
   kvs_build_args b = {.layer = l, .q_head = qh, .queries = q, .n_queries = NQ};
-  ra_index_params_default(RA_INDEX_ROAR, &b.params);
+  ra_index_params_default(RA_MODE_ROAR, &b.params);
   b.params.n_threads = 1;
   b.params.seed = seed;
   kvs_build_result res;
@@ -114,7 +114,7 @@ static void fx_build(fx *f, uint32_t l, uint32_t qh, uint64_t seed) {
 static const ra_index *fx_index(fx *f, uint32_t l, uint32_t qh) {
   size_t count;
   const kvs_shard *sh = kvs_session_head(f->s, l, qh / 2, &count);
-  return kvs_shard_index(f->s, sh, RA_INDEX_ROAR, qh);
+  return kvs_shard_index(f->s, sh, RA_MODE_ROAR, qh);
 }
 
 /* Reads an index's count the way attends do, under its shard's ix_lock. */
@@ -127,10 +127,10 @@ static uint32_t fx_count(fx *f, uint32_t l, uint32_t qh) {
   return n;
 }
 
-static int fx_attend(fx *f, uint32_t l, uint32_t qh, const float *q, kvs_mode mode, uint32_t k,
+static int fx_attend(fx *f, uint32_t l, uint32_t qh, const float *q, ra_mode mode, uint32_t k,
                      uint32_t ef, kvs_attend_result *out) {
   kvs_attend_args a = {.layer = l, .q_heads = &qh, .n_heads = 1, .q = q, .mode = mode,
-                       .top_k = k, .ef = ef, .want_ids = 1, .n_threads = 1};
+                       .top_k = k, .search = {.ef = ef}, .want_ids = 1, .n_threads = 1};
   ra_error err;
   int rc = kvs_attend(f->s, &a, out, &err);
   if (rc) print_message("attend: %s\n", err.msg);
@@ -143,8 +143,8 @@ static void assert_same_selection(const kvs_attend_result *x, const kvs_attend_r
   for (size_t i = 0; i < x->heads[0].n_ids; i++)
     assert_int_equal(x->heads[0].ids[i], y->heads[0].ids[i]);
   /* Same rows; the dot products may come from different kernels (search, scan). */
-  assert_true(fabsf(x->heads[0].m - y->heads[0].m) <= 1e-5f);
-  for (int d = 0; d < DIM; d++) assert_true(fabsf(x->heads[0].o[d] - y->heads[0].o[d]) <= 1e-5f);
+  assert_true(fabsf(x->heads[0].part.m - y->heads[0].part.m) <= 1e-5f);
+  for (int d = 0; d < DIM; d++) assert_true(fabsf(x->heads[0].part.o[d] - y->heads[0].part.o[d]) <= 1e-5f);
 }
 
 /* Exact retrieval does not depend on how far insertion has got: with a beam wide enough that the
@@ -166,9 +166,9 @@ static void test_pending_exact_equals_drained(void **state) {
   ref_fill_normal(&rng, q, NQ * DIM, 1.0f);
   kvs_attend_result lagging[NQ], flat;
   for (int i = 0; i < NQ; i++) {
-    assert_int_equal(fx_attend(&f, 0, 0, q + i * DIM, KVS_MODE_ROAR, 20, 1000, &lagging[i]), RA_OK);
+    assert_int_equal(fx_attend(&f, 0, 0, q + i * DIM, RA_MODE_ROAR, 20, 1000, &lagging[i]), RA_OK);
     assert_int_equal(lagging[i].heads[0].n_keys, 1500);
-    assert_int_equal(fx_attend(&f, 0, 0, q + i * DIM, KVS_MODE_FLAT, 20, 0, &flat), RA_OK);
+    assert_int_equal(fx_attend(&f, 0, 0, q + i * DIM, RA_MODE_FLAT, 20, 0, &flat), RA_OK);
     assert_same_selection(&lagging[i], &flat);
     kvs_attend_result_free(&flat);
   }
@@ -178,7 +178,7 @@ static void test_pending_exact_equals_drained(void **state) {
   assert_int_equal(fx_count(&f, 0, 0), 1500);
   for (int i = 0; i < NQ; i++) {
     kvs_attend_result drained;
-    assert_int_equal(fx_attend(&f, 0, 0, q + i * DIM, KVS_MODE_ROAR, 20, 1000, &drained), RA_OK);
+    assert_int_equal(fx_attend(&f, 0, 0, q + i * DIM, RA_MODE_ROAR, 20, 1000, &drained), RA_OK);
     assert_same_selection(&lagging[i], &drained);
     kvs_attend_result_free(&drained);
     kvs_attend_result_free(&lagging[i]);
@@ -220,16 +220,16 @@ static void test_attend_does_not_wait_for_a_batch(void **state) {
   assert_int_equal(pthread_create(&th, NULL, hold_batch, &b), 0);
   while (!__atomic_load_n(&b.held, __ATOMIC_ACQUIRE)) sched_yield();
   kvs_attend_result busy, flat;
-  assert_int_equal(fx_attend(&f, 0, 0, q, KVS_MODE_ROAR, 20, 32, &busy), RA_OK);
+  assert_int_equal(fx_attend(&f, 0, 0, q, RA_MODE_ROAR, 20, 32, &busy), RA_OK);
   __atomic_store_n(&b.release, 1, __ATOMIC_RELEASE);
   pthread_join(th, NULL);
   assert_int_equal(busy.heads[0].n_scanned, N);
-  assert_int_equal(fx_attend(&f, 0, 0, q, KVS_MODE_FLAT, 20, 0, &flat), RA_OK);
+  assert_int_equal(fx_attend(&f, 0, 0, q, RA_MODE_FLAT, 20, 0, &flat), RA_OK);
   assert_same_selection(&busy, &flat);
   kvs_attend_result_free(&busy);
   kvs_attend_result_free(&flat);
   kvs_attend_result walk;
-  assert_int_equal(fx_attend(&f, 0, 0, q, KVS_MODE_ROAR, 20, 32, &walk), RA_OK);
+  assert_int_equal(fx_attend(&f, 0, 0, q, RA_MODE_ROAR, 20, 32, &walk), RA_OK);
   assert_true(walk.heads[0].n_scanned < N);
   kvs_attend_result_free(&walk);
   fx_close(&f);
@@ -255,7 +255,7 @@ static void test_paused_lag_then_drain(void **state) {
   assert_int_equal(fx_append(&f, 0, 0, ADD, SIZE_MAX, NULL, &err), RA_OK);
   assert_int_equal(kvs_session_index_lag(f.s), 2 * ADD); /* two indexes on the shard */
   kvs_attend_result r;
-  assert_int_equal(fx_attend(&f, 1, 0, q, KVS_MODE_ROAR, 10, 32, &r), RA_OK);
+  assert_int_equal(fx_attend(&f, 1, 0, q, RA_MODE_ROAR, 10, 32, &r), RA_OK);
   assert_int_equal(r.heads[0].n_keys, N + ADD);
   assert_int_equal(r.heads[0].ids[0], PLANT);
   assert_true(r.heads[0].n_scanned >= ADD && r.heads[0].n_scanned < N);
@@ -269,7 +269,7 @@ static void test_paused_lag_then_drain(void **state) {
   assert_int_equal(fx_count(&f, 1, 0), N + ADD);
   assert_int_equal(fx_count(&f, 1, 1), N + ADD);
   assert_int_equal(ra_index_check(fx_index(&f, 1, 0), &err), RA_OK);
-  assert_int_equal(fx_attend(&f, 1, 0, q, KVS_MODE_ROAR, 10, 32, &r), RA_OK);
+  assert_int_equal(fx_attend(&f, 1, 0, q, RA_MODE_ROAR, 10, 32, &r), RA_OK);
   assert_int_equal(r.heads[0].ids[0], PLANT);
   assert_true(r.heads[0].n_scanned < N);
   kvs_attend_result_free(&r);
@@ -329,7 +329,7 @@ static void test_budget_refusal_lags_then_retries(void **state) {
   assert_int_equal(kvs_session_index_lag(f.s), 20);
   assert_true(kvs_store_bytes_used(f.st) <= budget);
   kvs_attend_result res;
-  assert_int_equal(fx_attend(&f, 0, 0, q, KVS_MODE_ROAR, 10, 32, &res), RA_OK);
+  assert_int_equal(fx_attend(&f, 0, 0, q, RA_MODE_ROAR, 10, 32, &res), RA_OK);
   assert_int_equal(res.heads[0].ids[0], 1010);
   kvs_attend_result_free(&res);
 
@@ -382,7 +382,7 @@ static void test_close_with_backlog(void **state) {
       kvs_session_index_drain(f.s); /* nothing is queued for a closed session */
       assert_int_equal(kvs_session_index_lag(f.s), lag + 2 * 10);
       kvs_attend_result r;
-      assert_int_equal(fx_attend(&f, 0, 1, f.keys[0][0] + (N + ADD + 5) * DIM, KVS_MODE_ROAR, 4,
+      assert_int_equal(fx_attend(&f, 0, 1, f.keys[0][0] + (N + ADD + 5) * DIM, RA_MODE_ROAR, 4,
                                  16, &r),
                        RA_OK);
       assert_int_equal(r.heads[0].n_keys, N + ADD + 10);
@@ -455,7 +455,7 @@ static void *stress_attender(void *p) {
     uint32_t l = (uint32_t)(it + a->id) % 2;
     int exact = it % 2;
     kvs_attend_args args = {.layer = l, .q_heads = heads, .n_heads = 4, .q = &x->q[0][0],
-                            .mode = KVS_MODE_ROAR, .top_k = 8, .ef = exact ? 4096 : 16,
+                            .mode = RA_MODE_ROAR, .top_k = 8, .search = {.ef = exact ? 4096 : 16},
                             .want_ids = 1, .n_threads = 1};
     kvs_attend_result r;
     ra_error err;
@@ -465,7 +465,7 @@ static void *stress_attender(void *p) {
     }
     int bad = 0;
     for (uint32_t i = 0; i < 4; i++) {
-      const kvs_head_partial *hp = &r.heads[i];
+      const ra_head_partial *hp = &r.heads[i];
       uint64_t plant = S_N + S_PLANT_STEP;
       if (hp->n_keys < S_N || hp->n_keys > S_N + S_STEPS || hp->n_ids == 0) bad = 1;
       if (l == 0 && hp->n_keys < last[i]) bad = 1; /* layer 0's count only grows */

@@ -300,7 +300,7 @@ static void test_perm_refused_with_index(void **state) {
   fixture_make(&f, RA_DTYPE_F32, 16, 1u << 28);
   ra_error err;
   kvs_build_args b = {.layer = LAYER, .q_head = 4, .per_kv_head = 1};
-  ra_index_params_default(RA_INDEX_IVF, &b.params);
+  ra_index_params_default(RA_MODE_IVF, &b.params);
   b.params.n_lists = 4;
   b.params.n_threads = 1;
   kvs_build_result res;
@@ -392,7 +392,7 @@ static void check_wave(ra_dtype t, int dim, double tol) {
   float *q = malloc(5 * dim * sizeof *q);
   ref_fill_normal(&f.rng, q, 5 * (size_t)dim, 1.0f);
   kvs_attend_args a = {.layer = LAYER, .q_heads = heads, .n_heads = 5, .q = q,
-                       .mode = KVS_MODE_WAVE, .want_ids = 1, .n_threads = 3,
+                       .mode = RA_MODE_WAVE, .want_ids = 1, .n_threads = 3,
                        .wave = {.kv_heads = sel_heads, .counts = sel_counts, .n_heads = 2,
                                 .ids = sel, .n_ids = ns}};
   kvs_attend_result res;
@@ -403,7 +403,7 @@ static void check_wave(ra_dtype t, int dim, double tol) {
     const uint32_t kv = heads[i] / 4;
     const uint32_t *s = kv == 1 ? sel : sel + sel_counts[0];
     size_t nw = expected_rows(&f, kv, s, sel_counts[kv == 1 ? 0 : 1], want_pos);
-    const kvs_head_partial *h = &res.heads[i];
+    const ra_head_partial *h = &res.heads[i];
     assert_int_equal(h->q_head, heads[i]);
     assert_int_equal(h->n_scanned, nw);
     assert_int_equal(h->n_keys, f.h[kv].n);
@@ -413,18 +413,18 @@ static void check_wave(ra_dtype t, int dim, double tol) {
     assert_memory_equal(got, want_pos, nw * sizeof *got);
     double m, l;
     ref_partial(&f, &f.h[kv], q + i * dim, want_pos, nw, o, &m, &l);
-    double e = ref_max_abs_diff(h->o, o, dim);
+    double e = ref_max_abs_diff(h->part.o, o, dim);
     if (e > tol) fail_msg("%s dim %d head %u: max abs error %g > %g", ra_dtype_name(t), dim, heads[i], e, tol);
-    assert_true(fabs(h->m - m) <= 1e-5 * (1.0 + fabs(m)));
-    assert_true(fabs(h->l - l) <= 1e-5 * l);
+    assert_true(fabs(h->part.m - m) <= 1e-5 * (1.0 + fabs(m)));
+    assert_true(fabs(h->part.l - l) <= 1e-5 * l);
   }
   /* One thread: the same partials to rounding. */
   kvs_attend_result r1;
   a.n_threads = 1;
   ok(kvs_attend(f.s, &a, &r1, &err), &err);
   for (int i = 0; i < 5; i++) {
-    for (int d = 0; d < dim; d++) assert_true(fabsf(r1.heads[i].o[d] - res.heads[i].o[d]) <= 1e-6f);
-    assert_true(fabsf(r1.heads[i].m - res.heads[i].m) <= 1e-6f * (1.0f + fabsf(res.heads[i].m)));
+    for (int d = 0; d < dim; d++) assert_true(fabsf(r1.heads[i].part.o[d] - res.heads[i].part.o[d]) <= 1e-6f);
+    assert_true(fabsf(r1.heads[i].part.m - res.heads[i].part.m) <= 1e-6f * (1.0f + fabsf(res.heads[i].part.m)));
   }
   kvs_attend_result_free(&r1);
   kvs_attend_result_free(&res);
@@ -466,17 +466,17 @@ static void test_wave_all_equals_full(void **state) {
   float q[6 * 64];
   ref_fill_normal(&f.rng, q, 6 * 64, 1.0f);
   kvs_attend_args a = {.layer = LAYER, .q_heads = heads, .n_heads = 6, .q = q,
-                       .mode = KVS_MODE_FULL, .n_threads = 2};
+                       .mode = RA_MODE_FULL, .n_threads = 2};
   kvs_attend_result full, wave;
   ok(kvs_attend(f.s, &a, &full, &err), &err);
-  a.mode = KVS_MODE_WAVE;
+  a.mode = RA_MODE_WAVE;
   a.wave = (kvs_wave_select){.kv_heads = &kv0, .counts = &cnt, .n_heads = 1, .ids = all,
                              .n_ids = cnt};
   ok(kvs_attend(f.s, &a, &wave, &err), &err);
   for (int i = 0; i < 6; i++) {
-    for (int d = 0; d < 64; d++) assert_true(fabsf(full.heads[i].o[d] - wave.heads[i].o[d]) <= 1e-5f);
-    assert_true(fabsf(full.heads[i].m - wave.heads[i].m) <= 1e-5f);
-    assert_true(fabsf(full.heads[i].l - wave.heads[i].l) <= 1e-5f * full.heads[i].l);
+    for (int d = 0; d < 64; d++) assert_true(fabsf(full.heads[i].part.o[d] - wave.heads[i].part.o[d]) <= 1e-5f);
+    assert_true(fabsf(full.heads[i].part.m - wave.heads[i].part.m) <= 1e-5f);
+    assert_true(fabsf(full.heads[i].part.l - wave.heads[i].part.l) <= 1e-5f * full.heads[i].part.l);
     assert_int_equal(wave.heads[i].n_scanned, full.heads[i].n_keys);
   }
   kvs_attend_result_free(&full);
@@ -495,7 +495,7 @@ static void test_wave_errors(void **state) {
   float q[2 * 16] = {0};
   uint32_t kvs[2] = {0, 1}, cnt[2] = {1, 0}, ids[2] = {7, 8};
   kvs_attend_args a = {.layer = LAYER, .q_heads = heads, .n_heads = 2, .q = q,
-                       .mode = KVS_MODE_WAVE,
+                       .mode = RA_MODE_WAVE,
                        .wave = {.kv_heads = kvs, .counts = cnt, .n_heads = 2, .ids = ids, .n_ids = 1}};
   kvs_attend_result res;
   ok(kvs_attend(f.s, &a, &res, &err), &err);
@@ -520,9 +520,9 @@ static void test_wave_errors(void **state) {
   a.n_heads = 1; /* kv head 1 named, none of its q heads asked */
   expect(kvs_attend(f.s, &a, &res, &err), RA_EINVAL, &err, "no asked q head");
   a.n_heads = 2;
-  a.mode = KVS_MODE_FULL;
+  a.mode = RA_MODE_FULL;
   expect(kvs_attend(f.s, &a, &res, &err), RA_EINVAL, &err, "mode wave only");
-  a.mode = KVS_MODE_WAVE;
+  a.mode = RA_MODE_WAVE;
   ok(kvs_attend(f.s, &a, &res, &err), &err); /* the session is still fine */
   kvs_attend_result_free(&res);
   fixture_free(&f);
