@@ -117,12 +117,28 @@ static void enum_names(const ra_opt *r, const char *sep, const char *last_sep, c
                            r->name_of((int)v));
 }
 
+/* Whether row r's field has a size its kind can write. */
+static int row_size_ok(const ra_opt *r) {
+  switch (r->kind) {
+    case RA_OPT_FLAG:
+    case RA_OPT_INT: return r->size == 1 || r->size == 2 || r->size == 4 || r->size == 8;
+    case RA_OPT_U64:
+    case RA_OPT_SIZE:
+    case RA_OPT_FLOAT: return r->size == 4 || r->size == 8;
+    case RA_OPT_STRING: return r->size == sizeof(const char *);
+    case RA_OPT_ENUM: return r->size == sizeof(int) && r->name_of;
+    case RA_OPT_CUSTOM: return r->parse != NULL;
+  }
+  return 0;
+}
+
 /* Writes `value` into row r's field; RA_EINVAL with the reason alone in err. */
 static int row_set(const ra_opt *r, void *field, const char *value, ra_error *err) {
   int64_t i = 0;
   uint64_t u = 0;
   double d = 0;
   int rc;
+  if (!row_size_ok(r)) return ra_errorf(err, RA_EINTERNAL, "kind %d, field of %zu bytes", (int)r->kind, r->size);
   switch (r->kind) {
     case RA_OPT_FLAG:
       return write_int(field, r->size, 1);

@@ -231,6 +231,22 @@ static void test_several_tables(void **state) {
   assert_string_equal(err.msg, "bad --ef 0: must be 1 to 100");
 }
 
+/* A row whose field its kind cannot write is a program's bug, reported as such. */
+static void test_bad_row(void **state) {
+  (void)state;
+  typedef struct small {
+    uint8_t level;
+  } small;
+  small c = {0};
+  ra_opt r[] = {{"level", RA_OPT_ENUM, RA_OPT_AT(small, level), .lo = 0, .hi = 2, .name_of = color_name}};
+  ra_opts_table t = {r, 1, &c, NULL};
+  ra_opts_set s = {&t, 1, NULL, 0};
+  char *argv[] = {"--level", "red"};
+  ra_error err;
+  assert_int_equal(ra_opts_parse_args(&s, 2, argv, &err), RA_EINTERNAL);
+  assert_non_null(strstr(err.msg, "--level: bad option row"));
+}
+
 static char *usage_of(const ra_opts_set *s) {
   char *buf = NULL;
   size_t len = 0;
@@ -376,6 +392,7 @@ int main(void) {
       cmocka_unit_test(test_bounds_and_errors),
       cmocka_unit_test(test_parse_int),
       cmocka_unit_test(test_several_tables),
+      cmocka_unit_test(test_bad_row),
       cmocka_unit_test(test_usage),
       cmocka_unit_test(test_usage_wraps_long_help),
       cmocka_unit_test(test_config_file),
