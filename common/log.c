@@ -13,10 +13,14 @@ static int ra_log_level_now = -1; /* -1: not yet read from the environment */
 static char ra_log_name[32] = "ra";
 static pthread_mutex_t ra_log_lock = PTHREAD_MUTEX_INITIALIZER;
 
-int ra_log_parse_level(const char *name, enum ra_log_level *out) {
+const char *ra_log_level_name(enum ra_log_level level) {
   static const char *names[] = {"debug", "info", "warn", "error"};
-  for (int i = 0; i < 4; i++) {
-    if (strcmp(name, names[i]) == 0) {
+  return (unsigned)level < 4 ? names[level] : "?";
+}
+
+int ra_log_parse_level(const char *name, enum ra_log_level *out) {
+  for (int i = RA_LOG_DEBUG; i <= RA_LOG_ERROR; i++) {
+    if (strcmp(name, ra_log_level_name((enum ra_log_level)i)) == 0) {
       *out = (enum ra_log_level)i;
       return RA_OK;
     }

@@ -8,6 +8,7 @@ enum ra_log_level { RA_LOG_DEBUG = 0, RA_LOG_INFO = 1, RA_LOG_WARN = 2, RA_LOG_E
 void ra_log_set_level(enum ra_log_level level);
 /* Parses "debug", "info", "warn" or "error"; returns 0 or RA_EINVAL. */
 int ra_log_parse_level(const char *name, enum ra_log_level *out);
+const char *ra_log_level_name(enum ra_log_level level); /* "?" for no level */
 /* The name printed after the level letter, e.g. "kv-store". */
 void ra_log_set_name(const char *name);
 void ra_log(enum ra_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

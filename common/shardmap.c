@@ -1,5 +1,7 @@
 #include "shardmap.h"
 
+#include "textfile.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -113,39 +115,14 @@ int ra_shard_map_parse(const char *text, ra_shard_map *out, ra_error *err) {
 }
 
 int ra_shard_map_load(const char *path, ra_shard_map *out, ra_error *err) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return ra_errorf(err, RA_EIO, "shard map %s: %s", path, strerror(errno));
-  char *text = NULL;
-  size_t len = 0, cap = 0;
-  int rc = RA_OK;
-  for (;;) {
-    if (len + 4096 + 1 > cap) {
-      cap = cap ? cap * 2 : 8192;
-      if (cap > (16u << 20)) {
-        rc = ra_errorf(err, RA_EINVAL, "shard map %s: larger than 16 MiB", path);
-        break;
-      }
-      char *t = realloc(text, cap);
-      if (!t) {
-        rc = ra_errorf(err, RA_ENOMEM, "shard map %s: out of memory", path);
-        break;
-      }
-      text = t;
-    }
-    size_t n = fread(text + len, 1, 4096, f);
-    len += n;
-    if (n < 4096) break;
+  char *text;
+  int rc = ra_textfile_read(path, 16u << 20, &text, NULL, err);
+  if (rc != RA_OK) {
+    if (err) ra_error_wrap(err, "shard map");
+    return rc;
   }
-  if (rc == RA_OK && ferror(f)) rc = ra_errorf(err, RA_EIO, "shard map %s: read error", path);
-  fclose(f);
-  if (rc == RA_OK) {
-    text[len] = '\0';
-    if (strlen(text) != len) rc = ra_errorf(err, RA_EINVAL, "shard map %s: contains NUL bytes", path);
-  }
-  if (rc == RA_OK) {
-    rc = ra_shard_map_parse(text, out, err);
-    if (rc != RA_OK) ra_error_wrap(err, "%s", path);
-  }
+  rc = ra_shard_map_parse(text, out, err);
+  if (rc != RA_OK && err) ra_error_wrap(err, "%s", path);
   free(text);
   return rc;
 }

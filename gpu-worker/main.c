@@ -12,184 +12,218 @@
 #include "procenv.h"
 #include "npy.h"
 #include "offload.h"
+#include "opts.h"
+#include "textfile.h"
 
-#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-static const char *usage_text =
+/* Commands: bit i of an option's scope is commands[i]. */
+enum { GEN = 1u << 0, DUMP = 1u << 1, TOK = 1u << 2, LOGITS = 1u << 3, INFO = 1u << 4 };
+#define ALL_COMMANDS (GEN | DUMP | TOK | LOGITS | INFO)
+#define PROMPTED (GEN | DUMP | TOK | LOGITS) /* commands that read a prompt */
+#define LOADED (GEN | DUMP | LOGITS | INFO)  /* commands that load the weights */
+static const char *const commands[] = {"generate", "dump-qk", "tokenize", "logits", "info"};
+
+static const char *commands_text =
     "usage: gpu-worker COMMAND [options]\n"
     "commands:\n"
     "  generate   prefill a prompt and generate text; prints the text and timings\n"
     "  dump-qk    write post-RoPE Q/K of a prompt (+ greedy decode) as .npy files\n"
     "  tokenize   print the token ids of a prompt as JSON\n"
     "  logits     write the logits of every prompt position as [n_tokens, vocab] .npy\n"
-    "  info       print the model's configuration\n"
-    "common options:\n"
-    "  --model PATH            GGUF file, safetensors directory, or random:PRESET[:LAYERS] (llama3-8b, yi-6b,\n"
-    "                          smollm2-135m, tiny; :LAYERS keeps the first LAYERS layers)\n"
-    "  --tokenizer GGUF        tokenizer for a safetensors model\n"
-    "  --prompt-file F | --prompt TEXT\n"
-    "  --chat                  wrap the prompt in the model's chat template\n"
-    "  --backend cpu|cuda      (default cpu)\n"
-    "  --threads N             CPU threads (default: all cores)\n"
-    "  --ctx N                 KV cache tokens (default: prompt + new tokens)\n"
-    "  --batch N               prefill chunk size (default 512)\n"
-    "  --kv-dtype f32|f16|bf16 KV cache dtype (default f32)\n"
-    "  --seed N                sampling / random-weight seed (default 1)\n"
-    "generate: --max-new-tokens N (default 64) --temperature T (0 = greedy, default) --top-p P --top-k K\n"
-    "          --json FILE (text, tokens and timings) --no-stop (ignore EOS)\n"
-    "          distributed attention (sink + window on the device, the rest in kv-stores):\n"
-    "          --mode full|streaming|flat|ivf|kgraph|roar (default full: everything on the device)\n"
-    "          --stores HOST:PORT,... (kv heads dealt round-robin) | --shard-map FILE\n"
-    "          --sink N (128) --window N (512) --attn-top-k K (keys per head at the stores, 100)\n"
-    "          --ef N --nprobe N (index search) --store-dtype f32|f16|bf16 (f16) --store-timeout-ms MS\n"
-    "          --index-per-kv-head (roar: one graph per kv head from its group's queries)\n"
-    "          --key-top-queries T (roar build: every offloaded key's T best queries, from the backend; 4, 0 off)\n"
-    "          --build-layers N (index builds of up to N layers in flight at the stores during the prefill; 3)\n"
-    "          --synthetic-prefill (benchmarks: the stores get KV computed from the token embeddings alone,\n"
-    "          --batch tokens at a time, no attention or MLP; the offload, index builds and decode are real)\n"
-    "dump-qk:  --out DIR --decode-tokens N (default 0) --layers 0,2,5-7 --dtype f16|f32 (default f16)\n"
-    "logits:   --out FILE.npy\n";
+    "  info       print the model's configuration\n";
 
 typedef struct opts {
   const char *cmd, *model, *tokenizer, *prompt_file, *prompt, *backend, *json, *out, *layers;
   const char *stores, *shard_map;
   ra_offload_config off; /* mode == RA_MODE_FULL: no offload */
-  int chat, threads, max_new, decode_tokens, no_stop, top_k, key_top_given, synthetic;
+  int help, chat, threads, max_new, decode_tokens, no_stop, top_k, synthetic;
   long ctx, batch;
   float temperature, top_p;
   uint64_t seed;
   ra_dtype kv_dtype, dump_dtype;
 } opts;
 
-static int usage_error(const char *fmt, const char *arg) {
+/* The defaults of every option, the offload's from the offload runtime. */
+static void opts_default(opts *o) {
+  *o = (opts){.backend = "cpu", .max_new = 64, .batch = 512, .top_p = 0.95f, .top_k = 40, .seed = 1,
+              .kv_dtype = RA_DTYPE_F32, .dump_dtype = RA_DTYPE_F16};
+  ra_offload_config_default(&o->off);
+  o->off.mode = RA_MODE_FULL;
+}
+
+static const char *dtype_name(int t) { return ra_dtype_name((ra_dtype)t); }
+
+/* --mode goes through the attention modes' own parser and names. */
+static int mode_parse(const char *v, void *field, ra_error *err) {
+  ra_mode m;
+  if (ra_mode_parse(v, &m) != RA_OK) return ra_errorf(err, RA_EINVAL, "not one of %s", RA_MODE_NAMES);
+  memcpy(field, &m, sizeof m);
+  return RA_OK;
+}
+
+static const char *mode_show(const void *field) {
+  ra_mode m;
+  memcpy(&m, field, sizeof m);
+  return ra_mode_name(m);
+}
+
+#define AT(member) RA_OPT_AT(opts, member)
+static const ra_opt rows[] = {
+    {"help", RA_OPT_FLAG, AT(help), .help = "print the options of the command"},
+    {"model", RA_OPT_STRING, AT(model), .meta = "PATH",
+     .help = "GGUF file, safetensors directory, or random:PRESET[:LAYERS] (llama3-8b, yi-6b, smollm2-135m, "
+             "tiny; :LAYERS keeps the first LAYERS layers)"},
+    {"tokenizer", RA_OPT_STRING, AT(tokenizer), .meta = "GGUF", .help = "tokenizer for a safetensors model"},
+    {"prompt-file", RA_OPT_STRING, AT(prompt_file), .meta = "F", .help = "the prompt, from a file", .scope = PROMPTED},
+    {"prompt", RA_OPT_STRING, AT(prompt), .meta = "TEXT", .help = "the prompt", .scope = PROMPTED},
+    {"chat", RA_OPT_FLAG, AT(chat), .help = "wrap the prompt in the model's chat template", .scope = PROMPTED},
+    {"backend", RA_OPT_STRING, AT(backend), .meta = "cpu|cuda", .help = "where the model runs", .scope = LOADED},
+    {"threads", RA_OPT_INT, AT(threads), .lo = 1, .hi = 4096, .meta = "N", .help = "CPU threads",
+     .dflt = "all cores", .scope = LOADED},
+    {"seed", RA_OPT_INT, AT(seed), .lo = 0, .hi = 0x7fffffff, .meta = "N", .help = "sampling / random-weight seed",
+     .scope = LOADED},
+    {"kv-dtype", RA_OPT_ENUM, AT(kv_dtype), .lo = RA_DTYPE_F32, .hi = RA_DTYPE_BF16, .name_of = dtype_name,
+     .help = "KV cache dtype", .scope = GEN | DUMP | LOGITS},
+    {"batch", RA_OPT_INT, AT(batch), .lo = 1, .hi = 1L << 20, .meta = "N", .help = "prefill chunk size",
+     .scope = GEN | DUMP},
+    {"ctx", RA_OPT_INT, AT(ctx), .lo = 1, .hi = 1L << 24, .meta = "N", .help = "KV cache tokens",
+     .dflt = "prompt + new tokens", .scope = GEN},
+    {"max-new-tokens", RA_OPT_INT, AT(max_new), .lo = 0, .hi = 1L << 24, .meta = "N", .help = "tokens to generate",
+     .scope = GEN},
+    {"temperature", RA_OPT_FLOAT, AT(temperature), .flo = 0, .fhi = HUGE_VAL, .meta = "T",
+     .help = "sampling temperature; 0: greedy", .scope = GEN},
+    {"top-p", RA_OPT_FLOAT, AT(top_p), .flo = 0, .fhi = 1, .flags = RA_OPT_OPEN_LO, .meta = "P",
+     .help = "sample from the most likely tokens of this much probability", .scope = GEN},
+    {"top-k", RA_OPT_INT, AT(top_k), .lo = 1, .hi = 1L << 24, .meta = "K",
+     .help = "sample from the K most likely tokens", .scope = GEN},
+    {"json", RA_OPT_STRING, AT(json), .meta = "FILE", .help = "write the text, tokens and timings to FILE",
+     .scope = GEN},
+    {"no-stop", RA_OPT_FLAG, AT(no_stop), .help = "ignore EOS", .scope = GEN},
+    {"mode", RA_OPT_CUSTOM, AT(off.mode), .parse = mode_parse, .show = mode_show, .meta = RA_MODE_NAMES,
+     .help = "attention: full keeps every token on the device, streaming only the sink and the window; the "
+             "others keep sink + window on the device and the rest in kv-stores",
+     .scope = GEN},
+    {"stores", RA_OPT_STRING, AT(stores), .meta = "HOST:PORT,...", .help = "kv-stores; kv heads dealt round-robin",
+     .scope = GEN},
+    {"shard-map", RA_OPT_STRING, AT(shard_map), .meta = "FILE", .help = "kv-stores and their shards, from FILE",
+     .scope = GEN},
+    {"sink", RA_OPT_INT, AT(off.n_sink), .lo = 0, .hi = 1L << 20, .meta = "N",
+     .help = "first tokens kept on the device", .scope = GEN},
+    {"window", RA_OPT_INT, AT(off.n_window), .lo = 1, .hi = 1L << 20, .meta = "N",
+     .help = "latest tokens kept on the device", .scope = GEN},
+    {"attn-top-k", RA_OPT_INT, AT(off.top_k), .lo = 1, .hi = 1L << 24, .meta = "K",
+     .help = "keys per head the stores attend to", .scope = GEN},
+    {"ef", RA_OPT_INT, AT(off.ef), .lo = 1, .hi = 1L << 20, .meta = "N", .help = "index search: candidates kept",
+     .dflt = "set by the store", .scope = GEN},
+    {"nprobe", RA_OPT_INT, AT(off.nprobe), .lo = 1, .hi = 1L << 20, .meta = "N",
+     .help = "index search: clusters scanned", .dflt = "set by the store", .scope = GEN},
+    {"store-dtype", RA_OPT_ENUM, AT(off.store_dtype), .lo = RA_DTYPE_F32, .hi = RA_DTYPE_BF16,
+     .name_of = dtype_name, .help = "KV dtype at the stores", .scope = GEN},
+    {"store-timeout-ms", RA_OPT_INT, AT(off.timeout_ms), .lo = 1, .hi = 3600000, .meta = "MS",
+     .help = "deadline of every store reply", .scope = GEN},
+    {"index-per-kv-head", RA_OPT_FLAG, AT(off.roar_per_kv_head),
+     .help = "roar: one graph per kv head from its group's queries", .scope = GEN},
+    {"key-top-queries", RA_OPT_INT, AT(off.key_top_queries), .lo = 0, .hi = RA_KVCLIENT_KEY_TOP_MAX, .meta = "T",
+     .help = "roar build: every offloaded key's T best queries, from the backend; 0: off", .scope = GEN},
+    {"build-layers", RA_OPT_INT, AT(off.build_layers), .lo = 1, .hi = RA_OFFLOAD_MAX_BUILD_LAYERS, .meta = "N",
+     .help = "index builds of up to N layers in flight at the stores during the prefill", .scope = GEN},
+    {"synthetic-prefill", RA_OPT_FLAG, AT(synthetic),
+     .help = "benchmarks: the stores get KV computed from the token embeddings alone, --batch tokens at a "
+             "time, no attention or MLP; the offload, index builds and decode are real",
+     .scope = GEN},
+    {"decode-tokens", RA_OPT_INT, AT(decode_tokens), .lo = 0, .hi = 1L << 24, .meta = "N",
+     .help = "greedy decode steps after the prompt", .scope = DUMP},
+    {"layers", RA_OPT_STRING, AT(layers), .meta = "0,2,5-7", .help = "the layers to write", .dflt = "all",
+     .scope = DUMP},
+    {"dtype", RA_OPT_ENUM, AT(dump_dtype), .lo = RA_DTYPE_F32, .hi = RA_DTYPE_F16, .name_of = dtype_name,
+     .help = "dtype of the .npy files", .scope = DUMP},
+    {"out", RA_OPT_STRING, AT(out), .meta = "PATH", .help = "dump-qk: the directory; logits: the .npy file",
+     .scope = DUMP | LOGITS},
+};
+#undef AT
+
+/* The usage of the commands in `scope`, with the defaults. */
+static void usage_write(unsigned scope, FILE *f) {
+  opts d;
+  opts_default(&d);
+  ra_opts_table t = {rows, RA_OPTS_COUNT(rows), &d, NULL};
+  ra_opts_set s = {&t, 1, commands, scope};
+  if (scope == ALL_COMMANDS) fputs(commands_text, f);
+  for (unsigned i = 0; scope != ALL_COMMANDS && i < RA_OPTS_COUNT(commands); i++)
+    if (scope == 1u << i) fprintf(f, "usage: gpu-worker %s [options]\n", commands[i]);
+  ra_opts_usage(&s, f);
+}
+
+static int usage_error(unsigned scope, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int usage_error(unsigned scope, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
   fprintf(stderr, "gpu-worker: ");
-  fprintf(stderr, fmt, arg);
-  fprintf(stderr, "\n\n%s", usage_text);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "\n\n");
+  usage_write(scope, stderr);
   return 2;
 }
 
-static int parse_int(const char *s, long lo, long hi, long *out) {
-  char *end;
-  errno = 0;
-  long v = strtol(s, &end, 10);
-  if (errno || end == s || *end || v < lo || v > hi) return -1;
-  *out = v;
-  return 0;
-}
-
-_Static_assert(RA_OFFLOAD_MAX_BUILD_LAYERS == 8, "--build-layers' messages say 1 to 8");
-
-static int parse_opts(int argc, char **argv, opts *o) {
-  memset(o, 0, sizeof(*o));
-  o->backend = "cpu";
-  o->max_new = 64;
-  o->batch = 512;
-  o->top_p = 0.95f;
-  o->top_k = 40;
-  o->seed = 1;
-  o->kv_dtype = RA_DTYPE_F32;
-  o->dump_dtype = RA_DTYPE_F16;
-  ra_offload_config_default(&o->off);
-  o->off.mode = RA_MODE_FULL;
-  o->cmd = argv[1];
-  for (int i = 2; i < argc; i++) {
-    const char *a = argv[i];
-    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-    long n;
-#define NEED_VALUE() do { if (!v) return usage_error("option %s needs a value", a); i++; } while (0)
-    if (strcmp(a, "--chat") == 0) o->chat = 1;
-    else if (strcmp(a, "--no-stop") == 0) o->no_stop = 1;
-    else if (strcmp(a, "--index-per-kv-head") == 0) o->off.roar_per_kv_head = 1;
-    else if (strcmp(a, "--synthetic-prefill") == 0) o->synthetic = 1;
-    else if (strcmp(a, "--model") == 0) { NEED_VALUE(); o->model = v; }
-    else if (strcmp(a, "--tokenizer") == 0) { NEED_VALUE(); o->tokenizer = v; }
-    else if (strcmp(a, "--prompt-file") == 0) { NEED_VALUE(); o->prompt_file = v; }
-    else if (strcmp(a, "--prompt") == 0) { NEED_VALUE(); o->prompt = v; }
-    else if (strcmp(a, "--backend") == 0) { NEED_VALUE(); o->backend = v; }
-    else if (strcmp(a, "--json") == 0) { NEED_VALUE(); o->json = v; }
-    else if (strcmp(a, "--out") == 0) { NEED_VALUE(); o->out = v; }
-    else if (strcmp(a, "--layers") == 0) { NEED_VALUE(); o->layers = v; }
-    else if (strcmp(a, "--threads") == 0) { NEED_VALUE(); if (parse_int(v, 1, 4096, &n)) return usage_error("bad --threads %s", v); o->threads = (int)n; }
-    else if (strcmp(a, "--ctx") == 0) { NEED_VALUE(); if (parse_int(v, 1, 1L << 24, &n)) return usage_error("bad --ctx %s", v); o->ctx = n; }
-    else if (strcmp(a, "--batch") == 0) { NEED_VALUE(); if (parse_int(v, 1, 1L << 20, &n)) return usage_error("bad --batch %s", v); o->batch = n; }
-    else if (strcmp(a, "--max-new-tokens") == 0) { NEED_VALUE(); if (parse_int(v, 0, 1L << 24, &n)) return usage_error("bad --max-new-tokens %s", v); o->max_new = (int)n; }
-    else if (strcmp(a, "--decode-tokens") == 0) { NEED_VALUE(); if (parse_int(v, 0, 1L << 24, &n)) return usage_error("bad --decode-tokens %s", v); o->decode_tokens = (int)n; }
-    else if (strcmp(a, "--top-k") == 0) { NEED_VALUE(); if (parse_int(v, 1, 1L << 24, &n)) return usage_error("bad --top-k %s", v); o->top_k = (int)n; }
-    else if (strcmp(a, "--seed") == 0) { NEED_VALUE(); if (parse_int(v, 0, 0x7fffffffL, &n)) return usage_error("bad --seed %s", v); o->seed = (uint64_t)n; }
-    else if (strcmp(a, "--temperature") == 0) { NEED_VALUE(); char *e; o->temperature = strtof(v, &e); if (*e || o->temperature < 0) return usage_error("bad --temperature %s", v); }
-    else if (strcmp(a, "--top-p") == 0) { NEED_VALUE(); char *e; o->top_p = strtof(v, &e); if (*e || !(o->top_p > 0) || o->top_p > 1) return usage_error("bad --top-p %s", v); }
-    else if (strcmp(a, "--kv-dtype") == 0) { NEED_VALUE(); if (ra_dtype_parse(v, &o->kv_dtype)) return usage_error("bad --kv-dtype %s", v); }
-    else if (strcmp(a, "--dtype") == 0) { NEED_VALUE(); if (ra_dtype_parse(v, &o->dump_dtype) || o->dump_dtype == RA_DTYPE_BF16) return usage_error("bad --dtype %s (f16 or f32)", v); }
-    else if (strcmp(a, "--stores") == 0) { NEED_VALUE(); o->stores = v; }
-    else if (strcmp(a, "--shard-map") == 0) { NEED_VALUE(); o->shard_map = v; }
-    else if (strcmp(a, "--mode") == 0) { NEED_VALUE(); if (ra_mode_parse(v, &o->off.mode)) return usage_error("bad --mode %s (full, streaming, flat, ivf, kgraph, roar)", v); }
-    else if (strcmp(a, "--sink") == 0) { NEED_VALUE(); if (parse_int(v, 0, 1L << 20, &n)) return usage_error("bad --sink %s", v); o->off.n_sink = (uint32_t)n; }
-    else if (strcmp(a, "--window") == 0) { NEED_VALUE(); if (parse_int(v, 1, 1L << 20, &n)) return usage_error("bad --window %s", v); o->off.n_window = (uint32_t)n; }
-    else if (strcmp(a, "--attn-top-k") == 0) { NEED_VALUE(); if (parse_int(v, 1, 1L << 24, &n)) return usage_error("bad --attn-top-k %s", v); o->off.top_k = (uint32_t)n; }
-    else if (strcmp(a, "--ef") == 0) { NEED_VALUE(); if (parse_int(v, 1, 1L << 20, &n)) return usage_error("bad --ef %s", v); o->off.ef = (uint32_t)n; }
-    else if (strcmp(a, "--nprobe") == 0) { NEED_VALUE(); if (parse_int(v, 1, 1L << 20, &n)) return usage_error("bad --nprobe %s", v); o->off.nprobe = (uint32_t)n; }
-    else if (strcmp(a, "--store-dtype") == 0) { NEED_VALUE(); if (ra_dtype_parse(v, &o->off.store_dtype)) return usage_error("bad --store-dtype %s", v); }
-    else if (strcmp(a, "--build-layers") == 0) { NEED_VALUE(); if (parse_int(v, 1, RA_OFFLOAD_MAX_BUILD_LAYERS, &n)) return usage_error("bad --build-layers %s (1 to 8)", v); o->off.build_layers = (uint32_t)n; }
-    else if (strcmp(a, "--key-top-queries") == 0) { NEED_VALUE(); if (parse_int(v, 0, RA_KVCLIENT_KEY_TOP_MAX, &n)) return usage_error("bad --key-top-queries %s (0 to 64)", v); o->off.key_top_queries = (uint32_t)n; o->key_top_given = 1; }
-    else if (strcmp(a, "--store-timeout-ms") == 0) { NEED_VALUE(); if (parse_int(v, 1, 3600000, &n)) return usage_error("bad --store-timeout-ms %s", v); o->off.timeout_ms = (int)n; }
-    else return usage_error("unknown option %s", a);
-#undef NEED_VALUE
-  }
-  if (!o->model) return usage_error("%s needs --model", o->cmd);
-  int distributed = o->off.mode != RA_MODE_FULL && o->off.mode != RA_MODE_STREAMING;
+/* The checks between options, after parsing; 0 or a usage error's exit status. */
+static int opts_check(opts *o, const ra_opts_set *s) {
+  const char *mode = ra_mode_name(o->off.mode);
+  if (!o->model) return usage_error(s->scope, "%s needs --model", o->cmd);
+  int distributed = ra_mode_uses_stores(o->off.mode);
+  char store_modes[128];
+  ra_mode_list(store_modes, sizeof store_modes, RA_MODE_F_STORES);
   if (distributed && !o->stores && !o->shard_map)
-    return usage_error("--mode %s needs --stores or --shard-map", ra_mode_name(o->off.mode));
+    return usage_error(s->scope, "--mode %s needs --stores or --shard-map", mode);
   if (!distributed && (o->stores || o->shard_map))
-    return usage_error("--stores / --shard-map need a --mode that uses them (flat, ivf, kgraph, roar), not %s",
-                       ra_mode_name(o->off.mode));
-  if (o->stores && o->shard_map) return usage_error("give --stores or --shard-map, not both%s", "");
+    return usage_error(s->scope,
+                       "--stores / --shard-map need a --mode that uses them (%s), not %s", store_modes, mode);
+  if (o->stores && o->shard_map) return usage_error(s->scope, "give --stores or --shard-map, not both");
   if (o->off.roar_per_kv_head && o->off.mode != RA_MODE_ROAR)
-    return usage_error("--index-per-kv-head is for --mode roar, not %s", ra_mode_name(o->off.mode));
-  if (o->synthetic && strcmp(o->cmd, "generate") != 0)
-    return usage_error("--synthetic-prefill is a generate option, not %s", o->cmd);
+    return usage_error(s->scope, "--index-per-kv-head is for --mode roar, not %s", mode);
   if (o->synthetic && o->off.mode == RA_MODE_FULL)
-    return usage_error("--synthetic-prefill fills kv-stores: it needs a --mode other than %s", "full");
+    return usage_error(s->scope, "--synthetic-prefill fills kv-stores: it needs a --mode other than full");
+  if (ra_opts_given(s, "key-top-queries") && o->off.mode != RA_MODE_ROAR)
+    return usage_error(s->scope, "--key-top-queries is for --mode roar, not %s", mode);
   o->off.synthetic_chunk = o->synthetic ? o->batch : 0;
-  if (o->key_top_given && o->off.mode != RA_MODE_ROAR)
-    return usage_error("--key-top-queries is for --mode roar, not %s", ra_mode_name(o->off.mode));
   return 0;
 }
 
-static char *read_file(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  char *buf = NULL;
-  size_t n = 0, cap = 0, r;
-  do {
-    if (n + 4096 > cap) {
-      char *nb = realloc(buf, cap = cap * 2 + 4096);
-      if (!nb) {
-        free(buf);
-        fclose(f);
-        return NULL;
-      }
-      buf = nb;
-    }
-    r = fread(buf + n, 1, cap - n - 1, f);
-    n += r;
-  } while (r > 0);
-  fclose(f);
-  buf[n] = 0;
-  *len = n;
-  return buf;
+/* Parses argv[2..] for the command argv[1] (scope: its bit); 0, -1 for --help, or a usage
+ * error's exit status. */
+static int parse_opts(int argc, char **argv, unsigned scope, opts *o) {
+  opts_default(o);
+  o->cmd = argv[1];
+  unsigned char given[RA_OPTS_COUNT(rows)] = {0};
+  ra_opts_table t = {rows, RA_OPTS_COUNT(rows), o, given};
+  ra_opts_set s = {&t, 1, commands, scope};
+  ra_error err;
+  ra_error_clear(&err);
+  if (ra_opts_parse_args(&s, argc - 2, argv + 2, &err) != RA_OK) return usage_error(scope, "%s", err.msg);
+  if (o->help) return -1;
+  return opts_check(o, &s);
 }
+
+#define PROMPT_MAX_BYTES (1ul << 30)
 
 /* The prompt's token ids: text from --prompt/--prompt-file, optionally chat-formatted. */
 static int prompt_tokens(const opts *o, const ra_tokenizer *tok, int32_t **ids, size_t *n, ra_error *err) {
   if (!o->prompt && !o->prompt_file) return ra_errorf(err, RA_EINVAL, "%s needs --prompt-file or --prompt", o->cmd);
   if (!tok) return ra_errorf(err, RA_EINVAL, "the model has no tokenizer (give --tokenizer GGUF)");
   size_t len;
-  char *text = o->prompt ? strdup(o->prompt) : read_file(o->prompt_file, &len);
-  if (!text) return ra_errorf(err, RA_EIO, "cannot read prompt file %s", o->prompt_file);
+  char *text = NULL;
+  if (o->prompt_file) {
+    int rc = ra_textfile_read(o->prompt_file, PROMPT_MAX_BYTES, &text, &len, err);
+    if (rc) return rc;
+  } else if (!(text = strdup(o->prompt))) {
+    return ra_errorf(err, RA_ENOMEM, "out of memory");
+  }
   /* a prompt file's final newline is an editor artifact, not part of the prompt */
   len = strlen(text);
   if (o->prompt_file && len && text[len - 1] == '\n') text[--len] = 0;
@@ -418,15 +452,19 @@ int main(int argc, char **argv) {
   ra_procenv_apply_defaults(argv);
   ra_log_set_name("gpu-worker");
   if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
-    fputs(usage_text, argc < 2 ? stderr : stdout);
+    usage_write(ALL_COMMANDS, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
-  const char *cmds[] = {"generate", "dump-qk", "tokenize", "logits", "info"};
-  int known = 0;
-  for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) known |= strcmp(argv[1], cmds[i]) == 0;
-  if (!known) return usage_error("unknown command '%s'", argv[1]);
+  unsigned scope = 0;
+  for (unsigned i = 0; i < RA_OPTS_COUNT(commands); i++)
+    if (strcmp(argv[1], commands[i]) == 0) scope = 1u << i;
+  if (!scope) return usage_error(ALL_COMMANDS, "unknown command '%s'", argv[1]);
   opts o;
-  int prc = parse_opts(argc, argv, &o);
+  int prc = parse_opts(argc, argv, scope, &o);
+  if (prc == -1) {
+    usage_write(scope, stdout);
+    return 0;
+  }
   if (prc) return prc;
   ra_error err;
   ra_error_clear(&err);

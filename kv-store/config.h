@@ -1,9 +1,9 @@
 /* kv-store command-line flags:
- *   kv-store --listen HOST:PORT [--memory-budget SIZE] [--threads N] [--index-threads N]
- *            [--max-calls N]
- *            [--max-message SIZE] [--grace-ms MS] [--session-idle-timeout S] [--ready-file PATH]
- *            [--log-level LEVEL]
- * SIZE is bytes with an optional binary suffix: 4096, 512K, 512M, 64G, 1T. */
+ *   kv-store --listen HOST:PORT [--config FILE] [--memory-budget SIZE] [--threads N]
+ *            [--index-threads N] [--max-calls N] [--max-message SIZE] [--grace-ms MS]
+ *            [--session-idle-timeout S] [--ready-file PATH] [--log-level LEVEL]
+ * SIZE is bytes with an optional binary suffix: 4096, 512K, 512M, 64G, 1T. --config FILE reads
+ * the same options from FILE, one "name value" per line; the command line overrides it. */
 #ifndef KVS_CONFIG_H
 #define KVS_CONFIG_H
 
@@ -12,6 +12,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 typedef struct kvs_config {
   const char *listen;         /* required */
@@ -24,13 +25,16 @@ typedef struct kvs_config {
   int session_idle_s;         /* a session no request touched this long is closed; 0: never */
   const char *ready_file;     /* written with "HOST:PORT\n" once serving; NULL: none */
   enum ra_log_level log_level;
+  const char *config;         /* --config FILE, or NULL */
   int help;                   /* --help given: print usage, exit 0 */
+  char *config_text;          /* the config file's text: its string options point into it */
 } kvs_config;
 
-/* Fills `out` from argv (argv[0] is skipped); strings point into argv. */
+/* Fills `out` from argv (argv[0] is skipped) and the --config file; strings point into argv or
+ * into out->config_text. On success the caller calls kvs_config_free; on failure nothing is
+ * left to free. */
 int kvs_config_parse(int argc, char **argv, kvs_config *out, ra_error *err);
-/* "512M" -> 536870912; RA_EINVAL when not a size. */
-int kvs_parse_size(const char *s, uint64_t *out);
-const char *kvs_config_usage(void);
+void kvs_config_free(kvs_config *c);
+void kvs_config_usage(FILE *f);
 
 #endif

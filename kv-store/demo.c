@@ -14,6 +14,7 @@
 #include "half.h"
 #include "merge.h"
 #include "offload_plan.h"
+#include "opts.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -38,9 +39,8 @@ static int usage(const char *msg) {
 }
 
 static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out) {
-  char *end;
-  unsigned long v = strtoul(s, &end, 10);
-  if (*s == '\0' || *end != '\0' || v < lo || v > hi) return -1;
+  int64_t v;
+  if (ra_opts_parse_int(s, lo, hi, &v, NULL) != RA_OK) return -1;
   *out = (uint32_t)v;
   return 0;
 }

@@ -138,18 +138,19 @@ int main(int argc, char **argv) {
   ra_error err;
   ra_error_clear(&err);
   if (kvs_config_parse(argc, argv, &cfg, &err) != RA_OK) {
-    fprintf(stderr, "kv-store: %s\n%s", err.msg, kvs_config_usage());
+    fprintf(stderr, "kv-store: %s\n\n", err.msg);
+    kvs_config_usage(stderr);
     return 2;
   }
   if (cfg.help) {
-    fputs(kvs_config_usage(), stdout);
+    kvs_config_usage(stdout);
+    kvs_config_free(&cfg);
     return 0;
   }
   ra_log_set_name("kv-store");
   ra_log_set_level(cfg.log_level);
-  if (serve(&cfg, &err) != RA_OK) {
-    ra_log_error("%s", err.msg);
-    return 1;
-  }
-  return 0;
+  int rc = serve(&cfg, &err);
+  if (rc != RA_OK) ra_log_error("%s", err.msg);
+  kvs_config_free(&cfg);
+  return rc == RA_OK ? 0 : 1;
 }

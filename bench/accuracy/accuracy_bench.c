@@ -1,6 +1,7 @@
 /* accuracy-bench: the long-context accuracy suite (see README.md here). One prefill per sample,
  * the answer decoded in every requested mode, exact-match scores; text fidelity; reports. */
 #include "loader.h"
+#include "opts.h"
 #include "report.h"
 #include "runner.h"
 
@@ -57,9 +58,8 @@ static int split(const char *csv, int max, int (*parse)(const char *item, void *
 }
 
 static int parse_len(const char *s, void *out, int i) {
-  char *e;
-  long v = strtol(s, &e, 10);
-  if (*e || v < 200 || v > 1 << 20) return -1;
+  int64_t v;
+  if (ra_opts_parse_int(s, 200, 1 << 20, &v, NULL) != RA_OK) return -1;
   ((int *)out)[i] = (int)v;
   return 0;
 }
@@ -76,10 +76,8 @@ static int parse_task(const char *s, void *out, int i) { return ra_acc_task_pars
 static int parse_mode(const char *s, void *out, int i) { return ra_mode_parse(s, &((ra_mode *)out)[i]); }
 
 static int parse_u32(const char *s, uint32_t *out) {
-  char *e;
-  errno = 0;
-  unsigned long v = strtoul(s, &e, 10);
-  if (*e || errno || v > 0xffffffffu || s[0] == '-') return -1;
+  int64_t v;
+  if (ra_opts_parse_int(s, 0, UINT32_MAX, &v, NULL) != RA_OK) return -1;
   *out = (uint32_t)v;
   return 0;
 }
@@ -111,7 +109,7 @@ int main(int argc, char **argv) {
   const char *model = NULL, *out = NULL, *backend = "cpu", *stores = NULL, *shard_map = NULL;
   const char *corpus_dir = "/usr/share/common-licenses", *report_from = NULL, *fidelity_from = NULL;
   uint32_t threads = 0, fid_prompt = 2048, fid_forced = 64, samples = 1, print_prompts = 0;
-  unsigned long long seed = 1;
+  uint64_t seed = 1;
   ra_acc_config cfg = {0};
   ra_offload_config_default(&cfg.off);
   cfg.samples = 1;
@@ -153,9 +151,8 @@ int main(int argc, char **argv) {
     else if (strcmp(a, "--report-from") == 0) report_from = v;
     else if (strcmp(a, "--fidelity-from") == 0) fidelity_from = v;
     else if (strcmp(a, "--seed") == 0) {
-      char *e;
-      seed = strtoull(v, &e, 10);
-      if (*e || v[0] == '-') return bad("--seed: not a non-negative integer: %s", v);
+      if (ra_opts_parse_u64(v, 0, 0, UINT64_MAX, &seed, NULL) != RA_OK)
+        return bad("--seed: not a non-negative integer: %s", v);
     } else if (strcmp(a, "--tasks") == 0) {
       if (strcmp(v, "none") == 0) cfg.n_tasks = 0;
       else if (strcmp(v, "all") != 0 && (cfg.n_tasks = split(v, RA_ACC_N_TASKS, parse_task, cfg.tasks)) < 1)

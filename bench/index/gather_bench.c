@@ -17,6 +17,7 @@
 #include "clock.h"
 #include "half.h"
 #include "hugemem.h"
+#include "opts.h"
 #include "vec.h"
 
 #include <omp.h>
@@ -58,12 +59,13 @@ static int parse_args(int argc, char **argv, opts *o) {
   for (int i = 1; i < argc; i += 2) {
     const char *f = argv[i], *v = argv[i + 1];
     char *end;
+    int64_t n;
     if (strcmp(f, "--gib") == 0) {
-      o->gib = strtoul(v, &end, 10);
-      if (*end || o->gib < 1 || o->gib > 1024) return -1;
+      if (ra_opts_parse_int(v, 1, 1024, &n, NULL) != RA_OK) return -1;
+      o->gib = (size_t)n;
     } else if (strcmp(f, "--searches") == 0) {
-      o->searches = (int)strtol(v, &end, 10);
-      if (*end || o->searches < 1) return -1;
+      if (ra_opts_parse_int(v, 1, INT32_MAX, &n, NULL) != RA_OK) return -1;
+      o->searches = (int)n;
     } else if (strcmp(f, "--threads") == 0) {
       o->n_threads = 0;
       for (const char *p = v; *p; p = *end ? end + 1 : end) {

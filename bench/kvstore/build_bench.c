@@ -21,6 +21,7 @@
 #include "gate.h"
 #include "knn.h"
 #include "npy.h"
+#include "opts.h"
 #include "procenv.h"
 #include "qkdump.h"
 #include "store.h"
@@ -63,9 +64,8 @@ static int parse_opts(int argc, char **argv, opts *o) {
   for (int i = 1; i < argc; i += 2) { /* every option takes a value */
     const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!v) return usage("missing value");
-    char *end;
-    long n = strtol(v, &end, 10);
-    int num = *v && !*end && n >= 0;
+    int64_t n = -1;
+    int num = ra_opts_parse_int(v, 0, INT32_MAX, &n, NULL) == RA_OK;
     if (!strcmp(f, "--qk")) o->qk = v;
     else if (!strcmp(f, "--json")) o->json = v;
     else if (!strcmp(f, "--cache")) o->cache = v;

@@ -17,6 +17,7 @@
 #include "clock.h"
 #include "append_roar.h"
 #include "client.h"
+#include "opts.h"
 #include "procenv.h"
 #include "vec.h"
 
@@ -64,9 +65,8 @@ static int parse_opts(int argc, char **argv, opts *o) {
   for (int i = 1; i < argc; i++) {
     if (i + 1 >= argc) return usage("every flag takes a value");
     const char *f = argv[i], *v = argv[++i];
-    char *end;
-    long n = strtol(v, &end, 10);
-    int num = *v && !*end && n > 0;
+    int64_t n = 0;
+    int num = ra_opts_parse_int(v, 1, INT32_MAX, &n, NULL) == RA_OK;
     if (strcmp(f, "--json") == 0) o->json = v;
     else if (strcmp(f, "--addr") == 0) o->addr = v;
     else if (strcmp(f, "--tokens") == 0 && num) o->tokens = (size_t)n;

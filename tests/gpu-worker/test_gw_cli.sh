@@ -14,8 +14,31 @@ expect "not both" generate --model m --mode flat --stores 127.0.0.1:1 --shard-ma
 expect "--index-per-kv-head is for --mode roar, not flat" generate --model m --mode flat --stores a:1 --index-per-kv-head
 expect "--key-top-queries is for --mode roar, not ivf" generate --model m --mode ivf --stores a:1 --key-top-queries 4
 expect "bad --key-top-queries 65" generate --model m --mode roar --stores a:1 --key-top-queries 65
-expect "bad --build-layers 0 (1 to 8)" generate --model m --mode roar --stores a:1 --build-layers 0
-expect "bad --build-layers 9 (1 to 8)" generate --model m --mode roar --stores a:1 --build-layers 9
+expect "bad --build-layers 0: must be 1 to 8" generate --model m --mode roar --stores a:1 --build-layers 0
+expect "bad --build-layers 9: must be 1 to 8" generate --model m --mode roar --stores a:1 --build-layers 9
 expect "--synthetic-prefill fills kv-stores: it needs a --mode other than full" generate --model m --synthetic-prefill
-expect "--synthetic-prefill is a generate option, not dump-qk" dump-qk --model m --mode flat --stores a:1 --synthetic-prefill
+expect "--synthetic-prefill is a generate option, not dump-qk" dump-qk --model m --synthetic-prefill
+expect "--mode is a generate option, not dump-qk" dump-qk --model m --mode flat
+expect "--max-new-tokens is a generate option, not tokenize" tokenize --model m --max-new-tokens 4
+expect "--out is a dump-qk/logits option, not generate" generate --model m --out x
+expect "--threads is a generate/dump-qk/logits/info option, not tokenize" tokenize --model m --threads 2
+expect "bad --window 0: must be 1 to 1048576" generate --model m --mode roar --stores a:1 --window 0
+expect "bad --sink -1: must be 0 to 1048576" generate --model m --sink -1
+expect "bad --ctx 1e3: not an integer" generate --model m --ctx 1e3
+expect "bad --top-p 0: must be > 0 and <= 1" generate --model m --top-p 0
+expect "bad --temperature -1: must be >= 0" generate --model m --temperature -1
+expect "bad --dtype bf16: must be f32 or f16" dump-qk --model m --dtype bf16
+expect "bad --kv-dtype f8: must be f32, f16 or bf16" generate --model m --kv-dtype f8
+expect "bad --mode fast: not one of full|streaming|flat|ivf|kgraph|roar" generate --model m --mode fast
+expect "unexpected argument 'stray'" generate --model m stray
+expect "unknown command 'bogus'" bogus --model m
+# --help: the command's options on stdout, exit 0, defaults read from the defaults in force (the
+# offload's from the offload runtime)
+help=$("$bin" generate --help) || { echo "FAIL: generate --help exited $?"; fail=1; }
+for want in "--window N " "latest tokens kept on the device (default 512)" "(default 128)" \
+    "--store-dtype f32|f16|bf16" "(default f16)" "--mode full|streaming|flat|ivf|kgraph|roar"; do
+  case "$help" in *"$want"*) ;; *) echo "FAIL: '$want' not in generate --help"; fail=1 ;; esac
+done
+case "$help" in *"--decode-tokens"*) echo "FAIL: generate --help lists a dump-qk option"; fail=1 ;; esac
+"$bin" --help | grep -q -- "--decode-tokens N" || { echo "FAIL: --help does not list every command's options"; fail=1; }
 exit $fail

@@ -23,6 +23,7 @@
 #include "backend.h"
 #include "backend_cuda.h"
 #include "model.h"
+#include "opts.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -343,9 +344,8 @@ static void write_json(FILE *f, const opts *o, const char *dev, int n_sm, const 
 }
 
 static int parse_int(const char *s, int lo, int hi, int *out) {
-  char *end;
-  long v = strtol(s, &end, 10);
-  if (*s == 0 || *end != 0 || v < lo || v > hi) return -1;
+  int64_t v;
+  if (ra_opts_parse_int(s, lo, hi, &v, NULL) != RA_OK) return -1;
   *out = (int)v;
   return 0;
 }
