@@ -8,11 +8,9 @@
 #include <string.h>
 #include <uv.h>
 
-/* build_queries 4096: on SmolLM2 8K Q/K (index-bench, layers 3/15/27 x q heads 0/4/8, roar with
- * 64 pivots) the median head scans 12.6 % of the keys for recall@100 >= 0.95 (worst head 53.9 %)
- * from 1/8 of the ~8.1K prefill queries (about the former 1024), 9.2 % (19.3 %) from half of them
- * and 9.0 % (16.2 %) from all. The GPU's score block is build_queries x offloaded keys fp32:
- * 2 GiB at 128K keys. */
+/* build_queries 4096: fewer sampled prefill queries left roar scanning more for the same recall
+ * (bench/results/defaults/README.md). The GPU's score block is build_queries x offloaded keys
+ * fp32: 2 GiB at 128K keys. */
 void ra_offload_config_default(ra_offload_config *c) {
   *c = (ra_offload_config){.mode = RA_MODE_ROAR, .n_sink = 128, .n_window = 512, .top_k = 100,
                            .knn_nq = 100, .build_queries = 4096, .key_top_queries = 4, .build_layers = 3, .kv_dtype = RA_DTYPE_F32,

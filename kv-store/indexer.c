@@ -11,9 +11,8 @@
  * proceed side by side. Batches rather than whole shards: a shard that received a large PutKv
  * after its build does not hold a thread (nor its ix_lock) for seconds while other shards wait.
  * (Attends never wait for a batch: they scan a shard being inserted into exactly, attend.c.)
- * Normal priority: with a lowered one (nice 10, 19) a thread preempted while holding a shard's
- * lock stalled whatever needed that shard (attends then waited; 131 against 81 ms for the
- * 256-shard step on 16 cores), and once attends stopped waiting it bought nothing measurable. */
+ * Normal priority: with a lowered one a thread preempted while holding a shard's lock stalls
+ * whatever needs that shard (bench/results/defaults/README.md). */
 #include "indexer.h"
 
 #include "log.h"

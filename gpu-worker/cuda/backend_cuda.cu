@@ -169,8 +169,8 @@ int cu_upload(ra_backend *be, ra_tensor *t, size_t off, const float *src, size_t
 /* A download of a 16-bit tensor lands in pinned memory a chunk at a time and is widened to fp32
  * by all cores, not through a fresh pageable malloc widened by one thread. The offloading
  * prefill downloads each layer's K and V (268 MB of bf16 each for 128K tokens of Llama-3-8B) on
- * the device's critical path: 5.8 s in all for those 32 layers on the H200 host this way
- * (bench/results/h200, session 8; the old path was not timed on its own). */
+ * the device's critical path (5.8 s in all for those 32 layers: bench/results/h200/README.md,
+ * the 28b8a21 prefill breakdown). */
 #define RA_CUDA_STAGE_BYTES ((size_t)64 << 20)
 
 void widen_parallel(ra_dtype dt, const void *src, float *dst, size_t n) {

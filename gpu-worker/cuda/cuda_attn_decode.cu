@@ -12,16 +12,15 @@
  *   - online softmax once per round with the max over the whole warp; each lane keeps l and o
  *     for its token slot and its dims, relative to the shared max, summed once at the end.
  * In g4, two rounds of K/V live in registers: the next round's loads are issued before the
- * current round is used (H200, the kernel alone: 32K 61.1 -> 50.6 us, 8K 19.7 -> 18.7 us).
- * Asking L2 for a block's whole split up front (cp.async.bulk.prefetch before the PDL wait)
- * measured slower: 58.6 against 50.6 us at 32K.
+ * current round is used. Asking L2 for a block's whole split up front (cp.async.bulk.prefetch
+ * before the PDL wait) measured slower (bench/results/defaults/README.md).
  * g4 (groups of up to 4 q heads: Llama-3, SmolLM2, Qwen2): 8 lanes per token, 4 tokens per
  *   step. The 4 heads' partial dots are reduced over the 8 lanes by a transposed butterfly
  *   (each level sends half of the values: 4 shuffles for 4 heads, not 12), which leaves lane s
  *   with the score of head s / 2; the softmax runs on that one score per lane, and the token's
  *   weights are fetched back by 4 shuffles for P V. The rescale of o is skipped in the rounds
  *   where no head's max moved (most of them once the max settles). About 45 instructions per
- *   token and kv head: the first kernel here needed ~110, and ran at a third of the bandwidth.
+ *   token and kv head.
  * g8 (groups of 5 to 8, e.g. Llama-3-70B): 16 (head_dim 128) or 8 lanes per token with a
  *   plain butterfly per head; with 8 heads there are not the registers for the g4 layout.
  * The result per split is the unnormalized partial that ra_cuda_attn_reduce merges; with one
@@ -210,7 +209,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) attn_decode_warp_kern
 /* The g4 kernel (see the top). HD: head_dim. Lane = (token slot grp, sub), sub's dims are
  * [sub * HD / 8, (sub + 1) * HD / 8). (A variant that streamed K and V through a 4-deep
  * cp.async ring in shared memory, to overlap a round's loads with the previous round's math,
- * measured slower on the H200: 27.6 vs 17.2 us at 8K, 82.9 vs 61.5 us at 32K.) */
+ * measured slower on the H200: bench/results/defaults/README.md.) */
 template <typename KT, int HD>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocksG4) attn_decode_g4_kernel(warp_args a) {
   constexpr int DPL = HD / 8;             /* dims per lane */

@@ -5,10 +5,8 @@
  * Decode reads every weight byte once, so this kernel is the decode step's bandwidth bill: it
  * must keep enough bytes in flight to cover DRAM latency (~30-40 KB per SM on an H200), and a
  * step is ~130 of these kernels back to back, so what a kernel costs at its start and its end
- * counts as much as its steady state. Measured on the H200 with globaltimer stamps per block
- * (a 32-layer sequence of the Llama-3-8B GEMVs, distinct weights): one-shot blocks of 2 rows
- * per warp moved 3.07 TB/s over the sequence, while one 1 GB matrix alone reaches 4.28.
- * Hence:
+ * counts as much as its steady state: one-shot blocks moved a sequence of GEMVs at about 70 % of
+ * the rate one large matrix reaches (bench/results/defaults/README.md). Hence:
  *   - persistent blocks: 2 per SM (kBlocksPerSm; 4 and 8 measured slower), each warp walking
  *     units (R rows, or a gate/up row pair) with the grid shrunk so that every warp gets the
  *     same number of units (no last-wave tail);

@@ -440,8 +440,7 @@ static void search_biased(const ra_graph *g, const ra_keys *keys, const float *q
     scanned += m;
     /* Only those that can make a full beam are merged; their rows are fetched now, as they may
      * be expanded next (the row and degree loads of the next expansion were a third of this
-     * function's time). The old (beam-search repair) roar build at 134K keys, one thread, same
-     * graph: 29.5 CPU-s before, 28.5 with the merge, 25.9 with the prefetch too. */
+     * function's time; bench/results/defaults/README.md). */
     uint32_t mk = 0;
     for (uint32_t i = 0; i < m; i++)
       if (pn < L || !beam_before(psc[L - 1], pid[L - 1], nsc[i], nbr[i])) {
@@ -471,14 +470,10 @@ void ra_graph_search(const ra_graph *g, const ra_keys *keys, const float *q, uin
 
 /* The nodes to link key u with, from two beam searches with C u as the query:
  *  - the nearest in the graph's metric: -|u - r|_C^2 / 2 = (C u)·r - hn[r] - hn[u], so scored
- *    (C u)·r - hn[r]. They give u its local structure: ranked by (C u)·r alone, keys inserted one
- *    by one on SmolLM2 8K (the last 10 %) scanned 34.8 % / 13.8 % for recall@100 0.95 on L15 H0 /
- *    H4 against a rebuild's 9.4 % / 6.0 %; with the metric, 8.8 % / 6.6 %.
+ *    (C u)·r - hn[r]. They give u its local structure.
  *  - the largest (C u)·r = E[(q·u)(q·r)]: the keys that queries rate along with u, which their
- *    walks expand. Metric neighbors alone hung runs of similar keys off the graph by edges no
- *    walk takes: at 34K (L3 H8) walks found none of the top-100 after inserting 10 % of the keys
- *    below ef 2048, and a build needed 8.4 % scanned; with both, 3.5 % either way, while 8K
- *    stays as it was.
+ *    walks expand. Metric neighbors alone hang runs of similar keys off the graph by edges no
+ *    walk takes (bench/results/defaults/README.md).
  * Returns up to L / 2 of the first (nearest first: the parent comes from there), then the second
  * (best first) up to L in all, without repeats. Costs two searches per linked key. */
 static void search_near_key(const ra_graph *g, const ra_keys *keys, uint32_t u, uint32_t L,
@@ -1086,8 +1081,7 @@ int ra_graph_connect(ra_graph *g, const ra_keys *keys, uint32_t L, int n_threads
   /* The rest: queue[] now lists them (the tree nodes are no longer needed there), in a seeded
    * random order. In id order, a batch held consecutive tokens, which are each other's nearest
    * keys and cannot link to each other within a batch: runs of recent tokens hung from the tree
-   * one by one, and walks could not get into them (SmolLM2 135K L27 H0: recall@100 stuck at 0.48;
-   * 2.3 % scanned for 0.95 once shuffled). */
+   * one by one, and walks could not get into them (bench/results/defaults/README.md). */
   uint32_t n_un = 0;
   for (uint32_t u = 0; u < n; u++)
     if (!in_tree[u]) queue[n_un++] = u;

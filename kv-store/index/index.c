@@ -20,48 +20,8 @@ _Static_assert(RA_INDEX_MAX_DEGREE <= RA_GRAPH_MAX_DEGREE, "graph rows are sized
 
 static int is_graph(ra_mode k) { return (RA_MODE_BIT(k) & RA_MODES_GRAPH) != 0; }
 
-/* Defaults, from sweeps on synthetic Q/K (qk-synth, 32K tokens, head 0, head_dim 64; one factor
- * at a time from M 32 / Nq 100 / pivots 4 / sample 1 / L_build 128; the scan fraction roar needs
- * for mean recall@100 >= 0.95 on held-out queries), pivots re-checked on real SmolLM2 Q/K:
- *   degree M = 16: 11.2 % scanned (72 B/key) vs 11.4 % at M 32 (136 B/key), 11.5 % at M 48;
- *     recall@2000 also needed less (34.7 % vs 36.9 %). SmolLM2 8K (layers 3/15/27, q heads
- *     0/4/8, pivots 64): median 9.0 % at M 16, 8.8 % at M 12, 9.5 % at M 24;
- *   pivots = 64 (without key -> query lists; with them fewer, roar.c ROAR_PIVOTS_KEYED): on
- *     SmolLM2 8K (same 9 heads) median 9.0 %, worst head 16.2 %, against 18.2 %
- *     and a worst head that never reaches 0.95 at pivots 4 (32: 10.9 % / 22.2 %). A key that is
- *     no pivot gets no candidate list of its own: occlusion pruning then drops edges to keys
- *     that "are reached through" such a key, which has no edge onward, and real queries' top-100
- *     lists are full of keys that rank high but seldom in the top 4. On synthetic Q/K, 4 beat 1
- *     (11.4 % vs 14.4 %);
- *   knn_nq = 100: 11.4 % vs 12.4 % at Nq 50 (SmolLM2 8K, pivots 4: 17.1 % at Nq 200);
- *   query_sample = 1.0: 11.4 % vs 13.9 % at 0.25 (the GPU computes the lists anyway); SmolLM2
- *     8K at pivots 4: 18.2 % with all ~8.1K prefill queries vs 24.3 % with 1/8 of them;
- *   build_ef = 128: 11.0 % at 64 for recall@100 but worse at @2000 (38.5 % vs 36.9 %);
- *   (roar.c's pruning metric C = E[q q^T], not a parameter: on SmolLM2 8K at pivots 64, plain
- *     L2 between keys gave the same median but a worse worst head, 20.0 % vs 16.2 %, though it
- *     needed less for recall@2000, 60.9 % vs 79.4 %);
- *   ivf: n_lists = 4 sqrt(n); k-means (kmeans.c) as faiss trains IVF: max_iters = 5 Lloyd rounds
- *     on a seeded sample of train_per_list = 64 keys per list, then every key to its nearest
- *     centroid. Synthetic 131K keys, head_dim 128 (1444 lists) on the H200 host's 16 cores with
- *     OPENBLAS_CORETYPE=SkylakeX: 0.45 s / ~4 CPU-s per build on 8 threads, 2.8 s on one (10
- *     rounds on all keys: 1.14 s / 7.9 CPU-s; without the variable OpenBLAS 0.3.21 picks its SSE3
- *     Prescott kernels on that CPU, 1.3 s vs 3.2 s); scan for recall@100 0.95
- *     of the 4 heads 5.31 / 6.26 / 5.91 / 12.89 % (all keys, 10 rounds: 5.22 / 5.96 / 5.72 /
- *     12.38 %; 10 rounds on the sample 5.26 / 6.11 / 5.80 / 12.70 %, 3 rounds 5.44 / 6.38 / 6.05 /
- *     12.99 %, 32 per list 5.83 / 6.65 / 6.62 / 13.42 %); SmolLM2 135K L27 H4: 1.88 % (1.91 %);
- *   keep_queries = 1024, keep_topk = 32 (query-aware insertion, roar.c): SmolLM2 34K L3 H4 after
- *     growing 10 % by insertion, recall@100 at ef 320 0.928 (rebuild 0.905); 512 or 256 queries
- *     0.895 / 0.893, T 16 0.923, none 0.733. Costs dim * 2 + T * 4 + 12 bytes per kept query
- *     (~268 KiB per graph at head_dim 64: 8 B/key at 34K keys, 2 B/key at 135K).
- * Tried and left out: extra entry points (the top key of each of 32 k-means clusters of the build
- * queries, all in the first beam) changed no SmolLM2 8K head by more than 0.4 points and synthetic
- * 128K not at all (4.52 % vs 4.48 %): the walk from one entry is not what costs the scan.
- * Also tried for insertion, before its neighbor search was fixed (graph.c, search_near_key):
- * reverse edges forced into the neighbors' rows instead of re-pruned (no change), and edges from
- * the pivots of kept build queries whose list the new key would have entered (2 points better, 49
- * ms per insertion at 16 pivots). A second seed at the newest key (for the tokens inserted last,
- * which local heads attend to) trapped walks among the recent tokens: on SmolLM2 135K, 4 of 15
- * heads never reached recall@100 0.95 that reached it from the entry alone. */
+/* Defaults: each the cheapest setting that held recall@100 0.95 in the sweeps on synthetic and
+ * SmolLM2 Q/K (numbers: bench/results/defaults/README.md). */
 void ra_index_params_default(ra_mode kind, ra_index_params *p) {
   memset(p, 0, sizeof *p);
   p->kind = kind;

@@ -88,13 +88,12 @@ typedef struct {
   /* Optional: key -> query lists, [keys->n, key_top_k] (1 <= key_top_k <= RA_INDEX_KEY_TOP_MAX;
    * 4 measured best for its cost, roar.c). Row i names the queries (indices into [0, n)) that
    * rank key i best relative to their own lists, best first: by the margin q_j·k_i - s_j, s_j
-   * being query j's knn_nq-th best score over the keys (the last of its list; ranked by raw
-   * q_j·k_i instead, SmolLM2 needed 1.12 / 7.03 / 3.80 % scanned for recall@100 0.95 against
-   * 0.97 / 6.45 / 4.23 %, roar.c's three heads). RA_INDEX_NO_QUERY fills rows with fewer; queries
+   * being query j's knn_nq-th best score over the keys (the last of its list; the margin ranks
+   * better than raw q_j·k_i: bench/results/defaults/README.md). RA_INDEX_NO_QUERY fills rows with fewer; queries
    * the build does not sample (query_sample < 1) are skipped, so send the sampled queries only,
    * with query_sample 1. With the lists every key that is no pivot is linked through its
-   * queries' lists instead of by beam searches (roar.c: at 134K keys 14x less build time, same
-   * recall); NULL builds as before. Key ids are taken to be in token order (keys sharing a query
+   * queries' lists instead of by beam searches (much cheaper at the same recall); NULL links them
+   * by beam searches. Key ids are taken to be in token order (keys sharing a query
    * are taken nearest in id first). */
   const uint32_t *key_top_queries;
   uint32_t key_top_k;

@@ -1,8 +1,8 @@
 /* kgraph: the key-key baseline. Each key's candidates are its exact L_build nearest keys by L2
  * (an idealized HNSW/NSG: exact instead of approximate neighbor lists), occlusion-pruned to M by
  * the same L2, plus reverse edges, entry at the key nearest the keys' centroid, connectivity
- * repaired. (Candidates by inner product, as before, favor large keys: on SmolLM2 8K L15 H0 / H4
- * the scan for recall@100 0.95 was 14.9 % / 17.3 %, with L2 10.6 % / 8.8 %.)
+ * repaired. (Candidates by inner product would favor large keys and need more of the keys
+ * scanned: bench/results/defaults/README.md.)
  * Nothing in it knows where queries live, which is what the paper shows failing. */
 #include "index_internal.h"
 #include "knn.h"

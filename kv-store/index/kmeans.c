@@ -11,10 +11,8 @@
 /* Assignment blocks: QB points against KB centroids per sgemm, a [QB, KB] fp32 score block
  * (512 KiB, in a core's L2 on the hosts we run on) that the argmax reads back while it is hot.
  * The blocks are fixed, not derived from the thread count, so every point's scores, and with
- * them the result, are the same on any number of threads. On the H200 host (OpenBLAS 0.3.21 with
- * OPENBLAS_CORETYPE=SkylakeX) one thread ran a whole 131K-key, 1444-list, head_dim 128 k-means
- * (5 rounds on 92K sampled keys + the final pass over all: 219 GFLOP) in 2.76 s, ~80 GFLOPS;
- * 128 x 1024, 128 x 2048, 512 x 2048 and 64 x 2048 blocks took 3.6, 3.0, 4.0 and 3.3 s. */
+ * them the result, are the same on any number of threads. 256 x 512 was the fastest of the sizes
+ * tried (bench/results/defaults/README.md). */
 #define QB 256u
 #define KB 512u
 

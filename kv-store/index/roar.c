@@ -37,25 +37,15 @@
 
 /* Candidates a pivot ranks and prunes, at most: its lists in order of its rank in them, until this
  * many distinct keys. With 64 pivots per list a key of a small shard is a pivot in dozens of lists
- * whose union is most of the shard, and ranking and pruning it all is quadratic. Measured on
- * SmolLM2 8K (layers 3/15/27, heads 0/4/8, scan for recall@100 0.95): 256 changes no head by more
- * than 0.4 points (either way) and halves the build; on a 1.4K-key shard with 1024 queries the
- * union was ~1.4K. */
+ * whose union is most of the shard, and ranking and pruning it all is quadratic; 256 halves the
+ * build at the same recall (bench/results/defaults/README.md). */
 #define ROAR_MAX_CANDIDATES 256u
 
 /* Pivots per query list by default (ra_index_params.pivots 0). Without key -> query lists a key
- * that is no pivot is linked by beam searches, and real SmolLM2 Q/K needed 64 (index.c). With
- * them it gets a row from its queries' lists (link_by_key_queries: <= 64 candidates against a
- * pivot's up to 355), so fewer pivots cost less. A pivot's pruning walks nearly all its
- * candidates (131K synthetic keys: 239 of 247 on average, 94 % of rows topped up by the fill);
- * at 64 pivots 115K of the 131K keys are pivots, at 32 94K, at 16 70K. Measured (index-bench
- * --lists --key-queries 4; scan for recall@100 0.95 per head):
- *   synthetic 131K keys, head_dim 128, roar-kv from 16384 queries (4 q heads): 64 pivots 6.63 /
- *     6.79 / 5.28 / 11.27 %; 16: 6.75 / 7.04 % (heads 0 / 1); the session's first run: 32
- *     6.56 %, 16 6.75 %, 8 6.79 % on head 0, build 3.1 / 2.2 / 2.0 / 1.6 s on 2 threads;
- *   SmolLM2 135K, roar per q head from 4096 queries (L15 H4 / L27 H0 / L27 H4): 64 pivots
- *     3.03 / 1.85 / 0.97 %, 32 pivots 2.98 / 1.91 % (L27 H4 not measured), 16 pivots 2.98 /
- *     2.05 / 1.01 % (the median head 11 % worse: hence 32, which keeps it within 4 %). */
+ * that is no pivot is linked by beam searches, and real SmolLM2 Q/K needed 64. With them it gets
+ * a row from its queries' lists (link_by_key_queries: <= 64 candidates against a pivot's up to
+ * 355), so fewer pivots cost less; 32 keeps the median head's scan within 4 % of 64's
+ * (bench/results/defaults/README.md). */
 #define ROAR_PIVOTS_LISTLESS 64u
 #define ROAR_PIVOTS_KEYED 32u
 

@@ -429,7 +429,7 @@ static void test_insertion_keeps_invariants_and_recall(void **state) {
   double ri = mean_recall(ix, &d, NK, 40, &fi), rf = mean_recall(full, &d, NK, 40, &ff);
   print_message("after insertion recall %.3f (scan %.3f); rebuilt %.3f (scan %.3f)\n", ri, fi, rf,
                 ff);
-  /* The issue allows 0.02 after 10 % growth; this grows by 20 %. */
+  /* The goal allows 0.02 after 10 % growth; this grows by 20 %. */
   assert_true(ri >= rf - 0.02);
   ra_index_scratch_free(&s);
   ra_index_free(ix);
