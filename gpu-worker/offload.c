@@ -841,6 +841,8 @@ int ra_offload_forward(void *ctx, ra_state *st, const int32_t *tokens, int64_t n
   return RA_OK;
 }
 
+const ra_wave *ra_offload_wave(const ra_offload *o) { return o->wave; }
+
 const ra_offload_stats *ra_offload_prefill_stats(const ra_offload *o) { return &o->prefill_stats; }
 
 const ra_offload_stats *ra_offload_step_stats(const ra_offload *o, size_t *n_steps) {

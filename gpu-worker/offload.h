@@ -146,6 +146,9 @@ int ra_offload_key_top_queries(ra_backend *be, const ra_tensor *keys, ra_dtype q
  * step per token after. */
 int ra_offload_forward(void *ctx, ra_state *st, const int32_t *tokens, int64_t n, ra_error *err);
 
+/* Wave mode's meta-index and growth block (NULL in other modes): for tests and reports. */
+const ra_wave *ra_offload_wave(const ra_offload *o);
+
 /* Timings the runtime recorded: its prefill's, and every decode step's in order. */
 const ra_offload_stats *ra_offload_prefill_stats(const ra_offload *o);
 const ra_offload_stats *ra_offload_step_stats(const ra_offload *o, size_t *n_steps);
