@@ -19,10 +19,15 @@ int ra_wave_config_check(const ra_wave_config *c, ra_error *err) {
   if (!budget_ok(c->retrieve) || !budget_ok(c->estimate))
     return ra_errorf(err, RA_EINVAL, "wave: budgets retrieve %g / estimate %g (each a fraction in [0, 1] or a "
                      "whole number of tokens)", c->retrieve, c->estimate);
-  if (c->cluster < 1 || c->segment < c->cluster || c->iters < 1 || c->block < c->cluster)
-    return ra_errorf(err, RA_EINVAL, "wave: cluster %lld, segment %lld, iters %d, block %lld (need cluster >= 1, "
-                     "segment and block >= cluster, iters >= 1)", (long long)c->cluster, (long long)c->segment,
-                     c->iters, (long long)c->block);
+  if (c->cluster < 1 || c->iters < 1)
+    return ra_errorf(err, RA_EINVAL, "wave: clusters of %lld rows, %d iterations (each at least 1)",
+                     (long long)c->cluster, c->iters);
+  if (c->segment < c->cluster)
+    return ra_errorf(err, RA_EINVAL, "wave: a segment of %lld rows is smaller than a cluster (%lld)",
+                     (long long)c->segment, (long long)c->cluster);
+  if (c->block < c->cluster)
+    return ra_errorf(err, RA_EINVAL, "wave: a growth block of %lld rows is smaller than a cluster (%lld)",
+                     (long long)c->block, (long long)c->cluster);
   return RA_OK;
 }
 
