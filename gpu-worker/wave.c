@@ -74,6 +74,7 @@ struct ra_wave {
   ra_tensor est_o, est_ml;      /* [n_heads, hd], [n_heads, 2] */
   ra_remote_wave_sel *sel;      /* [n_stores] */
   uint32_t *sel_heads, *sel_counts, *sel_ids; /* [n_stores, n_kv], [n_stores, n_kv], [n_stores, n_kv * cap] */
+  size_t *sel_fill;             /* [2, n_stores]: ids listed per store, and where kv head g's began */
   int begun;
 };
 
@@ -114,6 +115,7 @@ void ra_wave_free(ra_wave *w) {
   ra_tensor_free(&w->est_o);
   ra_tensor_free(&w->est_ml);
   free(w->sel);
+  free(w->sel_fill);
   free(w->sel_heads);
   free(w->sel_counts);
   free(w->sel_ids);
@@ -139,8 +141,9 @@ int ra_wave_new(ra_backend *be, const ra_offload_plan *plan, ra_remote *remote, 
   w->n_clusters = calloc((size_t)n_layers, sizeof *w->n_clusters);
   w->next_sid = calloc((size_t)n_layers * (size_t)n_kv_heads, sizeof *w->next_sid);
   w->sel = calloc(plan->n_stores, sizeof *w->sel);
+  w->sel_fill = calloc(2 * plan->n_stores, sizeof *w->sel_fill);
   int64_t o_shape[2] = {n_heads, head_dim}, ml_shape[2] = {n_heads, 2};
-  if (!w->centroid || !w->vsum || !w->size || !w->blk_k || !w->blk_v || !w->n_clusters || !w->next_sid || !w->sel)
+  if (!w->centroid || !w->vsum || !w->size || !w->blk_k || !w->blk_v || !w->n_clusters || !w->next_sid || !w->sel || !w->sel_fill)
     rc = ra_errorf(err, RA_ENOMEM, "wave: out of memory");
   if (rc == RA_OK) rc = ra_tensor_new(be, &w->est_o, RA_DTYPE_F32, 2, o_shape, err);
   if (rc == RA_OK) rc = ra_tensor_new(be, &w->est_ml, RA_DTYPE_F32, 2, ml_shape, err);
@@ -329,10 +332,11 @@ int ra_wave_select(ra_wave *w, int l, const ra_tensor *q, float scale, const ra_
     *est_o = &w->est_o;
     *est_ml = &w->est_ml;
   }
-  /* per kv head, each store's retrieved ids, concatenated in kv head order */
-  size_t *fill = calloc(ns, sizeof *fill);
-  if (!fill) return ra_errorf(err, RA_ENOMEM, "wave: out of memory");
+  /* per kv head, each store's retrieved ids, appended to its list in kv head order */
+  size_t *fill = w->sel_fill, *start = w->sel_fill + ns;
+  memset(fill, 0, ns * sizeof *fill);
   for (size_t g = 0; g < nkv; g++) {
+    memcpy(start, fill, ns * sizeof *fill);
     for (int64_t j = 0; j < r; j++) {
       int32_t cl = w->idx[g * (size_t)(r + e) + (size_t)j];
       if (cl < 0) continue;
@@ -342,12 +346,10 @@ int ra_wave_select(ra_wave *w, int l, const ra_tensor *q, float scale, const ra_
       w->sel_ids[s * nkv * (size_t)w->cap + fill[s]++] = (uint32_t)w->sid[a];
     }
     for (size_t s = 0; s < ns; s++) {
+      if (fill[s] == start[s]) continue;
       ra_remote_wave_sel *x = &w->sel[s];
-      size_t before = 0;
-      for (size_t i = 0; i < x->n_heads; i++) before += w->sel_counts[s * nkv + i];
-      if (fill[s] == before) continue;
       w->sel_heads[s * nkv + x->n_heads] = (uint32_t)g;
-      w->sel_counts[s * nkv + x->n_heads] = (uint32_t)(fill[s] - before);
+      w->sel_counts[s * nkv + x->n_heads] = (uint32_t)(fill[s] - start[s]);
       x->n_heads++;
     }
   }
@@ -356,7 +358,6 @@ int ra_wave_select(ra_wave *w, int l, const ra_tensor *q, float scale, const ra_
     w->sel[s].counts = w->sel_counts + s * nkv;
     w->sel[s].clusters = w->sel_ids + s * nkv * (size_t)w->cap;
   }
-  free(fill);
   return RA_OK;
 }
 
