@@ -73,6 +73,26 @@ static const char *mode_show(const void *field) {
   return ra_mode_name(m);
 }
 
+/* --retrieve / --estimate: a fraction of the clusters or a token count (wave.h). */
+static int budget_parse(const char *v, void *field, ra_error *err) {
+  double x;
+  int rc = ra_wave_budget_parse(v, &x, err);
+  if (rc == RA_OK) memcpy(field, &x, sizeof x);
+  return rc;
+}
+
+static const char *budget_show(const void *field) {
+  static char buf[2][32]; /* the usage shows both budgets on one pass */
+  static int next;
+  double x;
+  memcpy(&x, field, sizeof x);
+  char *b = buf[next++ % 2];
+  snprintf(b, sizeof buf[0], "%g", x);
+  return b;
+}
+
+#define BUDGET_HELP " per kv head and step: X <= 1 a fraction of its clusters (1: all), X > 1 that many tokens' worth"
+
 #define AT(member) RA_OPT_AT(opts, member)
 static const ra_opt rows[] = {
     {"help", RA_OPT_FLAG, AT(help), .help = "print the options of the command"},
@@ -133,6 +153,18 @@ static const ra_opt rows[] = {
      .help = "roar build: every offloaded key's T best queries, from the backend; 0: off", .scope = GEN},
     {"build-layers", RA_OPT_INT, AT(off.build_layers), .lo = 1, .hi = RA_OFFLOAD_MAX_BUILD_LAYERS, .meta = "N",
      .help = "index builds of up to N layers in flight at the stores during the prefill", .scope = GEN},
+    {"retrieve", RA_OPT_CUSTOM, AT(off.wave.retrieve), .parse = budget_parse, .show = budget_show, .meta = "X",
+     .help = "wave: clusters attended exactly at the stores" BUDGET_HELP, .scope = GEN},
+    {"estimate", RA_OPT_CUSTOM, AT(off.wave.estimate), .parse = budget_parse, .show = budget_show, .meta = "X",
+     .help = "wave: the next clusters, estimated on the device from centroids" BUDGET_HELP, .scope = GEN},
+    {"wave-segment", RA_OPT_INT, AT(off.wave.segment), .lo = 1, .hi = 1L << 30, .meta = "N",
+     .help = "wave: prefill rows clustered together (k-means segment)", .scope = GEN},
+    {"wave-cluster", RA_OPT_INT, AT(off.wave.cluster), .lo = 1, .hi = 1L << 20, .meta = "N",
+     .help = "wave: rows per cluster on average", .scope = GEN},
+    {"wave-iters", RA_OPT_INT, AT(off.wave.iters), .lo = 1, .hi = 1000, .meta = "N",
+     .help = "wave: k-means iterations at most", .scope = GEN},
+    {"wave-block", RA_OPT_INT, AT(off.wave.block), .lo = 1, .hi = 1L << 24, .meta = "N",
+     .help = "wave: evicted tokens clustered together during the decode (lag rows until then)", .scope = GEN},
     {"synthetic-prefill", RA_OPT_FLAG, AT(synthetic),
      .help = "benchmarks: the stores get KV computed from the token embeddings alone, --batch tokens at a "
              "time, no attention or MLP; the offload, index builds and decode are real",
@@ -191,6 +223,14 @@ static int opts_check(opts *o, const ra_opts_set *s) {
     return usage_error(s->scope, "--synthetic-prefill fills kv-stores: it needs a --mode other than full");
   if (ra_opts_given(s, "key-top-queries") && o->off.mode != RA_MODE_ROAR)
     return usage_error(s->scope, "--key-top-queries is for --mode roar, not %s", mode);
+  static const char *const wave_only[] = {"retrieve", "estimate", "wave-segment", "wave-cluster", "wave-iters",
+                                          "wave-block"};
+  for (size_t i = 0; i < RA_OPTS_COUNT(wave_only); i++)
+    if (ra_opts_given(s, wave_only[i]) && o->off.mode != RA_MODE_WAVE)
+      return usage_error(s->scope, "--%s is for --mode wave, not %s", wave_only[i], mode);
+  ra_error werr;
+  if (o->off.mode == RA_MODE_WAVE && ra_wave_config_check(&o->off.wave, &werr) != RA_OK)
+    return usage_error(s->scope, "%s", werr.msg);
   o->off.synthetic_chunk = o->synthetic ? o->batch : 0;
   return 0;
 }
@@ -280,9 +320,9 @@ static void print_progress(void *ctx, const ra_offload_progress *p) {
 
 static void json_write_stats(FILE *f, const ra_offload_stats *s) {
   fprintf(f, "{\"total_us\": %.1f, \"wait_us\": %.1f, \"store_us\": %.1f, \"append_us\": %.1f, \"download_us\": %.1f, "
-             "\"index_us\": %.1f, \"n_scanned\": %llu, \"n_offloaded\": %llu}",
-          s->total_us, s->wait_us, s->store_us, s->append_us, s->download_us, s->index_us, (unsigned long long)s->n_scanned,
-          (unsigned long long)s->n_offloaded);
+             "\"index_us\": %.1f, \"select_us\": %.1f, \"merge_us\": %.1f, \"n_scanned\": %llu, \"n_offloaded\": %llu}",
+          s->total_us, s->wait_us, s->store_us, s->append_us, s->download_us, s->index_us, s->select_us, s->merge_us,
+          (unsigned long long)s->n_scanned, (unsigned long long)s->n_offloaded);
 }
 
 static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_error *err) {

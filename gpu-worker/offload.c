@@ -16,6 +16,7 @@ void ra_offload_config_default(ra_offload_config *c) {
                            .knn_nq = 100, .build_queries = 4096, .key_top_queries = 4, .build_layers = 3, .kv_dtype = RA_DTYPE_F32,
                            .store_dtype = RA_DTYPE_F16, .max_ctx = 8192, .max_prompt = 8192,
                            .timeout_ms = 10000};
+  ra_wave_config_default(&c->wave);
 }
 
 struct ra_offload {
@@ -26,6 +27,7 @@ struct ra_offload {
   ra_tensor scratch_k;    /* [max_prompt, n_kv_heads, head_dim]: one layer's prefill KV */
   ra_tensor scratch_v;
   ra_remote *remote;      /* NULL in streaming mode */
+  ra_wave *wave;          /* wave mode's meta-index and growth block (NULL in other modes) */
   ra_tensor rem_o;        /* [n_heads, head_dim]: the stores' merged partial, on the backend */
   ra_tensor rem_ml;       /* [n_heads, 2] */
   ra_tensor q_pick;       /* roar: [build_queries, n_heads * head_dim], the sampled prefill
@@ -57,6 +59,7 @@ static int64_t ring_row(const ra_offload *o, int64_t p) {
 
 void ra_offload_free(ra_offload *o) {
   if (!o) return;
+  ra_wave_free(o->wave);
   ra_remote_close(o->remote);
   ra_tensor_free(&o->scratch_k);
   ra_tensor_free(&o->scratch_v);
@@ -79,7 +82,8 @@ int ra_offload_new(const ra_model *m, const ra_offload_plan *plan, const ra_offl
   *out = NULL;
   const ra_model_config *c = &m->cfg;
   if (cfg->mode == RA_MODE_FULL) return ra_errorf(err, RA_EINVAL, "offload: full attention is not an offload mode");
-  if (cfg->mode == RA_MODE_WAVE) return ra_errorf(err, RA_EUNSUPPORTED, "offload: mode wave is served by the stores only");
+  int rc = cfg->mode == RA_MODE_WAVE ? ra_wave_config_check(&cfg->wave, err) : RA_OK;
+  if (rc) return rc;
   if (cfg->n_window < 1) return ra_errorf(err, RA_EINVAL, "offload: the window must hold at least 1 token");
   if (ra_mode_uses_stores(cfg->mode) && !plan)
     return ra_errorf(err, RA_EINVAL, "offload: mode %s needs kv-stores", ra_mode_name(cfg->mode));
@@ -111,7 +115,7 @@ int ra_offload_new(const ra_model *m, const ra_offload_plan *plan, const ra_offl
   /* The model's prefill is one step of the whole prompt (layer by layer); a synthetic one runs
    * chunks, so its activations need only a chunk's rows. */
   int64_t max_step = cfg->synthetic_chunk > 0 && cfg->synthetic_chunk < max_prompt ? cfg->synthetic_chunk : max_prompt;
-  int rc = ra_state_new_ring(m, cfg->max_ctx, max_step, rows, cfg->kv_dtype, &o->st, err);
+  rc = ra_state_new_ring(m, cfg->max_ctx, max_step, rows, cfg->kv_dtype, &o->st, err);
   int64_t scratch_shape[3] = {max_prompt, c->n_kv_heads, c->head_dim};
   int64_t o_shape[2] = {c->n_heads, c->head_dim}, ml_shape[2] = {c->n_heads, 2};
   if (rc == RA_OK) rc = ra_tensor_new(m->be, &o->scratch_k, cfg->kv_dtype, 3, scratch_shape, err);
@@ -141,6 +145,9 @@ int ra_offload_new(const ra_model *m, const ra_offload_plan *plan, const ra_offl
                              .roar_per_kv_head = cfg->roar_per_kv_head, .client_name = "gpu-worker"};
     rc = ra_remote_open(plan, (uint32_t)c->head_dim, &rcfg, &o->remote, err);
   }
+  if (rc == RA_OK && cfg->mode == RA_MODE_WAVE)
+    rc = ra_wave_new(m->be, plan, o->remote, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, cfg->kv_dtype,
+                     &cfg->wave, &o->wave, err);
   if (rc != RA_OK) {
     ra_offload_free(o);
     return rc;
@@ -179,8 +186,10 @@ typedef struct layer_job {
   ra_offload *o;
   int layer;
   int64_t b, e;          /* offloaded positions [b, e) */
-  const float *k, *v;    /* host [e - b, n_kv_heads, head_dim] */
+  const float *k, *v;    /* host [e - b, n_kv_heads, head_dim]; wave: [n_kv_heads, e - b, head_dim],
+                          * each kv head's rows in its cluster order */
   int own_kv;            /* k, v are the job's (prefill: malloc'ed) or borrowed (seed) */
+  ra_wave_puts clusters; /* wave: the layer's PutClusters, sent after its rows */
   /* roar: per q head h, its n_q sampled queries and their top-knn keys among [b, e) */
   float *q;              /* [n_heads, n_q, head_dim] */
   uint64_t *ids;         /* [n_heads, n_q, knn] */
@@ -202,6 +211,7 @@ static void layer_job_free(void *arg) {
   free(j->q);
   free(j->ids);
   free(j->key_top);
+  ra_wave_puts_free(&j->clusters);
   free(j);
 }
 
@@ -365,8 +375,16 @@ static int layer_job_run(void *arg, ra_error *err) {
   ra_offload *o = j->o;
   const ra_model_config *c = &o->m->cfg;
   uint64_t t0 = uv_hrtime();
-  int rc = ra_remote_put(o->remote, (uint32_t)j->layer, j->k, j->v, (uint64_t)j->b, (uint64_t)(j->e - j->b), err);
+  int rc = o->wave ? ra_remote_put_heads(o->remote, (uint32_t)j->layer, j->k, j->v, (uint64_t)j->b,
+                                         (uint64_t)(j->e - j->b), err)
+                   : ra_remote_put(o->remote, (uint32_t)j->layer, j->k, j->v, (uint64_t)j->b, (uint64_t)(j->e - j->b),
+                                   err);
   o->pipe_append_us += (double)(uv_hrtime() - t0) / 1e3;
+  if (rc == RA_OK && j->clusters.n) {
+    uint64_t t1 = uv_hrtime();
+    rc = ra_remote_put_clusters(o->remote, j->clusters.c, j->clusters.n, err);
+    o->pipe_index_us += (double)(uv_hrtime() - t1) / 1e3;
+  }
   if (rc != RA_OK || !ra_mode_has_index(o->cfg.mode) || j->knn == 0) return rc;
   if ((rc = layer_builds_make_room(o, err)) != RA_OK) return rc;
   const size_t in_flight = ra_remote_builds_in_flight(o->remote);
@@ -440,6 +458,23 @@ static int pick_queries(ra_offload *o, int64_t n, int64_t n_q, int64_t c0, int64
   return rc ? rc : be->ops->download(be, &out, 0, q_host + i0 * q_row, (size_t)(m * q_row), err);
 }
 
+/* Layer l's offloaded rows [b, e) of kc, vc (rows = positions) to new host buffers *k, *v: as
+ * they are ([e - b, n_kv_heads, head_dim]), or in wave mode clustered on the backend and in each
+ * kv head's cluster order ([n_kv_heads, e - b, head_dim]) with the layer's PutClusters in *puts. */
+static int offload_rows(ra_offload *o, int l, const ra_tensor *kc, const ra_tensor *vc, int64_t b, int64_t e, float **k,
+                        float **v, ra_wave_puts *puts, ra_error *err) {
+  ra_backend *be = o->m->be;
+  size_t nf = (size_t)(e - b) * o->kv_row;
+  *k = malloc(nf * sizeof(float));
+  *v = malloc(nf * sizeof(float));
+  int rc = *k && *v ? RA_OK
+                    : ra_errorf(err, RA_ENOMEM, "offload: out of memory for %lld tokens of layer %d", (long long)(e - b), l);
+  if (rc == RA_OK && o->wave) return ra_wave_prefill_layer(o->wave, l, kc, vc, b, e, *k, *v, puts, err);
+  if (rc == RA_OK) rc = be->ops->download(be, kc, (size_t)b * o->kv_row, *k, nf, err);
+  if (rc == RA_OK) rc = be->ops->download(be, vc, (size_t)b * o->kv_row, *v, nf, err);
+  return rc;
+}
+
 /* After layer l ran over the scratch (st->k_cache[l] is the scratch, sk/sv hold the ring):
  * offloaded positions to the stores (+ index) through the pipe, sink and window into the ring.
  * q: roar's sampled queries of the layer, host [n_q, n_heads, head_dim] (else NULL). */
@@ -447,7 +482,6 @@ static int prefill_offload_layer(ra_offload *o, ra_job_pipe *pipe, int l, int64_
                                  ra_tensor *ring_v, const float *q, int64_t n_q, ra_offload_stats *stats,
                                  ra_error *err) {
   ra_state *st = o->st;
-  ra_backend *be = o->m->be;
   uint64_t b64, e64;
   int rc = RA_OK;
   /* [b, e) leaves the device: to the stores, or (streaming) dropped */
@@ -455,18 +489,18 @@ static int prefill_offload_layer(ra_offload *o, ra_job_pipe *pipe, int l, int64_
   int64_t b = (int64_t)b64, e = (int64_t)e64;
   if (o->remote && e > b) {
     uint64_t t0 = uv_hrtime();
-    size_t nf = (size_t)(e - b) * o->kv_row;
-    float *k = malloc(nf * sizeof(float)), *v = malloc(nf * sizeof(float));
-    if (!k || !v) rc = ra_errorf(err, RA_ENOMEM, "offload: out of memory for %lld tokens of layer %d", (long long)(e - b), l);
-    if (rc == RA_OK) rc = be->ops->download(be, &st->k_cache[l], (size_t)b * o->kv_row, k, nf, err);
-    if (rc == RA_OK) rc = be->ops->download(be, &st->v_cache[l], (size_t)b * o->kv_row, v, nf, err);
+    float *k = NULL, *v = NULL;
+    ra_wave_puts puts = {0};
+    rc = offload_rows(o, l, &st->k_cache[l], &st->v_cache[l], b, e, &k, &v, &puts, err);
     uint64_t t1 = uv_hrtime();
-    stats->download_us += (double)(t1 - t0) / 1e3;
+    *(o->wave ? &stats->index_us : &stats->download_us) += (double)(t1 - t0) / 1e3;
     layer_job *job = NULL;
     if (rc == RA_OK) {
       rc = layer_job_new(o, l, b, e, k, v, 1, &st->k_cache[l], b, q, n_q, &job, err);
       k = v = NULL; /* the job's now, or freed */
     }
+    if (rc == RA_OK) job->clusters = puts;
+    else ra_wave_puts_free(&puts);
     free(k);
     free(v);
     uint64_t t2 = uv_hrtime();
@@ -482,6 +516,16 @@ static int prefill_offload_layer(ra_offload *o, ra_job_pipe *pipe, int l, int64_
   if (rc == RA_OK) rc = ring_fill(o, ring_k, &st->k_cache[l], w0, n, err);
   if (rc == RA_OK) rc = ring_fill(o, ring_v, &st->v_cache[l], w0, n, err);
   return rc;
+}
+
+/* Wave mode, before a prefill (or seed) of n tokens: the meta-index sized for the offloaded
+ * positions now and every one a decode up to max_ctx evicts. */
+static int wave_begin(ra_offload *o, int64_t n, ra_error *err) {
+  if (!o->wave) return RA_OK;
+  uint64_t b, e, e_max;
+  ra_partition_offloaded(o->cfg.n_sink, o->cfg.n_window, (uint64_t)n, &b, &e);
+  ra_partition_offloaded(o->cfg.n_sink, o->cfg.n_window, (uint64_t)o->cfg.max_ctx, &b, &e_max);
+  return ra_wave_begin(o->wave, (int64_t)b, (int64_t)e, (int64_t)e_max, err);
 }
 
 /* Layer l of a synthetic prefill (cfg.synthetic_chunk): q/k/v of the token embeddings, chunk by
@@ -522,6 +566,7 @@ int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offlo
   int rc = RA_OK;
   if (o->remote && o->cfg.mode == RA_MODE_ROAR && !(q = malloc((size_t)n_q * q_row * sizeof(float))))
     rc = ra_errorf(err, RA_ENOMEM, "offload: out of memory for %lld sampled queries", (long long)n_q);
+  if (rc == RA_OK) rc = wave_begin(o, n, err);
   if (rc == RA_OK && o->remote) rc = ra_job_pipe_start(2, &pipe, err);
   if (rc == RA_OK && !synthetic) rc = ra_step_begin(st, tokens, n, err);
   for (int l = 0; l < o->m->cfg.n_layers && rc == RA_OK; l++) {
@@ -612,7 +657,7 @@ int ra_offload_seed(ra_offload *o, const ra_prefill_capture *cap, ra_offload_sta
   o->n_jobs = 0;
   int64_t sink_end = n < (int64_t)o->cfg.n_sink ? n : (int64_t)o->cfg.n_sink, w0 = e < n ? e : n;
   size_t q_row = (size_t)c->n_heads * (size_t)c->head_dim;
-  int rc = RA_OK;
+  int rc = wave_begin(o, n, err);
   for (int l = 0; l < c->n_layers && rc == RA_OK; l++) {
     const float *k = cap->k + (size_t)l * (size_t)n * o->kv_row, *v = cap->v + (size_t)l * (size_t)n * o->kv_row;
     if (o->remote && e > b) {
@@ -620,13 +665,30 @@ int ra_offload_seed(ra_offload *o, const ra_prefill_capture *cap, ra_offload_sta
       uint64_t ta = uv_hrtime();
       layer_job *job = NULL;
       o->pipe_append_us = o->pipe_index_us = 0.0;
-      /* roar's kNN reads the layer's keys on the backend: the offloaded rows go to the scratch */
-      if (o->cfg.mode == RA_MODE_ROAR)
+      /* roar's kNN and wave's clustering read the layer's rows on the backend: the offloaded rows
+       * go to the scratch */
+      if (o->cfg.mode == RA_MODE_ROAR || o->wave)
         rc = o->m->be->ops->upload(o->m->be, &o->scratch_k, (size_t)b * o->kv_row, k + (size_t)b * o->kv_row,
                                    (size_t)(e - b) * o->kv_row, err);
-      if (rc == RA_OK)
+      if (rc == RA_OK && o->wave)
+        rc = o->m->be->ops->upload(o->m->be, &o->scratch_v, (size_t)b * o->kv_row, v + (size_t)b * o->kv_row,
+                                   (size_t)(e - b) * o->kv_row, err);
+      if (rc == RA_OK && o->wave) {
+        /* the clustered rows are the job's own */
+        float *kw = NULL, *vw = NULL;
+        ra_wave_puts puts = {0};
+        rc = offload_rows(o, l, &o->scratch_k, &o->scratch_v, b, e, &kw, &vw, &puts, err);
+        if (rc == RA_OK) rc = layer_job_new(o, l, b, e, kw, vw, 1, &o->scratch_k, b, NULL, 0, &job, err);
+        else {
+          free(kw);
+          free(vw);
+        }
+        if (rc == RA_OK) job->clusters = puts;
+        else ra_wave_puts_free(&puts);
+      } else if (rc == RA_OK) {
         rc = layer_job_new(o, l, b, e, k + (size_t)b * o->kv_row, v + (size_t)b * o->kv_row, 0, &o->scratch_k, b,
                            cap->q + (size_t)l * (size_t)n_q * q_row, n_q, &job, err);
+      }
       double knn_us = (double)(uv_hrtime() - ta) / 1e3;
       if (rc == RA_OK) rc = layer_job_run(job, err);
       layer_job_free(job);
@@ -670,7 +732,13 @@ static int decode_evict(ra_offload *o, int64_t pos, ra_offload_stats *s, ra_erro
     if (rc == RA_OK) rc = be->ops->download(be, &st->v_cache[l], row, o->evict_v + (size_t)l * o->kv_row, o->kv_row, err);
   }
   if (rc == RA_OK) rc = ra_remote_append(o->remote, (uint64_t)pos, o->evict_k, o->evict_v, err);
-  s->append_us += (double)(uv_hrtime() - t0) / 1e3;
+  uint64_t t1 = uv_hrtime();
+  s->append_us += (double)(t1 - t0) / 1e3;
+  /* wave: the rows are lag rows at the stores now; the growth block may turn them into clusters */
+  if (rc == RA_OK && o->wave) {
+    rc = ra_wave_evict(o->wave, pos, st->k_cache, st->v_cache, ring_row(o, pos), err);
+    s->index_us += (double)(uv_hrtime() - t1) / 1e3;
+  }
   return rc;
 }
 
@@ -704,18 +772,30 @@ int ra_offload_decode(ra_offload *o, int32_t token, ra_offload_stats *stats, ra_
   size_t hq = (size_t)c->n_heads * (size_t)c->head_dim;
   for (int l = 0; l < c->n_layers && rc == RA_OK; l++) {
     rc = ra_step_layer_qkv(st, l, err);
+    /* wave: the zones first, since the stores' requests carry the retrieval zone */
+    const ra_remote_wave_sel *sel = NULL;
+    const ra_tensor *est_o = NULL, *est_ml = NULL;
+    if (rc == RA_OK && remote && o->wave) {
+      uint64_t ts = uv_hrtime();
+      rc = ra_wave_select(o->wave, l, &st->cur_q, scale, &sel, &est_o, &est_ml, err);
+      s.select_us += (double)(uv_hrtime() - ts) / 1e3;
+    }
     if (rc == RA_OK && remote) rc = be->ops->download(be, &st->cur_q, 0, o->q_host, hq, err);
-    if (rc == RA_OK && remote) rc = ra_remote_attend_begin(o->remote, (uint32_t)l, o->q_host, err);
+    if (rc == RA_OK && remote)
+      rc = sel ? ra_remote_attend_begin_wave(o->remote, (uint32_t)l, o->q_host, sel, err)
+               : ra_remote_attend_begin(o->remote, (uint32_t)l, o->q_host, err);
     /* the device's own partial over sink + window while the stores work */
     if (rc == RA_OK)
       rc = be->ops->attn_decode(be, &st->cur_q, &st->k_cache[l], &st->v_cache[l], ranges, n_ranges, scale,
                                 &st->cur_att, &st->dec_ml, err);
+    if (rc == RA_OK && est_o) rc = be->ops->attn_merge(be, &st->cur_att, &st->dec_ml, est_o, est_ml, err);
     if (rc == RA_OK && remote) {
       rc = be->ops->sync(be, err);
       uint64_t tw = uv_hrtime();
       ra_remote_stats rs;
       if (rc == RA_OK) rc = ra_remote_attend_end(o->remote, o->o_host, o->ml_host, &rs, err);
-      s.wait_us += (double)(uv_hrtime() - tw) / 1e3;
+      uint64_t tm = uv_hrtime();
+      s.wait_us += (double)(tm - tw) / 1e3;
       if (rc == RA_OK) {
         s.store_us += rs.store_us;
         s.n_scanned += rs.n_scanned;
@@ -723,6 +803,7 @@ int ra_offload_decode(ra_offload *o, int32_t token, ra_offload_stats *stats, ra_
       }
       if (rc == RA_OK) rc = be->ops->upload(be, &o->rem_ml, 0, o->ml_host, (size_t)c->n_heads * 2, err);
       if (rc == RA_OK) rc = be->ops->attn_merge(be, &st->cur_att, &st->dec_ml, &o->rem_o, &o->rem_ml, err);
+      s.merge_us += (double)(uv_hrtime() - tm) / 1e3;
     }
     if (rc == RA_OK && o->cfg.on_attn) rc = o->cfg.on_attn(o->cfg.attn_ctx, st, l, err);
     if (rc == RA_OK) rc = ra_step_layer_finish(st, l, err);
@@ -757,6 +838,8 @@ int ra_offload_forward(void *ctx, ra_state *st, const int32_t *tokens, int64_t n
   }
   return RA_OK;
 }
+
+const ra_wave *ra_offload_wave(const ra_offload *o) { return o->wave; }
 
 const ra_offload_stats *ra_offload_prefill_stats(const ra_offload *o) { return &o->prefill_stats; }
 

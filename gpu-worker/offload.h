@@ -20,7 +20,9 @@
  * offloaded sets never overlap and always cover [0, n].
  *
  * Modes: streaming (sink + window only; evicted tokens are dropped — StreamingLLM), flat, ivf,
- * kgraph, roar (stores attend over the top-k keys their index finds; flat = exact top-k). Full
+ * kgraph, roar (stores attend over the top-k keys their index finds; flat = exact top-k), wave
+ * (clusters ranked on the device: the best exact at the stores, the next estimated on the
+ * device; gpu-worker/wave.h). Full
  * attention is not an offload mode: it is ra_model_forward on an ordinary state. */
 #ifndef RA_OFFLOAD_H
 #define RA_OFFLOAD_H
@@ -30,6 +32,7 @@
 #include "offload_plan.h"
 #include "prefill_capture.h"
 #include "remote.h"
+#include "wave.h"
 
 #include <stdint.h>
 
@@ -67,6 +70,7 @@ typedef struct ra_offload_config {
                              last builds leave idle take up the next layer's (Llama-3-8B 128K on
                              the H200, stores at --threads 7: roar prefill 1.25x the prefill alone
                              with 3, 1.46x with 1, in one call) */
+  ra_wave_config wave;    /* wave mode: budgets and clustering (gpu-worker/wave.h) */
   int64_t synthetic_chunk; /* > 0: a generated-KV prefill (benchmarks at contexts whose real
                              prefill would take hours): every layer's q/k/v come from the token
                              embeddings alone, `synthetic_chunk` tokens per step, with no
@@ -92,7 +96,10 @@ typedef struct ra_offload_stats {
   double store_us;     /* the stores' own compute, slowest store per layer, summed */
   double append_us;    /* prefill: puts to the stores; decode: the evicted token's append */
   double download_us;  /* prefill: the offloaded K/V from the device to host memory */
-  double index_us;     /* prefill: kNN on the backend + index builds */
+  double index_us;     /* prefill: kNN on the backend + index builds (wave: the clustering) */
+  double select_us;    /* decode, wave: ranking the clusters and the estimation zone on the device,
+                        * with the selection's host lists */
+  double merge_us;     /* decode: the stores' partial (and wave's estimate) uploaded and merged */
   uint64_t n_scanned;  /* keys the stores scored, all layers and heads */
   uint64_t n_offloaded;/* tokens at the stores (per layer and kv head) after the step */
 } ra_offload_stats;
@@ -138,6 +145,9 @@ int ra_offload_key_top_queries(ra_backend *be, const ra_tensor *keys, ra_dtype q
 /* A ra_gen_forward_fn (generate.h) over the runtime `ctx`: prefill on the first call, one decode
  * step per token after. */
 int ra_offload_forward(void *ctx, ra_state *st, const int32_t *tokens, int64_t n, ra_error *err);
+
+/* Wave mode's meta-index and growth block (NULL in other modes): for tests and reports. */
+const ra_wave *ra_offload_wave(const ra_offload *o);
 
 /* Timings the runtime recorded: its prefill's, and every decode step's in order. */
 const ra_offload_stats *ra_offload_prefill_stats(const ra_offload *o);

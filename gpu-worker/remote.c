@@ -153,13 +153,16 @@ int ra_remote_open(const ra_offload_plan *plan, uint32_t head_dim, const ra_remo
   return RA_OK;
 }
 
-/* Gathers rows [b, e) of kv head g from x: [n, n_kv_heads, head_dim] (first row = position
- * pos0) into dst as [e - b, head_dim] in the session dtype. */
-static void pack_head(const ra_remote *r, const float *x, uint64_t pos0, uint32_t g, uint64_t b,
-                      uint64_t e, uint8_t *dst) {
+/* Gathers rows [b, e) of kv head g from x (first row = position pos0) into dst as
+ * [e - b, head_dim] in the session dtype. x: [n, n_kv_heads, head_dim], or head-major
+ * [n_kv_heads, n, head_dim] (n rows per head). */
+static void pack_head(const ra_remote *r, const float *x, int head_major, uint64_t n, uint64_t pos0, uint32_t g,
+                      uint64_t b, uint64_t e, uint8_t *dst) {
   size_t hd = r->head_dim, es = ra_dtype_size(r->cfg.dtype), nkv = r->plan->n_kv_heads;
-  for (uint64_t t = b; t < e; t++)
-    ra_dtype_from_fp32_n(r->cfg.dtype, x + ((t - pos0) * nkv + g) * hd, dst + (t - b) * hd * es, hd);
+  for (uint64_t t = b; t < e; t++) {
+    size_t at = head_major ? (size_t)g * n + (t - pos0) : (t - pos0) * nkv + g;
+    ra_dtype_from_fp32_n(r->cfg.dtype, x + at * hd, dst + (t - b) * hd * es, hd);
+  }
 }
 
 /* One store's part of a put: its shards of the layer, packed into its own slice of the staging
@@ -169,6 +172,7 @@ typedef struct put_part {
   remote_store *s;
   uint32_t layer;
   const float *k, *v;
+  int head_major;
   uint64_t pos0, end;
   uint8_t *dst; /* this store's slice */
   int rc;
@@ -189,8 +193,8 @@ static void put_store(void *arg) {
     uint64_t e = sh->token_end < p->end ? sh->token_end : p->end;
     if (b >= e) continue;
     uint8_t *kd = dst, *vd = dst + (e - b) * row_bytes;
-    pack_head(r, p->k, p->pos0, sh->kv_head, b, e, kd);
-    pack_head(r, p->v, p->pos0, sh->kv_head, b, e, vd);
+    pack_head(r, p->k, p->head_major, p->end - p->pos0, p->pos0, sh->kv_head, b, e, kd);
+    pack_head(r, p->v, p->head_major, p->end - p->pos0, p->pos0, sh->kv_head, b, e, vd);
     dst = vd + (e - b) * row_bytes;
     s->rows[s->n_rows++] = (ra_kvclient_rows){p->layer, sh->kv_head, b, e - b, kd, vd};
   }
@@ -209,8 +213,8 @@ static size_t put_bytes(const ra_remote *r, const remote_store *s, uint32_t laye
   return total;
 }
 
-int ra_remote_put(ra_remote *r, uint32_t layer, const float *k, const float *v, uint64_t pos0,
-                  uint64_t n, ra_error *err) {
+static int remote_put(ra_remote *r, uint32_t layer, const float *k, const float *v, int head_major, uint64_t pos0,
+                      uint64_t n, ra_error *err) {
   int rc = remote_check(r, err);
   if (rc) return rc;
   if (layer >= r->plan->n_layers) return ra_errorf(err, RA_EINVAL, "remote: layer %u out of range", layer);
@@ -231,7 +235,7 @@ int ra_remote_put(ra_remote *r, uint32_t layer, const float *k, const float *v, 
   }
   size_t off = 0;
   for (size_t i = 0; i < r->n_stores; i++) {
-    parts[i] = (put_part){r, &r->stores[i], layer, k, v, pos0, pos0 + n, r->pack + off, RA_OK, {0}};
+    parts[i] = (put_part){r, &r->stores[i], layer, k, v, head_major, pos0, pos0 + n, r->pack + off, RA_OK, {0}};
     off += put_bytes(r, &r->stores[i], layer, pos0, pos0 + n);
   }
   /* store 0 on this thread; a store whose thread cannot start also runs here */
@@ -249,6 +253,32 @@ int ra_remote_put(ra_remote *r, uint32_t layer, const float *k, const float *v, 
   free(th);
   free(started);
   return rc ? remote_fail(r, rc, err) : RA_OK;
+}
+
+int ra_remote_put(ra_remote *r, uint32_t layer, const float *k, const float *v, uint64_t pos0,
+                  uint64_t n, ra_error *err) {
+  return remote_put(r, layer, k, v, 0, pos0, n, err);
+}
+
+int ra_remote_put_heads(ra_remote *r, uint32_t layer, const float *k, const float *v, uint64_t pos0,
+                        uint64_t n, ra_error *err) {
+  return remote_put(r, layer, k, v, 1, pos0, n, err);
+}
+
+int ra_remote_put_clusters(ra_remote *r, const ra_kvclient_clusters *c, size_t n, ra_error *err) {
+  int rc = remote_check(r, err);
+  for (size_t i = 0; i < n && rc == RA_OK; i++) {
+    if (c[i].layer >= r->plan->n_layers || c[i].kv_head >= r->plan->n_kv_heads)
+      return ra_errorf(err, RA_EINVAL, "remote: clusters of layer %u kv head %u out of range", c[i].layer,
+                       c[i].kv_head);
+    int owner = ra_offload_plan_owner(r->plan, c[i].layer, c[i].kv_head, c[i].row_begin);
+    if (owner < 0)
+      return ra_errorf(err, RA_EINTERNAL, "remote: position %llu of layer %u kv head %u has no owner",
+                       (unsigned long long)c[i].row_begin, c[i].layer, c[i].kv_head);
+    remote_store *s = &r->stores[owner];
+    if ((rc = ra_kvclient_put_clusters(s->client, &s->session, &c[i], NULL, err)) != RA_OK) return remote_fail(r, rc, err);
+  }
+  return rc;
 }
 
 int ra_remote_build_index_start(ra_remote *r, uint32_t layer, uint32_t q_head, const ra_kvclient_build_input *in,
@@ -336,7 +366,8 @@ int ra_remote_append(ra_remote *r, uint64_t pos, const float *k, const float *v,
   return rc ? remote_fail(r, rc, err) : RA_OK;
 }
 
-int ra_remote_attend_begin(ra_remote *r, uint32_t layer, const float *q, ra_error *err) {
+/* sel: NULL, or wave mode's selection per store. */
+static int attend_begin(ra_remote *r, uint32_t layer, const float *q, const ra_remote_wave_sel *sel, ra_error *err) {
   int rc = remote_check(r, err);
   if (rc) return rc;
   const ra_offload_plan *p = r->plan;
@@ -360,11 +391,27 @@ int ra_remote_attend_begin(ra_remote *r, uint32_t layer, const float *q, ra_erro
     }
     s->req = (ra_kvclient_attend_req){.layer = layer, .q_heads = s->heads, .n_heads = n, .q = s->q,
                                       .mode = r->cfg.mode, .top_k = r->cfg.top_k, .search = r->cfg.search};
+    if (sel) {
+      s->req.cluster_kv_heads = sel[i].kv_heads;
+      s->req.cluster_counts = sel[i].counts;
+      s->req.n_cluster_heads = sel[i].n_heads;
+      s->req.clusters = sel[i].clusters;
+    }
     rc = ra_kvclient_attend_send(s->stream, &s->req, err);
   }
   if (rc) return remote_fail(r, rc, err);
   r->in_flight = 1;
   return RA_OK;
+}
+
+int ra_remote_attend_begin(ra_remote *r, uint32_t layer, const float *q, ra_error *err) {
+  return attend_begin(r, layer, q, NULL, err);
+}
+
+int ra_remote_attend_begin_wave(ra_remote *r, uint32_t layer, const float *q, const ra_remote_wave_sel *sel,
+                                ra_error *err) {
+  if (!sel) return ra_errorf(err, RA_EINVAL, "remote: a wave attend needs its selection");
+  return attend_begin(r, layer, q, sel, err);
 }
 
 int ra_remote_attend_end(ra_remote *r, float *o, float *ml, ra_remote_stats *stats, ra_error *err) {

@@ -49,6 +49,14 @@ int ra_remote_open(const ra_offload_plan *plan, uint32_t head_dim, const ra_remo
  * owner in the session dtype. */
 int ra_remote_put(ra_remote *r, uint32_t layer, const float *k, const float *v, uint64_t pos0,
                   uint64_t n, ra_error *err);
+/* The same from head-major rows: k, v [n_kv_heads, n, head_dim] fp32, row [g, i] going to kv
+ * head g's position pos0 + i (wave mode sends each kv head's rows in its own cluster order). */
+int ra_remote_put_heads(ra_remote *r, uint32_t layer, const float *k, const float *v, uint64_t pos0,
+                        uint64_t n, ra_error *err);
+
+/* Wave mode: installs clusters at the store owning each request's (layer, kv head, row_begin),
+ * in order (client.h ra_kvclient_put_clusters has the rules). */
+int ra_remote_put_clusters(ra_remote *r, const ra_kvclient_clusters *c, size_t n, ra_error *err);
 
 /* Index build of (layer, q head) at every store holding tokens of its kv head there. in: the
  * roar build's input (client.h ra_kvclient_build_input; NULL for ivf / kgraph): the q head's
@@ -87,6 +95,15 @@ int ra_remote_attend(ra_remote *r, uint32_t layer, const float *q, float *o, flo
 /* attend in two halves: begin sends the requests of every store, end waits for the replies and
  * merges; the caller computes its own sink + window attention in between. */
 int ra_remote_attend_begin(ra_remote *r, uint32_t layer, const float *q, ra_error *err);
+/* Wave mode's selection for one store: kv head kv_heads[i] selects counts[i] cluster ids, the
+ * next ones of clusters (the request fields of client.h ra_kvclient_attend_req). */
+typedef struct ra_remote_wave_sel {
+  const uint32_t *kv_heads, *counts, *clusters;
+  size_t n_heads;
+} ra_remote_wave_sel;
+/* attend_begin in wave mode: sel[i] is store i's selection (plan order). */
+int ra_remote_attend_begin_wave(ra_remote *r, uint32_t layer, const float *q, const ra_remote_wave_sel *sel,
+                                ra_error *err);
 int ra_remote_attend_end(ra_remote *r, float *o, float *ml, ra_remote_stats *stats, ra_error *err);
 
 /* Closes the sessions (stores free their memory) and frees everything. */

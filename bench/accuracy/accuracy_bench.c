@@ -13,15 +13,17 @@
 #include <sys/stat.h>
 
 static void usage(FILE *f) {
-  fputs("usage: accuracy-bench --model M.gguf --out DIR [options]\n"
-        "  --backend cpu|cuda (cpu)   --threads N (0: all cores)\n"
-        "  --stores HOST:PORT,... | --shard-map FILE   (needed by flat, ivf, kgraph, roar)\n"
-        "  --tasks all|none|NAME,...  (none: text fidelity only) niah_single_number niah_single_word niah_single_uuid niah_multikey\n"
+  char store_modes[128];
+  ra_mode_list(store_modes, sizeof store_modes, RA_MODE_F_STORES);
+  fprintf(f, "usage: accuracy-bench --model M.gguf --out DIR [options]\n"
+             "  --backend cpu|cuda (cpu)   --threads N (0: all cores)\n"
+             "  --stores HOST:PORT,... | --shard-map FILE   (needed by %s)\n", store_modes);
+  fputs("  --tasks all|none|NAME,...  (none: text fidelity only) niah_single_number niah_single_word niah_single_uuid niah_multikey\n"
         "                             niah_multivalue niah_multiquery passkey kv_retrieval variable_tracking\n"
         "                             common_words (default all)\n"
         "  --lengths N,... (1024,2048,4096,8192)   --depths D,... in [0,1] (0,0.25,0.5,0.75,1)\n"
         "  --samples N per (task, length, depth) (1)   --seed S (1)\n"
-        "  --modes full,... (full,streaming,flat,ivf,kgraph,roar; full first)\n"
+        "  --modes full,... (of the modes listed last; all by default; full first)\n"
         "  --sink N (128) --window N (512) --top-k K (100) --ef N --nprobe N (store defaults)\n"
         "  --knn-nq N (100) --build-queries N (1024)\n"
         "  --fidelity-prompt N (2048; 0: skip) --fidelity-tokens N (64)\n"
@@ -32,6 +34,7 @@ static void usage(FILE *f) {
         "  --fidelity-from FILE.json  with --report-from: the fidelity.json of a run, into the summary\n"
         "writes DIR/samples.jsonl, DIR/summary.md, DIR/fidelity.json, DIR/heatmap_<mode>.png\n",
         f);
+  fprintf(f, "modes: %s\n", RA_MODE_NAMES);
 }
 
 static int bad(const char *fmt, ...) {
@@ -177,7 +180,11 @@ int main(int argc, char **argv) {
   if (report_from) need_stores = 0;
   if (fidelity_from && !report_from) return bad("--fidelity-from goes with --report-from");
   if (report_from && cfg.n_tasks == 0) return bad("--report-from needs the run's --tasks");
-  if (need_stores && !stores && !shard_map && !print_prompts) return bad("modes flat, ivf, kgraph, roar need --stores or --shard-map");
+  if (need_stores && !stores && !shard_map && !print_prompts) {
+    char store_modes[128];
+    ra_mode_list(store_modes, sizeof store_modes, RA_MODE_F_STORES);
+    return bad("modes %s need --stores or --shard-map", store_modes);
+  }
   if (stores && shard_map) return bad("give --stores or --shard-map, not both");
   if (cfg.off.n_window < 1) return bad("--window must be >= 1");
   cfg.samples = (int)samples;

@@ -16,6 +16,18 @@ expect "--key-top-queries is for --mode roar, not ivf" generate --model m --mode
 expect "bad --key-top-queries 65" generate --model m --mode roar --stores a:1 --key-top-queries 65
 expect "bad --build-layers 0: must be 1 to 8" generate --model m --mode roar --stores a:1 --build-layers 0
 expect "bad --build-layers 9: must be 1 to 8" generate --model m --mode roar --stores a:1 --build-layers 9
+expect "--mode wave needs --stores or --shard-map" generate --model m --mode wave
+expect "--retrieve is for --mode wave, not flat" generate --model m --mode flat --stores a:1 --retrieve 0.1
+expect "--estimate is for --mode wave, not roar" generate --model m --mode roar --stores a:1 --estimate 0.2
+expect "--wave-block is for --mode wave, not full" generate --model m --wave-block 64
+expect "--wave-segment is for --mode wave, not streaming" generate --model m --mode streaming --wave-segment 64
+expect "bad --retrieve -1: not a fraction in [0, 1] or a token count" generate --model m --mode wave --stores a:1 --retrieve -1
+expect "bad --retrieve abc: not a fraction" generate --model m --mode wave --stores a:1 --retrieve abc
+expect "bad --estimate 2.5: above 1 it is a token count: a whole number" generate --model m --mode wave --stores a:1 --estimate 2.5
+expect "bad --wave-cluster 0: must be 1 to" generate --model m --mode wave --stores a:1 --wave-cluster 0
+expect "bad --wave-iters 0: must be 1 to 1000" generate --model m --mode wave --stores a:1 --wave-iters 0
+expect "a growth block of 32 rows is smaller than a cluster (64)" generate --model m --mode wave --stores a:1 --wave-cluster 64 --wave-block 32
+expect "a segment of 8 rows is smaller than a cluster (16)" generate --model m --mode wave --stores a:1 --wave-segment 8
 expect "--synthetic-prefill fills kv-stores: it needs a --mode other than full" generate --model m --synthetic-prefill
 expect "--synthetic-prefill is a generate option, not dump-qk" dump-qk --model m --synthetic-prefill
 expect "--mode is a generate option, not dump-qk" dump-qk --model m --mode flat
@@ -29,14 +41,15 @@ expect "bad --top-p 0: must be > 0 and <= 1" generate --model m --top-p 0
 expect "bad --temperature -1: must be >= 0" generate --model m --temperature -1
 expect "bad --dtype bf16: must be f32 or f16" dump-qk --model m --dtype bf16
 expect "bad --kv-dtype f8: must be f32, f16 or bf16" generate --model m --kv-dtype f8
-expect "bad --mode fast: not one of full|streaming|flat|ivf|kgraph|roar" generate --model m --mode fast
+expect "bad --mode fast: not one of full|streaming|flat|ivf|kgraph|roar|wave" generate --model m --mode fast
 expect "unexpected argument 'stray'" generate --model m stray
 expect "unknown command 'bogus'" bogus --model m
 # --help: the command's options on stdout, exit 0, defaults read from the defaults in force (the
 # offload's from the offload runtime)
 help=$("$bin" generate --help) || { echo "FAIL: generate --help exited $?"; fail=1; }
 for want in "--window N " "latest tokens kept on the device (default 512)" "(default 128)" \
-    "--store-dtype f32|f16|bf16" "(default f16)" "--mode full|streaming|flat|ivf|kgraph|roar"; do
+    "--store-dtype f32|f16|bf16" "(default f16)" "--mode full|streaming|flat|ivf|kgraph|roar|wave" \
+    "--retrieve X " "(default 0.018)" "(default 0.232)" "--wave-block N "; do
   case "$help" in *"$want"*) ;; *) echo "FAIL: '$want' not in generate --help"; fail=1 ;; esac
 done
 case "$help" in *"--decode-tokens"*) echo "FAIL: generate --help lists a dump-qk option"; fail=1 ;; esac

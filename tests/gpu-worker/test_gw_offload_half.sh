@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A half-precision KV cache (--kv-dtype f16 / bf16) with the offload on the CPU backend, against
-# two real kv-stores on loopback: roar (its kNN runs on the cache's half rows) and flat, with
-# top-k covering every offloaded key and the stores keeping the cache's dtype, generate the same
+# two real kv-stores on loopback: roar (its kNN runs on the cache's half rows), flat with top-k
+# covering every offloaded key and wave with every cluster retrieved (clustered from the half
+# rows, growth blocks of 2 tokens), the stores keeping the cache's dtype, generate the same
 # greedy tokens as full attention on the device.
 #   test_gw_offload_half.sh GPU_WORKER KV_STORE MODEL
 set -euo pipefail
@@ -32,15 +33,21 @@ for dt in bf16 f16; do
   for mode in roar flat; do
     gen "$dt" "$mode" --stores "$STORES" --store-dtype "$dt" --sink 4 --window 8 --attn-top-k 4096
   done
+  gen "$dt" wave --stores "$STORES" --store-dtype "$dt" --sink 4 --window 8 --retrieve 1 --estimate 0 \
+    --wave-cluster 2 --wave-block 2
   python3 - "$RUN" "$dt" <<'PY'
 import json, sys
 run, dt = sys.argv[1], sys.argv[2]
 full = json.load(open(f"{run}/{dt}.full.json"))
 assert len(full["tokens"]) == 4, full["tokens"]
-for mode in ("roar", "flat"):
+for mode in ("roar", "flat", "wave"):
     d = json.load(open(f"{run}/{dt}.{mode}.json"))
     assert d["mode"] == mode and d["prefill"]["n_offloaded"] == 21, d["prefill"]
     assert d["tokens"] == full["tokens"], (dt, mode, d["tokens"], full["tokens"])
+# wave: every offloaded row scanned once per q head and layer (9 heads, 30 layers), each step's
+# selection timed
+for s in json.load(open(f"{run}/{dt}.wave.json"))["steps"]:
+    assert s["n_scanned"] == s["n_offloaded"] * 9 * 30 and s["select_us"] > 0, s
 PY
 done
-echo "ok: f16 and bf16 caches, roar and flat match full attention"
+echo "ok: f16 and bf16 caches, roar, flat and wave match full attention"

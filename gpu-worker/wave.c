@@ -1,0 +1,413 @@
+#include "wave.h"
+
+#include "opts.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* iters 10: the k-means loop ends early once no assignment changes (backend.h), so the bound
+ * only caps segments still moving; RetroInfer clusters with 10 Lloyd iterations. */
+void ra_wave_config_default(ra_wave_config *c) {
+  *c = (ra_wave_config){.retrieve = 0.018, .estimate = 0.232, .segment = 8192, .cluster = 16, .iters = 10,
+                        .block = 1024};
+}
+
+static int budget_ok(double x) { return isfinite(x) && x >= 0 && (x <= 1 || x == floor(x)); }
+
+int ra_wave_config_check(const ra_wave_config *c, ra_error *err) {
+  if (!budget_ok(c->retrieve) || !budget_ok(c->estimate))
+    return ra_errorf(err, RA_EINVAL, "wave: budgets retrieve %g / estimate %g (each a fraction in [0, 1] or a "
+                     "whole number of tokens)", c->retrieve, c->estimate);
+  if (c->cluster < 1 || c->iters < 1)
+    return ra_errorf(err, RA_EINVAL, "wave: clusters of %lld rows, %d iterations (each at least 1)",
+                     (long long)c->cluster, c->iters);
+  if (c->segment < c->cluster)
+    return ra_errorf(err, RA_EINVAL, "wave: a segment of %lld rows is smaller than a cluster (%lld)",
+                     (long long)c->segment, (long long)c->cluster);
+  if (c->block < c->cluster)
+    return ra_errorf(err, RA_EINVAL, "wave: a growth block of %lld rows is smaller than a cluster (%lld)",
+                     (long long)c->block, (long long)c->cluster);
+  return RA_OK;
+}
+
+int ra_wave_budget_parse(const char *s, double *out, ra_error *err) {
+  char *end;
+  double x = strtod(s, &end);
+  if (end == s || *end || !isfinite(x) || x < 0)
+    return ra_errorf(err, RA_EINVAL, "not a fraction in [0, 1] or a token count");
+  if (x > 1 && x != floor(x)) return ra_errorf(err, RA_EINVAL, "above 1 it is a token count: a whole number");
+  *out = x;
+  return RA_OK;
+}
+
+int64_t ra_wave_budget_clusters(double budget, int64_t n_clusters, int64_t cluster) {
+  double k = budget <= 1 ? ceil(budget * (double)n_clusters - 1e-9) : ceil(budget / (double)cluster);
+  if (k < 0) k = 0;
+  return k > (double)n_clusters ? n_clusters : (int64_t)k;
+}
+
+struct ra_wave {
+  ra_backend *be;
+  const ra_offload_plan *plan;
+  ra_remote *remote;
+  ra_wave_config cfg;
+  int n_layers, n_heads, n_kv, hd;
+  ra_dtype kv_dtype;
+  int64_t cap;                  /* clusters per (layer, kv head) the meta-index holds */
+  ra_tensor *centroid, *vsum;   /* [n_layers] x [n_kv, cap, hd] */
+  ra_tensor *size;              /* [n_layers] x [n_kv, cap] */
+  int64_t *n_clusters;          /* [n_layers] */
+  int32_t *sid;                 /* [n_layers, n_kv, cap]: the id at the stores, -1 for an empty cluster */
+  uint16_t *owner;              /* [n_layers, n_kv, cap]: the store holding it */
+  uint32_t *next_sid;           /* [n_layers, n_kv] */
+  /* growth: the evicted rows [blk_p0, blk_p0 + blk_n) of every layer */
+  ra_tensor *blk_k, *blk_v;     /* [n_layers] x [block, n_kv, hd] in kv_dtype */
+  int64_t blk_p0, blk_n;
+  /* clustering scratch (largest piece or block) */
+  int32_t *perm, *counts;       /* [n_kv, max rows], [n_kv, max clusters] */
+  int64_t max_rows, max_k;
+  uint32_t *perm_u;             /* [max rows] */
+  ra_tensor out_k, out_v;       /* [n_kv, max rows, hd] fp32 (prefill) */
+  /* selection */
+  int32_t *idx;                 /* [n_kv, cap] */
+  ra_tensor est_o, est_ml;      /* [n_heads, hd], [n_heads, 2] */
+  ra_remote_wave_sel *sel;      /* [n_stores] */
+  uint32_t *sel_heads, *sel_counts, *sel_ids; /* [n_stores, n_kv], [n_stores, n_kv], [n_stores, n_kv * cap] */
+  size_t *sel_fill;             /* [2, n_stores]: ids listed per store, and where kv head g's began */
+  int begun;
+};
+
+static size_t at(const ra_wave *w, int l, int g, int64_t c) {
+  return ((size_t)l * (size_t)w->n_kv + (size_t)g) * (size_t)w->cap + (size_t)c;
+}
+
+void ra_wave_puts_free(ra_wave_puts *p) {
+  free(p->c);
+  free(p->counts);
+  *p = (ra_wave_puts){0};
+}
+
+void ra_wave_free(ra_wave *w) {
+  if (!w) return;
+  for (int l = 0; w->centroid && l < w->n_layers; l++) {
+    ra_tensor_free(&w->centroid[l]);
+    ra_tensor_free(&w->vsum[l]);
+    ra_tensor_free(&w->size[l]);
+    ra_tensor_free(&w->blk_k[l]);
+    ra_tensor_free(&w->blk_v[l]);
+  }
+  free(w->centroid);
+  free(w->vsum);
+  free(w->size);
+  free(w->blk_k);
+  free(w->blk_v);
+  free(w->n_clusters);
+  free(w->sid);
+  free(w->owner);
+  free(w->next_sid);
+  free(w->perm);
+  free(w->counts);
+  free(w->perm_u);
+  ra_tensor_free(&w->out_k);
+  ra_tensor_free(&w->out_v);
+  free(w->idx);
+  ra_tensor_free(&w->est_o);
+  ra_tensor_free(&w->est_ml);
+  free(w->sel);
+  free(w->sel_fill);
+  free(w->sel_heads);
+  free(w->sel_counts);
+  free(w->sel_ids);
+  free(w);
+}
+
+int ra_wave_new(ra_backend *be, const ra_offload_plan *plan, ra_remote *remote, int n_layers, int n_heads,
+                int n_kv_heads, int head_dim, ra_dtype kv_dtype, const ra_wave_config *cfg, ra_wave **out,
+                ra_error *err) {
+  *out = NULL;
+  int rc = ra_wave_config_check(cfg, err);
+  if (rc) return rc;
+  if (plan->n_stores > UINT16_MAX) return ra_errorf(err, RA_EINVAL, "wave: %zu stores", plan->n_stores);
+  ra_wave *w = calloc(1, sizeof *w);
+  if (!w) return ra_errorf(err, RA_ENOMEM, "wave: out of memory");
+  *w = (ra_wave){.be = be, .plan = plan, .remote = remote, .cfg = *cfg, .n_layers = n_layers, .n_heads = n_heads,
+                 .n_kv = n_kv_heads, .hd = head_dim, .kv_dtype = kv_dtype};
+  w->centroid = calloc((size_t)n_layers, sizeof *w->centroid);
+  w->vsum = calloc((size_t)n_layers, sizeof *w->vsum);
+  w->size = calloc((size_t)n_layers, sizeof *w->size);
+  w->blk_k = calloc((size_t)n_layers, sizeof *w->blk_k);
+  w->blk_v = calloc((size_t)n_layers, sizeof *w->blk_v);
+  w->n_clusters = calloc((size_t)n_layers, sizeof *w->n_clusters);
+  w->next_sid = calloc((size_t)n_layers * (size_t)n_kv_heads, sizeof *w->next_sid);
+  w->sel = calloc(plan->n_stores, sizeof *w->sel);
+  w->sel_fill = calloc(2 * plan->n_stores, sizeof *w->sel_fill);
+  int64_t o_shape[2] = {n_heads, head_dim}, ml_shape[2] = {n_heads, 2};
+  if (!w->centroid || !w->vsum || !w->size || !w->blk_k || !w->blk_v || !w->n_clusters || !w->next_sid || !w->sel || !w->sel_fill)
+    rc = ra_errorf(err, RA_ENOMEM, "wave: out of memory");
+  if (rc == RA_OK) rc = ra_tensor_new(be, &w->est_o, RA_DTYPE_F32, 2, o_shape, err);
+  if (rc == RA_OK) rc = ra_tensor_new(be, &w->est_ml, RA_DTYPE_F32, 2, ml_shape, err);
+  if (rc) {
+    ra_wave_free(w);
+    return rc;
+  }
+  *out = w;
+  return RA_OK;
+}
+
+/* The first shard boundary of the plan (any layer, kv head) after position p; INT64_MAX: none.
+ * Clusters are cut there, so that each lies in one shard of every kv head. */
+static int64_t next_cut(const ra_wave *w, int64_t p) {
+  int64_t best = INT64_MAX;
+  for (size_t s = 0; s < w->plan->n_stores; s++)
+    for (size_t j = 0; j < w->plan->stores[s].n_shards; j++) {
+      const ra_plan_shard *sh = &w->plan->stores[s].shards[j];
+      int64_t b = (int64_t)sh->token_begin, e = sh->token_end == RA_TOKEN_END_OPEN ? INT64_MAX : (int64_t)sh->token_end;
+      if (b > p && b < best) best = b;
+      if (e > p && e < best) best = e;
+    }
+  return best;
+}
+
+/* The end of the piece starting at p of a run ending at e: the next cut, or e. */
+static int64_t piece_end(const ra_wave *w, int64_t p, int64_t e) {
+  int64_t c = next_cut(w, p);
+  return c < e ? c : e;
+}
+
+/* The end of the growth block starting at p0: block rows, or the next cut before. */
+static int64_t block_end(const ra_wave *w, int64_t p0) { return piece_end(w, p0, p0 + w->cfg.block); }
+
+int ra_wave_begin(ra_wave *w, int64_t b, int64_t e, int64_t max_end, ra_error *err) {
+  if (w->begun) return ra_errorf(err, RA_ESTATE, "wave: the meta-index is set up already");
+  const ra_wave_config *c = &w->cfg;
+  int64_t cap = 0, max_rows = 0, max_k = 0;
+  for (int64_t p = b; p < e;) {
+    int64_t q = piece_end(w, p, e), k = ra_wave_n_clusters(q - p, c->segment, c->cluster);
+    cap += k;
+    if (q - p > max_rows) max_rows = q - p;
+    if (k > max_k) max_k = k;
+    p = q;
+  }
+  int64_t prefill_rows = max_rows;
+  for (int64_t p = e > b ? e : b; p < max_end;) {
+    int64_t q = block_end(w, p);
+    if (q > max_end) q = max_end;
+    int64_t k = ra_wave_n_clusters(q - p, c->block, c->cluster);
+    cap += k;
+    if (q - p > max_rows) max_rows = q - p;
+    if (k > max_k) max_k = k;
+    p = q;
+  }
+  if (cap < 1) cap = 1;
+  if (max_rows < 1) max_rows = 1;
+  if (max_k < 1) max_k = 1;
+  if (cap > INT32_MAX || max_rows > INT32_MAX)
+    return ra_errorf(err, RA_EINVAL, "wave: %lld clusters per kv head", (long long)cap);
+  w->cap = cap;
+  w->max_rows = max_rows;
+  w->max_k = max_k;
+  w->blk_p0 = e > b ? e : b;
+  w->blk_n = 0;
+  const size_t nkv = (size_t)w->n_kv, ns = w->plan->n_stores, tab = (size_t)w->n_layers * nkv * (size_t)cap;
+  w->sid = malloc(tab * sizeof *w->sid);
+  w->owner = calloc(tab, sizeof *w->owner);
+  w->perm = malloc(nkv * (size_t)max_rows * sizeof *w->perm);
+  w->perm_u = malloc((size_t)max_rows * sizeof *w->perm_u);
+  w->counts = malloc(nkv * (size_t)max_k * sizeof *w->counts);
+  w->idx = malloc(nkv * (size_t)cap * sizeof *w->idx);
+  w->sel_heads = malloc(ns * nkv * sizeof *w->sel_heads);
+  w->sel_counts = malloc(ns * nkv * sizeof *w->sel_counts);
+  w->sel_ids = malloc(ns * nkv * (size_t)cap * sizeof *w->sel_ids);
+  int rc = RA_OK;
+  if (!w->sid || !w->owner || !w->perm || !w->perm_u || !w->counts || !w->idx || !w->sel_heads || !w->sel_counts ||
+      !w->sel_ids)
+    rc = ra_errorf(err, RA_ENOMEM, "wave: out of memory for a meta-index of %lld clusters", (long long)cap);
+  if (rc == RA_OK) memset(w->sid, 0xff, tab * sizeof *w->sid);
+  int64_t cs[3] = {w->n_kv, cap, w->hd}, ss[2] = {w->n_kv, cap}, bs[3] = {c->block, w->n_kv, w->hd};
+  int64_t os[3] = {w->n_kv, prefill_rows > 0 ? prefill_rows : 1, w->hd};
+  for (int l = 0; l < w->n_layers && rc == RA_OK; l++) {
+    rc = ra_tensor_new(w->be, &w->centroid[l], RA_DTYPE_F32, 3, cs, err);
+    if (rc == RA_OK) rc = ra_tensor_new(w->be, &w->vsum[l], RA_DTYPE_F32, 3, cs, err);
+    if (rc == RA_OK) rc = ra_tensor_new(w->be, &w->size[l], RA_DTYPE_F32, 2, ss, err);
+    if (rc == RA_OK) rc = ra_tensor_new(w->be, &w->blk_k[l], w->kv_dtype, 3, bs, err);
+    if (rc == RA_OK) rc = ra_tensor_new(w->be, &w->blk_v[l], w->kv_dtype, 3, bs, err);
+  }
+  if (rc == RA_OK && prefill_rows > 0) rc = ra_tensor_new(w->be, &w->out_k, RA_DTYPE_F32, 3, os, err);
+  if (rc == RA_OK && prefill_rows > 0) rc = ra_tensor_new(w->be, &w->out_v, RA_DTYPE_F32, 3, os, err);
+  if (rc == RA_OK) w->begun = 1;
+  return rc;
+}
+
+/* After cluster_keys of rows from position p of layer l into clusters [c0, c0 + k) (w->counts
+ * [n_kv, k]): kv head g's host tables, and its PutClusters request (no perm) in *req: the
+ * nonempty clusters under the next dense store ids, their counts written to counts [<= k]. */
+static int install(ra_wave *w, int l, int64_t p, int64_t c0, int64_t k, int g, uint32_t *counts,
+                   ra_kvclient_clusters *req, ra_error *err) {
+  int owner = ra_offload_plan_owner(w->plan, (uint32_t)l, (uint32_t)g, (uint64_t)p);
+  if (owner < 0)
+    return ra_errorf(err, RA_EINTERNAL, "wave: position %lld of layer %d kv head %d has no owner", (long long)p, l, g);
+  uint32_t *next = &w->next_sid[(size_t)l * (size_t)w->n_kv + (size_t)g];
+  size_t m = 0;
+  for (int64_t j = 0; j < k; j++) {
+    int32_t cnt = w->counts[(size_t)g * (size_t)k + (size_t)j];
+    size_t a = at(w, l, g, c0 + j);
+    w->owner[a] = (uint16_t)owner;
+    if (cnt <= 0) continue;
+    w->sid[a] = (int32_t)(*next + m);
+    counts[m++] = (uint32_t)cnt;
+  }
+  *req = (ra_kvclient_clusters){.layer = (uint32_t)l, .kv_head = (uint32_t)g, .first_cluster = *next,
+                                .row_begin = (uint64_t)p, .counts = counts, .n_clusters = m};
+  *next += (uint32_t)m;
+  return RA_OK;
+}
+
+int ra_wave_prefill_layer(ra_wave *w, int l, const ra_tensor *kc, const ra_tensor *vc, int64_t b, int64_t e, float *k,
+                          float *v, ra_wave_puts *puts, ra_error *err) {
+  *puts = (ra_wave_puts){0};
+  if (!w->begun) return ra_errorf(err, RA_ESTATE, "wave: prefill before ra_wave_begin");
+  if (e <= b) return RA_OK;
+  const ra_wave_config *c = &w->cfg;
+  ra_backend *be = w->be;
+  size_t n_pieces = 0, n_counts = 0;
+  for (int64_t p = b; p < e; n_pieces++) {
+    int64_t q = piece_end(w, p, e);
+    n_counts += (size_t)ra_wave_n_clusters(q - p, c->segment, c->cluster);
+    p = q;
+  }
+  puts->c = calloc(n_pieces * (size_t)w->n_kv, sizeof *puts->c);
+  puts->counts = malloc((n_counts ? n_counts : 1) * (size_t)w->n_kv * sizeof *puts->counts);
+  if (!puts->c || !puts->counts) {
+    ra_wave_puts_free(puts);
+    return ra_errorf(err, RA_ENOMEM, "wave: out of memory");
+  }
+  ra_wave_cluster_params cp = {.seg_len = c->segment, .cluster_size = c->cluster, .iters = c->iters};
+  const size_t hd = (size_t)w->hd, row = (size_t)(e - b) * hd;
+  uint32_t *cbuf = puts->counts;
+  int rc = RA_OK;
+  for (int64_t p = b; p < e && rc == RA_OK;) {
+    const int64_t q = piece_end(w, p, e), n = q - p, c0 = w->n_clusters[l];
+    const int64_t kk = ra_wave_n_clusters(n, c->segment, c->cluster);
+    int64_t os[3] = {w->n_kv, n, w->hd};
+    ra_tensor ok_ = w->out_k, ov_ = w->out_v; /* views of n rows per head */
+    memcpy(ok_.shape, os, sizeof os);
+    memcpy(ov_.shape, os, sizeof os);
+    ok_.nbytes = ov_.nbytes = (size_t)w->n_kv * (size_t)n * hd * sizeof(float);
+    rc = be->ops->cluster_keys(be, kc, vc, p, n, &cp, &w->centroid[l], &w->size[l], &w->vsum[l], c0, &ok_, &ov_,
+                               w->perm, w->counts, err);
+    for (int g = 0; g < w->n_kv && rc == RA_OK; g++) {
+      float *kd = k + (size_t)g * row + (size_t)(p - b) * hd, *vd = v + (size_t)g * row + (size_t)(p - b) * hd;
+      rc = be->ops->download(be, &ok_, (size_t)g * (size_t)n * hd, kd, (size_t)n * hd, err);
+      if (rc == RA_OK) rc = be->ops->download(be, &ov_, (size_t)g * (size_t)n * hd, vd, (size_t)n * hd, err);
+      if (rc == RA_OK) rc = install(w, l, p, c0, kk, g, cbuf, &puts->c[puts->n], err);
+      if (rc == RA_OK) {
+        cbuf += puts->c[puts->n].n_clusters;
+        puts->n++;
+      }
+    }
+    if (rc == RA_OK) w->n_clusters[l] = c0 + kk;
+    p = q;
+  }
+  if (rc) ra_wave_puts_free(puts);
+  return rc;
+}
+
+int ra_wave_select(ra_wave *w, int l, const ra_tensor *q, float scale, const ra_remote_wave_sel **sel,
+                   const ra_tensor **est_o, const ra_tensor **est_ml, ra_error *err) {
+  const size_t ns = w->plan->n_stores, nkv = (size_t)w->n_kv;
+  const int64_t nc = w->begun ? w->n_clusters[l] : 0;
+  const int64_t r = ra_wave_budget_clusters(w->cfg.retrieve, nc, w->cfg.cluster);
+  int64_t e = ra_wave_budget_clusters(w->cfg.estimate, nc, w->cfg.cluster);
+  if (e > nc - r) e = nc - r;
+  *est_o = *est_ml = NULL;
+  for (size_t s = 0; s < ns; s++) w->sel[s] = (ra_remote_wave_sel){0};
+  *sel = w->sel;
+  if (r + e < 1) return RA_OK;
+  ra_backend *be = w->be;
+  int rc = be->ops->wave_select(be, q, &w->centroid[l], &w->size[l], nc, scale, (int)r, (int)e, w->idx,
+                                e ? &w->vsum[l] : NULL, e ? &w->est_o : NULL, e ? &w->est_ml : NULL, err);
+  if (rc) return rc;
+  if (e) {
+    *est_o = &w->est_o;
+    *est_ml = &w->est_ml;
+  }
+  /* per kv head, each store's retrieved ids, appended to its list in kv head order */
+  size_t *fill = w->sel_fill, *start = w->sel_fill + ns;
+  memset(fill, 0, ns * sizeof *fill);
+  for (size_t g = 0; g < nkv; g++) {
+    memcpy(start, fill, ns * sizeof *fill);
+    for (int64_t j = 0; j < r; j++) {
+      int32_t cl = w->idx[g * (size_t)(r + e) + (size_t)j];
+      if (cl < 0) continue;
+      size_t a = at(w, l, (int)g, cl);
+      if (w->sid[a] < 0) continue;
+      size_t s = w->owner[a];
+      w->sel_ids[s * nkv * (size_t)w->cap + fill[s]++] = (uint32_t)w->sid[a];
+    }
+    for (size_t s = 0; s < ns; s++) {
+      if (fill[s] == start[s]) continue;
+      ra_remote_wave_sel *x = &w->sel[s];
+      w->sel_heads[s * nkv + x->n_heads] = (uint32_t)g;
+      w->sel_counts[s * nkv + x->n_heads] = (uint32_t)(fill[s] - start[s]);
+      x->n_heads++;
+    }
+  }
+  for (size_t s = 0; s < ns; s++) {
+    w->sel[s].kv_heads = w->sel_heads + s * nkv;
+    w->sel[s].counts = w->sel_counts + s * nkv;
+    w->sel[s].clusters = w->sel_ids + s * nkv * (size_t)w->cap;
+  }
+  return RA_OK;
+}
+
+/* Clusters the growth block of every layer and installs the clusters at the stores. */
+static int block_flush(ra_wave *w, ra_error *err) {
+  const ra_wave_config *c = &w->cfg;
+  ra_backend *be = w->be;
+  const int64_t n = w->blk_n, p0 = w->blk_p0, k = ra_wave_n_clusters(n, c->block, c->cluster);
+  ra_wave_cluster_params cp = {.seg_len = c->block, .cluster_size = c->cluster, .iters = c->iters};
+  uint32_t *counts = malloc((size_t)(k ? k : 1) * sizeof *counts);
+  int rc = counts ? RA_OK : ra_errorf(err, RA_ENOMEM, "wave: out of memory");
+  for (int l = 0; l < w->n_layers && rc == RA_OK; l++) {
+    const int64_t c0 = w->n_clusters[l];
+    rc = be->ops->cluster_keys(be, &w->blk_k[l], &w->blk_v[l], 0, n, &cp, &w->centroid[l], &w->size[l], &w->vsum[l],
+                               c0, NULL, NULL, w->perm, w->counts, err);
+    if (rc == RA_OK) w->n_clusters[l] = c0 + k;
+    for (int g = 0; g < w->n_kv && rc == RA_OK; g++) {
+      ra_kvclient_clusters req;
+      rc = install(w, l, p0, c0, k, g, counts, &req, err);
+      for (int64_t i = 0; i < n; i++) w->perm_u[i] = (uint32_t)w->perm[(size_t)g * (size_t)n + (size_t)i];
+      req.perm = w->perm_u;
+      if (rc == RA_OK) rc = ra_remote_put_clusters(w->remote, &req, 1, err);
+    }
+  }
+  free(counts);
+  w->blk_p0 = p0 + n;
+  w->blk_n = 0;
+  return rc;
+}
+
+int ra_wave_evict(ra_wave *w, int64_t pos, const ra_tensor *k_caches, const ra_tensor *v_caches, int64_t row,
+                  ra_error *err) {
+  if (!w->begun) return ra_errorf(err, RA_ESTATE, "wave: decode before ra_wave_begin");
+  if (pos != w->blk_p0 + w->blk_n)
+    return ra_errorf(err, RA_EINTERNAL, "wave: evicted position %lld, the block expects %lld", (long long)pos,
+                     (long long)(w->blk_p0 + w->blk_n));
+  ra_backend *be = w->be;
+  const size_t kv_row = (size_t)w->n_kv * (size_t)w->hd;
+  int rc = RA_OK;
+  for (int l = 0; l < w->n_layers && rc == RA_OK; l++) {
+    rc = be->ops->copy(be, &w->blk_k[l], (size_t)w->blk_n * kv_row, &k_caches[l], (size_t)row * kv_row, kv_row, err);
+    if (rc == RA_OK)
+      rc = be->ops->copy(be, &w->blk_v[l], (size_t)w->blk_n * kv_row, &v_caches[l], (size_t)row * kv_row, kv_row, err);
+  }
+  if (rc) return rc;
+  w->blk_n++;
+  if (w->blk_p0 + w->blk_n < block_end(w, w->blk_p0)) return RA_OK;
+  return block_flush(w, err);
+}
+
+int64_t ra_wave_n_clusters_of(const ra_wave *w, int l) { return w->begun ? w->n_clusters[l] : 0; }
+
+int64_t ra_wave_block_rows(const ra_wave *w) { return w->blk_n; }

@@ -1,0 +1,97 @@
+/* Wave mode on the worker (RetroInfer's wave index over the store tier): the worker keeps, per
+ * layer and kv head, a meta-index of the offloaded keys' clusters on the device (centroid, size,
+ * value sum); the stores hold the rows in cluster order (PutClusters). A decode step ranks the
+ * clusters on the device (wave_select) and splits them into
+ *   - the retrieval zone: attended exactly by the stores owning them (one attend per store and
+ *     layer naming, per kv head, the cluster ids it holds), together with every row the stores
+ *     hold that no cluster covers yet (the lag: tokens evicted since the last growth block);
+ *   - the estimation zone: approximated on the device from centroids and value sums, no KV read;
+ *   - the rest, dropped.
+ *
+ * Clusters never cross a shard boundary: the offloaded positions are cut at every shard
+ * boundary of the plan (any layer, any kv head) into pieces, and each piece is clustered on its
+ * own (backend cluster_keys, segments within a piece). Cluster ids at the stores are dense per
+ * (layer, kv head): the backend's empty clusters get none and are never selected.
+ *
+ * Growth: every token that leaves the window is appended to its store (a lag row, attended every
+ * step) and copied into a device block [block, n_kv_heads, head_dim] per layer; when the block
+ * is full (or the next position starts another shard) it is clustered as one segment, its
+ * clusters join the meta-index and the stores reorder those rows into cluster order
+ * (PutClusters with perm). A token is a lag row until then and a cluster row after: never
+ * invisible, never counted twice. */
+#ifndef RA_WAVE_H
+#define RA_WAVE_H
+
+#include "backend.h"
+#include "offload_plan.h"
+#include "remote.h"
+
+#include <stdint.h>
+
+/* Budgets per kv head and step: a value <= 1 is a fraction of the kv head's clusters (1: all of
+ * them, 0: none), a value > 1 an integer count of tokens, taken as that many tokens' worth of
+ * clusters (ceil(tokens / cluster)). */
+typedef struct ra_wave_config {
+  double retrieve;  /* retrieval zone (default 0.018, RetroInfer's 1.8 %) */
+  double estimate;  /* estimation zone (default 0.232) */
+  int64_t segment;  /* prefill rows per k-means segment (default 8192) */
+  int64_t cluster;  /* rows per cluster on average (default 16) */
+  int iters;        /* Lloyd iterations (default 10) */
+  int64_t block;    /* decode-time growth block, rows (default 1024) */
+} ra_wave_config;
+
+void ra_wave_config_default(ra_wave_config *c);
+/* RA_OK, or RA_EINVAL naming the bad field. */
+int ra_wave_config_check(const ra_wave_config *c, ra_error *err);
+/* A budget from its text form ("0.018", "2400"): RA_OK, or RA_EINVAL with the reason. */
+int ra_wave_budget_parse(const char *s, double *out, ra_error *err);
+/* Clusters a budget takes of n_clusters (clamped to [0, n_clusters]). */
+int64_t ra_wave_budget_clusters(double budget, int64_t n_clusters, int64_t cluster);
+
+typedef struct ra_wave ra_wave;
+
+/* Geometry of the model; the plan and the remote must outlive the state. kv_dtype: the device
+ * caches' dtype (the growth blocks are kept in it). */
+int ra_wave_new(ra_backend *be, const ra_offload_plan *plan, ra_remote *remote, int n_layers, int n_heads,
+                int n_kv_heads, int head_dim, ra_dtype kv_dtype, const ra_wave_config *cfg, ra_wave **out,
+                ra_error *err);
+void ra_wave_free(ra_wave *w);
+
+/* Before the prefill (or seed): the prefill offloads positions [b, e) and the decode evicts
+ * positions up to max_end (exclusive); sizes the meta-index for them. Once per runtime. */
+int ra_wave_begin(ra_wave *w, int64_t b, int64_t e, int64_t max_end, ra_error *err);
+
+/* PutClusters requests of one layer (what a prefill's layer job sends after its PutKv). */
+typedef struct ra_wave_puts {
+  ra_kvclient_clusters *c;
+  size_t n;
+  uint32_t *counts; /* the requests' counts, one array */
+} ra_wave_puts;
+void ra_wave_puts_free(ra_wave_puts *p);
+
+/* Prefill of layer l: clusters rows [b, e) of kc, vc ([.., n_kv_heads, head_dim], row = position)
+ * on the backend into the meta-index, and writes them in cluster order to k, v: host
+ * [n_kv_heads, e - b, head_dim] fp32, kv head g's i-th row at [g, i] being the row the store
+ * holds at position b + i (ra_remote_put_heads). puts: the layer's PutClusters, no perm. */
+int ra_wave_prefill_layer(ra_wave *w, int l, const ra_tensor *kc, const ra_tensor *vc, int64_t b, int64_t e, float *k,
+                          float *v, ra_wave_puts *puts, ra_error *err);
+
+/* Decode, layer l, after q: ranks the clusters (q: [n_heads, head_dim] on the backend, RoPE
+ * applied). *sel: per store of the plan, the retrieval zone's cluster ids it holds, for
+ * ra_remote_attend_begin_wave. *est_o / *est_ml: the estimation zone's partial on the backend
+ * ([n_heads, head_dim] / [n_heads, 2], attn_merge's layout), NULL when the zone is empty. */
+int ra_wave_select(ra_wave *w, int l, const ra_tensor *q, float scale, const ra_remote_wave_sel **sel,
+                   const ra_tensor **est_o, const ra_tensor **est_ml, ra_error *err);
+
+/* Decode: position pos left the window; its K/V of every layer are at row `row` of k_caches[l],
+ * v_caches[l] and were appended to the stores already. Adds it to the growth block; when the
+ * block is due, clusters it and installs the clusters (meta-index, then PutClusters with perm). */
+int ra_wave_evict(ra_wave *w, int64_t pos, const ra_tensor *k_caches, const ra_tensor *v_caches, int64_t row,
+                  ra_error *err);
+
+/* Clusters of layer l (every kv head has the same number, empty ones included). */
+int64_t ra_wave_n_clusters_of(const ra_wave *w, int l);
+/* Rows waiting in the growth block. */
+int64_t ra_wave_block_rows(const ra_wave *w);
+
+#endif

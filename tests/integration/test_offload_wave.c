@@ -1,0 +1,300 @@
+/* Wave mode end to end on a tiny random model with two real kv-store processes (seconds):
+ *   - every cluster in the retrieval zone is full attention (the same logits to rounding), and
+ *     the stores scan each offloaded row exactly once per q head;
+ *   - a decode that crosses growth blocks (lag rows clustered and reordered at the stores) keeps
+ *     every token visible: still full attention;
+ *   - kv heads split over the stores by token range, cut in the prefill and in the growth;
+ *   - every cluster estimated (none retrieved): the stores scan only the lag, and the logits are
+ *     closer to full attention than dropping the middle (streaming);
+ *   - a runtime seeded from a captured prefill decodes as the one that ran the prefill. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <math.h>
+
+#include "harness.h"
+#include "offload.h"
+#include "shardmap.h"
+
+enum { N_PROMPT = 600, SINK = 16, WINDOW = 48, MAX_DECODE = 100 };
+
+static void ok(int rc, const ra_error *err) {
+  if (rc != RA_OK) fail_msg("%s: %s", ra_status_name(rc), err->msg);
+}
+
+static struct {
+  ra_backend *be;
+  ra_model *m;
+  harness_store st[2];
+  int32_t tokens[N_PROMPT + MAX_DECODE];
+} F;
+
+static int setup(void **state) {
+  (void)state;
+  ra_error err;
+  ra_backend_config bc = {2, 0};
+  ra_model_config c;
+  if (ra_backend_create("cpu", &bc, &F.be, &err) || ra_model_config_preset("tiny", &c, &err)) return -1;
+  c.n_layers = 4;
+  if (ra_model_random(F.be, &c, 11, &F.m, &err)) return -1;
+  const char *const args[] = {"--threads", "1", NULL};
+  for (int i = 0; i < 2; i++)
+    if (harness_store_start(&F.st[i], args)) return -1;
+  for (int i = 0; i < N_PROMPT + MAX_DECODE; i++) F.tokens[i] = (int32_t)((i * 37 + 11) % c.vocab);
+  return 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  int rc = 0;
+  for (int i = 0; i < 2; i++)
+    if (F.st[i].pid > 0 && harness_store_stop(&F.st[i], 5000) != 0) rc = -1;
+  ra_model_free(F.m);
+  ra_backend_destroy(F.be);
+  return rc;
+}
+
+/* The plan of `map_text` ("%1$s" / "%2$s": the stores' addresses), or the kv heads dealt
+ * round-robin when NULL. */
+typedef struct plan_of {
+  ra_shard_map map;
+  ra_offload_plan plan;
+} plan_of;
+
+static void plan_make(plan_of *p, const char *map_text, uint32_t sink, uint32_t window) {
+  const ra_model_config *c = &F.m->cfg;
+  ra_error err;
+  if (map_text) {
+    char text[1024];
+    snprintf(text, sizeof text, map_text, F.st[0].addr, F.st[1].addr);
+    ok(ra_shard_map_parse(text, &p->map, &err), &err);
+  } else {
+    const char *addrs[2] = {F.st[0].addr, F.st[1].addr};
+    ok(ra_shard_map_spread(addrs, 2, (uint32_t)c->n_layers, (uint32_t)c->n_kv_heads, &p->map, &err), &err);
+  }
+  ok(ra_offload_plan_build(&p->map, (uint32_t)c->n_layers, (uint32_t)c->n_heads, (uint32_t)c->n_kv_heads, sink,
+                           window, &p->plan, &err),
+     &err);
+}
+
+static void plan_free(plan_of *p) {
+  ra_offload_plan_free(&p->plan);
+  ra_shard_map_free(&p->map);
+}
+
+static void wave_config(ra_offload_config *c, const ra_offload_plan *plan, double retrieve, double estimate,
+                        int64_t block, int n_decode) {
+  ra_offload_config_default(c);
+  c->mode = RA_MODE_WAVE;
+  c->n_sink = plan->n_sink;
+  c->n_window = plan->n_window;
+  c->store_dtype = RA_DTYPE_F32;
+  c->max_prompt = N_PROMPT;
+  c->max_ctx = N_PROMPT + n_decode;
+  c->timeout_ms = 5000;
+  c->wave.retrieve = retrieve;
+  c->wave.estimate = estimate;
+  c->wave.segment = 256; /* several segments per piece */
+  if (block) c->wave.block = block;
+}
+
+static ra_offload *offload_new(const ra_offload_plan *plan, const ra_offload_config *c) {
+  ra_offload *o;
+  ra_error err;
+  ok(ra_offload_new(F.m, c->mode == RA_MODE_STREAMING ? NULL : plan, c, &o, &err), &err);
+  return o;
+}
+
+static void last_logits(ra_state *st, float *out) {
+  ra_tensor row = ra_tensor_rows(&st->logits, st->n_logits - 1, 1);
+  ra_error err;
+  ok(st->be->ops->download(st->be, &row, 0, out, (size_t)st->m->cfg.vocab, &err), &err);
+}
+
+/* Prefills o (unless seeded already) and decodes n_decode teacher-forced tokens; the largest
+ * |logit difference| from full attention over the prefill's and every step's logits. */
+static double against_full(ra_offload *o, int n_decode, int prefill) {
+  const int vocab = F.m->cfg.vocab;
+  float *want = malloc((size_t)vocab * sizeof *want), *got = malloc((size_t)vocab * sizeof *got);
+  assert_non_null(want);
+  assert_non_null(got);
+  ra_state *st;
+  ra_error err;
+  ok(ra_state_new(F.m, N_PROMPT + n_decode, N_PROMPT, RA_DTYPE_F32, &st, &err), &err);
+  ok(ra_model_forward(st, F.tokens, N_PROMPT, 0, NULL, &err), &err);
+  if (prefill) ok(ra_offload_prefill(o, F.tokens, N_PROMPT, NULL, &err), &err);
+  double worst = 0;
+  for (int t = 0; t <= n_decode; t++) {
+    if (t > 0) {
+      ok(ra_model_forward(st, &F.tokens[N_PROMPT + t - 1], 1, 0, NULL, &err), &err);
+      ok(ra_offload_decode(o, F.tokens[N_PROMPT + t - 1], NULL, &err), &err);
+    }
+    last_logits(st, want);
+    last_logits(ra_offload_state(o), got);
+    for (int i = 0; i < vocab; i++) worst = fmax(worst, fabs((double)want[i] - got[i]));
+  }
+  ra_state_free(st);
+  free(want);
+  free(got);
+  return worst;
+}
+
+/* Every step's n_scanned is `rows(step)` keys per q head and layer. */
+static void assert_scanned(const ra_offload *o, uint64_t (*rows)(const ra_offload_stats *s, size_t i)) {
+  size_t n_steps;
+  const ra_offload_stats *s = ra_offload_step_stats(o, &n_steps);
+  const uint64_t per_row = (uint64_t)F.m->cfg.n_heads * (uint64_t)F.m->cfg.n_layers;
+  for (size_t i = 0; i < n_steps; i++) assert_int_equal(s[i].n_scanned, rows(&s[i], i) * per_row);
+}
+
+static uint64_t all_rows(const ra_offload_stats *s, size_t i) {
+  (void)i;
+  return s->n_offloaded;
+}
+
+static void test_all_retrieved_equals_full(void **state) {
+  (void)state;
+  plan_of p;
+  plan_make(&p, NULL, SINK, WINDOW);
+  ra_offload_config c;
+  wave_config(&c, &p.plan, 1.0, 0.0, 0, 4);
+  ra_offload *o = offload_new(&p.plan, &c);
+  double worst = against_full(o, 4, 1);
+  print_message("wave, every cluster retrieved: max |logit diff| from full %.2e\n", worst);
+  assert_true(worst < 1e-3);
+  /* offloaded [16, 552) in segments of 256: 16 + 16 + 2 clusters per kv head */
+  assert_int_equal(ra_wave_n_clusters_of(ra_offload_wave(o), 0), 34);
+  assert_int_equal(ra_wave_block_rows(ra_offload_wave(o)), 4);
+  assert_scanned(o, all_rows);
+  ra_offload_free(o);
+  plan_free(&p);
+}
+
+static void test_growth_blocks_keep_every_token(void **state) {
+  (void)state;
+  enum { W = 8, STEPS = 40, BLOCK = 16 };
+  plan_of p;
+  plan_make(&p, NULL, SINK, W);
+  ra_offload_config c;
+  wave_config(&c, &p.plan, 1.0, 0.0, BLOCK, STEPS);
+  ra_offload *o = offload_new(&p.plan, &c);
+  double worst = against_full(o, STEPS, 1);
+  const ra_wave *w = ra_offload_wave(o);
+  print_message("wave across %d growth blocks of %d: max |logit diff| from full %.2e, %lld clusters, %lld lag rows\n",
+                STEPS / BLOCK, BLOCK, worst, (long long)ra_wave_n_clusters_of(w, 0), (long long)ra_wave_block_rows(w));
+  assert_true(worst < 1e-3);
+  /* prefill [16, 592): 256 + 256 + 64 rows, 16 + 16 + 4 clusters; two blocks of one cluster each */
+  assert_int_equal(ra_wave_n_clusters_of(w, 3), 36 + 2 * (BLOCK / 16));
+  assert_int_equal(ra_wave_block_rows(w), STEPS % BLOCK);
+  assert_scanned(o, all_rows);
+  ra_offload_free(o);
+  plan_free(&p);
+}
+
+static void test_kv_head_split_by_tokens(void **state) {
+  (void)state;
+  enum { STEPS = 90, BLOCK = 16 };
+  /* every kv head on both stores: cut at 300 inside the prefill, at 620 in the growth (blocks
+   * from 552: 552, 568, 584, 600, then 616-619 cut short) */
+  plan_of p;
+  plan_make(&p, "%1$s * * 0-299\n%2$s * * 300-619\n%1$s * * 620-\n", SINK, WINDOW);
+  ra_offload_config c;
+  wave_config(&c, &p.plan, 1.0, 0.0, BLOCK, STEPS);
+  ra_offload *o = offload_new(&p.plan, &c);
+  double worst = against_full(o, STEPS, 1);
+  const ra_wave *w = ra_offload_wave(o);
+  print_message("wave, kv heads split at 300 and 620: max |logit diff| from full %.2e, %lld clusters\n", worst,
+                (long long)ra_wave_n_clusters_of(w, 1));
+  assert_true(worst < 1e-3);
+  /* prefill pieces [16, 300) and [300, 552): 256 + 28 rows -> 16 + 2, 252 rows -> 16; growth:
+   * 552..616 four blocks, 616..620 one, 620..636 one, then 636..642 in the block */
+  assert_int_equal(ra_wave_n_clusters_of(w, 1), 18 + 16 + 4 + 1 + 1);
+  assert_int_equal(ra_wave_block_rows(w), 6);
+  assert_scanned(o, all_rows);
+  ra_offload_free(o);
+  plan_free(&p);
+}
+
+/* Rows evicted since the prefill (all lag: the block is never full). */
+static uint64_t lag_rows(const ra_offload_stats *s, size_t i) {
+  (void)s;
+  return (uint64_t)i + 1;
+}
+
+static void test_all_estimated_scans_only_the_lag(void **state) {
+  (void)state;
+  enum { STEPS = 4 };
+  plan_of p;
+  plan_make(&p, NULL, SINK, WINDOW);
+  ra_offload_config c;
+  wave_config(&c, &p.plan, 0.0, 1.0, 0, STEPS);
+  ra_offload *o = offload_new(&p.plan, &c);
+  double est = against_full(o, STEPS, 1);
+  assert_scanned(o, lag_rows);
+  ra_offload_free(o);
+  c.mode = RA_MODE_STREAMING;
+  o = offload_new(NULL, &c);
+  double dropped = against_full(o, STEPS, 1);
+  ra_offload_free(o);
+  print_message("every cluster estimated: max |logit diff| from full %.2e (streaming: %.2e)\n", est, dropped);
+  assert_true(est < dropped);
+  plan_free(&p);
+}
+
+static void test_seeded_decodes_as_prefilled(void **state) {
+  (void)state;
+  enum { STEPS = 20, BLOCK = 16 };
+  plan_of p;
+  plan_make(&p, NULL, SINK, WINDOW);
+  ra_offload_config c;
+  wave_config(&c, &p.plan, 0.1, 0.3, BLOCK, STEPS);
+  ra_prefill_capture *cap;
+  ra_state *st;
+  ra_error err;
+  ok(ra_prefill_capture_new(F.m, N_PROMPT, c.build_queries, &cap, &err), &err);
+  ok(ra_state_new(F.m, N_PROMPT, N_PROMPT, RA_DTYPE_F32, &st, &err), &err);
+  ok(ra_prefill_capture_run(cap, st, F.tokens, &err), &err);
+  ra_state_free(st);
+  ra_offload *direct = offload_new(&p.plan, &c);
+  ok(ra_offload_prefill(direct, F.tokens, N_PROMPT, NULL, &err), &err);
+  /* the direct runtime holds its sessions open: the seeded one gets sessions of its own */
+  ra_offload *seeded = offload_new(&p.plan, &c);
+  ok(ra_offload_seed(seeded, cap, NULL, &err), &err);
+  ra_prefill_capture_free(cap);
+  const int vocab = F.m->cfg.vocab;
+  float *a = malloc((size_t)vocab * sizeof *a), *b = malloc((size_t)vocab * sizeof *b);
+  double worst = 0;
+  for (int t = 0; t <= STEPS; t++) {
+    if (t > 0) {
+      ok(ra_offload_decode(direct, F.tokens[N_PROMPT + t - 1], NULL, &err), &err);
+      ok(ra_offload_decode(seeded, F.tokens[N_PROMPT + t - 1], NULL, &err), &err);
+    }
+    last_logits(ra_offload_state(direct), a);
+    last_logits(ra_offload_state(seeded), b);
+    for (int i = 0; i < vocab; i++) worst = fmax(worst, fabs((double)a[i] - b[i]));
+  }
+  print_message("wave (retrieve 0.1, estimate 0.3): seeded vs prefilled, max |logit diff| %.2e\n", worst);
+  assert_true(worst < 1e-4);
+  free(a);
+  free(b);
+  ra_offload_free(direct);
+  ra_offload_free(seeded);
+  plan_free(&p);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_all_retrieved_equals_full),
+      cmocka_unit_test(test_growth_blocks_keep_every_token),
+      cmocka_unit_test(test_kv_head_split_by_tokens),
+      cmocka_unit_test(test_all_estimated_scans_only_the_lag),
+      cmocka_unit_test(test_seeded_decodes_as_prefilled),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
