@@ -5,7 +5,8 @@
 #     MODES: e.g. "full roar wave"; "MODE:ARG,ARG,..." adds arguments for that mode alone
 #            ("roar:--ef,400,--index-per-kv-head")
 #   env STORE_ARGS (default "--threads 7 --index-threads 1 --memory-budget 50G")
-# Writes OUTDIR/gen-MODE.json, OUTDIR/stores-MODE.log and OUTDIR/summary.json.
+# Writes OUTDIR/gen-NAME.json, OUTDIR/stores-NAME.log (NAME: the spec with ':' and ',' as '_'
+# and '-' dropped: "wave_retrieve_0.036") and OUTDIR/summary.json.
 set -euo pipefail
 [ $# -ge 4 ] && [ "$4" = "--" ] || { echo "usage: $0 OUTDIR BIN_DIR \"MODES\" -- GENERATE_ARGS..." >&2; exit 2; }
 out=$1 bin=$2 modes=$3
@@ -17,7 +18,7 @@ for spec in $modes; do
   mode=${spec%%:*}
   extra=()
   [ "$spec" != "$mode" ] && IFS=, read -r -a extra <<<"${spec#*:}"
-  name=${mode}
+  name=$(printf '%s' "$spec" | tr ':,' '__' | tr -d -- '-')
   echo "== $name ${extra[*]}" >&2
   if [ "$mode" = full ]; then
     "$bin/gpu-worker" generate "$@" --json "$out/gen-$name.json" "${extra[@]}" >/dev/null

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Medians of gpu-worker --json runs made in one call, and their ratios to the full run.
 
+Runs are named by their file, gen-NAME.json.
+
 usage: summary.py gen-MODE.json... > summary.json
 Steps 0-1 are left out of the medians (warm-up: the first decode steps allocate and fill
 caches); the median of every per-step field the run recorded is reported."""
@@ -23,7 +25,9 @@ def main(paths):
         if not steps:
             sys.exit(f"{p}: fewer than 3 decode steps")
         med = median_fields(steps)
-        runs[r["mode"]] = {
+        name = p.rsplit("/", 1)[-1].removeprefix("gen-").removesuffix(".json")
+        runs[name] = {
+            "mode": r["mode"],
             "file": p.rsplit("/", 1)[-1],
             "prompt_tokens": r["prompt_tokens"],
             "prefill_s": r["prefill_s"],
@@ -32,7 +36,7 @@ def main(paths):
             "decode_ms_p90": sorted(s["total_us"] for s in steps)[int(0.9 * (len(steps) - 1))] / 1e3,
             "step_median_us": med,
         }
-    full = runs.get("full")
+    full = runs.get("full")  # the run named plain "full" is the reference
     for r in runs.values():
         if full:
             r["prefill_vs_full"] = r["prefill_s"] / full["prefill_s"]

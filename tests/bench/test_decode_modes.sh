@@ -13,12 +13,13 @@ STORE_ARGS="--threads 1 --memory-budget 256M" "$here/../../bench/decode/decode-m
 python3 - "$out/summary.json" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))
-assert set(s) == {"full", "flat"}, s.keys()
+assert set(s) == {"full", "flat_attntopk_8"}, s.keys()
+assert s["flat_attntopk_8"]["mode"] == "flat"
 for m, r in s.items():
     assert r["decode_steps"] == 5, (m, r)
     assert r["decode_ms_median"] > 0 and r["prefill_s"] > 0, (m, r)
 assert s["full"]["decode_vs_full"] == 1.0
-assert s["flat"]["decode_vs_full"] > 0 and s["flat"]["step_median_us"]["n_scanned"] > 0, s["flat"]
+assert s["flat_attntopk_8"]["decode_vs_full"] > 0 and s["flat_attntopk_8"]["step_median_us"]["n_scanned"] > 0
 PY
 if "$here/../../bench/decode/decode-modes.sh" "$out" "$1" full 2>/dev/null; then
   echo "FAIL: a call without -- and generate arguments was accepted" >&2
