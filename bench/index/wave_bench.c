@@ -16,7 +16,8 @@
  *   est weight    the estimation partial's share of o~'s softmax denominator, and est mass, the
  *                 exact p its clusters hold (what the estimate stands in for).
  * Baselines at the same keys read (B = the mean keys read of the kv head at that r):
- *   flat          exact top-B per query and q head: the upper bound of mass at that budget;
+ *   flat          exact top-B per query and q head: the upper bound of mass at that budget, and
+ *                 o's error of exact attention over those B keys;
  *   ivf, roar     (kv-store/index) swept over nprobe / ef; "read" = the keys whose q.k the search
  *                 computed (a store reads those; it attends over its top_k of them, so their mass
  *                 here is an upper bound), interpolated at B (null when the sweep starts above B).
@@ -152,17 +153,21 @@ static int curve_at(const curve *c, double B, double *recall, double *mass) {
 }
 
 /* The exact reference of one layer: per q head h and evaluation query i (row h * n_ev + i),
- * p [n_off] (softmax over the offloaded keys), cum [n_off] (the mass of the top-(j+1) keys),
- * thr (the 100th largest p), o [hd]. */
+ * p [n_off] (softmax over the offloaded keys), order [n_off] (the keys by descending p), cum
+ * [n_off] (the mass of the top-(j+1) keys), thr (the 100th largest p), o [hd]. */
 typedef struct {
   uint32_t n_off, n_ev;
   int hq, hd;
   float *p, *cum, *thr, *o;
+  int32_t *order;
 } exact_ref;
 
+static const float *sort_p; /* qsort's comparator reads the row being sorted (one per thread) */
+#pragma omp threadprivate(sort_p)
+
 static int cmp_desc(const void *a, const void *b) {
-  float x = *(const float *)a, y = *(const float *)b;
-  return x < y ? 1 : x > y ? -1 : 0;
+  float x = sort_p[*(const int32_t *)a], y = sort_p[*(const int32_t *)b];
+  return x < y ? 1 : x > y ? -1 : *(const int32_t *)a - *(const int32_t *)b;
 }
 
 static int exact_make(exact_ref *x, const float *const *koff, const float *const *voff, const float *qev,
@@ -173,7 +178,8 @@ static int exact_make(exact_ref *x, const float *const *koff, const float *const
   x->cum = malloc(rows * n_off * sizeof(float));
   x->thr = malloc(rows * sizeof(float));
   x->o = malloc(rows * hd * sizeof(float));
-  if (!x->p || !x->cum || !x->thr || !x->o) return -1;
+  x->order = malloc(rows * n_off * sizeof(int32_t));
+  if (!x->p || !x->cum || !x->thr || !x->o || !x->order) return -1;
 #pragma omp parallel for schedule(dynamic, 4) num_threads(threads)
   for (size_t row = 0; row < rows; row++) {
     const int h = (int)(row / n_ev);
@@ -190,11 +196,13 @@ static int exact_make(exact_ref *x, const float *const *koff, const float *const
     double l = 0;
     for (uint32_t t = 0; t < n_off; t++) l += exp((double)p[t] - m);
     for (uint32_t t = 0; t < n_off; t++) p[t] = (float)(exp((double)p[t] - m) / l);
-    memcpy(cum, p, n_off * sizeof(float));
-    qsort(cum, n_off, sizeof(float), cmp_desc);
-    x->thr[row] = cum[(n_off < TOPK ? n_off : TOPK) - 1];
+    int32_t *ord = x->order + row * n_off;
+    for (uint32_t t = 0; t < n_off; t++) ord[t] = (int32_t)t;
+    sort_p = p;
+    qsort(ord, n_off, sizeof(int32_t), cmp_desc);
+    x->thr[row] = p[ord[(n_off < TOPK ? n_off : TOPK) - 1]];
     double acc = 0;
-    for (uint32_t t = 0; t < n_off; t++) cum[t] = (float)(acc += cum[t]);
+    for (uint32_t t = 0; t < n_off; t++) cum[t] = (float)(acc += p[ord[t]]);
     ra_partial part = {.o = x->o + row * hd};
     ra_partial_attend_f32(q, k, voff[h / G], n_off, hd, scale, &part);
   }
@@ -206,6 +214,7 @@ static void exact_free(exact_ref *x) {
   free(x->cum);
   free(x->thr);
   free(x->o);
+  free(x->order);
 }
 
 /* Sweeps an index of q head h's kv head keys over the evaluation queries: per point the mean
@@ -264,7 +273,7 @@ static int sweep_index(const ra_index *ix, int kind, const ra_keys *keys, const 
 
 /* Sums over one config's evaluation queries, per (layer, r, q head); the e-indexed ones per e. */
 typedef struct {
-  double keys, recall, mass, flat_mass, flat_recall;
+  double keys, recall, mass, flat_mass, flat_recall, flat_oerr;
   double oerr[MAX_LIST], estw[MAX_LIST], estm[MAX_LIST];
 } head_sums;
 
@@ -283,7 +292,7 @@ static head_sums *hs_at(const config_res *c, const opts *o, int hq, int li, int 
 /* Layer-level means of a config at r index ri (li = -1: the mean over layers), the index
  * baselines at each head's B, and the worst head's mass. */
 typedef struct {
-  double keys, recall, mass, mass_worst, flat_mass, flat_recall;
+  double keys, recall, mass, mass_worst, flat_mass, flat_recall, flat_oerr;
   double ix_recall[N_IX], ix_mass[N_IX];
   int ix_n[N_IX];
   double oerr[MAX_LIST], estw[MAX_LIST], estm[MAX_LIST];
@@ -303,6 +312,7 @@ static void point_of(const config_res *c, const opts *o, int hq, int G, uint32_t
       pt->mass_worst = s->mass / n_ev < pt->mass_worst ? s->mass / n_ev : pt->mass_worst;
       pt->flat_mass += s->flat_mass / n_ev;
       pt->flat_recall += s->flat_recall / n_ev;
+      pt->flat_oerr += s->flat_oerr / n_ev;
       for (int ei = 0; ei < o->n_e; ei++) {
         pt->oerr[ei] += s->oerr[ei] / n_ev;
         pt->estw[ei] += s->estw[ei] / n_ev;
@@ -319,7 +329,7 @@ static void point_of(const config_res *c, const opts *o, int hq, int G, uint32_t
       }
       nh++;
     }
-  pt->keys /= nh, pt->recall /= nh, pt->mass /= nh, pt->flat_mass /= nh, pt->flat_recall /= nh;
+  pt->keys /= nh, pt->recall /= nh, pt->mass /= nh, pt->flat_mass /= nh, pt->flat_recall /= nh, pt->flat_oerr /= nh;
   for (int ei = 0; ei < o->n_e; ei++) pt->oerr[ei] /= nh, pt->estw[ei] /= nh, pt->estm[ei] /= nh;
   for (int k = 0; k < N_IX; k++)
     if (pt->ix_n[k]) pt->ix_recall[k] /= pt->ix_n[k], pt->ix_mass[k] /= pt->ix_n[k];
@@ -329,9 +339,9 @@ static void json_point(FILE *f, const opts *o, const config_res *c, const point 
                        int nh_total) {
   fprintf(f, "{\"retrieval_pct\": %g, \"r\": %d, \"keys_read\": %.1f, \"keys_read_frac\": %.5f, "
              "\"recall100\": %.4f, \"mass\": %.4f, \"mass_worst_head\": %.4f, "
-             "\"flat\": {\"recall100\": %.4f, \"mass\": %.4f}",
+             "\"flat\": {\"recall100\": %.4f, \"mass\": %.4f, \"o_rel_err\": %.5f}",
           o->rfrac[ri], c->r[ri], pt->keys, pt->keys / n_off, pt->recall, pt->mass, pt->mass_worst,
-          pt->flat_recall, pt->flat_mass);
+          pt->flat_recall, pt->flat_mass, pt->flat_oerr);
   for (int k = 0; k < N_IX; k++) {
     if (!o->use[k]) continue;
     if (pt->ix_n[k] == nh_total)
@@ -431,10 +441,32 @@ static void cluster_starts(const int32_t *counts, int hkv, int64_t K, int64_t *s
   }
 }
 
+static double rel_err(const float *a, const float *ref, int hd) {
+  double dn = 0, dd = 0;
+  for (int d = 0; d < hd; d++) dn += (a[d] - ref[d]) * (a[d] - ref[d]), dd += ref[d] * ref[d];
+  return dd > 0 ? sqrt(dn / dd) : 0;
+}
+
+/* o's relative error of exact attention over the top-B keys of reference row `row` (flat at B).
+ * k, v: the offloaded keys [n_off, hd]; fk, fv: room for B rows; ob: [hd]. */
+static double flat_err(const exact_ref *x, size_t row, const float *q, uint32_t B, float scale, const float *k,
+                       const float *v, float *fk, float *fv, float *ob) {
+  const int hd = x->hd;
+  const int32_t *ord = x->order + row * x->n_off;
+  for (uint32_t j = 0; j < B; j++) {
+    memcpy(fk + (size_t)j * hd, k + (size_t)ord[j] * hd, sizeof(float) * hd);
+    memcpy(fv + (size_t)j * hd, v + (size_t)ord[j] * hd, sizeof(float) * hd);
+  }
+  ra_partial part = {.o = ob};
+  ra_partial_attend_f32(q, fk, fv, B, hd, scale, &part);
+  return rel_err(ob, x->o + row * hd, hd);
+}
+
 /* One config on one layer: cluster, then every evaluation query through wave_select at every
  * (r, e); adds into c's sums of layer li. */
 static int run_config(ra_backend *be, const opts *o, const ra_qk_meta *m, layer_tensors *T, const exact_ref *x,
-                      const float *qev, int li, config_res *c, ra_error *err) {
+                      const float *const *koff, const float *const *voff, const float *qev, int li, config_res *c,
+                      ra_error *err) {
   const int hq = m->q_heads, hkv = m->kv_heads, G = hq / hkv, hd = m->head_dim;
   const uint32_t n_off = x->n_off, n_ev = x->n_ev;
   const float scale = 1.0f / sqrtf((float)hd);
@@ -446,13 +478,14 @@ static int run_config(ra_backend *be, const opts *o, const ra_qk_meta *m, layer_
   float *hk = malloc(sizeof(float) * (size_t)hkv * n_off * hd), *hv = malloc(sizeof(float) * (size_t)hkv * n_off * hd);
   float *ho = malloc(sizeof(float) * (size_t)hq * hd), *hml = malloc(sizeof(float) * (size_t)hq * 2);
   float *ret_o = malloc(sizeof(float) * (size_t)hq * hd), *mo = malloc(sizeof(float) * (size_t)hd);
+  float *fk = malloc(sizeof(float) * (size_t)n_off * hd), *fv = malloc(sizeof(float) * (size_t)n_off * hd);
   float ret_m[64], ret_l[64];
   int rmax = 0, emax = 0;
   for (int ri = 0; ri < o->n_r; ri++) rmax = c->r[ri] > rmax ? c->r[ri] : rmax;
   for (int ei = 0; ei < o->n_e; ei++) emax = c->e[ei] > emax ? c->e[ei] : emax;
   int32_t *idx = malloc(sizeof(int32_t) * (size_t)hkv * (rmax + emax));
   int rc = RA_ENOMEM;
-  if (hq > 64 || !perm || !counts || !start || !hk || !hv || !ho || !hml || !ret_o || !mo || !idx) {
+  if (hq > 64 || !perm || !counts || !start || !hk || !hv || !ho || !hml || !ret_o || !mo || !fk || !fv || !idx) {
     ra_errorf(err, RA_ENOMEM, "wave-bench: out of memory");
     goto out;
   }
@@ -511,6 +544,7 @@ static int run_config(ra_backend *be, const opts *o, const ra_qk_meta *m, layer_
             s->recall += (double)hit / TOPK;
             s->flat_mass += keys ? x->cum[row * n_off + keys - 1] : 0;
             s->flat_recall += (keys < TOPK ? keys : TOPK) / (double)TOPK;
+            s->flat_oerr += flat_err(x, row, q, keys, scale, koff[g], voff[g], fk, fv, mo);
           }
           /* the estimation zone's exact mass, and o~ = retrieval (+) estimation */
           double em = 0;
@@ -525,10 +559,7 @@ static int run_config(ra_backend *be, const opts *o, const ra_qk_meta *m, layer_
           const float em_ = hml[2 * h], el = hml[2 * h + 1];
           ra_partial_merge(&acc, ho + (size_t)h * hd, em_, el, hd);
           double w_est = el > 0 ? el * exp((double)em_ - acc.m) : 0;
-          const float *ox = x->o + row * hd;
-          double dn = 0, dd = 0;
-          for (int d = 0; d < hd; d++) dn += (mo[d] - ox[d]) * (mo[d] - ox[d]), dd += ox[d] * ox[d];
-          s->oerr[ei] += dd > 0 ? sqrt(dn / dd) : 0;
+          s->oerr[ei] += rel_err(mo, x->o + row * hd, hd);
           s->estw[ei] += acc.l > 0 ? w_est / acc.l : 0;
           s->estm[ei] += em;
         }
@@ -538,7 +569,7 @@ static int run_config(ra_backend *be, const opts *o, const ra_qk_meta *m, layer_
   rc = RA_OK;
 out:
   ra_tensor_free(&cen), ra_tensor_free(&size), ra_tensor_free(&vsum), ra_tensor_free(&ok_), ra_tensor_free(&ov);
-  free(perm), free(counts), free(start), free(hk), free(hv), free(ho), free(hml), free(ret_o), free(mo), free(idx);
+  free(perm), free(counts), free(start), free(hk), free(hv), free(ho), free(hml), free(ret_o), free(mo), free(fk), free(fv), free(idx);
   return rc;
 }
 
@@ -548,8 +579,8 @@ static void print_table(const opts *o, const ra_qk_meta *m, uint32_t n_off, uint
   printf("\nmeans over %d layers x %d q heads x %u queries; mass = share of the exact softmax over the %u "
          "offloaded keys; flat/ivf/roar at wave's keys read\n",
          o->n_layers, hq, n_ev, n_off);
-  printf("%4s %5s %4s %6s %5s %6s %6s %6s %6s %6s %6s", "cs", "seg", "it", "r%", "keys", "keys%", "rec", "mass",
-         "flat", "ivf", "roar");
+  printf("%4s %5s %4s %6s %5s %6s %6s %6s %6s %6s %6s %7s", "cs", "seg", "it", "r%", "keys", "keys%", "rec", "mass",
+         "flat", "ivf", "roar", "flaterr");
   for (int ei = 0; ei < o->n_e; ei++) printf("  err@e%-5g", o->efrac[ei]);
   printf("\n");
   for (int ci = 0; ci < n_cfg; ci++)
@@ -562,10 +593,12 @@ static void print_table(const opts *o, const ra_qk_meta *m, uint32_t n_off, uint
       for (int k = 0; k < N_IX; k++)
         if (o->use[k] && pt.ix_n[k] == hq * o->n_layers) printf(" %6.3f", pt.ix_mass[k]);
         else printf(" %6s", "-");
+      printf(" %7.4f", pt.flat_oerr);
       for (int ei = 0; ei < o->n_e; ei++) printf("  %6.4f(%2.0f)", pt.oerr[ei], 100 * pt.estw[ei]);
       printf("\n");
     }
-  printf("err@eX: |o~ - o| / |o| with the estimation zone at X %% of the clusters (its weight in o~, %%)\n");
+  printf("err@eX: |o~ - o| / |o| with the estimation zone at X %% of the clusters (its weight in o~, %%); "
+         "flaterr: the same for exact attention over flat's top keys\n");
 }
 
 int main(int argc, char **argv) {
@@ -717,7 +750,7 @@ int main(int argc, char **argv) {
       }
     }
     for (int ci = 0; ci < n_cfg; ci++) {
-      if (run_config(be, &o, &m, &T, &x, qev, li, &cfgs[ci], &err)) {
+      if (run_config(be, &o, &m, &T, &x, koff, voff, qev, li, &cfgs[ci], &err)) {
         fprintf(stderr, "wave-bench: cs %d seg %d iters %d: %s\n", cfgs[ci].cs, cfgs[ci].seg, cfgs[ci].iters, err.msg);
         return 1;
       }
