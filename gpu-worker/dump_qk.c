@@ -62,7 +62,8 @@ static int path_fmt(char *buf, size_t n, const char *dir, const char *name, int 
   return k < 0 || (size_t)k >= n ? ra_errorf(err, RA_EINVAL, "dump: output path too long") : RA_OK;
 }
 
-static int write_keys(ra_state *st, const ra_dump_config *cfg, int64_t n_tokens, ra_error *err) {
+/* The k and v cache rows [0, n_tokens) of every dumped layer, one file per kv head each. */
+static int write_kv(ra_state *st, const ra_dump_config *cfg, int64_t n_tokens, ra_error *err) {
   const ra_model_config *c = &st->m->cfg;
   int64_t hkv = c->n_kv_heads, hd = c->head_dim;
   float *all = malloc(sizeof(float) * (size_t)(n_tokens * hkv * hd));
@@ -71,13 +72,17 @@ static int write_keys(ra_state *st, const ra_dump_config *cfg, int64_t n_tokens,
   if (!all || !col) rc = ra_errorf(err, RA_ENOMEM, "dump: out of memory for %lld keys", (long long)n_tokens);
   for (int l = 0; rc == RA_OK && l < c->n_layers; l++) {
     if (!layer_on(cfg, l)) continue;
-    /* k cache rows [0, n_tokens): [n_tokens, kv_heads, hd] */
-    if ((rc = st->be->ops->download(st->be, &st->k_cache[l], 0, all, (size_t)(n_tokens * hkv * hd), err))) break;
-    for (int64_t g = 0; rc == RA_OK && g < hkv; g++) {
-      for (int64_t t = 0; t < n_tokens; t++) memcpy(col + t * hd, all + (t * hkv + g) * hd, (size_t)hd * sizeof(float));
-      char path[4096];
-      if ((rc = path_fmt(path, sizeof path, cfg->out_dir, "k", l, (int)g, err)) == RA_OK)
-        rc = ra_npy_write_f32(path, cfg->dtype, (uint64_t)n_tokens, (uint64_t)hd, col, err);
+    const ra_tensor *caches[2] = {&st->k_cache[l], &st->v_cache[l]};
+    static const char *const names[2] = {"k", "v"};
+    for (int w = 0; rc == RA_OK && w < 2; w++) {
+      /* cache rows [0, n_tokens): [n_tokens, kv_heads, hd] */
+      if ((rc = st->be->ops->download(st->be, caches[w], 0, all, (size_t)(n_tokens * hkv * hd), err))) break;
+      for (int64_t g = 0; rc == RA_OK && g < hkv; g++) {
+        for (int64_t t = 0; t < n_tokens; t++) memcpy(col + t * hd, all + (t * hkv + g) * hd, (size_t)hd * sizeof(float));
+        char path[4096];
+        if ((rc = path_fmt(path, sizeof path, cfg->out_dir, names[w], l, (int)g, err)) == RA_OK)
+          rc = ra_npy_write_f32(path, cfg->dtype, (uint64_t)n_tokens, (uint64_t)hd, col, err);
+      }
     }
   }
   free(all);
@@ -160,7 +165,7 @@ int ra_dump_qk(ra_state *st, const int32_t *prompt, size_t n_prompt, const ra_du
       if (rc == RA_OK) rc = r2;
     }
   }
-  if (rc == RA_OK) rc = write_keys(st, cfg, total, err);
+  if (rc == RA_OK) rc = write_kv(st, cfg, total, err);
   if (rc == RA_OK) rc = write_meta(st, cfg, prompt, n_prompt, dec, cfg->n_decode, err);
   free(d.wq);
   free(d.wqd);

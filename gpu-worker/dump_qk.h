@@ -8,6 +8,7 @@
  *   q_L{l}_H{h}.npy           [n_prompt_tokens, head_dim]  post-RoPE query of q head h, prompt tokens
  *   qdec_L{l}_H{h}.npy        [n_decode_tokens, head_dim]  queries of the generated tokens, in order
  *   k_L{l}_H{g}.npy           [n_tokens, head_dim]         post-RoPE keys of kv head g, all tokens
+ *   v_L{l}_H{g}.npy           [n_tokens, head_dim]         values of kv head g, all tokens
  * with n_tokens = n_prompt_tokens + n_decode_tokens: decode token j (greedy) is fed at position
  * n_prompt_tokens + j, so qdec row j attends to k rows [0, n_prompt_tokens + j]. q head h reads kv
  * head h / (q_heads / kv_heads). Arrays are float16 or float32 (npy.h reads both). */

@@ -18,6 +18,7 @@
  *            Q_h = P_g (I + 0.6 G_h) + 0.5 N_h: the key subspace mixed and partly left (G_h, N_h
  *            Gaussian), b_h an offset of its own with a component along u_g, s_q its own scales.
  *   decode   queries of positions N .. N + Nd - 1, same process.
+ *   values   v_t = W_g z_t + 0.5 eps (W_g Gaussian): what a token carries follows its content.
  * Key-key inner products are dominated by c_g, the outlier pairs and the heavy hitters, while
  * q·k ranks keys by a bilinear form in z: key-key neighborhoods are not query-key ones. */
 #include "npy.h"
@@ -127,7 +128,7 @@ int main(int argc, char **argv) {
   }
   const int D = o.dim, r = D / 4, G = o.q_heads / o.kv_heads;
   const uint32_t N = o.tokens, T = o.tokens + o.decode;
-  rng R = {o.seed};
+  rng R = {o.seed}, RV = {o.seed ^ 0x76616C7565730000ull};
   enum { MAX_TOPICS = 4096 };
   double *freq = malloc((size_t)D / 2 * sizeof *freq);
   float *mu = malloc((size_t)MAX_TOPICS * r * sizeof *mu);
@@ -204,6 +205,16 @@ int main(int argc, char **argv) {
         rope(k, D, t, freq);
       }
       if (write_rows(&o, "k", L, g, out, N)) return 1;
+      /* values v_t = W z_t + 0.5 eps (W Gaussian [D, r], in Q's room until the queries), from
+       * their own stream so that the keys and queries of a seed do not depend on them */
+      for (int i = 0; i < D * r; i++) Q[i] = gauss(&RV) / sqrtf((float)r);
+      for (uint32_t t = 0; t < N; t++)
+        for (int i = 0; i < D; i++) {
+          float s = 0.0f;
+          for (int j = 0; j < r; j++) s += Q[(size_t)i * r + j] * z[(size_t)t * r + j];
+          out[(size_t)t * D + i] = s + 0.5f * gauss(&RV);
+        }
+      if (write_rows(&o, "v", L, g, out, N)) return 1;
 
       for (int hh = 0; hh < G; hh++) {
         int h = g * G + hh;

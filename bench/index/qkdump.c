@@ -83,3 +83,18 @@ int ra_qk_meta_write(const char *dir, const ra_qk_meta *m, const char *dtype_nam
   if (fclose(f) != 0) return ra_errorf(err, RA_EIO, "%s: write failed", path);
   return RA_OK;
 }
+
+int ra_qk_read_f32(const char *dir, const char *what, int layer, int head, int dim, uint64_t rows_min,
+                   ra_npy *out, ra_error *err) {
+  char path[4096];
+  ra_qk_path(path, sizeof path, dir, what, layer, head);
+  int rc = ra_npy_read_f32(path, out, err);
+  if (rc) return rc;
+  if (out->cols != (uint64_t)dim || out->rows < rows_min) {
+    rc = ra_errorf(err, RA_EFORMAT, "%s: shape (%llu, %llu), expected (>= %llu, %d)", path,
+                   (unsigned long long)out->rows, (unsigned long long)out->cols,
+                   (unsigned long long)rows_min, dim);
+    ra_npy_free(out);
+  }
+  return rc;
+}

@@ -7,11 +7,14 @@
  *   q_L{l}_H{h}.npy      prefill queries of layer l, query head h: [N, D], RoPE applied
  *   k_L{l}_H{g}.npy      keys of layer l, kv head g: [N, D], RoPE applied
  *   qdec_L{l}_H{h}.npy   queries of Nd generated tokens (only when n_decode > 0): [Nd, D]
+ *   v_L{l}_H{g}.npy      values of layer l, kv head g: [N, D] (gpu-worker and qk-synth write
+ *                        them; index-bench does not read them, wave-bench does)
  * Arrays are .npy 1.0/2.0, float16 or float32, C order (common/npy.h). Query head h reads kv
  * head h / (H / G) (GQA). Row t is token t. */
 #ifndef RA_QKDUMP_H
 #define RA_QKDUMP_H
 
+#include "npy.h"
 #include "status.h"
 
 #include <stddef.h>
@@ -31,7 +34,12 @@ int ra_qk_meta_read(const char *dir, ra_qk_meta *m, ra_error *err);
 int ra_qk_meta_write(const char *dir, const ra_qk_meta *m, const char *dtype_name,
                      const char *extra, ra_error *err);
 
-/* DIR/{what}_L{layer}_H{head}.npy, what = "q" | "k" | "qdec". */
+/* DIR/{what}_L{layer}_H{head}.npy, what = "q" | "k" | "v" | "qdec". */
 void ra_qk_path(char *out, size_t cap, const char *dir, const char *what, int layer, int head);
+
+/* Reads DIR/{what}_L{layer}_H{head}.npy as fp32 into out (ra_npy_free it), checking that it has
+ * dim columns and at least rows_min rows. */
+int ra_qk_read_f32(const char *dir, const char *what, int layer, int head, int dim, uint64_t rows_min,
+                   ra_npy *out, ra_error *err);
 
 #endif

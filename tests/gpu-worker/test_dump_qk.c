@@ -1,5 +1,5 @@
 /* dump-qk on a tiny random model: files, shapes and meta.json; prompt dumps do not depend on the
- * decode count; the query dumped for decode token 0 equals that token's query when it is part
+ * decode count (queries, keys and values); the query dumped for decode token 0 equals that token's query when it is part
  * of the prompt; keys are the post-RoPE cache rows. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -115,13 +115,16 @@ static void test_dump_consistency(void **state) {
     for (int d = 0; d < hd; d++) assert_true(fabsf(qv[12 * hd + d] - qdv[d]) < 1e-4f);
     ra_npy_free(&q), ra_npy_free(&qd);
   }
-  for (int g = 0; g < m->cfg.n_kv_heads; g++) {
-    ra_npy k = load(dp, "k", 1, g), k3 = load(d3, "k", 1, g);
-    assert_int_equal(k3.rows, 15);
-    const float *kv = k.data, *k3v = k3.data;
-    for (int i = 0; i < 13 * hd; i++) assert_true(fabsf(kv[i] - k3v[i]) < 1e-4f);
-    ra_npy_free(&k), ra_npy_free(&k3);
-  }
+  for (int g = 0; g < m->cfg.n_kv_heads; g++)
+    for (int w = 0; w < 2; w++) { /* keys, then values: the prompt's rows equal with or without decode */
+      const char *name = w ? "v" : "k";
+      ra_npy k = load(dp, name, 1, g), k3 = load(d3, name, 1, g);
+      assert_int_equal(k3.rows, 15);
+      assert_int_equal(k3.cols, hd);
+      const float *kv = k.data, *k3v = k3.data;
+      for (int i = 0; i < 13 * hd; i++) assert_true(fabsf(kv[i] - k3v[i]) < 1e-4f);
+      ra_npy_free(&k), ra_npy_free(&k3);
+    }
   rm_dir(d0);
   rm_dir(d3);
   rm_dir(dp);
