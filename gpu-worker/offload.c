@@ -475,6 +475,27 @@ static int offload_rows(ra_offload *o, int l, const ra_tensor *kc, const ra_tens
   return rc;
 }
 
+/* The job of layer l's offloaded rows [b, e) of kc, vc (the layer's cache on the backend, row =
+ * position): offload_rows, then layer_job_new with the rows as the job's own. *rows_us: the
+ * time of offload_rows. */
+static int layer_job_of_cache(ra_offload *o, int l, const ra_tensor *kc, const ra_tensor *vc, int64_t b, int64_t e,
+                              const float *q, int64_t n_q, layer_job **job, double *rows_us, ra_error *err) {
+  uint64_t t0 = uv_hrtime();
+  float *k = NULL, *v = NULL;
+  ra_wave_puts puts = {0};
+  int rc = offload_rows(o, l, kc, vc, b, e, &k, &v, &puts, err);
+  *rows_us = (double)(uv_hrtime() - t0) / 1e3;
+  if (rc == RA_OK) {
+    rc = layer_job_new(o, l, b, e, k, v, 1, kc, b, q, n_q, job, err);
+    k = v = NULL; /* the job's now, or freed */
+  }
+  if (rc == RA_OK) (*job)->clusters = puts;
+  else ra_wave_puts_free(&puts);
+  free(k);
+  free(v);
+  return rc;
+}
+
 /* After layer l ran over the scratch (st->k_cache[l] is the scratch, sk/sv hold the ring):
  * offloaded positions to the stores (+ index) through the pipe, sink and window into the ring.
  * q: roar's sampled queries of the layer, host [n_q, n_heads, head_dim] (else NULL). */
@@ -489,22 +510,13 @@ static int prefill_offload_layer(ra_offload *o, ra_job_pipe *pipe, int l, int64_
   int64_t b = (int64_t)b64, e = (int64_t)e64;
   if (o->remote && e > b) {
     uint64_t t0 = uv_hrtime();
-    float *k = NULL, *v = NULL;
-    ra_wave_puts puts = {0};
-    rc = offload_rows(o, l, &st->k_cache[l], &st->v_cache[l], b, e, &k, &v, &puts, err);
-    uint64_t t1 = uv_hrtime();
-    *(o->wave ? &stats->index_us : &stats->download_us) += (double)(t1 - t0) / 1e3;
     layer_job *job = NULL;
-    if (rc == RA_OK) {
-      rc = layer_job_new(o, l, b, e, k, v, 1, &st->k_cache[l], b, q, n_q, &job, err);
-      k = v = NULL; /* the job's now, or freed */
-    }
-    if (rc == RA_OK) job->clusters = puts;
-    else ra_wave_puts_free(&puts);
-    free(k);
-    free(v);
+    double rows_us;
+    rc = layer_job_of_cache(o, l, &st->k_cache[l], &st->v_cache[l], b, e, q, n_q, &job, &rows_us, err);
     uint64_t t2 = uv_hrtime();
-    stats->index_us += (double)(t2 - t1) / 1e3;
+    /* wave's rows come out of its clustering */
+    *(o->wave ? &stats->index_us : &stats->download_us) += rows_us;
+    stats->index_us += (double)(t2 - t0) / 1e3 - rows_us;
     if (rc == RA_OK) rc = ra_job_pipe_push(pipe, layer_job_run, layer_job_free, job, err);
     stats->wait_us += (double)(uv_hrtime() - t2) / 1e3;
   }
@@ -673,18 +685,9 @@ int ra_offload_seed(ra_offload *o, const ra_prefill_capture *cap, ra_offload_sta
       if (rc == RA_OK && o->wave)
         rc = o->m->be->ops->upload(o->m->be, &o->scratch_v, (size_t)b * o->kv_row, v + (size_t)b * o->kv_row,
                                    (size_t)(e - b) * o->kv_row, err);
+      double rows_us;
       if (rc == RA_OK && o->wave) {
-        /* the clustered rows are the job's own */
-        float *kw = NULL, *vw = NULL;
-        ra_wave_puts puts = {0};
-        rc = offload_rows(o, l, &o->scratch_k, &o->scratch_v, b, e, &kw, &vw, &puts, err);
-        if (rc == RA_OK) rc = layer_job_new(o, l, b, e, kw, vw, 1, &o->scratch_k, b, NULL, 0, &job, err);
-        else {
-          free(kw);
-          free(vw);
-        }
-        if (rc == RA_OK) job->clusters = puts;
-        else ra_wave_puts_free(&puts);
+        rc = layer_job_of_cache(o, l, &o->scratch_k, &o->scratch_v, b, e, NULL, 0, &job, &rows_us, err);
       } else if (rc == RA_OK) {
         rc = layer_job_new(o, l, b, e, k + (size_t)b * o->kv_row, v + (size_t)b * o->kv_row, 0, &o->scratch_k, b,
                            cap->q + (size_t)l * (size_t)n_q * q_row, n_q, &job, err);

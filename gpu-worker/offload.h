@@ -96,7 +96,8 @@ typedef struct ra_offload_stats {
   double store_us;     /* the stores' own compute, slowest store per layer, summed */
   double append_us;    /* prefill: puts to the stores; decode: the evicted token's append */
   double download_us;  /* prefill: the offloaded K/V from the device to host memory */
-  double index_us;     /* prefill: kNN on the backend + index builds (wave: the clustering) */
+  double index_us;     /* prefill: kNN on the backend + index builds (wave: the clustering and
+                        * PutClusters); decode, wave: clustering a full growth block */
   double select_us;    /* decode, wave: ranking the clusters and the estimation zone on the device,
                         * with the selection's host lists */
   double merge_us;     /* decode: the stores' partial (and wave's estimate) uploaded and merged */
