@@ -15,19 +15,7 @@
 
 #include "model.h"
 
-static ra_backend *be;
-
-static int setup(void **state) {
-  (void)state;
-  ra_backend_config cfg = {2, 0};
-  return ra_backend_create("cpu", &cfg, &be, NULL);
-}
-
-static int teardown(void **state) {
-  (void)state;
-  ra_backend_destroy(be);
-  return 0;
-}
+#include "cpu_fixture.h"
 
 static ra_model *tiny(int qwen_style) {
   ra_model_config c;

@@ -11,24 +11,7 @@
 #include "backend.h"
 #include "merge.h"
 
-static ra_backend *be;
-
-static int setup(void **state) {
-  (void)state;
-  ra_backend_config cfg = {2, 0};
-  return ra_backend_create("cpu", &cfg, &be, NULL);
-}
-
-static int teardown(void **state) {
-  (void)state;
-  ra_backend_destroy(be);
-  return 0;
-}
-
-static float frand(uint64_t *s) {
-  *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-  return (float)((*s >> 40) & 0xffffff) * 0x1p-23f - 1.0f;
-}
+#include "cpu_fixture.h"
 
 /* Allocates a tensor and fills it with random values; returns the host copy. */
 static float *rand_tensor(ra_tensor *t, ra_dtype dt, int ndim, const int64_t *shape, uint64_t seed) {
