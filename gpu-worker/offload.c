@@ -467,12 +467,11 @@ static int offload_rows(ra_offload *o, int l, const ra_tensor *kc, const ra_tens
   size_t nf = (size_t)(e - b) * o->kv_row;
   *k = malloc(nf * sizeof(float));
   *v = malloc(nf * sizeof(float));
-  int rc = *k && *v ? RA_OK
-                    : ra_errorf(err, RA_ENOMEM, "offload: out of memory for %lld tokens of layer %d", (long long)(e - b), l);
-  if (rc == RA_OK && o->wave) return ra_wave_prefill_layer(o->wave, l, kc, vc, b, e, *k, *v, puts, err);
-  if (rc == RA_OK) rc = be->ops->download(be, kc, (size_t)b * o->kv_row, *k, nf, err);
-  if (rc == RA_OK) rc = be->ops->download(be, vc, (size_t)b * o->kv_row, *v, nf, err);
-  return rc;
+  if (!*k || !*v)
+    return ra_errorf(err, RA_ENOMEM, "offload: out of memory for %lld tokens of layer %d", (long long)(e - b), l);
+  if (o->wave) return ra_wave_prefill_layer(o->wave, l, kc, vc, b, e, *k, *v, puts, err);
+  int rc = be->ops->download(be, kc, (size_t)b * o->kv_row, *k, nf, err);
+  return rc ? rc : be->ops->download(be, vc, (size_t)b * o->kv_row, *v, nf, err);
 }
 
 /* The job of layer l's offloaded rows [b, e) of kc, vc (the layer's cache on the backend, row =

@@ -276,7 +276,8 @@ int ra_remote_put_clusters(ra_remote *r, const ra_kvclient_clusters *c, size_t n
       return ra_errorf(err, RA_EINTERNAL, "remote: position %llu of layer %u kv head %u has no owner",
                        (unsigned long long)c[i].row_begin, c[i].layer, c[i].kv_head);
     remote_store *s = &r->stores[owner];
-    if ((rc = ra_kvclient_put_clusters(s->client, &s->session, &c[i], NULL, err)) != RA_OK) return remote_fail(r, rc, err);
+    if ((rc = ra_kvclient_put_clusters(s->client, &s->session, &c[i], NULL, err)) != RA_OK)
+      return remote_fail(r, rc, err);
   }
   return rc;
 }

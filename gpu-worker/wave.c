@@ -88,8 +88,8 @@ void ra_wave_puts_free(ra_wave_puts *p) {
   *p = (ra_wave_puts){0};
 }
 
-void ra_wave_free(ra_wave *w) {
-  if (!w) return;
+/* What ra_wave_begin allocates. */
+static void meta_free(ra_wave *w) {
   for (int l = 0; w->centroid && l < w->n_layers; l++) {
     ra_tensor_free(&w->centroid[l]);
     ra_tensor_free(&w->vsum[l]);
@@ -97,28 +97,37 @@ void ra_wave_free(ra_wave *w) {
     ra_tensor_free(&w->blk_k[l]);
     ra_tensor_free(&w->blk_v[l]);
   }
-  free(w->centroid);
-  free(w->vsum);
-  free(w->size);
-  free(w->blk_k);
-  free(w->blk_v);
-  free(w->n_clusters);
   free(w->sid);
   free(w->owner);
-  free(w->next_sid);
   free(w->perm);
   free(w->counts);
   free(w->perm_u);
   ra_tensor_free(&w->out_k);
   ra_tensor_free(&w->out_v);
   free(w->idx);
+  free(w->sel_heads);
+  free(w->sel_counts);
+  free(w->sel_ids);
+  w->sid = w->idx = NULL;
+  w->owner = NULL;
+  w->perm = w->counts = NULL;
+  w->perm_u = w->sel_heads = w->sel_counts = w->sel_ids = NULL;
+}
+
+void ra_wave_free(ra_wave *w) {
+  if (!w) return;
+  meta_free(w);
+  free(w->centroid);
+  free(w->vsum);
+  free(w->size);
+  free(w->blk_k);
+  free(w->blk_v);
+  free(w->n_clusters);
+  free(w->next_sid);
   ra_tensor_free(&w->est_o);
   ra_tensor_free(&w->est_ml);
   free(w->sel);
   free(w->sel_fill);
-  free(w->sel_heads);
-  free(w->sel_counts);
-  free(w->sel_ids);
   free(w);
 }
 
@@ -143,7 +152,8 @@ int ra_wave_new(ra_backend *be, const ra_offload_plan *plan, ra_remote *remote, 
   w->sel = calloc(plan->n_stores, sizeof *w->sel);
   w->sel_fill = calloc(2 * plan->n_stores, sizeof *w->sel_fill);
   int64_t o_shape[2] = {n_heads, head_dim}, ml_shape[2] = {n_heads, 2};
-  if (!w->centroid || !w->vsum || !w->size || !w->blk_k || !w->blk_v || !w->n_clusters || !w->next_sid || !w->sel || !w->sel_fill)
+  if (!w->centroid || !w->vsum || !w->size || !w->blk_k || !w->blk_v || !w->n_clusters || !w->next_sid || !w->sel ||
+      !w->sel_fill)
     rc = ra_errorf(err, RA_ENOMEM, "wave: out of memory");
   if (rc == RA_OK) rc = ra_tensor_new(be, &w->est_o, RA_DTYPE_F32, 2, o_shape, err);
   if (rc == RA_OK) rc = ra_tensor_new(be, &w->est_ml, RA_DTYPE_F32, 2, ml_shape, err);
@@ -236,6 +246,7 @@ int ra_wave_begin(ra_wave *w, int64_t b, int64_t e, int64_t max_end, ra_error *e
   if (rc == RA_OK && prefill_rows > 0) rc = ra_tensor_new(w->be, &w->out_k, RA_DTYPE_F32, 3, os, err);
   if (rc == RA_OK && prefill_rows > 0) rc = ra_tensor_new(w->be, &w->out_v, RA_DTYPE_F32, 3, os, err);
   if (rc == RA_OK) w->begun = 1;
+  else meta_free(w);
   return rc;
 }
 

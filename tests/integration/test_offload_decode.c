@@ -1,10 +1,13 @@
 /* The distributed decode end to end, on SmolLM2-135M (CPU backend) and two real kv-store
  * processes, with most of the context in the stores (sink 32, window 64):
- *   - on a ~2K-token needle prompt, flat and roar generate the same answer as full attention;
+ *   - on a ~2K-token needle prompt, flat, roar and wave (default budgets) generate the same answer
+ *     as full attention;
  *   - teacher-forced over 256 tokens of natural text, flat and roar pick the same next token as
  *     full attention at >= 99 % of positions (KL(full || mode) is printed);
  *   - flat with k >= the offloaded count is full attention: the same logits to rounding, which
  *     proves the partition of [0, n) and the merge;
+ *   - teacher-forced, wave at its default budgets agrees with full attention at least as often as
+ *     flat given as many exact keys per head as wave's stores scanned;
  *   - a store killed mid-decode stops the step with an error naming it. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -149,18 +152,22 @@ static void test_needle_answer_matches_full(void **state) {
   free(chat);
   print_message("needle prompt: %zu tokens, %zu offloaded\n", n, n - SINK - WINDOW);
   assert_true(n > 1500);
-  int32_t full[16], flat[16], roar[16];
+  int32_t full[16], flat[16], roar[16], wave[16];
   size_t nf = answer(RA_MODE_FULL, ids, n, 8, full);
   size_t nl = answer(RA_MODE_FLAT, ids, n, 8, flat);
   size_t nr = answer(RA_MODE_ROAR, ids, n, 8, roar);
+  size_t nw = answer(RA_MODE_WAVE, ids, n, 8, wave);
   print_tokens("full", full, nf);
   print_tokens("flat", flat, nl);
   print_tokens("roar", roar, nr);
+  print_tokens("wave", wave, nw);
   assert_true(nf > 0);
   assert_int_equal(nl, nf);
   assert_memory_equal(flat, full, nf * sizeof *full);
   assert_int_equal(nr, nf);
   assert_memory_equal(roar, full, nf * sizeof *full);
+  assert_int_equal(nw, nf);
+  assert_memory_equal(wave, full, nf * sizeof *full);
   free(ids);
 }
 
@@ -168,6 +175,7 @@ static void test_needle_answer_matches_full(void **state) {
 typedef struct agreement {
   size_t positions, same_top1;
   double kl_mean, max_abs;
+  double rows_per_head; /* keys the stores scanned per q head, layer and step */
 } agreement;
 
 static agreement forced(ra_mode mode, uint32_t top_k, ra_dtype store_dtype, const int32_t *ids,
@@ -205,24 +213,34 @@ static agreement forced(ra_mode mode, uint32_t top_k, ra_dtype store_dtype, cons
     a.same_top1 += am == ar;
     a.positions++;
   }
+  size_t n_steps;
+  const ra_offload_stats *steps = ra_offload_step_stats(o, &n_steps);
+  for (size_t i = 0; i < n_steps; i++)
+    a.rows_per_head += (double)steps[i].n_scanned / ((double)n_steps * F.m->cfg.n_layers * F.m->cfg.n_heads);
   free(lg);
   ra_offload_free(o);
   return a;
 }
 
-static void test_teacher_forced_agreement_and_exact_flat(void **state) {
+/* The teacher-forced text and full attention's logits of every position (one forward). */
+static float *forced_reference(int32_t **ids) {
   size_t n;
-  int32_t *ids = file_tokens("/usr/share/common-licenses/GPL-3", PROMPT + FORCED, &n);
+  *ids = file_tokens("/usr/share/common-licenses/GPL-3", PROMPT + FORCED, &n);
   assert_int_equal(n, PROMPT + FORCED);
-  /* full attention: the logits of every position in one forward */
   ra_state *st;
   ra_error err;
   ok(ra_state_new(F.m, PROMPT + FORCED, PROMPT + FORCED, RA_DTYPE_F32, &st, &err), &err);
-  ok(ra_model_forward(st, ids, PROMPT + FORCED, 1, NULL, &err), &err);
+  ok(ra_model_forward(st, *ids, PROMPT + FORCED, 1, NULL, &err), &err);
   size_t nl = (size_t)(PROMPT + FORCED) * (size_t)F.m->cfg.vocab;
   float *full = malloc(nl * sizeof *full);
   ok(st->be->ops->download(st->be, &st->logits, 0, full, nl, &err), &err);
   ra_state_free(st);
+  return full;
+}
+
+static void test_teacher_forced_agreement_and_exact_flat(void **state) {
+  int32_t *ids;
+  float *full = forced_reference(&ids);
 
   agreement all = forced(RA_MODE_FLAT, PROMPT + FORCED, RA_DTYPE_F32, ids, full);
   print_message("flat k=all (f32 stores): top-1 %zu/%zu, max |logit diff| %.2e, KL %.2e\n", all.same_top1,
@@ -243,6 +261,28 @@ static void test_teacher_forced_agreement_and_exact_flat(void **state) {
   assert_true(roar >= flat - 0.02);             /* the index retrieves as well as the exact scan */
   assert_true(a[2].kl_mean <= 1.5 * a[1].kl_mean + 1e-4);
   assert_true(a[0].kl_mean > 1.5 * a[1].kl_mean); /* dropping the middle is visibly worse */
+  free(full);
+  free(ids);
+}
+
+/* Wave reads the selected clusters' rows and the lag at the stores and estimates more clusters
+ * on the device; flat gets as many exact keys per head as wave's stores scanned, its top-k chosen
+ * per q head and key where wave's clusters are chosen per kv head. At 2K tokens flat stays
+ * ahead at every budget tried (bench/results/wave-smollm2): wave must beat dropping the middle
+ * (streaming's KL) and stay within 5 % of flat's agreement. */
+static void test_teacher_forced_wave_vs_flat_at_equal_keys(void **state) {
+  int32_t *ids;
+  float *full = forced_reference(&ids);
+  agreement w = forced(RA_MODE_WAVE, 0, RA_DTYPE_F16, ids, full);
+  uint32_t keys = (uint32_t)ceil(w.rows_per_head);
+  agreement f = forced(RA_MODE_FLAT, keys, RA_DTYPE_F16, ids, full);
+  agreement s = forced(RA_MODE_STREAMING, 0, RA_DTYPE_F16, ids, full);
+  print_message("wave (default budgets, %.1f keys per head scanned): top-1 %zu/%zu, KL %.3e; flat k=%u: top-1 "
+                "%zu/%zu, KL %.3e; streaming: top-1 %zu/%zu, KL %.3e\n", w.rows_per_head, w.same_top1, w.positions,
+                w.kl_mean, keys, f.same_top1, f.positions, f.kl_mean, s.same_top1, s.positions, s.kl_mean);
+  assert_true(w.rows_per_head > 0);
+  assert_true(w.kl_mean < 0.5 * s.kl_mean);
+  assert_true((double)w.same_top1 >= (double)f.same_top1 - 0.05 * (double)f.positions);
   free(full);
   free(ids);
 }
@@ -269,6 +309,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_needle_answer_matches_full),
       cmocka_unit_test(test_teacher_forced_agreement_and_exact_flat),
+      cmocka_unit_test(test_teacher_forced_wave_vs_flat_at_equal_keys),
       cmocka_unit_test(test_store_killed_mid_decode_names_it), /* last: it kills a store */
   };
   return cmocka_run_group_tests(tests, setup, teardown);
