@@ -390,6 +390,12 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
           fprintf(f, ", \"sink\": %u, \"window\": %u, \"attn_top_k\": %u, \"stores\": %zu, \"prefill\": ", o->off.n_sink,
                   o->off.n_window, o->off.top_k, plan.n_stores);
           json_write_stats(f, ra_offload_prefill_stats(off));
+          const ra_wave_config *wc = &o->off.wave;
+          if (o->off.mode == RA_MODE_WAVE)
+            fprintf(f, ", \"wave\": {\"retrieve\": %g, \"estimate\": %g, \"segment\": %lld, \"cluster\": %lld, "
+                       "\"iters\": %d, \"block\": %lld}",
+                    wc->retrieve, wc->estimate, (long long)wc->segment, (long long)wc->cluster, wc->iters,
+                    (long long)wc->block);
           fprintf(f, ", \"steps\": [");
           for (size_t i = 0; i < n_steps; i++) {
             fprintf(f, "%s", i ? ", " : "");

@@ -46,7 +46,9 @@ for mode in ("roar", "flat", "wave"):
     assert d["tokens"] == full["tokens"], (dt, mode, d["tokens"], full["tokens"])
 # wave: every offloaded row scanned once per q head and layer (9 heads, 30 layers), each step's
 # selection timed
-for s in json.load(open(f"{run}/{dt}.wave.json"))["steps"]:
+wave = json.load(open(f"{run}/{dt}.wave.json"))
+assert wave["wave"] == {"retrieve": 1, "estimate": 0, "segment": 8192, "cluster": 2, "iters": 10, "block": 2}, wave
+for s in wave["steps"]:
     assert s["n_scanned"] == s["n_offloaded"] * 9 * 30 and s["select_us"] > 0, s
 PY
 done
