@@ -61,7 +61,7 @@ enum {
 
 /* The names joined by '|' ("full|streaming|..."), a constant for option tables' value hints. */
 #define RA_MODE_NAME_BAR_(id, name, wire, flags, slot, help) "|" name
-#define RA_MODE_NAMES (RA_MODE_TABLE(RA_MODE_NAME_BAR_) + 1)
+#define RA_MODE_NAMES (&(RA_MODE_TABLE(RA_MODE_NAME_BAR_))[1])
 
 /* A set of modes as a bit mask (index_params.h: which modes use a parameter). */
 #define RA_MODE_BIT(m) (1u << (m))
