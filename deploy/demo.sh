@@ -2,7 +2,8 @@
 # The demo: sets up, builds, starts two kv-stores on loopback, and
 #   1. drives them with kvstore-demo: random KV sharded over both stores, attention per layer
 #      merged with a local sink + window partial and checked against direct attention;
-#   2. runs SmolLM2-135M on the CPU backend (gpu-worker generate) on a short prompt.
+#   2. runs SmolLM2-135M on the CPU backend (gpu-worker generate) on a short prompt: full
+#      attention, then roar and wave with most of the context in the stores.
 # Everything it starts is stopped on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,3 +39,7 @@ print("roar: %d tokens offloaded per layer and kv head; per decode step (median)
       s[-1]["n_offloaded"], statistics.median(x["total_us"] for x in s) / 1e3,
       statistics.median(x["wait_us"] for x in s) / 1e3, statistics.median(x["append_us"] for x in s) / 1e3))
 PY
+echo "== SmolLM2-135M, wave: the same split; the worker clusters the offloaded keys, picks clusters"
+echo "   per step from their centroids, the stores attend exactly over the picked ones"
+"$BIN/gpu-worker" generate --model "$MODEL" --prompt-file "$RUN/needle.txt" --chat --max-new-tokens 16 \
+  --mode wave --stores "$A,$B" --sink 64 --window 128
