@@ -27,6 +27,7 @@
 #include "index.h"
 #include "merge.h"
 #include "npy.h"
+#include "opts.h"
 #include "qkdump.h"
 
 #include <math.h>
@@ -78,6 +79,14 @@ static void usage(void) {
           "The dump needs values (v_L*_H*.npy: gpu-worker dump-qk, qk-synth write them).\n");
 }
 
+/* An integer flag value in [lo, hi] into *out: 0, or -1 (a usage error) when it is not one. */
+static int int_arg(const char *v, int lo, int hi, int *out) {
+  int64_t x;
+  if (ra_opts_parse_int(v, lo, hi, &x, NULL) != RA_OK) return -1;
+  *out = (int)x;
+  return 0;
+}
+
 static int parse_args(int argc, char **argv, opts *o) {
   memset(o, 0, sizeof *o);
   o->sink = 128;
@@ -103,10 +112,10 @@ static int parse_args(int argc, char **argv, opts *o) {
       if ((n = o->n_layers = parse_nums(v, 0, 1 << 20, layers)) < 0) return -1;
       for (int j = 0; j < n; j++) o->layers[j] = (int)layers[j];
     }
-    else if (!strcmp(a, "--sink")) o->sink = atoi(v);
-    else if (!strcmp(a, "--window")) o->window = atoi(v);
-    else if (!strcmp(a, "--eval")) o->n_eval = atoi(v);
-    else if (!strcmp(a, "--threads")) o->threads = atoi(v);
+    else if (!strcmp(a, "--sink")) n = int_arg(v, 0, 1 << 20, &o->sink);
+    else if (!strcmp(a, "--window")) n = int_arg(v, 0, 1 << 20, &o->window);
+    else if (!strcmp(a, "--eval")) n = int_arg(v, 1, 1 << 20, &o->n_eval);
+    else if (!strcmp(a, "--threads")) n = int_arg(v, 0, 4096, &o->threads);
     else if (!strcmp(a, "--cluster-size")) n = o->n_cs = parse_nums(v, 1, 1 << 20, o->cs);
     else if (!strcmp(a, "--seg-len")) n = o->n_seg = parse_nums(v, 1, 1 << 30, o->seg);
     else if (!strcmp(a, "--iters")) n = o->n_iters = parse_nums(v, 1, 1000, o->iters);

@@ -35,5 +35,11 @@ if "$2" --qk "$dir/qk" --json "$dir/out2.json" --kinds none >"$dir/log2" 2>&1; t
   echo "FAIL: a dump without values was accepted"; fail=1
 fi
 grep -q "v_L0_H1.npy" "$dir/log2" || { echo "FAIL: no message naming the missing values"; cat "$dir/log2"; fail=1; }
+for bad in "--sink abc" "--window -1" "--threads 1x"; do
+  # shellcheck disable=SC2086
+  if "$2" --qk "$dir/qk" --json "$dir/out3.json" $bad >/dev/null 2>&1; then
+    echo "FAIL: wave-bench accepted $bad"; fail=1
+  fi
+done
 [ $fail -eq 0 ] && echo "wave-bench: ranges and full retrieval hold"
 exit $fail
