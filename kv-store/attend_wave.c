@@ -245,29 +245,38 @@ static int plan_tasks(wplan *p, int n_threads, ra_error *err) {
   return RA_OK;
 }
 
-/* Scratch of one thread: a strip's row addresses and scores. */
-typedef struct strip {
-  const char *k[WAVE_STRIP], *v[WAVE_STRIP];
-  size_t n;
-  float *scores; /* [G, WAVE_STRIP] */
-  float *dots;   /* [G] */
-} strip;
+/* Rows ahead of the one being scored whose K and V are prefetched: a task's rows are runs of a
+ * few cache lines scattered over the shard, so the scan is bound by memory latency unless
+ * enough misses are in flight (bench/results/wave-scan/). */
+#define WAVE_PREFETCH_AHEAD 8
 
-/* Folds the strip into the G running partials (o: [G, dim], m, l: [G]): each key scored against
- * every query of the group once loaded, the partials rescaled to the strip's new maxima, then
- * each value row accumulated for every head while in L1. */
-static void strip_flush(const wplan *p, const float *qs, size_t G, strip *st, float *o, float *m,
-                        float *l) {
+/* Scratch of one thread: the task's row addresses, and a strip's scores. */
+typedef struct scratch {
+  const char **k, **v; /* [WAVE_TASK_MAX] */
+  float *scores;       /* [G, WAVE_STRIP] */
+  float *dots;         /* [G] */
+} scratch;
+
+/* Folds rows [r0, r0 + nb) of the task (nb <= WAVE_STRIP, n rows in all) into the G running
+ * partials (o: [G, dim], m, l: [G]): each key scored against every query of the group once
+ * loaded, the partials rescaled to the strip's new maxima, then each value row accumulated for
+ * every head while in L1. */
+static void strip_flush(const wplan *p, const float *qs, size_t G, scratch *sc, size_t r0, size_t nb, size_t n,
+                        float *o, float *m, float *l) {
   const ra_dtype dt = p->s->geo.dtype;
   const int dim = p->dim;
-  const size_t nb = st->n;
   for (size_t r = 0; r < nb; r++) {
-    ra_vec_dot_queries(qs, G, st->k[r], dt, dim, st->dots);
-    for (size_t j = 0; j < G; j++) st->scores[j * WAVE_STRIP + r] = st->dots[j];
+    const size_t ahead = r0 + r + WAVE_PREFETCH_AHEAD;
+    if (ahead < n) {
+      ra_vec_prefetch_row(sc->k[ahead], dt, dim, 0);
+      ra_vec_prefetch_row(sc->v[ahead], dt, dim, 0);
+    }
+    ra_vec_dot_queries(qs, G, sc->k[r0 + r], dt, dim, sc->dots);
+    for (size_t j = 0; j < G; j++) sc->scores[j * WAVE_STRIP + r] = sc->dots[j];
   }
   for (size_t j = 0; j < G; j++) {
-    float *sc = st->scores + j * WAVE_STRIP, mx = sc[0];
-    for (size_t r = 1; r < nb; r++) mx = sc[r] > mx ? sc[r] : mx;
+    float *z = sc->scores + j * WAVE_STRIP, mx = z[0];
+    for (size_t r = 1; r < nb; r++) mx = z[r] > mx ? z[r] : mx;
     if (mx > m[j]) {
       if (l[j] > 0.0f) {
         const float f = expf(m[j] - mx);
@@ -276,15 +285,14 @@ static void strip_flush(const wplan *p, const float *qs, size_t G, strip *st, fl
       }
       m[j] = mx;
     }
-    l[j] += ra_vec_exp_sum(sc, nb, m[j]);
+    l[j] += ra_vec_exp_sum(z, nb, m[j]);
   }
   for (size_t r = 0; r < nb; r++)
     for (size_t j = 0; j < G; j++)
-      ra_vec_axpy(o + j * (size_t)dim, st->scores[j * WAVE_STRIP + r], st->v[r], dt, dim);
-  st->n = 0;
+      ra_vec_axpy(o + j * (size_t)dim, sc->scores[j * WAVE_STRIP + r], sc->v[r0 + r], dt, dim);
 }
 
-static void task_run(const wplan *p, const wtask *t, strip *st, float *o, float *m, float *l) {
+static void task_run(const wplan *p, const wtask *t, scratch *sc, float *o, float *m, float *l) {
   const wgroup *gr = &p->groups[t->group];
   const size_t G = gr->count;
   const float *qs = p->qs + gr->first * (size_t)p->dim;
@@ -293,17 +301,21 @@ static void task_run(const wplan *p, const wtask *t, strip *st, float *o, float 
     m[j] = -INFINITY;
     l[j] = 0.0f;
   }
-  st->n = 0;
+  size_t n = 0;
   for (size_t i = t->piece0; i < t->piece0 + t->n_pieces; i++) {
     const piece *pc = &p->pieces[i];
     const char *k = (const char *)pc->shard->keys, *v = (const char *)pc->shard->values;
-    for (uint64_t r = pc->r0; r < pc->r1; r++) {
-      st->k[st->n] = k + r * p->rb;
-      st->v[st->n] = v + r * p->rb;
-      if (++st->n == WAVE_STRIP) strip_flush(p, qs, G, st, o, m, l);
+    for (uint64_t r = pc->r0; r < pc->r1; r++, n++) {
+      sc->k[n] = k + r * p->rb;
+      sc->v[n] = v + r * p->rb;
     }
   }
-  if (st->n) strip_flush(p, qs, G, st, o, m, l);
+  for (size_t r = 0; r < WAVE_PREFETCH_AHEAD && r < n; r++) {
+    ra_vec_prefetch_row(sc->k[r], p->s->geo.dtype, p->dim, 0);
+    ra_vec_prefetch_row(sc->v[r], p->s->geo.dtype, p->dim, 0);
+  }
+  for (size_t r0 = 0; r0 < n; r0 += WAVE_STRIP)
+    strip_flush(p, qs, G, sc, r0, n - r0 < WAVE_STRIP ? n - r0 : WAVE_STRIP, n, o, m, l);
   for (size_t j = 0; j < G; j++) {
     const float inv = 1.0f / l[j];
     for (int d = 0; d < p->dim; d++) o[j * (size_t)p->dim + d] *= inv;
@@ -314,17 +326,21 @@ static int run(const wplan *p, int nt, float *o, float *ml, ra_error *err) {
   atomic_int failed = 0;
 #pragma omp parallel num_threads(nt) if (p->n_tasks > 1)
   {
-    strip st;
-    st.scores = malloc((p->max_group * (WAVE_STRIP + 1) + 1) * sizeof *st.scores);
-    st.dots = st.scores ? st.scores + p->max_group * WAVE_STRIP : NULL;
-    if (!st.scores) atomic_store(&failed, 1);
+    scratch sc;
+    sc.k = malloc(2 * WAVE_TASK_MAX * sizeof *sc.k);
+    sc.v = sc.k ? sc.k + WAVE_TASK_MAX : NULL;
+    sc.scores = malloc((p->max_group * (WAVE_STRIP + 1) + 1) * sizeof *sc.scores);
+    sc.dots = sc.scores ? sc.scores + p->max_group * WAVE_STRIP : NULL;
+    const int ok = sc.k && sc.scores;
+    if (!ok) atomic_store(&failed, 1);
 #pragma omp for schedule(dynamic, 1)
     for (size_t ti = 0; ti < p->n_tasks; ti++) {
-      if (!st.scores) continue;
+      if (!ok) continue;
       const wtask *t = &p->tasks[ti];
-      task_run(p, t, &st, o + t->slot * (size_t)p->dim, ml + t->slot, ml + p->n_slots + t->slot);
+      task_run(p, t, &sc, o + t->slot * (size_t)p->dim, ml + t->slot, ml + p->n_slots + t->slot);
     }
-    free(st.scores);
+    free(sc.k);
+    free(sc.scores);
   }
   if (atomic_load(&failed)) return ra_errorf(err, RA_ENOMEM, "out of memory for attention scratch");
   return RA_OK;

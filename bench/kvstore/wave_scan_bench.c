@@ -1,0 +1,216 @@
+/* wave-scan-bench: the store's side of a wave decode step for one layer, in process: the exact
+ * partials of every q head of `kv-heads` kv heads over `select` clusters per kv head (picked at
+ * random each step, as a decode's picks scatter over the context) plus `lag` unclustered rows,
+ * through kvs_attend as the service calls it.
+ *
+ *   wave-scan-bench [--tokens 130000] [--layers 8] [--kv-heads 4] [--group 4] [--dim 128] [--dtype bf16]
+ *                   [--cluster 16] [--select 147] [--lag 512] [--threads 7] [--steps 64]
+ *                   [--seed 1] [--json FILE]
+ *
+ * Each step attends the next layer (rows of `layers` layers stored, so that they come from
+ * memory, not cache, as in a decode). Defaults: one of two stores of Llama-3-8B at 128K (8 kv heads dealt over two stores,
+ * 4 q heads each, RetroInfer's 1.8 % of 16-token clusters). Reported: the median / p10 / p90 wall
+ * time of one attend, the rows it read and the K/V bytes per second. Runs itself again with
+ * OMP_WAIT_POLICY=passive, as kv-store/main.c does. Prints JSON. */
+#include "attend.h"
+#include "clock.h"
+#include "clusters.h"
+#include "opts.h"
+#include "procenv.h"
+#include "store.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct opts {
+  int64_t tokens, layers, kv_heads, group, dim, cluster, select, lag, threads, steps, seed;
+  ra_dtype dtype;
+  const char *json;
+} opts;
+
+static int usage(const char *msg) {
+  fprintf(stderr,
+          "wave-scan-bench: %s\nusage: wave-scan-bench [--tokens N] [--layers N] [--kv-heads N] [--group N] [--dim 64|128] "
+          "[--dtype f32|f16|bf16] [--cluster N] [--select N] [--lag N] [--threads N] [--steps N] [--seed N] "
+          "[--json FILE]\n",
+          msg);
+  return 2;
+}
+
+static int parse_opts(int argc, char **argv, opts *o) {
+  *o = (opts){.tokens = 130000, .layers = 8, .kv_heads = 4, .group = 4, .dim = 128, .cluster = 16, .select = 147,
+              .lag = 512, .threads = 7, .steps = 64, .seed = 1, .dtype = RA_DTYPE_BF16};
+  struct {
+    const char *flag;
+    int64_t *at, lo, hi;
+  } ints[] = {{"--tokens", &o->tokens, 1024, 1 << 26}, {"--layers", &o->layers, 1, 1024},
+              {"--kv-heads", &o->kv_heads, 1, 64},
+              {"--group", &o->group, 1, 16},            {"--dim", &o->dim, 64, 128},
+              {"--cluster", &o->cluster, 1, 4096},      {"--select", &o->select, 0, 1 << 24},
+              {"--lag", &o->lag, 0, 1 << 20},           {"--threads", &o->threads, 1, 1024},
+              {"--steps", &o->steps, 1, 100000},        {"--seed", &o->seed, 0, INT32_MAX}};
+  for (int i = 1; i < argc; i += 2) { /* every option takes a value */
+    const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!v) return usage("missing value");
+    int done = 0;
+    for (size_t j = 0; j < sizeof ints / sizeof ints[0] && !done; j++) {
+      if (strcmp(f, ints[j].flag)) continue;
+      ra_error err;
+      if (ra_opts_parse_int(v, ints[j].lo, ints[j].hi, ints[j].at, &err)) return usage(err.msg);
+      done = 1;
+    }
+    if (done) continue;
+    if (!strcmp(f, "--json")) o->json = v;
+    else if (!strcmp(f, "--dtype")) {
+      if (ra_dtype_parse(v, &o->dtype)) return usage("--dtype takes f32, f16 or bf16");
+    } else return usage("unknown option");
+  }
+  if (o->dim % 16) return usage("--dim must be a multiple of 16");
+  if (o->lag >= o->tokens) return usage("--lag must be below --tokens");
+  return 0;
+}
+
+static uint64_t rng_next(uint64_t *s) {
+  *s ^= *s << 13;
+  *s ^= *s >> 7;
+  *s ^= *s << 17;
+  return *s;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+  const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Writes rows [0, n) of every kv head (uniform noise) and clusters all but the last `lag` in
+ * runs of `cluster`; the cluster count per kv head into *n_clusters. */
+static int fill(kvs_session *s, const opts *o, uint64_t *rng, uint32_t *n_clusters, ra_error *err) {
+  const size_t row = (size_t)o->dim * ra_dtype_size(o->dtype), chunk = 4096;
+  float *f = malloc(chunk * (size_t)o->dim * sizeof *f);
+  void *k = malloc(chunk * row), *v = malloc(chunk * row);
+  int rc = f && k && v ? RA_OK : ra_errorf(err, RA_ENOMEM, "out of memory for the rows");
+  for (int64_t lh = 0; lh < o->layers * o->kv_heads && rc == RA_OK; lh++)
+    for (int64_t r0 = 0; r0 < o->tokens && rc == RA_OK; r0 += (int64_t)chunk) {
+      const size_t n = (size_t)(o->tokens - r0 < (int64_t)chunk ? o->tokens - r0 : (int64_t)chunk);
+      for (size_t i = 0; i < n * (size_t)o->dim; i++)
+        f[i] = (float)((double)(rng_next(rng) >> 11) / 9007199254740992.0 - 0.5);
+      ra_dtype_from_fp32_n(o->dtype, f, k, n * (size_t)o->dim);
+      ra_dtype_from_fp32_n(o->dtype, f, v, n * (size_t)o->dim);
+      kvs_rows r = {.layer = (uint32_t)(lh / o->kv_heads), .kv_head = (uint32_t)(lh % o->kv_heads), .token_begin = (uint64_t)r0, .n = n, .keys = k, .values = v};
+      rc = kvs_session_write(s, &r, 1, NULL, err);
+    }
+  const int64_t clustered = o->tokens - o->lag, nc = clustered / o->cluster;
+  uint32_t *counts = malloc((size_t)(nc ? nc : 1) * sizeof *counts);
+  if (rc == RA_OK && !counts) rc = ra_errorf(err, RA_ENOMEM, "out of memory for the clusters");
+  for (int64_t c = 0; rc == RA_OK && c < nc; c++) counts[c] = (uint32_t)o->cluster;
+  for (int64_t lh = 0; lh < o->layers * o->kv_heads && rc == RA_OK && nc > 0; lh++) {
+    kvs_cluster_put p = {.layer = (uint32_t)(lh / o->kv_heads), .kv_head = (uint32_t)(lh % o->kv_heads), .first_cluster = 0, .row_begin = 0, .counts = counts,
+                         .n_clusters = (size_t)nc};
+    rc = kvs_session_put_clusters(s, &p, NULL, err);
+  }
+  *n_clusters = (uint32_t)nc;
+  free(counts);
+  free(f);
+  free(k);
+  free(v);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  ra_procenv_apply_defaults(argv);
+  opts o;
+  if (parse_opts(argc, argv, &o)) return 2;
+  ra_error err = {0};
+  const uint32_t hq = (uint32_t)(o.kv_heads * o.group);
+  kvs_geometry g = {.n_layers = (uint32_t)o.layers, .n_q_heads = hq, .n_kv_heads = (uint32_t)o.kv_heads,
+                    .head_dim = (uint32_t)o.dim, .dtype = o.dtype};
+  const size_t n_shards = (size_t)(o.layers * o.kv_heads);
+  kvs_shard_spec *sh = calloc(n_shards, sizeof *sh);
+  for (size_t i = 0; sh && i < n_shards; i++)
+    sh[i] = (kvs_shard_spec){.layer = (uint32_t)(i / (size_t)o.kv_heads), .kv_head = (uint32_t)(i % (size_t)o.kv_heads),
+                             .token_begin = 0, .token_end = RA_TOKEN_END_OPEN};
+  kvs_store *st = NULL;
+  kvs_session *s = NULL;
+  uint64_t rng = 0x9e3779b97f4a7c15ull ^ (uint64_t)o.seed;
+  uint32_t nc = 0;
+  int rc = sh ? RA_OK : ra_errorf(&err, RA_ENOMEM, "out of memory");
+  if (rc == RA_OK) rc = kvs_store_create(UINT64_MAX / 2, &st, &err);
+  if (rc == RA_OK) rc = kvs_store_open(st, &g, sh, n_shards, NULL, "wave-scan-bench", &s, &err);
+  if (rc == RA_OK) rc = fill(s, &o, &rng, &nc, &err);
+  if (rc == RA_OK && o.select > nc) rc = ra_errorf(&err, RA_EINVAL, "--select %lld above the %u clusters a head holds",
+                                                   (long long)o.select, nc);
+  const size_t n_sel = (size_t)o.select * (size_t)o.kv_heads;
+  uint32_t *heads = malloc(hq * sizeof *heads), *kvh = malloc((size_t)o.kv_heads * sizeof *kvh),
+           *counts = malloc((size_t)o.kv_heads * sizeof *counts), *ids = malloc((n_sel ? n_sel : 1) * sizeof *ids);
+  uint8_t *taken = calloc(nc ? nc : 1, 1);
+  float *q = malloc((size_t)hq * (size_t)o.dim * sizeof *q);
+  uint64_t *us = malloc((size_t)o.steps * sizeof *us);
+  if (rc == RA_OK && (!heads || !kvh || !counts || !ids || !taken || !q || !us))
+    rc = ra_errorf(&err, RA_ENOMEM, "out of memory");
+  uint64_t rows = 0;
+  for (int64_t step = 0; rc == RA_OK && step < o.steps; step++) {
+    for (uint32_t i = 0; i < hq; i++) heads[i] = i;
+    for (size_t i = 0; i < (size_t)hq * (size_t)o.dim; i++)
+      q[i] = (float)((double)(rng_next(&rng) >> 11) / 9007199254740992.0 - 0.5) * 8.0f;
+    for (int64_t h = 0; h < o.kv_heads; h++) {
+      kvh[h] = (uint32_t)h;
+      counts[h] = (uint32_t)o.select;
+      memset(taken, 0, nc);
+      for (int64_t j = 0; j < o.select; j++) {
+        uint32_t c;
+        do c = (uint32_t)(rng_next(&rng) % nc);
+        while (taken[c]);
+        taken[c] = 1;
+        ids[h * o.select + j] = c;
+      }
+    }
+    kvs_attend_args a = {.layer = (uint32_t)(step % o.layers), .q_heads = heads, .n_heads = hq, .q = q, .mode = RA_MODE_WAVE,
+                         .n_threads = (int)o.threads,
+                         .wave = {.kv_heads = kvh, .counts = counts, .n_heads = (size_t)o.kv_heads, .ids = ids,
+                                  .n_ids = n_sel}};
+    kvs_attend_result res;
+    const uint64_t t0 = ra_clock_now_us();
+    rc = kvs_attend(s, &a, &res, &err);
+    us[step] = ra_clock_now_us() - t0;
+    if (rc == RA_OK) {
+      rows = 0;
+      for (size_t i = 0; i < res.n_heads; i += (size_t)o.group) rows += res.heads[i].n_scanned;
+      kvs_attend_result_free(&res);
+    }
+  }
+  if (rc == RA_OK) {
+    qsort(us, (size_t)o.steps, sizeof *us, cmp_u64);
+    const double med = (double)us[o.steps / 2], p10 = (double)us[o.steps / 10], p90 = (double)us[o.steps * 9 / 10];
+    const double bytes = (double)rows * 2.0 * (double)o.dim * (double)ra_dtype_size(o.dtype);
+    FILE *f = o.json ? fopen(o.json, "w") : stdout;
+    if (!f) rc = ra_errorf(&err, RA_EIO, "cannot write %s", o.json);
+    if (rc == RA_OK) {
+      fprintf(f,
+              "{\"bench\": \"wave-scan\", \"tokens\": %lld, \"layers\": %lld, \"kv_heads\": %lld, \"group\": %lld, \"dim\": %lld, "
+              "\"dtype\": \"%s\", \"cluster\": %lld, \"clusters_per_head\": %u, \"select\": %lld, \"lag\": %lld, "
+              "\"threads\": %lld, \"steps\": %lld, \"rows_per_attend\": %llu, \"median_us\": %.0f, "
+              "\"p10_us\": %.0f, \"p90_us\": %.0f, \"kv_gb_per_s\": %.2f, \"ns_per_row\": %.1f}\n",
+              (long long)o.tokens, (long long)o.layers, (long long)o.kv_heads, (long long)o.group, (long long)o.dim,
+              ra_dtype_name(o.dtype), (long long)o.cluster, nc, (long long)o.select, (long long)o.lag,
+              (long long)o.threads, (long long)o.steps, (unsigned long long)rows, med, p10, p90,
+              bytes / (med * 1e3), med * 1e3 / (double)(rows ? rows : 1));
+      if (f != stdout) fclose(f);
+    }
+  }
+  free(heads);
+  free(kvh);
+  free(counts);
+  free(ids);
+  free(taken);
+  free(q);
+  free(us);
+  if (s) kvs_session_release(s);
+  if (st) kvs_store_destroy(st);
+  free(sh);
+  if (rc) {
+    fprintf(stderr, "wave-scan-bench: %s\n", err.msg);
+    return 1;
+  }
+  return 0;
+}
