@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# wave-scan-bench on a tiny store: the JSON it prints holds the rows the selection implies
+# (select x cluster x kv heads + lag x kv heads), and bad flags are usage errors (exit 2).
+set -euo pipefail
+bin="$1/wave-scan-bench"
+out=$("$bin" --tokens 4096 --layers 2 --kv-heads 2 --group 3 --dim 64 --cluster 16 --select 10 --lag 100 \
+  --threads 2 --steps 4 --dtype f16)
+python3 - "$out" <<'PY'
+import json, sys
+d = json.loads(sys.argv[1])
+nc = (4096 - 100) // 16  # clusters of 16 over all but the lag; the remainder joins the lag
+assert d["clusters_per_head"] == nc, d
+want = 2 * (10 * 16 + 4096 - nc * 16)
+assert d["rows_per_attend"] == want, (d["rows_per_attend"], want)
+assert d["median_us"] > 0 and d["kv_gb_per_s"] > 0, d
+PY
+for bad in "--select 999999" "--dim 72" "--dtype i4" "--threads 0" "--nope 1" "--lag"; do
+  set +e
+  # shellcheck disable=SC2086
+  "$bin" --tokens 4096 $bad >/dev/null 2>/tmp/wsb-err.$$
+  rc=$?
+  set -e
+  [ "$rc" -ne 0 ] || { echo "accepted: $bad"; exit 1; }
+  grep -q "wave-scan-bench:" /tmp/wsb-err.$$ || { echo "no message for: $bad"; exit 1; }
+done
+rm -f /tmp/wsb-err.$$
+echo ok
