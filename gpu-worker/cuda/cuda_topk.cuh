@@ -6,7 +6,8 @@
  *   2. gather: every element > T (order free), then the lowest-index elements == T in index
  *      order (block-wide ballot prefix sums), so ties go to the lower index;
  *   3. bitonic sort of the k candidates in shared memory by (value desc, index asc).
- * Each pass streams the row from global memory (L2-resident for rows up to a few MB). On return
+ * Each pass streams the row from global memory (L2-resident for rows up to a few MB), four loads
+ * in flight per thread. On return
  * cand[i] for i < k holds key << 32 | ~index of the i-th largest (ra_cuda_topk_index). row is read
  * through plain loads, so it may have been written earlier in the same kernel (after a barrier). */
 #ifndef RA_CUDA_TOPK_CUH
@@ -26,10 +27,32 @@ __device__ __forceinline__ uint32_t ra_cuda_fkey(float f) {
 
 __device__ __forceinline__ uint32_t ra_cuda_topk_index(unsigned long long c) { return ~(uint32_t)c; }
 
+/* Bitonic sort of cand[0, n_pow2) in shared memory, descending; every thread of the block
+ * calls it (n_pow2 a power of two). */
+__device__ __forceinline__ void ra_cuda_block_sort_desc(unsigned long long *cand, int n_pow2) {
+  for (int size = 2; size <= n_pow2; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int i = threadIdx.x; i < n_pow2; i += blockDim.x) {
+        const int j = i ^ stride;
+        if (j > i) {
+          const unsigned long long a = cand[i], b = cand[j];
+          const bool desc = (i & size) == 0;
+          if (desc ? a < b : a > b) {
+            cand[i] = b;
+            cand[j] = a;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
 __device__ __forceinline__ void ra_cuda_block_topk(const float *row, int64_t m, int k, int k_pow2,
                                                    unsigned long long *cand) {
   constexpr int kThreads = RA_CUDA_TOPK_THREADS;
   constexpr int kWarps = kThreads / 32;
+  constexpr int kUnroll = 4; /* loads in flight per thread: one block streams the whole row */
   __shared__ unsigned hist[256];
   __shared__ unsigned sel_bin, need_eq, n_gt, taken;
   __shared__ unsigned wcount[kWarps];
@@ -39,9 +62,16 @@ __device__ __forceinline__ void ra_cuda_block_topk(const float *row, int64_t m, 
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int i = tid; i < 256; i += kThreads) hist[i] = 0;
     __syncthreads();
-    for (int64_t i = tid; i < m; i += kThreads) {
-      const uint32_t u = ra_cuda_fkey(row[i]);
-      if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255u], 1u);
+    for (int64_t i0 = tid; i0 < m; i0 += kUnroll * kThreads) {
+      uint32_t u[kUnroll];
+#pragma unroll
+      for (int j = 0; j < kUnroll; j++) {
+        const int64_t i = i0 + (int64_t)j * kThreads;
+        u[j] = i < m ? ra_cuda_fkey(row[i]) : 0u;
+      }
+#pragma unroll
+      for (int j = 0; j < kUnroll; j++)
+        if (i0 + (int64_t)j * kThreads < m && (u[j] & mask) == prefix) atomicAdd(&hist[(u[j] >> shift) & 255u], 1u);
     }
     __syncthreads();
     if (tid == 0) {
@@ -68,11 +98,20 @@ __device__ __forceinline__ void ra_cuda_block_topk(const float *row, int64_t m, 
   }
   for (int i = tid; i < k_pow2; i += kThreads) cand[i] = 0ull; /* padding sorts last */
   __syncthreads();
-  for (int64_t i = tid; i < m; i += kThreads) {
-    const uint32_t u = ra_cuda_fkey(row[i]);
-    if (u > prefix) {
-      const unsigned slot = atomicAdd(&n_gt, 1u);
-      cand[slot] = ((unsigned long long)u << 32) | (uint32_t)~(uint32_t)i;
+  for (int64_t i0 = tid; i0 < m; i0 += kUnroll * kThreads) {
+    uint32_t u[kUnroll];
+#pragma unroll
+    for (int j = 0; j < kUnroll; j++) {
+      const int64_t i = i0 + (int64_t)j * kThreads;
+      u[j] = i < m ? ra_cuda_fkey(row[i]) : 0u;
+    }
+#pragma unroll
+    for (int j = 0; j < kUnroll; j++) {
+      const int64_t i = i0 + (int64_t)j * kThreads;
+      if (i < m && u[j] > prefix) {
+        const unsigned slot = atomicAdd(&n_gt, 1u);
+        cand[slot] = ((unsigned long long)u[j] << 32) | (uint32_t)~(uint32_t)i;
+      }
     }
   }
   __syncthreads();
@@ -95,23 +134,7 @@ __device__ __forceinline__ void ra_cuda_block_topk(const float *row, int64_t m, 
     }
     __syncthreads();
   }
-  /* bitonic sort, descending */
-  for (int size = 2; size <= k_pow2; size <<= 1) {
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      for (int i = tid; i < k_pow2; i += kThreads) {
-        const int j = i ^ stride;
-        if (j > i) {
-          const unsigned long long a = cand[i], b = cand[j];
-          const bool desc = (i & size) == 0;
-          if (desc ? a < b : a > b) {
-            cand[i] = b;
-            cand[j] = a;
-          }
-        }
-      }
-      __syncthreads();
-    }
-  }
+  ra_cuda_block_sort_desc(cand, k_pow2);
 }
 
 #endif

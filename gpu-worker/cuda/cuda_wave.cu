@@ -513,35 +513,82 @@ struct est_args {
   int64_t cap;
 };
 
-/* A block per kv head: softmax per q head of z + log(size), summed over the group into key
- * (size 0: -inf), the top min(r + e, nc) by key (ties to the lower index) into idx [hkv, ld]
- * (-1 past nc), then the estimate over entries [r, ld). */
-__global__ void __launch_bounds__(RA_CUDA_TOPK_THREADS) select_kernel(const float *__restrict__ z, int64_t nc,
-                                                                      int group, int hd, int r, int ld,
-                                                                      float *__restrict__ key,
-                                                                      int32_t *__restrict__ idx, est_args a) {
-  extern __shared__ unsigned long long smem[];
-  __shared__ float mh[kMaxGroup], lh[kMaxGroup], rsm[32];
+/* The selection runs as a pipeline of launches over many blocks: one block per kv head left an
+ * SM to stream every cluster's scores several times with few loads in flight, so its cost grew
+ * with the context (bench/results/wave-select/). */
+constexpr int kSelThreads = 256;
+constexpr int kSelPer = 4;                          /* clusters per thread in stats / key */
+constexpr int kSelChunk = kSelThreads * kSelPer;   /* clusters per block in stats / key */
+constexpr int kEstSlice = 256;                      /* estimation clusters per block */
+
+/* Grid (chunks, hkv): per q head of the kv head, the chunk's max m_b of z + log size and
+ * l_b = sum exp(z + log size - m_b) over clusters of size > 0, to part[(kvh * group + gi) * nb + b]. */
+__global__ void __launch_bounds__(kSelThreads) sel_stats_kernel(const float *__restrict__ z, int64_t nc, int group,
+                                                                const float *__restrict__ size, int64_t cap, int nb,
+                                                                float2 *__restrict__ part) {
+  __shared__ float rsm[32];
   ra_cuda_pdl_wait();
-  const int64_t kvh = blockIdx.x;
-  const int tid = threadIdx.x;
-  const float *sz = a.size + kvh * a.cap;
+  const int64_t kvh = blockIdx.y, c0 = (int64_t)blockIdx.x * kSelChunk;
+  const float *sz = size + kvh * cap;
+  float ls[kSelPer];
+  bool ok[kSelPer];
+#pragma unroll
+  for (int i = 0; i < kSelPer; i++) {
+    const int64_t c = c0 + threadIdx.x + (int64_t)i * kSelThreads;
+    ok[i] = c < nc && sz[c] > 0.0f;
+    ls[i] = ok[i] ? logf(sz[c]) : 0.0f;
+  }
   for (int gi = 0; gi < group; gi++) {
-    const float *zg = z + (kvh * group + gi) * nc;
-    float m = -INFINITY;
-    for (int64_t c = tid; c < nc; c += blockDim.x)
-      if (sz[c] > 0.0f) m = fmaxf(m, zg[c] + logf(sz[c]));
+    const float *zg = z + (kvh * group + gi) * nc + c0 + threadIdx.x;
+    float v[kSelPer], m = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kSelPer; i++) {
+      v[i] = ok[i] ? zg[i * kSelThreads] + ls[i] : -INFINITY;
+      m = fmaxf(m, v[i]);
+    }
     m = block_max(m, rsm);
     float l = 0.0f;
     if (m != -INFINITY)
-      for (int64_t c = tid; c < nc; c += blockDim.x)
-        if (sz[c] > 0.0f) l += expf(zg[c] + logf(sz[c]) - m);
+#pragma unroll
+      for (int i = 0; i < kSelPer; i++) l += ok[i] ? expf(v[i] - m) : 0.0f;
     l = block_sum(l, rsm);
-    if (tid == 0) mh[gi] = m, lh[gi] = l;
+    if (threadIdx.x == 0) part[(kvh * group + gi) * nb + blockIdx.x] = make_float2(m, l);
+  }
+  ra_cuda_pdl_trigger();
+}
+
+/* The ranking's coarse histogram: keys binned by the top 12 bits of their order-preserving
+ * uint32 (sign, exponent, 3 mantissa bits), per kv head. */
+constexpr int kBinShift = 20, kBins = 1 << (32 - kBinShift);
+
+/* Grid (chunks, hkv): the chunk's ranking keys, key[kvh * nc + c] = sum over the group of the
+ * head's softmax p(c) (size 0: -inf), with each head's m, l merged from the chunks' parts, and
+ * their histogram added to hist [hkv, kBins]. */
+__global__ void __launch_bounds__(kSelThreads) sel_key_kernel(const float *__restrict__ z, int64_t nc, int group,
+                                                              const float *__restrict__ size, int64_t cap, int nb,
+                                                              const float2 *__restrict__ part,
+                                                              float *__restrict__ key, unsigned *__restrict__ hist) {
+  __shared__ float mh[kMaxGroup], lh[kMaxGroup];
+  __shared__ unsigned bins[kBins];
+  for (int i = threadIdx.x; i < kBins; i += blockDim.x) bins[i] = 0;
+  ra_cuda_pdl_wait();
+  const int64_t kvh = blockIdx.y, c0 = (int64_t)blockIdx.x * kSelChunk;
+  for (int gi = threadIdx.x; gi < group; gi += blockDim.x) {
+    const float2 *pg = part + (kvh * group + gi) * nb;
+    float m = -INFINITY, l = 0.0f;
+    for (int b = 0; b < nb; b++) m = fmaxf(m, pg[b].x);
+    if (m != -INFINITY)
+      for (int b = 0; b < nb; b++)
+        if (pg[b].y > 0.0f) l += pg[b].y * expf(pg[b].x - m);
+    mh[gi] = m;
+    lh[gi] = l;
   }
   __syncthreads();
-  float *kr = key + kvh * nc;
-  for (int64_t c = tid; c < nc; c += blockDim.x) {
+  const float *sz = size + kvh * cap;
+#pragma unroll
+  for (int i = 0; i < kSelPer; i++) {
+    const int64_t c = c0 + threadIdx.x + (int64_t)i * kSelThreads;
+    if (c >= nc) break;
     float p = -INFINITY;
     if (sz[c] > 0.0f) {
       p = 0.0f;
@@ -549,23 +596,153 @@ __global__ void __launch_bounds__(RA_CUDA_TOPK_THREADS) select_kernel(const floa
       for (int gi = 0; gi < group; gi++)
         if (lh[gi] > 0.0f) p += expf(z[(kvh * group + gi) * nc + c] + ls - mh[gi]) / lh[gi];
     }
-    kr[c] = p;
+    key[kvh * nc + c] = p;
+    atomicAdd(&bins[ra_cuda_fkey(p) >> kBinShift], 1u);
   }
   __syncthreads();
+  for (int i = threadIdx.x; i < kBins; i += blockDim.x)
+    if (bins[i]) atomicAdd(&hist[kvh * kBins + i], bins[i]);
+  ra_cuda_pdl_trigger();
+}
+
+/* A block per kv head: from the histogram, the bin B holding the k-th largest key (k = min(ld,
+ * nc)): every key of a higher bin is in the top k, and the top k are among the keys of bins >= B.
+ * thr[kvh] = B (kBins: k = 0). */
+__global__ void __launch_bounds__(RA_CUDA_TOPK_THREADS) sel_thresh_kernel(const unsigned *__restrict__ hist,
+                                                                          int64_t nc, int ld,
+                                                                          unsigned *__restrict__ thr) {
+  constexpr int kPer = kBins / RA_CUDA_TOPK_THREADS;
+  __shared__ unsigned wsum[RA_CUDA_TOPK_THREADS / 32];
+  ra_cuda_pdl_wait();
+  const int64_t kvh = blockIdx.x;
+  const unsigned k = (unsigned)(ld < nc ? ld : nc);
+  const unsigned *h = hist + kvh * kBins;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  /* thread t holds bins [hi - kPer, hi), hi = kBins - t kPer: thread 0 the highest */
+  const int hi = kBins - tid * kPer;
+  unsigned mine = 0;
+  for (int i = 1; i <= kPer; i++) mine += h[hi - i];
+  unsigned incl = mine; /* inclusive prefix over threads 0..tid */
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned v = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += v;
+  }
+  if (lane == 31) wsum[warp] = incl;
+  __syncthreads();
+  unsigned before = incl - mine;
+  for (int w = 0; w < warp; w++) before += wsum[w];
+  if (k == 0) {
+    if (tid == 0) thr[kvh] = kBins;
+  } else if (before < k && before + mine >= k) {
+    unsigned above = before;
+    for (int i = 1; i <= kPer; i++) {
+      above += h[hi - i];
+      if (above >= k) {
+        thr[kvh] = (unsigned)(hi - i);
+        break;
+      }
+    }
+  }
+  ra_cuda_pdl_trigger();
+}
+
+/* Grid (chunks, hkv): the keys of bins >= thr[kvh] as key << 32 | ~index into cand [hkv, cap],
+ * counted in n_cand[kvh] (also past cap: the final kernel then ranks the whole row). */
+__global__ void __launch_bounds__(kSelThreads) sel_compact_kernel(const float *__restrict__ key, int64_t nc,
+                                                                  const unsigned *__restrict__ thr, int cap,
+                                                                  unsigned long long *__restrict__ cand,
+                                                                  unsigned *__restrict__ n_cand) {
+  ra_cuda_pdl_wait();
+  const int64_t kvh = blockIdx.y, c0 = (int64_t)blockIdx.x * kSelChunk;
+  const unsigned b = thr[kvh];
+#pragma unroll
+  for (int i = 0; i < kSelPer; i++) {
+    const int64_t c = c0 + threadIdx.x + (int64_t)i * kSelThreads;
+    if (c >= nc) break;
+    const uint32_t u = ra_cuda_fkey(key[kvh * nc + c]);
+    if ((u >> kBinShift) >= b) {
+      const unsigned slot = atomicAdd(&n_cand[kvh], 1u);
+      if ((int)slot < cap) cand[kvh * cap + slot] = ((unsigned long long)u << 32) | (uint32_t)~(uint32_t)c;
+    }
+  }
+  ra_cuda_pdl_trigger();
+}
+
+/* A block per kv head: the top min(ld, nc) clusters by key (ties to the lower index) into idx
+ * [hkv, ld], best first, -1 past nc: the compacted candidates sorted, or, when more than cap
+ * came, a top-k over the whole row. Dynamic shared memory: cap * 8 bytes (cap >= k_pow2). */
+__global__ void __launch_bounds__(RA_CUDA_TOPK_THREADS) sel_topk_kernel(const float *__restrict__ key, int64_t nc,
+                                                                        int ld, const unsigned long long *cand_g,
+                                                                        const unsigned *__restrict__ n_cand, int cap,
+                                                                        int32_t *__restrict__ idx) {
+  extern __shared__ unsigned long long cand[];
+  ra_cuda_pdl_wait();
+  const int64_t kvh = blockIdx.x;
   const int k = (int)(ld < nc ? ld : nc);
   int32_t *ir = idx + kvh * ld;
   if (k > 0) {
-    int k_pow2 = 1;
-    while (k_pow2 < k) k_pow2 <<= 1;
-    ra_cuda_block_topk(kr, nc, k, k_pow2, smem);
-    for (int i = tid; i < k; i += blockDim.x) ir[i] = (int32_t)ra_cuda_topk_index(smem[i]);
+    const int n = (int)n_cand[kvh];
+    if (n <= cap) {
+      int n_pow2 = 1;
+      while (n_pow2 < n) n_pow2 <<= 1;
+      for (int i = threadIdx.x; i < n_pow2; i += blockDim.x) cand[i] = i < n ? cand_g[kvh * cap + i] : 0ull;
+      __syncthreads();
+      ra_cuda_block_sort_desc(cand, n_pow2);
+    } else {
+      int k_pow2 = 1;
+      while (k_pow2 < k) k_pow2 <<= 1;
+      ra_cuda_block_topk(key + kvh * nc, nc, k, k_pow2, cand);
+    }
+    for (int i = threadIdx.x; i < k; i += blockDim.x) ir[i] = (int32_t)ra_cuda_topk_index(cand[i]);
   }
-  for (int i = k + tid; i < ld; i += blockDim.x) ir[i] = -1;
-  __syncthreads();
+  for (int i = k + threadIdx.x; i < ld; i += blockDim.x) ir[i] = -1;
   ra_cuda_pdl_trigger();
-  if (a.o)
-    block_estimate(kvh, group, hd, a.cap, ld - r, ir + r, z + kvh * group * nc, nc, true, a.size, a.vsum, a.o, a.ml,
-                   (float *)smem);
+}
+
+/* Grid (slices, hkv): the estimate over the slice [r + b * kEstSlice, ...) of the estimation ids
+ * of idx [hkv, ld], z gathered by cluster id from z [hq, nc], into the slice's partial
+ * o_part [nb, hq, hd], ml_part [nb, hq, 2]. */
+__global__ void __launch_bounds__(RA_CUDA_TOPK_THREADS) sel_est_kernel(const float *__restrict__ z, int64_t nc,
+                                                                       int group, int hd, int r, int ld,
+                                                                       const int32_t *__restrict__ idx, est_args a) {
+  extern __shared__ float red[];
+  ra_cuda_pdl_wait();
+  const int64_t kvh = blockIdx.y, hq = (int64_t)gridDim.y * group;
+  const int j0 = r + (int)blockIdx.x * kEstSlice;
+  const int n = ld - j0 < kEstSlice ? ld - j0 : kEstSlice;
+  block_estimate(kvh, group, hd, a.cap, n, idx + kvh * ld + j0, z + kvh * group * nc, nc, true, a.size, a.vsum,
+                 a.o + blockIdx.x * hq * hd, a.ml + blockIdx.x * hq * 2, red);
+  ra_cuda_pdl_trigger();
+}
+
+/* A block per q head: the nb slice partials merged by LSE into o [hq, hd], ml [hq, 2]. */
+__global__ void __launch_bounds__(128) sel_est_merge_kernel(const float *__restrict__ o_part,
+                                                            const float *__restrict__ ml_part, int nb, int hd,
+                                                            float *__restrict__ o, float *__restrict__ ml) {
+  ra_cuda_pdl_wait();
+  const int64_t h = blockIdx.x, hq = gridDim.x;
+  float m = -INFINITY;
+  for (int b = 0; b < nb; b++) m = fmaxf(m, ml_part[(b * hq + h) * 2]);
+  float l = 0.0f;
+  if (m != -INFINITY)
+    for (int b = 0; b < nb; b++) {
+      const float lb = ml_part[(b * hq + h) * 2 + 1];
+      if (lb > 0.0f) l += lb * expf(ml_part[(b * hq + h) * 2] - m);
+    }
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float s = 0.0f;
+    if (l > 0.0f)
+      for (int b = 0; b < nb; b++) {
+        const float lb = ml_part[(b * hq + h) * 2 + 1];
+        if (lb > 0.0f) s += lb * expf(ml_part[(b * hq + h) * 2] - m) * o_part[(b * hq + h) * hd + d];
+      }
+    o[h * hd + d] = l > 0.0f ? s / l : 0.0f;
+  }
+  if (threadIdx.x == 0) {
+    ml[2 * h] = m;
+    ml[2 * h + 1] = l;
+  }
+  ra_cuda_pdl_trigger();
 }
 
 /* A block per kv head: the estimate over ids [hkv, n] with z [hq, n] from scores_kernel. */
@@ -689,22 +866,63 @@ int ra_cuda_wave_select(const ra_cuda_wave_ctx *ctx, const ra_tensor *q, const r
   int k_pow2 = 1;
   while (k_pow2 < k) k_pow2 <<= 1;
   const size_t hq = (size_t)hkv * (size_t)group;
-  if ((rc = grow(ctx->scratch, align256(hq * (size_t)nc * 4) + align256((size_t)hkv * (size_t)nc * 4) +
-                                    align256((size_t)hkv * (size_t)ld * 4),
+  const int nb = (int)((nc + kSelChunk - 1) / kSelChunk);
+  /* candidates of the threshold bin's keys and above: up to twice the top k before falling back */
+  const int cand_cap = 2 * k_pow2 < kMaxRank ? 2 * k_pow2 : (k_pow2 > kMaxRank ? k_pow2 : kMaxRank);
+  const int n_est = o && ld > r ? (int)(ld - r) : 0, nbe = (n_est + kEstSlice - 1) / kEstSlice;
+  if ((rc = grow(ctx->scratch,
+                 align256(hq * (size_t)nc * 4) + align256((size_t)hkv * (size_t)nc * 4) +
+                     align256((size_t)hkv * (size_t)ld * 4) + align256(hq * (size_t)(nb ? nb : 1) * 8) +
+                     align256((size_t)(nbe ? nbe : 1) * hq * (size_t)hd * 4) +
+                     align256((size_t)(nbe ? nbe : 1) * hq * 2 * 4) +
+                     align256(((size_t)hkv * kBins + 2 * (size_t)hkv) * 4) + align256((size_t)hkv * cand_cap * 8),
                  op, err)))
     return rc;
   carver cv = {(char *)ctx->scratch->p, 0};
   float *z = cv.take<float>(hq * (size_t)nc), *key = cv.take<float>((size_t)hkv * (size_t)nc);
   int32_t *d_idx = cv.take<int32_t>((size_t)hkv * (size_t)ld);
-  WV_TRY(op, launch_scores(ctx->stream, (const float *)q->data, centroid, nc, nullptr, hkv, group, hd,
-                                        scale, z));
-  est_args a = {(const float *)size->data, vsum ? (const float *)vsum->data : nullptr,
-                o ? (float *)o->data : nullptr, ml ? (float *)ml->data : nullptr, centroid->shape[1]};
-  size_t smem = (size_t)k_pow2 * 8;
-  if (o && est_smem(hd) > smem) smem = est_smem(hd);
-  WV_TRY(op, cudaFuncSetAttribute(select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  WV_TRY(op, ra_cuda_launch(select_kernel, dim3((unsigned)hkv), dim3(RA_CUDA_TOPK_THREADS), smem, ctx->stream,
-                            (const float *)z, nc, group, hd, r, (int)ld, key, d_idx, a));
+  float2 *part = cv.take<float2>(hq * (size_t)(nb ? nb : 1));
+  unsigned *hist = cv.take<unsigned>((size_t)hkv * kBins + 2 * (size_t)hkv), *thr = hist + (size_t)hkv * kBins,
+           *n_cand = thr + hkv;
+  unsigned long long *cand = cv.take<unsigned long long>((size_t)hkv * (size_t)cand_cap);
+  float *o_part = cv.take<float>((size_t)(nbe ? nbe : 1) * hq * (size_t)hd);
+  float *ml_part = cv.take<float>((size_t)(nbe ? nbe : 1) * hq * 2);
+  cudaStream_t s = ctx->stream;
+  WV_TRY(op, launch_scores(s, (const float *)q->data, centroid, nc, nullptr, hkv, group, hd, scale, z));
+  const float *sz = (const float *)size->data;
+  const int64_t cap = centroid->shape[1];
+  WV_TRY(op, cudaMemsetAsync(hist, 0, ((size_t)hkv * kBins + 2 * (size_t)hkv) * 4, s));
+  if (nb > 0) {
+    const dim3 grid((unsigned)nb, (unsigned)hkv);
+    WV_TRY(op, ra_cuda_launch(sel_stats_kernel, grid, dim3(kSelThreads), 0, s, (const float *)z, nc, group, sz, cap,
+                              nb, part));
+    WV_TRY(op, ra_cuda_launch(sel_key_kernel, grid, dim3(kSelThreads), 0, s, (const float *)z, nc, group, sz, cap,
+                              nb, (const float2 *)part, key, hist));
+    WV_TRY(op, ra_cuda_launch(sel_thresh_kernel, dim3((unsigned)hkv), dim3(RA_CUDA_TOPK_THREADS), 0, s,
+                              (const unsigned *)hist, nc, (int)ld, thr));
+    WV_TRY(op, ra_cuda_launch(sel_compact_kernel, grid, dim3(kSelThreads), 0, s, (const float *)key, nc,
+                              (const unsigned *)thr, cand_cap, cand, n_cand));
+  }
+  const size_t smem = (size_t)cand_cap * 8;
+  WV_TRY(op, cudaFuncSetAttribute(sel_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  WV_TRY(op, ra_cuda_launch(sel_topk_kernel, dim3((unsigned)hkv), dim3(RA_CUDA_TOPK_THREADS), smem, s,
+                            (const float *)key, nc, (int)ld, (const unsigned long long *)cand, (const unsigned *)n_cand,
+                            cand_cap, d_idx));
+  if (o) {
+    float *out_o = (float *)o->data, *out_ml = (float *)ml->data;
+    if (nbe == 0) { /* no estimation zone: the merge of no parts is the empty partial */
+      WV_TRY(op, ra_cuda_launch(sel_est_merge_kernel, dim3((unsigned)hq), dim3(128), 0, s, (const float *)o_part,
+                                (const float *)ml_part, 0, hd, out_o, out_ml));
+    } else {
+      est_args a = {sz, (const float *)vsum->data, o_part, ml_part, cap};
+      const size_t esm = est_smem(hd);
+      WV_TRY(op, cudaFuncSetAttribute(sel_est_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)esm));
+      WV_TRY(op, ra_cuda_launch(sel_est_kernel, dim3((unsigned)nbe, (unsigned)hkv), dim3(RA_CUDA_TOPK_THREADS), esm,
+                                s, (const float *)z, nc, group, hd, r, (int)ld, (const int32_t *)d_idx, a));
+      WV_TRY(op, ra_cuda_launch(sel_est_merge_kernel, dim3((unsigned)hq), dim3(128), 0, s, (const float *)o_part,
+                                (const float *)ml_part, nbe, hd, out_o, out_ml));
+    }
+  }
   WV_TRY(op, cudaMemcpyAsync(idx, d_idx, sizeof(int32_t) * (size_t)hkv * (size_t)ld, cudaMemcpyDeviceToHost,
                              ctx->stream));
   WV_TRY(op, cudaStreamSynchronize(ctx->stream));

@@ -1134,7 +1134,11 @@ static void test_wave_select_estimate(void) {
     int64_t hq, hkv, hd, cap, nc;
     int r, e, same_centroids;
   } cases[] = {{32, 8, 128, 8192, 8000, 100, 2000, 0}, {28, 4, 128, 1000, 1000, 40, 400, 1},
-               {12, 4, 64, 300, 250, 200, 100, 0},   {8, 2, 80, 50, 0, 3, 4, 0}};
+               {12, 4, 64, 300, 250, 200, 100, 0},   {8, 2, 80, 50, 0, 3, 4, 0},
+               /* 1M tokens' clusters (many selection blocks), and no estimation zone */
+               {32, 8, 128, 65536, 65000, 128, 2048, 0}, {16, 4, 128, 4096, 4000, 64, 0, 0},
+               /* ties crowding the threshold bin past the candidate space: the whole-row ranking */
+               {32, 8, 128, 8192, 8000, 40, 200, 1}};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     int64_t hq = cases[i].hq, hkv = cases[i].hkv, hd = cases[i].hd, cap = cases[i].cap, nc = cases[i].nc;
     int r = cases[i].r, e = cases[i].e;
