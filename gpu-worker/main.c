@@ -153,6 +153,10 @@ static const ra_opt rows[] = {
      .help = "roar build: every offloaded key's T best queries, from the backend; 0: off", .scope = GEN},
     {"build-layers", RA_OPT_INT, AT(off.build_layers), .lo = 1, .hi = RA_OFFLOAD_MAX_BUILD_LAYERS, .meta = "N",
      .help = "index builds of up to N layers in flight at the stores during the prefill", .scope = GEN},
+    {"retro", RA_OPT_INT, AT(off.retro_window), .lo = 0, .hi = RA_OFFLOAD_MAX_RETRO, .meta = "W",
+     .help = "flat / index modes: correct the last W steps' outputs with the keys retrieved later "
+             "(RetroAttention); 0: off",
+     .scope = GEN},
     {"retrieve", RA_OPT_CUSTOM, AT(off.wave.retrieve), .parse = budget_parse, .show = budget_show, .meta = "X",
      .help = "wave: clusters attended exactly at the stores" BUDGET_HELP, .scope = GEN},
     {"estimate", RA_OPT_CUSTOM, AT(off.wave.estimate), .parse = budget_parse, .show = budget_show, .meta = "X",
@@ -223,6 +227,10 @@ static int opts_check(opts *o, const ra_opts_set *s) {
     return usage_error(s->scope, "--synthetic-prefill fills kv-stores: it needs a --mode other than full");
   if (ra_opts_given(s, "key-top-queries") && o->off.mode != RA_MODE_ROAR)
     return usage_error(s->scope, "--key-top-queries is for --mode roar, not %s", mode);
+  if (o->off.retro_window && !ra_mode_takes_top_k(o->off.mode))
+    return usage_error(s->scope, "--retro is for a retrieval mode with top-k (flat, ivf, kgraph, roar), not %s", mode);
+  if (o->off.retro_window >= o->off.n_window)
+    return usage_error(s->scope, "--retro %u must be below --window %u", o->off.retro_window, o->off.n_window);
   static const char *const wave_only[] = {"retrieve", "estimate", "wave-segment", "wave-cluster", "wave-iters",
                                           "wave-block"};
   for (size_t i = 0; i < RA_OPTS_COUNT(wave_only); i++)
@@ -320,9 +328,11 @@ static void print_progress(void *ctx, const ra_offload_progress *p) {
 
 static void json_write_stats(FILE *f, const ra_offload_stats *s) {
   fprintf(f, "{\"total_us\": %.1f, \"wait_us\": %.1f, \"store_us\": %.1f, \"append_us\": %.1f, \"download_us\": %.1f, "
-             "\"index_us\": %.1f, \"select_us\": %.1f, \"merge_us\": %.1f, \"n_scanned\": %llu, \"n_offloaded\": %llu}",
+             "\"index_us\": %.1f, \"select_us\": %.1f, \"merge_us\": %.1f, \"n_scanned\": %llu, \"n_offloaded\": %llu, "
+             "\"retro_past\": %u, \"retro_rows\": %llu, \"retro_us\": %.1f, \"retro_store_us\": %.1f}",
           s->total_us, s->wait_us, s->store_us, s->append_us, s->download_us, s->index_us, s->select_us, s->merge_us,
-          (unsigned long long)s->n_scanned, (unsigned long long)s->n_offloaded);
+          (unsigned long long)s->n_scanned, (unsigned long long)s->n_offloaded, s->retro_past,
+          (unsigned long long)s->retro_rows, s->retro_us, s->retro_store_us);
 }
 
 static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_error *err) {
@@ -387,8 +397,8 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
         if (off) {
           size_t n_steps;
           const ra_offload_stats *steps = ra_offload_step_stats(off, &n_steps);
-          fprintf(f, ", \"sink\": %u, \"window\": %u, \"attn_top_k\": %u, \"stores\": %zu, \"prefill\": ", o->off.n_sink,
-                  o->off.n_window, o->off.top_k, plan.n_stores);
+          fprintf(f, ", \"sink\": %u, \"window\": %u, \"attn_top_k\": %u, \"retro\": %u, \"stores\": %zu, \"prefill\": ",
+                  o->off.n_sink, o->off.n_window, o->off.top_k, o->off.retro_window, plan.n_stores);
           json_write_stats(f, ra_offload_prefill_stats(off));
           const ra_wave_config *wc = &o->off.wave;
           if (o->off.mode == RA_MODE_WAVE)

@@ -581,6 +581,7 @@ int ra_step_begin(ra_state *st, const int32_t *tokens, int64_t n, ra_error *err)
                      (long long)st->n_ctx);
   st->n = n;
   st->cache_row = st->pos;
+  st->wrap_at = st->wrap_row = 0;
   st->cur_x = ra_tensor_rows(&st->x, 0, n);
   st->cur_xn = ra_tensor_rows(&st->xn, 0, n);
   st->cur_q = ra_tensor_rows(&st->q, 0, n);
@@ -598,8 +599,10 @@ int ra_step_layer_qkv(ra_state *st, int l, ra_error *err) {
   const ra_backend_ops *op = st->be->ops;
   ra_backend *be = st->be;
   const ra_tensor *bq = c->qkv_bias ? &w->bq : NULL, *bk = c->qkv_bias ? &w->bk : NULL, *bv = c->qkv_bias ? &w->bv : NULL;
-  int rc;
-  if (st->cache_row < 0 || st->cache_row + st->n > st->k_cache[l].shape[0])
+  int rc = RA_OK;
+  const int64_t split = st->wrap_at > 0 && st->wrap_at < st->n ? st->wrap_at : st->n;
+  if (st->cache_row < 0 || st->cache_row + split > st->k_cache[l].shape[0] ||
+      (split < st->n && (st->wrap_row < 0 || st->wrap_row + st->n - split > st->k_cache[l].shape[0])))
     return ra_errorf(err, RA_EINVAL, "model: layer %d: cache rows %lld..%lld outside its %lld rows", l,
                      (long long)st->cache_row, (long long)(st->cache_row + st->n), (long long)st->k_cache[l].shape[0]);
   /* xn = rmsnorm(x); q = xn Wq^T: [n, heads*hd] viewed as [n, heads, hd]; same for k, v; then
@@ -607,11 +610,22 @@ int ra_step_layer_qkv(ra_state *st, int l, ra_error *err) {
    * backend that fuses) */
   const ra_tensor *ws[3] = {&w->wq, &w->wk, &w->wv}, *bs[3] = {bq, bk, bv};
   ra_tensor *ys[3] = {&st->cur_q, &st->cur_k, &st->cur_v};
-  if ((rc = op->norm_matmul(be, &st->cur_x, &w->attn_norm, c->norm_eps, &st->cur_xn, 3, ws, bs, ys, err)) ||
-      (rc = op->rope_store(be, &st->cur_q, &st->cur_k, &st->cur_v, st->pos, c->n_rot, c->rope_theta, c->rope_style,
-                           &st->k_cache[l], &st->v_cache[l], st->cache_row, err)))
+  if ((rc = op->norm_matmul(be, &st->cur_x, &w->attn_norm, c->norm_eps, &st->cur_xn, 3, ws, bs, ys, err)))
     return ra_error_wrap(err, "layer %d", l);
-  return RA_OK;
+  if (split == st->n) {
+    rc = op->rope_store(be, &st->cur_q, &st->cur_k, &st->cur_v, st->pos, c->n_rot, c->rope_theta, c->rope_style,
+                        &st->k_cache[l], &st->v_cache[l], st->cache_row, err);
+  } else {
+    /* the ring wraps: the step's rows in two runs of cache rows */
+    for (int part = 0; part < 2 && rc == RA_OK; part++) {
+      const int64_t r0 = part ? split : 0, nr = part ? st->n - split : split;
+      ra_tensor q = ra_tensor_rows(&st->cur_q, r0, nr), k = ra_tensor_rows(&st->cur_k, r0, nr),
+                v = ra_tensor_rows(&st->cur_v, r0, nr);
+      rc = op->rope_store(be, &q, &k, &v, st->pos + r0, c->n_rot, c->rope_theta, c->rope_style, &st->k_cache[l],
+                          &st->v_cache[l], part ? st->wrap_row : st->cache_row, err);
+    }
+  }
+  return rc ? ra_error_wrap(err, "layer %d", l) : RA_OK;
 }
 
 int ra_step_layer_attend(ra_state *st, int l, ra_error *err) {

@@ -94,6 +94,8 @@ typedef struct ra_state {
   int64_t n;         /* tokens in the current step */
   int64_t cache_row; /* cache row of the step's first token: pos, unless the caller keeps a ring
                         (set it after ra_step_begin) */
+  int64_t wrap_at, wrap_row; /* a ring that wraps inside the step: its tokens from wrap_at on (0 < wrap_at
+                        < n) go to cache rows from wrap_row; ra_step_begin sets wrap_at 0 (none) */
   ra_tensor *k_cache, *v_cache; /* per layer: [n_ctx, n_kv_heads, hd] */
   /* per-step activations, each with max_batch rows; views of n rows are in the cur_* fields */
   ra_tensor x, xn, q, k, v, att, gate, up;

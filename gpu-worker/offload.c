@@ -44,6 +44,16 @@ struct ra_offload {
   /* prefill: builds started by the latest layer jobs, newest at [n_jobs % B] (B = build_layers) */
   size_t job_builds[RA_OFFLOAD_MAX_BUILD_LAYERS];
   uint32_t n_jobs;
+  /* retro: the output cache of the last retro_window (W) decode steps, decode step k (from 1)
+   * in slot (k - 1) % W: its token, and per layer its q, its output o and (m, l) per q head */
+  int32_t *retro_tok;     /* [W] */
+  float *retro_q;         /* [n_layers, W, n_heads * head_dim] */
+  float *retro_o;         /* [n_layers, W, n_heads * head_dim] */
+  float *retro_ml;        /* [n_layers, W, n_heads * 2] */
+  float *rq, *ro, *rml;   /* one layer's past queries, newest first, and the stores' supplementary
+                           * partials for them: [W, n_heads, head_dim] x2, [W, n_heads, 2] */
+  float *ratt;            /* [W, n_heads, head_dim]: the corrected outputs in the step's row order */
+  uint64_t n_decoded;     /* decode steps since the prefill: the stores' retro step numbers */
   ra_offload_stats prefill_stats;
   ra_offload_stats *steps; /* [n_steps] recorded decode timings */
   size_t n_steps, steps_cap;
@@ -73,6 +83,14 @@ void ra_offload_free(ra_offload *o) {
   free(o->ml_host);
   free(o->evict_k);
   free(o->evict_v);
+  free(o->retro_tok);
+  free(o->retro_q);
+  free(o->retro_o);
+  free(o->retro_ml);
+  free(o->rq);
+  free(o->ro);
+  free(o->rml);
+  free(o->ratt);
   free(o->steps);
   free(o);
 }
@@ -104,6 +122,12 @@ int ra_offload_new(const ra_model *m, const ra_offload_plan *plan, const ra_offl
   if (cfg->key_top_queries > RA_KVCLIENT_KEY_TOP_MAX)
     return ra_errorf(err, RA_EINVAL, "offload: key_top_queries %u (at most %d)", cfg->key_top_queries,
                      RA_KVCLIENT_KEY_TOP_MAX);
+  if (cfg->retro_window && !ra_mode_takes_top_k(cfg->mode))
+    return ra_errorf(err, RA_EINVAL, "offload: retro takes flat, ivf, kgraph or roar (mode %s keeps no retrieved sets "
+                     "at the stores)", ra_mode_name(cfg->mode));
+  if (cfg->retro_window > RA_OFFLOAD_MAX_RETRO || (cfg->retro_window && cfg->retro_window >= cfg->n_window))
+    return ra_errorf(err, RA_EINVAL, "offload: retro window %u (at most %d, and below the window %u: the corrected "
+                     "tokens' K/V must still be on the device)", cfg->retro_window, RA_OFFLOAD_MAX_RETRO, cfg->n_window);
   ra_offload *o = calloc(1, sizeof *o);
   if (!o) return ra_errorf(err, RA_ENOMEM, "offload: out of memory");
   o->m = m;
@@ -115,6 +139,8 @@ int ra_offload_new(const ra_model *m, const ra_offload_plan *plan, const ra_offl
   /* The model's prefill is one step of the whole prompt (layer by layer); a synthetic one runs
    * chunks, so its activations need only a chunk's rows. */
   int64_t max_step = cfg->synthetic_chunk > 0 && cfg->synthetic_chunk < max_prompt ? cfg->synthetic_chunk : max_prompt;
+  /* retro: a decode step runs the W corrected tokens through the layers with the new one */
+  if (max_step < (int64_t)cfg->retro_window + 1) max_step = (int64_t)cfg->retro_window + 1;
   rc = ra_state_new_ring(m, cfg->max_ctx, max_step, rows, cfg->kv_dtype, &o->st, err);
   int64_t scratch_shape[3] = {max_prompt, c->n_kv_heads, c->head_dim};
   int64_t o_shape[2] = {c->n_heads, c->head_dim}, ml_shape[2] = {c->n_heads, 2};
@@ -139,10 +165,24 @@ int ra_offload_new(const ra_model *m, const ra_offload_plan *plan, const ra_offl
     if (!o->q_host || !o->o_host || !o->ml_host || !o->evict_k || !o->evict_v)
       rc = ra_errorf(err, RA_ENOMEM, "offload: out of memory");
   }
+  if (rc == RA_OK && cfg->retro_window) {
+    size_t w = cfg->retro_window, hq = (size_t)c->n_heads * (size_t)c->head_dim, nl = (size_t)c->n_layers;
+    o->retro_tok = calloc(w, sizeof *o->retro_tok);
+    o->retro_q = calloc(nl * w * hq, sizeof(float));
+    o->retro_o = calloc(nl * w * hq, sizeof(float));
+    o->retro_ml = calloc(nl * w * (size_t)c->n_heads * 2, sizeof(float));
+    o->rq = calloc(w * hq, sizeof(float));
+    o->ro = calloc(w * hq, sizeof(float));
+    o->rml = calloc(w * (size_t)c->n_heads * 2, sizeof(float));
+    o->ratt = calloc(w * hq, sizeof(float));
+    if (!o->retro_tok || !o->retro_q || !o->retro_o || !o->retro_ml || !o->rq || !o->ro || !o->rml || !o->ratt)
+      rc = ra_errorf(err, RA_ENOMEM, "offload: out of memory for the retro output cache");
+  }
   if (rc == RA_OK && plan) {
     ra_remote_config rcfg = {.dtype = cfg->store_dtype, .mode = cfg->mode, .top_k = cfg->top_k,
                              .search = {.ef = cfg->ef, .nprobe = cfg->nprobe}, .timeout_ms = cfg->timeout_ms,
-                             .roar_per_kv_head = cfg->roar_per_kv_head, .client_name = "gpu-worker"};
+                             .roar_per_kv_head = cfg->roar_per_kv_head, .client_name = "gpu-worker",
+                             .retro_window = cfg->retro_window};
     rc = ra_remote_open(plan, (uint32_t)c->head_dim, &rcfg, &o->remote, err);
   }
   if (rc == RA_OK && cfg->mode == RA_MODE_WAVE)
@@ -744,6 +784,51 @@ static int decode_evict(ra_offload *o, int64_t pos, ra_offload_stats *s, ra_erro
   return rc;
 }
 
+/* ---- retrospective correction: the output cache ----
+ * Decode step k (from 1) keeps, per layer, its q, output and (m, l) per q head in slot
+ * (k - 1) % W. A later step gives those past queries the stores' supplementary partials (over
+ * the positions retrieved now that they have not seen), merges them in by LSE and runs the
+ * corrected outputs through the rest of the layer with the new token, so the next layer's K/V of
+ * those tokens are rewritten in the ring (they are still in the window: W < n_window). */
+static size_t retro_slot(const ra_offload *o, uint64_t step) { return (size_t)((step - 1) % o->cfg.retro_window); }
+
+/* Layer l's past queries of steps step - 1 .. step - P into rq, newest first. */
+static void retro_gather_q(ra_offload *o, int l, uint64_t step, uint32_t P) {
+  const size_t hq = (size_t)o->m->cfg.n_heads * (size_t)o->m->cfg.head_dim, w = o->cfg.retro_window;
+  for (uint32_t j = 1; j <= P; j++)
+    memcpy(o->rq + (j - 1) * hq, o->retro_q + ((size_t)l * w + retro_slot(o, step - j)) * hq, hq * sizeof(float));
+}
+
+/* Each past step's cached output merged with its supplementary partial (none without stores),
+ * kept, and laid out in the step's row order (oldest first) in ratt. */
+static void retro_merge(ra_offload *o, int l, uint64_t step, uint32_t P, int with_stores) {
+  const int hd = o->m->cfg.head_dim, nh = o->m->cfg.n_heads;
+  const size_t hq = (size_t)nh * (size_t)hd, w = o->cfg.retro_window;
+  for (uint32_t j = 1; j <= P; j++) {
+    const size_t sl = (size_t)l * w + retro_slot(o, step - j);
+    float *co = o->retro_o + sl * hq, *cml = o->retro_ml + sl * (size_t)nh * 2;
+    for (int h = 0; with_stores && h < nh; h++) {
+      ra_partial acc = {.o = co + (size_t)h * hd, .m = cml[2 * h], .l = cml[2 * h + 1]};
+      const size_t at = (size_t)(j - 1) * nh + h;
+      ra_partial_merge(&acc, o->ro + at * hd, o->rml[2 * at], o->rml[2 * at + 1], hd);
+      cml[2 * h] = acc.m;
+      cml[2 * h + 1] = acc.l;
+    }
+    memcpy(o->ratt + (size_t)(P - j) * hq, co, hq * sizeof(float));
+  }
+}
+
+/* The current step's q (q_host), output and (m, l) into its slot of layer l. */
+static int retro_keep(ra_offload *o, int l, uint64_t step, const ra_tensor *att1, ra_error *err) {
+  ra_backend *be = o->m->be;
+  const size_t nh = (size_t)o->m->cfg.n_heads, hq = nh * (size_t)o->m->cfg.head_dim;
+  const size_t sl = (size_t)l * o->cfg.retro_window + retro_slot(o, step);
+  memcpy(o->retro_q + sl * hq, o->q_host, hq * sizeof(float));
+  int rc = be->ops->download(be, att1, 0, o->retro_o + sl * hq, hq, err);
+  if (rc == RA_OK) rc = be->ops->download(be, &o->st->dec_ml, 0, o->retro_ml + sl * nh * 2, nh * 2, err);
+  return rc;
+}
+
 int ra_offload_decode(ra_offload *o, int32_t token, ra_offload_stats *stats, ra_error *err) {
   ra_state *st = o->st;
   ra_backend *be = o->m->be;
@@ -768,53 +853,98 @@ int ra_offload_decode(ra_offload *o, int32_t token, ra_offload_stats *stats, ra_
                                                                            : (int64_t)o->cfg.n_window;
     ranges[n_ranges++] = (ra_token_range){o->cfg.n_sink, (int64_t)o->cfg.n_sink + w};
   }
-  if (rc == RA_OK) rc = ra_step_begin(st, &token, 1, err);
-  if (rc == RA_OK) st->cache_row = ring_row(o, n);
+  /* retro: the step is the P past decoded tokens (rows 0 .. P - 1, corrected) and the new one
+   * (row P) at positions n - P .. n */
+  const int retro = o->cfg.retro_window > 0;
+  const uint64_t step = o->n_decoded + 1;
+  const uint32_t P = retro ? (uint32_t)(o->n_decoded < o->cfg.retro_window ? o->n_decoded : o->cfg.retro_window) : 0;
+  int32_t batch[RA_OFFLOAD_MAX_RETRO + 1];
+  for (uint32_t i = 0; i < P; i++) batch[i] = o->retro_tok[retro_slot(o, step - P + i)];
+  batch[P] = token;
+  st->pos = n - P;
+  if (rc == RA_OK) rc = ra_step_begin(st, batch, (int64_t)P + 1, err);
+  if (rc == RA_OK) {
+    st->cache_row = ring_row(o, n - P);
+    for (uint32_t i = 1; i <= P; i++)
+      if (ring_row(o, n - P + i) != st->cache_row + i) {
+        st->wrap_at = i;
+        st->wrap_row = ring_row(o, n - P + i);
+        break;
+      }
+  }
   float scale = 1.0f / sqrtf((float)c->head_dim);
   size_t hq = (size_t)c->n_heads * (size_t)c->head_dim;
   for (int l = 0; l < c->n_layers && rc == RA_OK; l++) {
     rc = ra_step_layer_qkv(st, l, err);
+    ra_tensor q1 = ra_tensor_rows(&st->cur_q, P, 1), att1 = ra_tensor_rows(&st->cur_att, P, 1);
     /* wave: the zones first, since the stores' requests carry the retrieval zone */
     const ra_remote_wave_sel *sel = NULL;
     const ra_tensor *est_o = NULL, *est_ml = NULL;
     if (rc == RA_OK && remote && o->wave) {
       uint64_t ts = uv_hrtime();
-      rc = ra_wave_select(o->wave, l, &st->cur_q, scale, &sel, &est_o, &est_ml, err);
+      rc = ra_wave_select(o->wave, l, &q1, scale, &sel, &est_o, &est_ml, err);
       s.select_us += (double)(uv_hrtime() - ts) / 1e3;
     }
-    if (rc == RA_OK && remote) rc = be->ops->download(be, &st->cur_q, 0, o->q_host, hq, err);
-    if (rc == RA_OK && remote)
+    if (rc == RA_OK && (remote || retro)) rc = be->ops->download(be, &q1, 0, o->q_host, hq, err);
+    if (rc == RA_OK && remote && retro) {
+      retro_gather_q(o, l, step, P);
+      rc = ra_remote_attend_begin_retro(o->remote, (uint32_t)l, o->q_host, step, P, o->rq, err);
+    } else if (rc == RA_OK && remote) {
       rc = sel ? ra_remote_attend_begin_wave(o->remote, (uint32_t)l, o->q_host, sel, err)
                : ra_remote_attend_begin(o->remote, (uint32_t)l, o->q_host, err);
+    }
     /* the device's own partial over sink + window while the stores work */
     if (rc == RA_OK)
-      rc = be->ops->attn_decode(be, &st->cur_q, &st->k_cache[l], &st->v_cache[l], ranges, n_ranges, scale,
-                                &st->cur_att, &st->dec_ml, err);
-    if (rc == RA_OK && est_o) rc = be->ops->attn_merge(be, &st->cur_att, &st->dec_ml, est_o, est_ml, err);
+      rc = be->ops->attn_decode(be, &q1, &st->k_cache[l], &st->v_cache[l], ranges, n_ranges, scale, &att1,
+                                &st->dec_ml, err);
+    if (rc == RA_OK && est_o) rc = be->ops->attn_merge(be, &att1, &st->dec_ml, est_o, est_ml, err);
     if (rc == RA_OK && remote) {
       rc = be->ops->sync(be, err);
       uint64_t tw = uv_hrtime();
       ra_remote_stats rs;
-      if (rc == RA_OK) rc = ra_remote_attend_end(o->remote, o->o_host, o->ml_host, &rs, err);
+      if (rc == RA_OK)
+        rc = ra_remote_attend_end_retro(o->remote, o->o_host, o->ml_host, retro ? o->ro : NULL,
+                                        retro ? o->rml : NULL, &rs, err);
       uint64_t tm = uv_hrtime();
       s.wait_us += (double)(tm - tw) / 1e3;
       if (rc == RA_OK) {
         s.store_us += rs.store_us;
         s.n_scanned += rs.n_scanned;
+        s.retro_rows += rs.retro_rows;
+        s.retro_store_us += rs.retro_us;
         rc = be->ops->upload(be, &o->rem_o, 0, o->o_host, hq, err);
       }
       if (rc == RA_OK) rc = be->ops->upload(be, &o->rem_ml, 0, o->ml_host, (size_t)c->n_heads * 2, err);
-      if (rc == RA_OK) rc = be->ops->attn_merge(be, &st->cur_att, &st->dec_ml, &o->rem_o, &o->rem_ml, err);
+      if (rc == RA_OK) rc = be->ops->attn_merge(be, &att1, &st->dec_ml, &o->rem_o, &o->rem_ml, err);
       s.merge_us += (double)(uv_hrtime() - tm) / 1e3;
     }
-    if (rc == RA_OK && o->cfg.on_attn) rc = o->cfg.on_attn(o->cfg.attn_ctx, st, l, err);
+    if (rc == RA_OK && retro) {
+      uint64_t tr = uv_hrtime();
+      retro_merge(o, l, step, P, remote);
+      rc = retro_keep(o, l, step, &att1, err);
+      if (rc == RA_OK && P) rc = be->ops->upload(be, &st->cur_att, 0, o->ratt, (size_t)P * hq, err);
+      s.retro_us += (double)(uv_hrtime() - tr) / 1e3;
+    }
+    if (rc == RA_OK && o->cfg.on_attn) {
+      /* the hook sees the new token's attention, as without retro */
+      ra_tensor all = st->cur_att;
+      st->cur_att = att1;
+      rc = o->cfg.on_attn(o->cfg.attn_ctx, st, l, err);
+      st->cur_att = all;
+    }
     if (rc == RA_OK) rc = ra_step_layer_finish(st, l, err);
   }
   if (rc == RA_OK) rc = ra_step_end(st, 0, err);
   if (rc == RA_OK) rc = be->ops->sync(be, err);
   if (rc != RA_OK) {
     st->n = 0;
+    st->pos = n;
     return rc;
+  }
+  if (retro) {
+    o->retro_tok[retro_slot(o, step)] = token;
+    o->n_decoded = step;
+    s.retro_past = P;
   }
   s.n_offloaded = o->remote ? off_e - off_b : 0;
   s.total_us = (double)(uv_hrtime() - t0) / 1e3;

@@ -45,6 +45,8 @@ typedef struct ra_offload_progress {
 } ra_offload_progress;
 
 #define RA_OFFLOAD_MAX_BUILD_LAYERS 8
+/* Past steps retrospective correction may look back (the stores keep that many sets). */
+#define RA_OFFLOAD_MAX_RETRO 16
 
 typedef struct ra_offload_config {
   ra_mode mode;           /* anything but full (common/modes.h) */
@@ -71,6 +73,9 @@ typedef struct ra_offload_config {
                              the H200, stores at --threads 7: roar prefill 1.25x the prefill alone
                              with 3, 1.46x with 1, in one call) */
   ra_wave_config wave;    /* wave mode: budgets and clustering (gpu-worker/wave.h) */
+  uint32_t retro_window;  /* retrospective correction of the last W decode steps (0: off; flat,
+                             ivf, kgraph, roar; W < n_window, <= RA_OFFLOAD_MAX_RETRO): see
+                             "Retrospective correction" in docs/architecture.md */
   int64_t synthetic_chunk; /* > 0: a generated-KV prefill (benchmarks at contexts whose real
                              prefill would take hours): every layer's q/k/v come from the token
                              embeddings alone, `synthetic_chunk` tokens per step, with no
@@ -102,6 +107,10 @@ typedef struct ra_offload_stats {
                         * with the selection's host lists */
   double merge_us;     /* decode: the stores' partial (and wave's estimate) uploaded and merged */
   uint64_t n_scanned;  /* keys the stores scored, all layers and heads */
+  uint64_t retro_rows; /* retro: rows the past queries' supplementary partials attended over */
+  uint32_t retro_past; /* retro: past steps corrected (and recomputed through the layers) */
+  double retro_us;     /* retro: the worker's side (the output cache's merges, uploads, downloads) */
+  double retro_store_us; /* retro: the stores' time on the supplementary partials (slowest per layer) */
   uint64_t n_offloaded;/* tokens at the stores (per layer and kv head) after the step */
 } ra_offload_stats;
 

@@ -20,6 +20,8 @@ typedef struct remote_store {
   float *o;                    /* [n_q_heads, head_dim] */
   ra_head_partial *parts;      /* [n_q_heads] */
   ra_kvclient_attend_req req;  /* the request in flight */
+  float *rq, *ro;              /* retro: [retro_window, n_q_heads, head_dim] past queries, partials */
+  ra_head_partial *rparts;     /* retro: [retro_window, n_q_heads] */
   ra_kvclient_rows *rows;      /* [n_shards + n_layers * n_kv_heads]: put / append blocks */
   size_t n_rows;               /* blocks staged in rows */
 } remote_store;
@@ -39,6 +41,8 @@ struct ra_remote {
   size_t n_builds, cap_builds;
   uint64_t t_begin;
   ra_partial *acc; /* [n_q_heads] merge accumulators */
+  ra_partial *racc; /* retro: [retro_window, n_q_heads] */
+  uint32_t n_past;  /* retro: past queries of the attend in flight */
 };
 
 /* Records the first failure and returns its code; later calls report it. */
@@ -73,8 +77,12 @@ static int store_open(ra_remote *r, remote_store *s, ra_error *err) {
   s->o = calloc(nq * hd, sizeof *s->o);
   s->parts = calloc(nq, sizeof *s->parts);
   s->rows = calloc(n_rows, sizeof *s->rows);
+  size_t nr = (size_t)r->cfg.retro_window * nq;
+  s->rq = calloc(nr * hd + 1, sizeof *s->rq);
+  s->ro = calloc(nr * hd + 1, sizeof *s->ro);
+  s->rparts = calloc(nr + 1, sizeof *s->rparts);
   ra_kvclient_shard *shards = calloc(s->plan->n_shards + 1, sizeof *shards);
-  if (!s->heads || !s->q || !s->o || !s->parts || !s->rows || !shards) {
+  if (!s->heads || !s->q || !s->o || !s->parts || !s->rows || !s->rq || !s->ro || !s->rparts || !shards) {
     free(shards);
     return ra_errorf(err, RA_ENOMEM, "remote: out of memory");
   }
@@ -105,6 +113,9 @@ static void store_close(remote_store *s) {
   free(s->q);
   free(s->o);
   free(s->parts);
+  free(s->rq);
+  free(s->ro);
+  free(s->rparts);
   free(s->rows);
 }
 
@@ -117,6 +128,7 @@ void ra_remote_close(ra_remote *r) {
   free(r->stores);
   free(r->pack);
   free(r->acc);
+  free(r->racc);
   free(r);
 }
 
@@ -134,9 +146,11 @@ int ra_remote_open(const ra_offload_plan *plan, uint32_t head_dim, const ra_remo
   r->n_stores = plan->n_stores;
   r->stores = calloc(plan->n_stores, sizeof *r->stores);
   r->acc = calloc(plan->n_q_heads, sizeof *r->acc);
-  if (!r->stores || !r->acc) {
+  r->racc = calloc((size_t)cfg->retro_window * plan->n_q_heads + 1, sizeof *r->racc);
+  if (!r->stores || !r->acc || !r->racc) {
     free(r->stores);
     free(r->acc);
+    free(r->racc);
     free(r);
     return ra_errorf(err, RA_ENOMEM, "remote: out of memory");
   }
@@ -367,8 +381,10 @@ int ra_remote_append(ra_remote *r, uint64_t pos, const float *k, const float *v,
   return rc ? remote_fail(r, rc, err) : RA_OK;
 }
 
-/* sel: NULL, or wave mode's selection per store. */
-static int attend_begin(ra_remote *r, uint32_t layer, const float *q, const ra_remote_wave_sel *sel, ra_error *err) {
+/* sel: NULL, or wave mode's selection per store. q_past: NULL, or retro's n_past past queries of
+ * step `step`. */
+static int attend_begin(ra_remote *r, uint32_t layer, const float *q, const ra_remote_wave_sel *sel, uint64_t step,
+                        uint32_t n_past, const float *q_past, ra_error *err) {
   int rc = remote_check(r, err);
   if (rc) return rc;
   const ra_offload_plan *p = r->plan;
@@ -390,6 +406,13 @@ static int attend_begin(ra_remote *r, uint32_t layer, const float *q, const ra_r
       s->parts[n] = (ra_head_partial){.part.o = s->o + n * hd};
       n++;
     }
+    /* retro: the past queries of the same heads, [n_past, n, head_dim] */
+    for (uint32_t j = 0; q_past && j < n_past; j++)
+      for (size_t k = 0; k < n; k++) {
+        memcpy(s->rq + ((size_t)j * n + k) * hd, q_past + ((size_t)j * p->n_q_heads + s->heads[k]) * hd,
+               hd * sizeof(float));
+        s->rparts[(size_t)j * n + k] = (ra_head_partial){.part.o = s->ro + ((size_t)j * n + k) * hd};
+      }
     s->req = (ra_kvclient_attend_req){.layer = layer, .q_heads = s->heads, .n_heads = n, .q = s->q,
                                       .mode = r->cfg.mode, .top_k = r->cfg.top_k, .search = r->cfg.search};
     if (sel) {
@@ -398,24 +421,45 @@ static int attend_begin(ra_remote *r, uint32_t layer, const float *q, const ra_r
       s->req.n_cluster_heads = sel[i].n_heads;
       s->req.clusters = sel[i].clusters;
     }
+    if (q_past) {
+      s->req.retro_step = step;
+      s->req.retro_window = r->cfg.retro_window;
+      s->req.n_retro = n_past;
+      s->req.retro_q = n_past ? s->rq : NULL;
+    }
     rc = ra_kvclient_attend_send(s->stream, &s->req, err);
   }
   if (rc) return remote_fail(r, rc, err);
   r->in_flight = 1;
+  r->n_past = q_past ? n_past : 0;
   return RA_OK;
 }
 
 int ra_remote_attend_begin(ra_remote *r, uint32_t layer, const float *q, ra_error *err) {
-  return attend_begin(r, layer, q, NULL, err);
+  return attend_begin(r, layer, q, NULL, 0, 0, NULL, err);
+}
+
+int ra_remote_attend_begin_retro(ra_remote *r, uint32_t layer, const float *q, uint64_t step, uint32_t n_past,
+                                 const float *q_past, ra_error *err) {
+  if (r->cfg.retro_window == 0 || n_past > r->cfg.retro_window || step == 0 || (n_past && !q_past))
+    return ra_errorf(err, RA_EINVAL, "remote: retro step %llu with %u past queries (window %u)",
+                     (unsigned long long)step, n_past, r->cfg.retro_window);
+  static const float none = 0.0f;
+  return attend_begin(r, layer, q, NULL, step, n_past, q_past ? q_past : &none, err);
 }
 
 int ra_remote_attend_begin_wave(ra_remote *r, uint32_t layer, const float *q, const ra_remote_wave_sel *sel,
                                 ra_error *err) {
   if (!sel) return ra_errorf(err, RA_EINVAL, "remote: a wave attend needs its selection");
-  return attend_begin(r, layer, q, sel, err);
+  return attend_begin(r, layer, q, sel, 0, 0, NULL, err);
 }
 
 int ra_remote_attend_end(ra_remote *r, float *o, float *ml, ra_remote_stats *stats, ra_error *err) {
+  return ra_remote_attend_end_retro(r, o, ml, NULL, NULL, stats, err);
+}
+
+int ra_remote_attend_end_retro(ra_remote *r, float *o, float *ml, float *o_past, float *ml_past,
+                               ra_remote_stats *stats, ra_error *err) {
   int rc = remote_check(r, err);
   if (rc) return rc;
   if (!r->in_flight) return ra_errorf(err, RA_ESTATE, "remote: no attend in flight");
@@ -427,14 +471,27 @@ int ra_remote_attend_end(ra_remote *r, float *o, float *ml, ra_remote_stats *sta
     acc[h].o = o + h * hd;
     ra_partial_reset(&acc[h], (int)hd);
   }
+  const uint32_t n_past = o_past && ml_past ? r->n_past : 0;
+  for (size_t i = 0; i < (size_t)n_past * p->n_q_heads; i++) {
+    r->racc[i].o = o_past + i * hd;
+    ra_partial_reset(&r->racc[i], (int)hd);
+  }
   ra_remote_stats st = {0};
   for (size_t i = 0; i < r->n_stores && rc == RA_OK; i++) {
     remote_store *s = &r->stores[i];
     if (!s->req.n_heads) continue;
-    uint64_t compute_us = 0;
-    rc = ra_kvclient_attend_recv(s->stream, &s->req, s->parts, r->cfg.timeout_ms, &compute_us, err);
+    uint64_t compute_us = 0, retro_us = 0;
+    rc = ra_kvclient_attend_recv_retro(s->stream, &s->req, s->parts, s->rparts, r->cfg.timeout_ms, &compute_us,
+                                       &retro_us, err);
     if (rc) break;
     if ((double)compute_us > st.store_us) st.store_us = (double)compute_us;
+    if ((double)retro_us > st.retro_us) st.retro_us = (double)retro_us;
+    for (size_t j = 0; j < (size_t)n_past * s->req.n_heads; j++) {
+      const ra_head_partial *pt = &s->rparts[j];
+      ra_partial_merge_from(&r->racc[(j / s->req.n_heads) * p->n_q_heads + s->heads[j % s->req.n_heads]], &pt->part,
+                            (int)hd);
+      st.retro_rows += pt->n_scanned;
+    }
     for (size_t j = 0; j < s->req.n_heads; j++) {
       const ra_head_partial *pt = &s->parts[j];
       ra_partial_merge_from(&acc[s->heads[j]], &pt->part, (int)hd);
@@ -446,6 +503,10 @@ int ra_remote_attend_end(ra_remote *r, float *o, float *ml, ra_remote_stats *sta
   for (uint32_t h = 0; h < p->n_q_heads; h++) {
     ml[2 * h] = acc[h].m;
     ml[2 * h + 1] = acc[h].l;
+  }
+  for (size_t i = 0; i < (size_t)n_past * p->n_q_heads; i++) {
+    ml_past[2 * i] = r->racc[i].m;
+    ml_past[2 * i + 1] = r->racc[i].l;
   }
   if (rc) return remote_fail(r, rc, err);
   if (stats) *stats = st;

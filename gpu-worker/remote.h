@@ -31,6 +31,7 @@ typedef struct ra_remote_config {
   int timeout_ms;          /* deadline of each attend reply; 0: 10 s */
   int roar_per_kv_head;    /* roar: one graph per kv head, built from its whole group's queries */
   const char *client_name; /* for the stores' logs */
+  uint32_t retro_window;   /* retrospective correction: past steps corrected (0: off) */
 } ra_remote_config;
 
 typedef struct ra_remote_stats {
@@ -38,6 +39,8 @@ typedef struct ra_remote_stats {
   uint64_t n_keys;     /* keys the stores hold for the asked heads' kv heads */
   double wait_us;      /* from the first send to the last reply */
   double store_us;     /* the slowest store's own compute time */
+  uint64_t retro_rows; /* retro: rows the supplementary partials attended over, all stores */
+  double retro_us;     /* retro: the slowest store's time on them (part of store_us) */
 } ra_remote_stats;
 
 /* Connects to every store of the plan and opens the sessions. Geometry: the plan's, head_dim. */
@@ -105,6 +108,18 @@ typedef struct ra_remote_wave_sel {
 int ra_remote_attend_begin_wave(ra_remote *r, uint32_t layer, const float *q, const ra_remote_wave_sel *sel,
                                 ra_error *err);
 int ra_remote_attend_end(ra_remote *r, float *o, float *ml, ra_remote_stats *stats, ra_error *err);
+
+/* Retrospective correction (config retro_window W > 0; flat and the index modes: the stores keep
+ * each step's attended positions, kv-store/retro.h). begin_retro is attend_begin as decode step
+ * `step` (>= 1, one more each step), with the queries of the n_past <= W previous steps q_past
+ * [n_past, n_q_heads, head_dim] (step - j at row j - 1); end_retro is attend_end that also
+ * merges their supplementary partials over the stores into o_past [n_past, n_q_heads, head_dim]
+ * and ml_past [n_past, n_q_heads, 2] (each past query's partial over the positions retrieved
+ * now that it has not seen; empty where there are none). */
+int ra_remote_attend_begin_retro(ra_remote *r, uint32_t layer, const float *q, uint64_t step, uint32_t n_past,
+                                 const float *q_past, ra_error *err);
+int ra_remote_attend_end_retro(ra_remote *r, float *o, float *ml, float *o_past, float *ml_past,
+                               ra_remote_stats *stats, ra_error *err);
 
 /* Closes the sessions (stores free their memory) and frees everything. */
 void ra_remote_close(ra_remote *r);

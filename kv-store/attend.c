@@ -3,6 +3,7 @@
 #include "attend_wave.h"
 #include "clock.h"
 #include "merge.h"
+#include "retro.h"
 #include "topk.h"
 #include "vec.h"
 
@@ -68,6 +69,15 @@ static int check_args(const kvs_session *s, const kvs_attend_args *a, ra_error *
     return ra_errorf(err, RA_EINVAL, "mode %s is not one a kv-store answers", ra_mode_name(a->mode));
   if (ra_mode_takes_top_k(a->mode) && a->top_k == 0)
     return ra_errorf(err, RA_EINVAL, "mode %s needs top_k > 0", ra_mode_name(a->mode));
+  if (a->retro_window > 0 && !ra_mode_takes_top_k(a->mode))
+    return ra_errorf(err, RA_EINVAL, "retro: mode %s keeps no retrieved sets at the store (flat, ivf, kgraph, roar do)",
+                     ra_mode_name(a->mode));
+  if (a->retro_window > KVS_RETRO_MAX_WINDOW || a->n_retro > a->retro_window)
+    return ra_errorf(err, RA_EINVAL, "retro: window %u with %u past queries (window at most %d, queries at most the window)",
+                     a->retro_window, a->n_retro, KVS_RETRO_MAX_WINDOW);
+  if (a->retro_window > 0 && (a->retro_step == 0 || (a->n_retro > 0 && !a->retro_q)))
+    return ra_errorf(err, RA_EINVAL, "retro: step %llu (steps count from 1) with %u past queries",
+                     (unsigned long long)a->retro_step, a->n_retro);
   uint32_t group_size = g->n_q_heads / g->n_kv_heads;
   uint8_t seen[KVS_MAX_Q_HEADS / 8] = {0};
   for (size_t i = 0; i < a->n_heads; i++) {
@@ -287,7 +297,7 @@ static int result_alloc(const plan *p, kvs_attend_result *out) {
   out->o = calloc(a->n_heads * (size_t)p->dim, sizeof *out->o);
   if (!out->heads || !out->o) return RA_ENOMEM;
   size_t n_ids = 0;
-  if (a->want_ids) {
+  if (a->want_ids || a->retro_window) {
     for (size_t gi = 0; gi < p->n_groups; gi++) {
       uint64_t per = p->groups[gi].n_keys;
       if (a->mode != RA_MODE_FULL && per > a->top_k) per = a->top_k;
@@ -651,6 +661,92 @@ done:
   return rc;
 }
 
+/* Exact partial of q [dim] over the rows of (layer, kv head) at token positions pos [n] (each
+ * stored here). dots, vals: [n] scratch. */
+static void partial_over_positions(const plan *p, uint32_t kv_head, const float *q, const uint64_t *pos, size_t n,
+                                   float *dots, const void **vals, ra_partial *out) {
+  size_t count;
+  const kvs_shard *sh = kvs_session_head(p->s, p->a->layer, kv_head, &count);
+  const ra_dtype dt = p->s->geo.dtype;
+  float mx = -INFINITY;
+  for (size_t i = 0; i < n; i++) {
+    size_t k = 0;
+    while (k + 1 < count && pos[i] >= sh[k].spec.token_begin + sh[k].n) k++;
+    const uint64_t local = pos[i] - sh[k].spec.token_begin;
+    ra_vec_dot_rows(q, (const char *)sh[k].keys + local * p->rb, dt, p->dim, NULL, 1, &dots[i]);
+    dots[i] *= p->scale;
+    vals[i] = (const char *)sh[k].values + local * p->rb;
+    if (dots[i] > mx) mx = dots[i];
+  }
+  memset(out->o, 0, (size_t)p->dim * sizeof(float));
+  float sum = 0.0f;
+  for (size_t i = 0; i < n; i++) {
+    float w = expf(dots[i] - mx);
+    sum += w;
+    ra_vec_axpy(out->o, w, vals[i], dt, p->dim);
+  }
+  if (n > 0)
+    for (int d = 0; d < p->dim; d++) out->o[d] /= sum;
+  out->m = n > 0 ? mx : -INFINITY;
+  out->l = sum;
+}
+
+/* Positions below this are stored here for (layer, kv head): its shards fill in token order. */
+static uint64_t stored_horizon(const plan *p, uint32_t kv_head) {
+  size_t count;
+  const kvs_shard *sh = kvs_session_head(p->s, p->a->layer, kv_head, &count);
+  uint64_t h = 0;
+  for (size_t k = 0; k < count; k++)
+    if (sh[k].n && sh[k].spec.token_begin + sh[k].n > h) h = sh[k].spec.token_begin + sh[k].n;
+  return h;
+}
+
+/* After the selection: each past query's partial over the positions it has not seen (retro.h),
+ * then this step's record. The heads' ids hold the positions attended over. */
+static int run_retro(const plan *p, kvs_attend_result *out, ra_error *err) {
+  const kvs_attend_args *a = p->a;
+  const uint64_t t0 = ra_clock_now_us();
+  const size_t nh = a->n_heads, np = a->n_retro, dim = (size_t)p->dim;
+  size_t most = 1;
+  for (size_t i = 0; i < nh; i++)
+    if (out->heads[i].n_ids > most) most = out->heads[i].n_ids;
+  out->retro = calloc(np * nh + 1, sizeof *out->retro);
+  out->retro_o = calloc(np * nh * dim + 1, sizeof *out->retro_o);
+  uint64_t *diff = malloc(most * sizeof *diff);
+  float *dots = malloc(most * sizeof *dots);
+  const void **vals = malloc(most * sizeof *vals);
+  int rc = (!out->retro || !out->retro_o || !diff || !dots || !vals)
+               ? ra_errorf(err, RA_ENOMEM, "out of memory for %zu retro partials", np * nh)
+               : RA_OK;
+  kvs_retro *rt = p->s->retro;
+  for (size_t gi = 0; gi < p->n_groups && rc == RA_OK; gi++) {
+    const group *g = &p->groups[gi];
+    const uint64_t horizon = stored_horizon(p, g->kv_head);
+    for (size_t j = 0; j < g->count && rc == RA_OK; j++) {
+      const size_t hi = p->members[g->first + j];
+      const ra_head_partial *h = &out->heads[hi];
+      for (size_t k = 1; k <= np; k++) {
+        ra_head_partial *rp = &out->retro[(k - 1) * nh + hi];
+        *rp = (ra_head_partial){.q_head = a->q_heads[hi], .n_keys = g->n_keys,
+                                .part = {.o = out->retro_o + ((k - 1) * nh + hi) * dim, .m = -INFINITY}};
+        if (a->retro_step <= k) continue;
+        long nd = kvs_retro_unseen(rt, a->layer, a->q_heads[hi], a->retro_step, a->retro_step - k, h->ids, h->n_ids,
+                                   diff);
+        if (nd <= 0) continue;
+        partial_over_positions(p, g->kv_head, a->retro_q + ((k - 1) * nh + hi) * dim, diff, (size_t)nd, dots,
+                               vals, &rp->part);
+        rp->n_scanned = (uint64_t)nd;
+      }
+      rc = kvs_retro_record(rt, a->layer, a->q_heads[hi], a->retro_step, horizon, h->ids, h->n_ids, err);
+    }
+  }
+  free(diff);
+  free(dots);
+  free(vals);
+  out->retro_us = ra_clock_now_us() - t0;
+  return rc;
+}
+
 int kvs_attend(kvs_session *s, const kvs_attend_args *a, kvs_attend_result *out, ra_error *err) {
   memset(out, 0, sizeof *out);
   int nt = a->n_threads > 0 ? a->n_threads : omp_get_max_threads();
@@ -676,6 +772,9 @@ int kvs_attend(kvs_session *s, const kvs_attend_args *a, kvs_attend_result *out,
   } else {
     rc = run_index(&p, nt, out, err);
   }
+  if (rc == RA_OK && a->retro_window) rc = run_retro(&p, out, err);
+  if (rc == RA_OK && !a->want_ids)
+    for (size_t i = 0; i < out->n_heads; i++) out->heads[i].n_ids = out->heads[i].ids_cap = 0;
   pthread_rwlock_unlock(&s->lock);
   plan_free(&p);
   if (rc) {
@@ -695,5 +794,7 @@ void kvs_attend_result_free(kvs_attend_result *r) {
   free(r->heads);
   free(r->o);
   free(r->ids);
+  free(r->retro);
+  free(r->retro_o);
   memset(r, 0, sizeof *r);
 }

@@ -56,6 +56,14 @@ typedef struct kvs_attend_args {
   int want_ids;            /* fill ids with the token positions attended over */
   int n_threads;           /* OpenMP threads; 0: the OpenMP default */
   kvs_wave_select wave;    /* mode wave only */
+  /* Retrospective correction (flat, index modes; retro.h): retro_window > 0 records the
+   * positions each head attends over as step retro_step (>= 1), and each of the n_retro <=
+   * retro_window past steps' queries retro_q [n_retro, n_heads, head_dim] (step retro_step - j
+   * at row j - 1) gets the exact partial over the positions attended now that it has not seen. */
+  uint64_t retro_step;
+  uint32_t retro_window;
+  uint32_t n_retro;
+  const float *retro_q;
 } kvs_attend_args;
 
 typedef struct kvs_attend_result {
@@ -68,6 +76,11 @@ typedef struct kvs_attend_result {
    * threads); the searches' wall and thread CPU time (summed: a wall time well above the CPU
    * time means the searching threads were descheduled); also added to the session's counters */
   uint64_t n_searches, n_searches_exact, lock_wait_us, search_us, search_cpu_us;
+  /* retro: [n_retro, n_heads] supplementary partials (past step j's head i at (j - 1) * n_heads
+   * + i; n_scanned = the rows it attended over), their o, and the time they took */
+  ra_head_partial *retro;
+  float *retro_o;
+  uint64_t retro_us;
 } kvs_attend_result;
 
 /* Computes the partials; takes the session's read lock. On failure `out` holds nothing. */

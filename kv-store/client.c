@@ -468,11 +468,13 @@ static void stream_break(ra_kvclient_stream *st) {
 
 /* Copies a reply into the caller's partials after checking it answers the request. */
 static int attend_unpack(ra_kvclient_stream *st, const ra_kvclient_attend_req *req,
-                         ra_head_partial *out, uint64_t *compute_us, ra_error *err) {
+                         ra_head_partial *out, ra_head_partial *retro, uint64_t *compute_us,
+                         uint64_t *retro_us, ra_error *err) {
   Rakv__AttendReply *r = rakv__attend_reply__unpack(NULL, st->rx.len, st->rx.data);
   if (!r) return bad_reply(st->c, "AttendReply", err);
   int rc = RA_OK;
-  if (r->seq != st->seq || r->n_heads != req->n_heads) {
+  const size_t n_retro = retro ? (size_t)req->n_retro * req->n_heads : 0;
+  if (r->seq != st->seq || r->n_heads != req->n_heads || r->n_retro != n_retro) {
     rc = ra_errorf(err, RA_EFORMAT, "%s: AttendReply seq %llu with %zu heads answers no request",
                    ra_kvclient_addr(st->c), (unsigned long long)r->seq, r->n_heads);
   }
@@ -483,7 +485,15 @@ static int attend_unpack(ra_kvclient_stream *st, const ra_kvclient_attend_req *r
       break;
     }
   }
+  for (size_t i = 0; rc == RA_OK && i < n_retro; i++) {
+    retro[i].ids = NULL;
+    retro[i].ids_cap = 0;
+    if (r->retro[i]->q_head != req->q_heads[i % req->n_heads] ||
+        kvs_wire_partial_from_proto(r->retro[i], st->s.geo.head_dim, &retro[i]) != RA_OK)
+      rc = bad_reply(st->c, "retro HeadPartial", err);
+  }
   if (rc == RA_OK && compute_us) *compute_us = r->compute_us;
+  if (rc == RA_OK && retro_us) *retro_us = r->retro_us;
   rakv__attend_reply__free_unpacked(r, NULL);
   return rc;
 }
@@ -520,6 +530,11 @@ int ra_kvclient_attend_send(ra_kvclient_stream *st, const ra_kvclient_attend_req
   m.cluster_counts = (uint32_t *)req->cluster_counts;
   m.n_clusters = n_clusters;
   m.clusters = (uint32_t *)req->clusters;
+  m.retro_step = req->retro_step;
+  m.retro_window = req->retro_window;
+  m.n_retro = req->n_retro;
+  m.retro_q.data = (uint8_t *)req->retro_q;
+  m.retro_q.len = req->retro_q ? (size_t)req->n_retro * req->n_heads * st->s.geo.head_dim * sizeof(float) : 0;
   rc = pack(&m.base, &st->tx, err);
   if (rc == RA_OK) rc = ra_rpc_call_send(st->call, st->tx.data, st->tx.len, err);
   if (rc) stream_break(st);
@@ -529,13 +544,19 @@ int ra_kvclient_attend_send(ra_kvclient_stream *st, const ra_kvclient_attend_req
 int ra_kvclient_attend_recv(ra_kvclient_stream *st, const ra_kvclient_attend_req *req,
                             ra_head_partial *out, int timeout_ms, uint64_t *compute_us,
                             ra_error *err) {
+  return ra_kvclient_attend_recv_retro(st, req, out, NULL, timeout_ms, compute_us, NULL, err);
+}
+
+int ra_kvclient_attend_recv_retro(ra_kvclient_stream *st, const ra_kvclient_attend_req *req,
+                                  ra_head_partial *out, ra_head_partial *retro, int timeout_ms,
+                                  uint64_t *compute_us, uint64_t *retro_us, ra_error *err) {
   if (!st->call)
     return ra_errorf(err, RA_ESTATE, "%s: no attend request in flight", ra_kvclient_addr(st->c));
   int rc = ra_rpc_call_recv(st->call, &st->rx, timeout_ms, err);
   if (rc == RA_EOF)
     rc = ra_errorf(err, RA_EUNAVAIL, "%s: the store ended the Attend stream",
                    ra_kvclient_addr(st->c));
-  if (rc == RA_OK) rc = attend_unpack(st, req, out, compute_us, err);
+  if (rc == RA_OK) rc = attend_unpack(st, req, out, req->n_retro ? retro : NULL, compute_us, retro_us, err);
   if (rc) stream_break(st);
   return rc;
 }

@@ -97,6 +97,12 @@ typedef struct ra_kvclient_attend_req {
   const uint32_t *cluster_counts;   /* [n_cluster_heads] */
   size_t n_cluster_heads;
   const uint32_t *clusters;         /* [sum(cluster_counts)] */
+  /* retrospective correction (flat, index modes; proto AttendRequest.retro_*): this request is
+   * step retro_step (>= 1) of a window of retro_window steps, and the n_retro past steps'
+   * queries retro_q [n_retro, n_heads, head_dim] get supplementary partials */
+  uint64_t retro_step;
+  uint32_t retro_window, n_retro;
+  const float *retro_q;
 } ra_kvclient_attend_req;
 
 int ra_kvclient_connect(const char *addr, const ra_kvclient_options *opt, ra_kvclient **out,
@@ -217,11 +223,17 @@ int ra_kvclient_attend(ra_kvclient_stream *st, const ra_kvclient_attend_req *req
 void ra_kvclient_attend_close(ra_kvclient_stream *st);
 
 /* attend in two halves, so that one thread can have a request in flight at every store of a
- * layer before it waits for any reply: send, then recv with the same req (for its q heads). */
+ * layer before it waits for any reply: send, then recv with the same req (for its q heads).
+ * recv_retro also takes the supplementary partials of a request with n_retro > 0 into retro
+ * [n_retro, n_heads] (part.o room for head_dim floats each; ids are not carried) and the
+ * store's time on them into *retro_us (optional). */
 int ra_kvclient_attend_send(ra_kvclient_stream *st, const ra_kvclient_attend_req *req,
                             ra_error *err);
 int ra_kvclient_attend_recv(ra_kvclient_stream *st, const ra_kvclient_attend_req *req,
                             ra_head_partial *out, int timeout_ms, uint64_t *compute_us,
                             ra_error *err);
+int ra_kvclient_attend_recv_retro(ra_kvclient_stream *st, const ra_kvclient_attend_req *req,
+                                  ra_head_partial *out, ra_head_partial *retro, int timeout_ms,
+                                  uint64_t *compute_us, uint64_t *retro_us, ra_error *err);
 
 #endif

@@ -283,22 +283,25 @@ int kvs_service_append(kvs_service *svc, const uint8_t *req, size_t len, ra_buf 
 static int attend_reply(const Rakv__AttendRequest *r, const kvs_session *s,
                         const kvs_attend_result *res, uint64_t compute_us, ra_buf *reply,
                         ra_error *err) {
-  size_t n = res->n_heads;
-  Rakv__HeadPartial *heads = malloc(n * sizeof *heads);
-  Rakv__HeadPartial **ptrs = malloc(n * sizeof *ptrs);
+  size_t n = res->n_heads, n_retro = res->retro ? (size_t)r->n_retro * n : 0;
+  Rakv__HeadPartial *heads = malloc((n + n_retro) * sizeof *heads);
+  Rakv__HeadPartial **ptrs = malloc((n + n_retro) * sizeof *ptrs);
   int rc = RA_OK;
   if (!heads || !ptrs) {
-    rc = ra_errorf(err, RA_ENOMEM, "out of memory for %zu head partials", n);
+    rc = ra_errorf(err, RA_ENOMEM, "out of memory for %zu head partials", n + n_retro);
     goto out;
   }
-  for (size_t i = 0; i < n; i++) {
-    kvs_wire_partial_to_proto(&res->heads[i], s->geo.head_dim, &heads[i]);
+  for (size_t i = 0; i < n + n_retro; i++) {
+    kvs_wire_partial_to_proto(i < n ? &res->heads[i] : &res->retro[i - n], s->geo.head_dim, &heads[i]);
     ptrs[i] = &heads[i];
   }
   Rakv__AttendReply out = RAKV__ATTEND_REPLY__INIT;
   out.seq = r->seq;
   out.n_heads = n;
   out.heads = ptrs;
+  out.n_retro = n_retro;
+  out.retro = ptrs + n;
+  out.retro_us = res->retro_us;
   out.compute_us = compute_us;
   rc = pack_reply(&out.base, reply, err);
 out:
@@ -311,7 +314,7 @@ static int attend(kvs_service *svc, const Rakv__AttendRequest *r, ra_buf *reply,
   kvs_session *s;
   int rc = kvs_store_get(svc->store, r->session_id.data, r->session_id.len, &s, err);
   if (rc) return rc;
-  float *q = NULL;
+  float *q = NULL, *retro_q = NULL;
   kvs_attend_result res = {0};
   uint64_t t0 = ra_clock_now_us();
   size_t want = r->n_q_heads * (size_t)s->geo.head_dim * sizeof(float);
@@ -332,6 +335,16 @@ static int attend(kvs_service *svc, const Rakv__AttendRequest *r, ra_buf *reply,
     goto out;
   }
   if (want) memcpy(q, r->q.data, want);
+  if (r->retro_q.len != (size_t)r->n_retro * want) {
+    rc = ra_errorf(err, RA_EINVAL, "retro_q is %zu bytes, want %zu (%u past queries x %zu heads x head_dim %u x 4)",
+                   r->retro_q.len, (size_t)r->n_retro * want, r->n_retro, r->n_q_heads, s->geo.head_dim);
+    goto out;
+  }
+  if (r->retro_q.len && !(retro_q = malloc(r->retro_q.len))) {
+    rc = ra_errorf(err, RA_ENOMEM, "out of memory for retro_q");
+    goto out;
+  }
+  if (retro_q) memcpy(retro_q, r->retro_q.data, r->retro_q.len);
   ra_search_spec sp;
   ra_mode mode;
   kvs_wire_search_spec_from_proto(r->search, &sp);
@@ -349,6 +362,10 @@ static int attend(kvs_service *svc, const Rakv__AttendRequest *r, ra_buf *reply,
       .n_threads = svc->attend_threads,
       .wave = {.kv_heads = r->cluster_kv_heads, .counts = r->cluster_counts,
                .n_heads = r->n_cluster_kv_heads, .ids = r->clusters, .n_ids = r->n_clusters},
+      .retro_step = r->retro_step,
+      .retro_window = r->retro_window,
+      .n_retro = r->n_retro,
+      .retro_q = retro_q,
   };
   if (r->n_cluster_counts != r->n_cluster_kv_heads) {
     rc = ra_errorf(err, RA_EINVAL, "%zu cluster_counts for %zu cluster_kv_heads",
@@ -360,6 +377,7 @@ static int attend(kvs_service *svc, const Rakv__AttendRequest *r, ra_buf *reply,
 out:
   kvs_attend_result_free(&res);
   free(q);
+  free(retro_q);
   kvs_session_release(s);
   return rc;
 }

@@ -5,6 +5,7 @@
 #include "hugemem.h"
 #include "indexer.h"
 #include "log.h"
+#include "retro.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -81,6 +82,7 @@ static void session_free(kvs_session *s) {
     ra_huge_free(s->shards[i].values, s->shards[i].cap * rb);
   }
   kvs_clusters_free(s->clusters);
+  kvs_retro_free(s->retro);
   free(s->shards);
   free(s->heads);
   pthread_rwlock_destroy(&s->lock);
@@ -345,7 +347,9 @@ int kvs_store_open(kvs_store *st, const kvs_geometry *g, const kvs_shard_spec *s
   kvs_session *s = calloc(1, sizeof *s);
   kvs_shard *sh = calloc(n, sizeof *sh);
   kvs_head_shards *heads = calloc(n_heads, sizeof *heads);
-  if (!s || !sh || !heads) {
+  if (s && kvs_retro_new(g->n_layers, g->n_q_heads, &s->retro, err) != RA_OK) s->retro = NULL;
+  if (!s || !sh || !heads || !s->retro) {
+    if (s) kvs_retro_free(s->retro);
     free(s);
     free(sh);
     free(heads);
@@ -353,6 +357,7 @@ int kvs_store_open(kvs_store *st, const kvs_geometry *g, const kvs_shard_spec *s
     return ra_errorf(err, RA_ENOMEM, "out of memory opening a session");
   }
   if (pthread_rwlock_init(&s->lock, NULL) != 0) {
+    kvs_retro_free(s->retro);
     free(s);
     free(sh);
     free(heads);
@@ -368,6 +373,7 @@ int kvs_store_open(kvs_store *st, const kvs_geometry *g, const kvs_shard_spec *s
   if (rc) {
     for (size_t i = 0; i < locked; i++) pthread_rwlock_destroy(&sh[i].ix_lock);
     pthread_rwlock_destroy(&s->lock);
+    kvs_retro_free(s->retro);
     free(s);
     free(sh);
     free(heads);

@@ -127,6 +127,7 @@ typedef struct kvs_session {
   atomic_uint_fast64_t last_used_ms; /* monotonic ms of the last request that looked it up */
   ra_index_spec index;         /* the session's index defaults (OpenSession) */
   struct kvs_clusters *clusters; /* wave mode's cluster directory (clusters.h); NULL: none */
+  struct kvs_retro *retro;       /* recent steps' attended positions (retro.h) */
   char client[64];
   /* Indexer bookkeeping (indexer mutex): shards of this session queued or being indexed, and
    * whether it was closed (no more queuing). */
