@@ -208,9 +208,7 @@ static seq *cache_take(ra_sched *s, const int32_t *p, size_t n, size_t *used) {
     seq *q = *pq;
     size_t l = 0;
     while (l < q->n_fed && l < n && q->toks[l] == p[l]) l++;
-    if (q->off) {
-      if (l != q->n_fed) continue; /* offload: all of the context, then more */
-    }
+    if (q->off && (l != q->n_fed || l >= n)) continue; /* offload: all of the context, then more */
     if (l > n - 1) l = n - 1;          /* the prompt's last token is fed again for its logits */
     if (l > best_len) best = pq, best_len = l;
   }
