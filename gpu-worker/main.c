@@ -3,13 +3,15 @@
  *   gpu-worker dump-qk  --model PATH (--prompt-file F | --prompt TEXT) --out DIR [--decode-tokens N] ...
  *   gpu-worker tokenize --model PATH (--prompt-file F | --prompt TEXT)       ids as JSON
  *   gpu-worker logits   --model PATH (--prompt-file F | --prompt TEXT) --out FILE.npy
- *   gpu-worker info     --model PATH */
+ *   gpu-worker info     --model PATH
+ *   gpu-worker serve    --model PATH --listen HOST:PORT [--mode M --stores ...]   OpenAI HTTP API */
 #include "dump_qk.h"
 #include "generate.h"
 #include "json.h"
 #include "loader.h"
 #include "log.h"
 #include "procenv.h"
+#include "serve.h"
 #include "npy.h"
 #include "offload.h"
 #include "opts.h"
@@ -23,11 +25,12 @@
 #include <unistd.h>
 
 /* Commands: bit i of an option's scope is commands[i]. */
-enum { GEN = 1u << 0, DUMP = 1u << 1, TOK = 1u << 2, LOGITS = 1u << 3, INFO = 1u << 4 };
-#define ALL_COMMANDS (GEN | DUMP | TOK | LOGITS | INFO)
-#define PROMPTED (GEN | DUMP | TOK | LOGITS) /* commands that read a prompt */
-#define LOADED (GEN | DUMP | LOGITS | INFO)  /* commands that load the weights */
-static const char *const commands[] = {"generate", "dump-qk", "tokenize", "logits", "info"};
+enum { GEN = 1u << 0, DUMP = 1u << 1, TOK = 1u << 2, LOGITS = 1u << 3, INFO = 1u << 4, SERVE = 1u << 5 };
+#define ALL_COMMANDS (GEN | DUMP | TOK | LOGITS | INFO | SERVE)
+#define PROMPTED (GEN | DUMP | TOK | LOGITS)        /* commands that read a prompt */
+#define LOADED (GEN | DUMP | LOGITS | INFO | SERVE) /* commands that load the weights */
+#define RUNS (GEN | SERVE)                          /* commands that generate: modes, stores */
+static const char *const commands[] = {"generate", "dump-qk", "tokenize", "logits", "info", "serve"};
 
 static const char *commands_text =
     "usage: gpu-worker COMMAND [options]\n"
@@ -36,11 +39,16 @@ static const char *commands_text =
     "  dump-qk    write post-RoPE Q/K of a prompt (+ greedy decode) as .npy files\n"
     "  tokenize   print the token ids of a prompt as JSON\n"
     "  logits     write the logits of every prompt position as [n_tokens, vocab] .npy\n"
-    "  info       print the model's configuration\n";
+    "  info       print the model's configuration\n"
+    "  serve      the OpenAI HTTP API (completions, chat, streaming) with continuous batching\n";
 
 typedef struct opts {
   const char *cmd, *model, *tokenizer, *prompt_file, *prompt, *backend, *json, *out, *layers;
   const char *stores, *shard_map;
+  const char *listen, *ready_file, *model_name; /* serve */
+  int max_seqs, max_cached, max_conns, drain_ms;
+  uint64_t max_body;
+  double cache_ttl;
   ra_offload_config off; /* mode == RA_MODE_FULL: no offload */
   int help, chat, threads, max_new, decode_tokens, no_stop, top_k, synthetic;
   long ctx, batch;
@@ -52,7 +60,8 @@ typedef struct opts {
 /* The defaults of every option, the offload's from the offload runtime. */
 static void opts_default(opts *o) {
   *o = (opts){.backend = "cpu", .max_new = 64, .batch = 512, .top_p = 0.95f, .top_k = 40, .seed = 1,
-              .kv_dtype = RA_DTYPE_F32, .dump_dtype = RA_DTYPE_F16};
+              .kv_dtype = RA_DTYPE_F32, .dump_dtype = RA_DTYPE_F16, .max_seqs = 16, .max_cached = 16,
+              .max_conns = 256, .drain_ms = 30000, .max_body = 1u << 20, .cache_ttl = 600};
   ra_offload_config_default(&o->off);
   o->off.mode = RA_MODE_FULL;
 }
@@ -109,11 +118,12 @@ static const ra_opt rows[] = {
     {"seed", RA_OPT_INT, AT(seed), .lo = 0, .hi = 0x7fffffff, .meta = "N", .help = "sampling / random-weight seed",
      .scope = LOADED},
     {"kv-dtype", RA_OPT_ENUM, AT(kv_dtype), .lo = RA_DTYPE_F32, .hi = RA_DTYPE_BF16, .name_of = dtype_name,
-     .help = "KV cache dtype", .scope = GEN | DUMP | LOGITS},
-    {"batch", RA_OPT_INT, AT(batch), .lo = 1, .hi = 1L << 20, .meta = "N", .help = "prefill chunk size",
-     .scope = GEN | DUMP},
-    {"ctx", RA_OPT_INT, AT(ctx), .lo = 1, .hi = 1L << 24, .meta = "N", .help = "KV cache tokens",
-     .dflt = "prompt + new tokens", .scope = GEN},
+     .help = "KV cache dtype", .scope = GEN | DUMP | SERVE | LOGITS | SERVE},
+    {"batch", RA_OPT_INT, AT(batch), .lo = 1, .hi = 1L << 20, .meta = "N",
+     .help = "prefill chunk size (serve, full mode: prompt tokens per step over all sequences)",
+     .scope = GEN | DUMP | SERVE},
+    {"ctx", RA_OPT_INT, AT(ctx), .lo = 1, .hi = 1L << 24, .meta = "N",
+     .help = "KV cache tokens (serve: of each sequence, prompt + answer)", .dflt = "prompt + new tokens; serve: 2048", .scope = RUNS},
     {"max-new-tokens", RA_OPT_INT, AT(max_new), .lo = 0, .hi = 1L << 24, .meta = "N", .help = "tokens to generate",
      .scope = GEN},
     {"temperature", RA_OPT_FLOAT, AT(temperature), .flo = 0, .fhi = HUGE_VAL, .meta = "T",
@@ -121,58 +131,77 @@ static const ra_opt rows[] = {
     {"top-p", RA_OPT_FLOAT, AT(top_p), .flo = 0, .fhi = 1, .flags = RA_OPT_OPEN_LO, .meta = "P",
      .help = "sample from the most likely tokens of this much probability", .scope = GEN},
     {"top-k", RA_OPT_INT, AT(top_k), .lo = 1, .hi = 1L << 24, .meta = "K",
-     .help = "sample from the K most likely tokens", .scope = GEN},
+     .help = "sample from the K most likely tokens", .scope = RUNS},
     {"json", RA_OPT_STRING, AT(json), .meta = "FILE", .help = "write the text, tokens and timings to FILE",
      .scope = GEN},
     {"no-stop", RA_OPT_FLAG, AT(no_stop), .help = "ignore EOS", .scope = GEN},
     {"mode", RA_OPT_CUSTOM, AT(off.mode), .parse = mode_parse, .show = mode_show, .meta = RA_MODE_NAMES,
      .help = "attention: full keeps every token on the device, streaming only the sink and the window; the "
              "others keep sink + window on the device and the rest in kv-stores",
-     .scope = GEN},
+     .scope = RUNS},
     {"stores", RA_OPT_STRING, AT(stores), .meta = "HOST:PORT,...", .help = "kv-stores; kv heads dealt round-robin",
-     .scope = GEN},
+     .scope = RUNS},
     {"shard-map", RA_OPT_STRING, AT(shard_map), .meta = "FILE", .help = "kv-stores and their shards, from FILE",
-     .scope = GEN},
+     .scope = RUNS},
     {"sink", RA_OPT_INT, AT(off.n_sink), .lo = 0, .hi = 1L << 20, .meta = "N",
-     .help = "first tokens kept on the device", .scope = GEN},
+     .help = "first tokens kept on the device", .scope = RUNS},
     {"window", RA_OPT_INT, AT(off.n_window), .lo = 1, .hi = 1L << 20, .meta = "N",
-     .help = "latest tokens kept on the device", .scope = GEN},
+     .help = "latest tokens kept on the device", .scope = RUNS},
     {"attn-top-k", RA_OPT_INT, AT(off.top_k), .lo = 1, .hi = 1L << 24, .meta = "K",
-     .help = "keys per head the stores attend to", .scope = GEN},
+     .help = "keys per head the stores attend to", .scope = RUNS},
     {"ef", RA_OPT_INT, AT(off.ef), .lo = 1, .hi = 1L << 20, .meta = "N", .help = "index search: candidates kept",
-     .dflt = "set by the store", .scope = GEN},
+     .dflt = "set by the store", .scope = RUNS},
     {"nprobe", RA_OPT_INT, AT(off.nprobe), .lo = 1, .hi = 1L << 20, .meta = "N",
-     .help = "index search: clusters scanned", .dflt = "set by the store", .scope = GEN},
+     .help = "index search: clusters scanned", .dflt = "set by the store", .scope = RUNS},
     {"store-dtype", RA_OPT_ENUM, AT(off.store_dtype), .lo = RA_DTYPE_F32, .hi = RA_DTYPE_BF16,
-     .name_of = dtype_name, .help = "KV dtype at the stores", .scope = GEN},
+     .name_of = dtype_name, .help = "KV dtype at the stores", .scope = RUNS},
     {"store-timeout-ms", RA_OPT_INT, AT(off.timeout_ms), .lo = 1, .hi = 3600000, .meta = "MS",
-     .help = "deadline of every store reply", .scope = GEN},
+     .help = "deadline of every store reply", .scope = RUNS},
     {"index-per-kv-head", RA_OPT_FLAG, AT(off.roar_per_kv_head),
-     .help = "roar: one graph per kv head from its group's queries", .scope = GEN},
+     .help = "roar: one graph per kv head from its group's queries", .scope = RUNS},
     {"key-top-queries", RA_OPT_INT, AT(off.key_top_queries), .lo = 0, .hi = RA_KVCLIENT_KEY_TOP_MAX, .meta = "T",
-     .help = "roar build: every offloaded key's T best queries, from the backend; 0: off", .scope = GEN},
+     .help = "roar build: every offloaded key's T best queries, from the backend; 0: off", .scope = RUNS},
     {"build-layers", RA_OPT_INT, AT(off.build_layers), .lo = 1, .hi = RA_OFFLOAD_MAX_BUILD_LAYERS, .meta = "N",
-     .help = "index builds of up to N layers in flight at the stores during the prefill", .scope = GEN},
+     .help = "index builds of up to N layers in flight at the stores during the prefill", .scope = RUNS},
     {"retro", RA_OPT_INT, AT(off.retro_window), .lo = 0, .hi = RA_OFFLOAD_MAX_RETRO, .meta = "W",
      .help = "flat / index modes: correct the last W steps' outputs with the keys retrieved later "
              "(RetroAttention); 0: off",
      .scope = GEN},
     {"retrieve", RA_OPT_CUSTOM, AT(off.wave.retrieve), .parse = budget_parse, .show = budget_show, .meta = "X",
-     .help = "wave: clusters attended exactly at the stores" BUDGET_HELP, .scope = GEN},
+     .help = "wave: clusters attended exactly at the stores" BUDGET_HELP, .scope = RUNS},
     {"estimate", RA_OPT_CUSTOM, AT(off.wave.estimate), .parse = budget_parse, .show = budget_show, .meta = "X",
-     .help = "wave: the next clusters, estimated on the device from centroids" BUDGET_HELP, .scope = GEN},
+     .help = "wave: the next clusters, estimated on the device from centroids" BUDGET_HELP, .scope = RUNS},
     {"wave-segment", RA_OPT_INT, AT(off.wave.segment), .lo = 1, .hi = 1L << 30, .meta = "N",
-     .help = "wave: prefill rows clustered together (k-means segment)", .scope = GEN},
+     .help = "wave: prefill rows clustered together (k-means segment)", .scope = RUNS},
     {"wave-cluster", RA_OPT_INT, AT(off.wave.cluster), .lo = 1, .hi = 1L << 20, .meta = "N",
-     .help = "wave: rows per cluster on average", .scope = GEN},
+     .help = "wave: rows per cluster on average", .scope = RUNS},
     {"wave-iters", RA_OPT_INT, AT(off.wave.iters), .lo = 1, .hi = 1000, .meta = "N",
-     .help = "wave: k-means iterations at most", .scope = GEN},
+     .help = "wave: k-means iterations at most", .scope = RUNS},
     {"wave-block", RA_OPT_INT, AT(off.wave.block), .lo = 1, .hi = 1L << 24, .meta = "N",
-     .help = "wave: evicted tokens clustered together during the decode (lag rows until then)", .scope = GEN},
+     .help = "wave: evicted tokens clustered together during the decode (lag rows until then)", .scope = RUNS},
     {"synthetic-prefill", RA_OPT_FLAG, AT(synthetic),
      .help = "benchmarks: the stores get KV computed from the token embeddings alone, --batch tokens at a "
              "time, no attention or MLP; the offload, index builds and decode are real",
      .scope = GEN},
+    {"listen", RA_OPT_STRING, AT(listen), .meta = "HOST:PORT", .help = "serve: the HTTP address (port 0: any free one)",
+     .scope = SERVE},
+    {"ready-file", RA_OPT_STRING, AT(ready_file), .meta = "FILE",
+     .help = "serve: write the bound HOST:PORT to FILE once serving", .scope = SERVE},
+    {"model-name", RA_OPT_STRING, AT(model_name), .meta = "ID", .help = "serve: the model id clients name",
+     .dflt = "the model file's name without .gguf", .scope = SERVE},
+    {"max-seqs", RA_OPT_INT, AT(max_seqs), .lo = 1, .hi = 256, .meta = "N",
+     .help = "serve: sequences running at once; more get 429", .scope = SERVE},
+    {"max-cached", RA_OPT_INT, AT(max_cached), .lo = 0, .hi = 4096, .meta = "N",
+     .help = "serve: finished contexts kept for reuse by a request that extends them (LRU); 0: no reuse",
+     .scope = SERVE},
+    {"cache-ttl", RA_OPT_FLOAT, AT(cache_ttl), .flo = 0, .fhi = 1e9, .meta = "S",
+     .help = "serve: seconds a finished context is kept", .scope = SERVE},
+    {"max-body", RA_OPT_SIZE, AT(max_body), .ulo = 1024, .uhi = 1ull << 32, .meta = "BYTES",
+     .help = "serve: request bodies above this get 413", .scope = SERVE},
+    {"max-conns", RA_OPT_INT, AT(max_conns), .lo = 1, .hi = 65536, .meta = "N", .help = "serve: HTTP connections at once",
+     .scope = SERVE},
+    {"drain-timeout-ms", RA_OPT_INT, AT(drain_ms), .lo = 0, .hi = 3600000, .meta = "MS",
+     .help = "serve: on SIGTERM, how long running requests may finish", .scope = SERVE},
     {"decode-tokens", RA_OPT_INT, AT(decode_tokens), .lo = 0, .hi = 1L << 24, .meta = "N",
      .help = "greedy decode steps after the prompt", .scope = DUMP},
     {"layers", RA_OPT_STRING, AT(layers), .meta = "0,2,5-7", .help = "the layers to write", .dflt = "all",
@@ -491,6 +520,45 @@ static int cmd_logits(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_er
   return rc;
 }
 
+/* Bytes of the model's tensors on the device. */
+static size_t weight_bytes(const ra_model *m) {
+  size_t b = m->tok_embd.nbytes + m->out_norm.nbytes + m->output.nbytes;
+  for (int l = 0; l < m->cfg.n_layers; l++) {
+    const ra_layer_weights *w = &m->layers[l];
+    const ra_tensor *all[] = {&w->attn_norm, &w->wq, &w->wk, &w->wv, &w->wo, &w->bq, &w->bk, &w->bv,
+                              &w->ffn_norm, &w->w_gate, &w->w_up, &w->w_down};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) b += all[i]->nbytes;
+  }
+  return b;
+}
+
+static int cmd_serve(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_error *err) {
+  if (!o->listen) return ra_errorf(err, RA_EINVAL, "serve needs --listen HOST:PORT");
+  if (!tok) return ra_errorf(err, RA_EINVAL, "the model has no tokenizer (give --tokenizer GGUF)");
+  /* the model id: --model-name, else the file's name without its directory and .gguf */
+  char name[256];
+  const char *base = strrchr(o->model, '/');
+  snprintf(name, sizeof name, "%s", o->model_name ? o->model_name : base ? base + 1 : o->model);
+  size_t nl = strlen(name);
+  if (!o->model_name && nl > 5 && strcmp(name + nl - 5, ".gguf") == 0) name[nl - 5] = 0;
+  ra_shard_map map = {0};
+  ra_offload_plan plan = {0};
+  int rc = RA_OK;
+  int with_stores = ra_mode_uses_stores(o->off.mode);
+  if (with_stores) rc = stores_plan(o, m, &map, &plan, err);
+  if (rc) return rc;
+  ra_serve_config sc = {
+      .listen = o->listen, .ready_file = o->ready_file, .model_name = name, .max_body = (size_t)o->max_body,
+      .max_conns = o->max_conns, .drain_timeout_ms = o->drain_ms, .weight_bytes = weight_bytes(m),
+      .sched = {.m = m, .tok = tok, .off = o->off, .plan = with_stores ? &plan : NULL, .max_seqs = o->max_seqs,
+                .max_ctx = o->ctx ? o->ctx : 2048, .prefill_chunk = o->batch, .max_cached = o->max_cached,
+                .cache_ttl_s = o->cache_ttl, .kv_dtype = o->kv_dtype, .top_k = o->top_k}};
+  rc = ra_serve_run(&sc, err);
+  ra_offload_plan_free(&plan);
+  ra_shard_map_free(&map);
+  return rc;
+}
+
 static void cmd_info(const ra_model *m, const ra_tokenizer *tok) {
   const ra_model_config *c = &m->cfg;
   printf("{\"name\": ");
@@ -543,6 +611,7 @@ int main(int argc, char **argv) {
     if (strcmp(o.cmd, "generate") == 0) rc = cmd_generate(&o, m, tok, &err);
     else if (strcmp(o.cmd, "dump-qk") == 0) rc = cmd_dump(&o, m, tok, &err);
     else if (strcmp(o.cmd, "logits") == 0) rc = cmd_logits(&o, m, tok, &err);
+    else if (strcmp(o.cmd, "serve") == 0) rc = cmd_serve(&o, m, tok, &err);
     else cmd_info(m, tok);
   }
   if (rc != RA_OK) fprintf(stderr, "gpu-worker %s: error: %s\n", o.cmd, err.msg[0] ? err.msg : ra_strerror(rc));

@@ -755,37 +755,65 @@ int ra_tok_is_stop(const ra_tokenizer *t, int32_t id) {
 
 int32_t ra_tok_find(const ra_tokenizer *t, const char *text) { return vocab_lookup(t, text, strlen(text)); }
 
-int ra_tok_chat_format(const ra_tokenizer *t, const char *system, const char *user, char **out, ra_error *err) {
-  if (!system) system = t->chat_default_system;
-  const char *sys = system ? system : "";
-  size_t n = strlen(sys) + strlen(user) + 320;
-  char *s = malloc(n);
-  if (!s) return ra_errorf(err, RA_ENOMEM, "tokenizer: out of memory");
-  switch (t->chat) {
-    case CHAT_CHATML:
-      if (system)
-        snprintf(s, n, "<|im_start|>system\n%s<|im_end|>\n<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n", sys, user);
-      else
-        snprintf(s, n, "<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n", user);
-      break;
-    case CHAT_LLAMA3:
-      if (system)
-        snprintf(s, n,
-                 "<|start_header_id|>system<|end_header_id|>\n\n%s<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n%s"
-                 "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
-                 sys, user);
-      else
-        snprintf(s, n, "<|start_header_id|>user<|end_header_id|>\n\n%s<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
-                 user);
-      break;
-    case CHAT_LLAMA2:
-      if (system) snprintf(s, n, "[INST] <<SYS>>\n%s\n<</SYS>>\n\n%s [/INST]", sys, user);
-      else snprintf(s, n, "[INST] %s [/INST]", user);
-      break;
-    default:
-      free(s);
-      return ra_errorf(err, RA_EUNSUPPORTED, "tokenizer: the model has no chat template this runtime knows");
+/* Appends text to the growing string *s (length *len, capacity *cap); RA_ENOMEM. */
+static int str_append(char **s, size_t *len, size_t *cap, const char *text) {
+  size_t n = strlen(text);
+  if (*len + n + 1 > *cap) {
+    size_t c = (*len + n + 1) * 2;
+    char *p = realloc(*s, c);
+    if (!p) return RA_ENOMEM;
+    *s = p;
+    *cap = c;
+  }
+  memcpy(*s + *len, text, n + 1);
+  *len += n;
+  return RA_OK;
+}
+
+int ra_tok_chat_format_messages(const ra_tokenizer *t, const ra_chat_msg *msgs, size_t n, char **out, ra_error *err) {
+  if (t->chat == CHAT_NONE)
+    return ra_errorf(err, RA_EUNSUPPORTED, "tokenizer: the model has no chat template this runtime knows");
+  if (n == 0) return ra_errorf(err, RA_EINVAL, "tokenizer: no chat messages");
+  /* each kind's turn: open role sep content close; the answer starts after open "assistant" sep */
+  const char *open = "<|im_start|>", *sep = "\n", *close = "<|im_end|>\n";
+  if (t->chat == CHAT_LLAMA3) open = "<|start_header_id|>", sep = "<|end_header_id|>\n\n", close = "<|eot_id|>";
+  int has_system = strcmp(msgs[0].role, "system") == 0;
+  if (t->chat == CHAT_LLAMA2 && (n > 2 || (n == 2) != has_system || strcmp(msgs[n - 1].role, "user") != 0))
+    return ra_errorf(err, RA_EUNSUPPORTED,
+                     "tokenizer: the [INST] template takes one user message (after an optional system one)");
+  char *s = NULL;
+  size_t len = 0, cap = 0;
+  int rc = str_append(&s, &len, &cap, "");
+  if (t->chat == CHAT_LLAMA2) {
+    if (!rc) rc = str_append(&s, &len, &cap, "[INST] ");
+    if (!rc && has_system) {
+      rc = str_append(&s, &len, &cap, "<<SYS>>\n");
+      if (!rc) rc = str_append(&s, &len, &cap, msgs[0].content);
+      if (!rc) rc = str_append(&s, &len, &cap, "\n<</SYS>>\n\n");
+    }
+    if (!rc) rc = str_append(&s, &len, &cap, msgs[n - 1].content);
+    if (!rc) rc = str_append(&s, &len, &cap, " [/INST]");
+  } else {
+    /* ChatML's templates (SmolLM2's) open with their default system prompt when none is given */
+    ra_chat_msg dflt = {"system", t->chat_default_system};
+    for (size_t i = has_system || !dflt.content ? 1 : 0; rc == RA_OK && i <= n; i++) {
+      const ra_chat_msg *m = i == 0 ? &dflt : &msgs[i - 1];
+      if (!(rc = str_append(&s, &len, &cap, open)) && !(rc = str_append(&s, &len, &cap, m->role)) &&
+          !(rc = str_append(&s, &len, &cap, sep)) && !(rc = str_append(&s, &len, &cap, m->content)))
+        rc = str_append(&s, &len, &cap, close);
+    }
+    if (!rc && !(rc = str_append(&s, &len, &cap, open)) && !(rc = str_append(&s, &len, &cap, "assistant")))
+      rc = str_append(&s, &len, &cap, sep);
+  }
+  if (rc) {
+    free(s);
+    return ra_errorf(err, RA_ENOMEM, "tokenizer: out of memory");
   }
   *out = s;
   return RA_OK;
+}
+
+int ra_tok_chat_format(const ra_tokenizer *t, const char *system, const char *user, char **out, ra_error *err) {
+  ra_chat_msg m[2] = {{"system", system}, {"user", user}};
+  return system ? ra_tok_chat_format_messages(t, m, 2, out, err) : ra_tok_chat_format_messages(t, m + 1, 1, out, err);
 }

@@ -45,9 +45,21 @@ int ra_tok_piece(const ra_tokenizer *t, int32_t id, char *buf, size_t cap);
  * the ids split a character). */
 int ra_tok_decode(const ra_tokenizer *t, const int32_t *ids, size_t n, char **text, size_t *len, ra_error *err);
 
-/* Formats one user turn (and a system prompt: NULL takes the template's default) with the
- * model's chat template, ending where the assistant's answer starts. Supports ChatML
- * (<|im_start|>, SmolLM2/Qwen2), Llama-3 and Llama-2 [INST] templates; RA_EUNSUPPORTED otherwise. */
+/* One message of a conversation: role "system", "user" or "assistant" (any role name is written
+ * as given), and its text. */
+typedef struct ra_chat_msg {
+  const char *role, *content;
+} ra_chat_msg;
+
+/* Formats a conversation with the model's chat template, ending where the assistant's answer
+ * starts. The template is recognised from tokenizer.chat_template, not executed: ChatML
+ * (<|im_start|>: SmolLM2, Qwen2; the template's literal default system prompt is prepended when
+ * the first message is not a system one) and Llama-3 headers take any sequence of turns;
+ * Llama-2 [INST] takes one user message after an optional system one (RA_EUNSUPPORTED
+ * otherwise, and for a template of another kind). Jinja logic beyond that (tools, per-message
+ * conditions) is not reproduced. */
+int ra_tok_chat_format_messages(const ra_tokenizer *t, const ra_chat_msg *msgs, size_t n, char **out, ra_error *err);
+/* One user turn (and a system prompt: NULL takes the template's default). */
 int ra_tok_chat_format(const ra_tokenizer *t, const char *system, const char *user, char **out, ra_error *err);
 
 #endif

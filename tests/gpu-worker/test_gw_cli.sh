@@ -30,10 +30,12 @@ expect "a growth block of 32 rows is smaller than a cluster (64)" generate --mod
 expect "a segment of 8 rows is smaller than a cluster (16)" generate --model m --mode wave --stores a:1 --wave-segment 8
 expect "--synthetic-prefill fills kv-stores: it needs a --mode other than full" generate --model m --synthetic-prefill
 expect "--synthetic-prefill is a generate option, not dump-qk" dump-qk --model m --synthetic-prefill
-expect "--mode is a generate option, not dump-qk" dump-qk --model m --mode flat
+expect "--mode is a generate/serve option, not dump-qk" dump-qk --model m --mode flat
 expect "--max-new-tokens is a generate option, not tokenize" tokenize --model m --max-new-tokens 4
 expect "--out is a dump-qk/logits option, not generate" generate --model m --out x
-expect "--threads is a generate/dump-qk/logits/info option, not tokenize" tokenize --model m --threads 2
+expect "--threads is a generate/dump-qk/logits/info/serve option, not tokenize" tokenize --model m --threads 2
+expect "--listen is a serve option, not generate" generate --model m --listen 127.0.0.1:0
+expect "--max-seqs is a serve option, not generate" generate --model m --max-seqs 4
 expect "bad --window 0: must be 1 to 1048576" generate --model m --mode roar --stores a:1 --window 0
 expect "bad --sink -1: must be 0 to 1048576" generate --model m --sink -1
 expect "bad --ctx 1e3: not an integer" generate --model m --ctx 1e3

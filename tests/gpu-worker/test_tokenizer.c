@@ -93,6 +93,16 @@ static void test_smollm2_chat_template(void **state) {
   assert_int_equal(ra_tok_chat_format(smol, "Be brief.", "Hi", &s, NULL), RA_OK);
   assert_non_null(strstr(s, "<|im_start|>system\nBe brief.<|im_end|>\n"));
   free(s);
+  /* a second turn: the first answer inside, the default system prompt first */
+  ra_chat_msg conv[] = {{"user", "Hi"}, {"assistant", "Hello!"}, {"user", "Bye"}};
+  assert_int_equal(ra_tok_chat_format_messages(smol, conv, 3, &s, NULL), RA_OK);
+  assert_string_equal(s,
+                      "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+                      "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
+                      "<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n");
+  free(s);
+  ra_error err;
+  assert_int_equal(ra_tok_chat_format_messages(smol, conv, 0, &s, &err), RA_EINVAL);
 }
 
 /* A SentencePiece-style vocab: <unk>, <s>, </s>, byte tokens, and merges by score. */

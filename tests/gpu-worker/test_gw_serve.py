@@ -1,0 +1,228 @@
+"""gpu-worker serve through real clients (run by test_gw_serve.sh, which starts the servers).
+argv: RUN (the servers' NAME.addr files) and PROMETHEUS (the binary, or empty)."""
+import concurrent.futures
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+
+import openai
+
+RUN, PROM = sys.argv[1], sys.argv[2]
+addr = {n: open(f"{RUN}/{n}.addr").read().strip() for n in ("batch", "reuse", "flat")}
+MODEL = "smollm2"
+
+
+def client(name):
+    return openai.OpenAI(base_url=f"http://{addr[name]}/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def curl(name, path, body=None, method=None):
+    """(status, parsed JSON or text) of a raw request with curl."""
+    cmd = ["curl", "-s", "-o", "-", "-w", "\n%{http_code}", f"http://{addr[name]}{path}"]
+    if body is not None:
+        cmd += ["-H", "Content-Type: application/json", "--data-binary", "@-"]
+    if method:
+        cmd += ["-X", method]
+    out = subprocess.run(cmd, input=body.encode() if isinstance(body, str) else body, capture_output=True,
+                         check=True).stdout.decode()
+    text, code = out.rsplit("\n", 1)
+    try:
+        return int(code), json.loads(text)
+    except ValueError:
+        return int(code), text
+
+
+def metric(name, series):
+    """A series' value in the server's /metrics (0 when absent)."""
+    code, text = curl(name, "/metrics")
+    assert code == 200, code
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+# --- the API's listing, health
+c = client("reuse")
+check([m.id for m in c.models.list().data] == [MODEL], "models")
+check(curl("reuse", "/health") == (200, {"status": "ok"}), "health")
+check(curl("flat", "/health")[0] == 200, "health with stores")
+
+# --- chat, then its second turn: the first turn's context is reused, the answer right
+q1 = [{"role": "user", "content": "What is the capital of France?"}]
+r1 = c.chat.completions.create(model=MODEL, messages=q1, temperature=0, max_tokens=24)
+a1 = r1.choices[0].message.content
+check("Paris" in a1 and r1.choices[0].finish_reason == "stop", f"first turn: {r1}")
+check(r1.usage.prompt_tokens > 10 and 0 < r1.usage.completion_tokens <= 24 and
+      r1.usage.total_tokens == r1.usage.prompt_tokens + r1.usage.completion_tokens, f"usage {r1.usage}")
+q2 = q1 + [{"role": "assistant", "content": a1}, {"role": "user", "content": "And what is the capital of Italy?"}]
+reused0 = metric("reuse", "ra_serve_reused_tokens_total")
+r2 = c.chat.completions.create(model=MODEL, messages=q2, temperature=0, max_tokens=24)
+cached = r2.usage.prompt_tokens_details.cached_tokens
+check("Rome" in r2.choices[0].message.content, f"second turn: {r2.choices[0].message.content!r}")
+# the whole first turn (prompt + answer) is reused: only the new user turn is prefilled
+check(cached >= r1.usage.prompt_tokens + r1.usage.completion_tokens - 1 and cached < r2.usage.prompt_tokens,
+      f"cached {cached} of {r2.usage.prompt_tokens} (first turn {r1.usage.prompt_tokens} + {r1.usage.completion_tokens})")
+check(metric("reuse", "ra_serve_reused_tokens_total") - reused0 == cached, "reused tokens metric")
+
+# --- streaming through the client: the chunks make the same text as the whole response
+chunks = list(c.chat.completions.create(model=MODEL, messages=q1, temperature=0, max_tokens=24, stream=True,
+                                        stream_options={"include_usage": True}))
+text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+check(text == a1, f"stream {text!r} != {a1!r}")
+check(chunks[-1].usage and chunks[-1].usage.completion_tokens == r1.usage.completion_tokens, "stream usage")
+check([ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "stop", "stream finish")
+# raw SSE: data lines ending with [DONE]
+code, raw = curl("reuse", "/v1/completions", json.dumps(
+    {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 5, "temperature": 0, "stream": True}))
+events = [l for l in raw.splitlines() if l.startswith("data: ")]
+check(code == 200 and events[-1] == "data: [DONE]" and len(events) >= 3, raw)
+# stop sequences and sampling with a seed (same seed, same text)
+r = c.completions.create(model=MODEL, prompt="1, 2, 3, 4, 5,", max_tokens=20, temperature=0, stop=[" 8"])
+check(r.choices[0].text.strip().startswith("6, 7") and "8" not in r.choices[0].text and
+      r.choices[0].finish_reason == "stop", f"stop: {r.choices[0].text!r}")
+s1, s2 = (c.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=12, temperature=0.9, top_p=0.9,
+                               seed=42).choices[0].text for _ in range(2))
+check(s1 == s2, f"seeded sampling {s1!r} != {s2!r}")
+
+# --- batching: 8 concurrent greedy streams each return what the same request returns alone
+prompts = [f"Write one sentence about the number {i}." for i in range(8)]
+b = client("batch")
+
+
+def ask(p):
+    msgs = [{"role": "user", "content": p}]
+    return "".join(ch.choices[0].delta.content or "" for ch in b.chat.completions.create(
+        model=MODEL, messages=msgs, temperature=0, max_tokens=20, stream=True))
+
+
+alone = [ask(p) for p in prompts]
+with concurrent.futures.ThreadPoolExecutor(8) as pool:
+    together = list(pool.map(ask, prompts))
+for p, x, y in zip(prompts, alone, together):
+    check(x == y and len(x) > 10, f"batched {y!r} != alone {x!r} ({p})")
+check(metric("batch", 'ra_serve_batch_sequences_bucket{le="4"}') < metric("batch", "ra_serve_batch_sequences_count"),
+      "no step had more than 4 sequences")
+
+# --- malformed requests: JSON errors, and the server stays up
+bad = [
+    ("/v1/chat/completions", "{not json", 400, None),
+    ("/v1/chat/completions", json.dumps({"model": MODEL, "messages": "hi"}), 400, "messages"),
+    ("/v1/chat/completions", json.dumps({"model": MODEL, "messages": [{"role": 3, "content": "x"}]}), 400, "messages"),
+    ("/v1/completions", json.dumps({"model": MODEL, "prompt": "x", "temperature": "hot"}), 400, "temperature"),
+    ("/v1/completions", json.dumps({"model": MODEL, "prompt": "x", "max_tokens": -5}), 400, "max_tokens"),
+    ("/v1/completions", json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 1.5}), 400, "max_tokens"),
+    ("/v1/completions", json.dumps({"model": MODEL, "prompt": 7}), 400, "prompt"),
+    ("/v1/completions", json.dumps({"model": "gpt-4", "prompt": "x"}), 404, "model"),
+    ("/v1/completions", json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 100000}), 400, None),
+    ("/v1/completions", json.dumps({"model": MODEL, "prompt": "x" * 100000}), 413, None),
+    ("/v1/nothing", json.dumps({}), 404, None),
+]
+for path, body, status, param in bad:
+    code, j = curl("batch", path, body)
+    check(code == status and isinstance(j, dict) and j["error"]["message"] and j["error"]["type"] and
+          (param is None or j["error"]["param"] == param), f"{path} {body[:60]}: {code} {j}")
+code, j = curl("batch", "/v1/completions", method="GET")
+check(code == 405 and "error" in j, f"GET on a POST route: {code} {j}")
+try:
+    b.completions.create(model=MODEL, prompt="x", max_tokens=-1)
+    check(False, "the client accepted max_tokens -1")
+except openai.BadRequestError as e:
+    check("max_tokens" in str(e), str(e))
+check(curl("batch", "/health")[0] == 200, "up after bad requests")
+check(metric("batch", 'ra_serve_requests_total{status="400"}') >= 8, "400s counted")
+
+# --- the sequence limit: with 8 streams running (max-seqs 8) a 9th gets 429
+
+
+def slow(i):
+    return b.completions.create(model=MODEL, prompt=f"Count: {i}", max_tokens=40, temperature=0).choices[0].text
+
+
+with concurrent.futures.ThreadPoolExecutor(8) as pool:
+    futs = [pool.submit(slow, i) for i in range(8)]
+    deadline = time.time() + 60
+    while metric("batch", "ra_serve_live_sequences") < 8 and time.time() < deadline:
+        time.sleep(0.05)
+    code, j = curl("batch", "/v1/completions", json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 2}))
+    check(code == 429 and j["error"]["type"] == "rate_limit_error", f"9th request: {code} {j}")
+    for f in futs:
+        f.result()
+
+# --- a client that disconnects mid-stream: its sequence stops and the stores free its KV
+
+
+def store_used():
+    return sum(metric("flat", f'ra_serve_store_bytes{{store="{s}",kind="used"}}') for s in
+               (open(f"{RUN}/a.addr").read().strip(), open(f"{RUN}/b.addr").read().strip()))
+
+
+used0 = store_used()
+host, port = addr["flat"].split(":")
+body = json.dumps({"model": MODEL, "prompt": "The capital of France is Paris. " * 4 + "Tell me a long story:",
+                   "max_tokens": 500, "temperature": 0, "stream": True}).encode()
+sk = socket.create_connection((host, int(port)))
+sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+           % len(body) + body)
+got = b""
+while got.count(b"data: ") < 3:
+    got += sk.recv(4096)
+check(metric("flat", "ra_serve_live_sequences") == 1, "the stream is live")
+check(store_used() > used0, f"the stores hold the stream's KV ({store_used()} vs {used0})")
+sk.close()
+deadline = time.time() + 30
+while (metric("flat", "ra_serve_live_sequences") or store_used() != used0) and time.time() < deadline:
+    time.sleep(0.2)
+check(metric("flat", "ra_serve_live_sequences") == 0, "the disconnected sequence is still live")
+check(store_used() == used0, f"the stores did not free the KV: {store_used()} vs {used0}")
+gen = metric("flat", "ra_serve_generated_tokens_total")
+check(gen < 500, f"the sequence ran on after the disconnect ({gen} tokens)")
+r = client("flat").completions.create(model=MODEL, prompt="The capital of France is Paris. The capital of Italy is",
+                                      max_tokens=4, temperature=0)
+check("Rome" in r.choices[0].text, f"flat after a disconnect: {r.choices[0].text!r}")
+check(metric("flat", "ra_serve_store_wait_seconds_count") > 0, "store wait observed")
+
+# --- a real Prometheus scrapes /metrics; its query API returns the generated-token counter
+if not PROM:
+    print("SKIP: prometheus is not installed (apt-get install prometheus): the scrape is not tested")
+else:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        pport = s.getsockname()[1]
+    d = tempfile.mkdtemp(dir=RUN)
+    with open(f"{d}/prometheus.yml", "w") as f:
+        f.write("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: serve\n"
+                f"    static_configs:\n      - targets: ['{addr['reuse']}']\n")
+    p = subprocess.Popen([PROM, f"--config.file={d}/prometheus.yml", f"--storage.tsdb.path={d}/data",
+                          f"--web.listen-address=127.0.0.1:{pport}"], stdout=subprocess.DEVNULL,
+                         stderr=open(f"{d}/log", "w"))
+    try:
+        want = metric("reuse", "ra_serve_generated_tokens_total")
+        check(want > 0, "generated tokens counted")
+        q = urllib.parse.quote("ra_serve_generated_tokens_total")
+        val, deadline = None, time.time() + 60
+        while time.time() < deadline:
+            try:
+                res = json.load(urllib.request.urlopen(f"http://127.0.0.1:{pport}/api/v1/query?query={q}", timeout=5))
+                if res["status"] == "success" and res["data"]["result"]:
+                    val = float(res["data"]["result"][0]["value"][1])
+                    break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        check(val == want, f"prometheus has {val}, the server {want}")
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
+print("ok")
