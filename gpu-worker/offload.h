@@ -102,6 +102,11 @@ typedef struct ra_offload_stats {
                         * with the selection's host lists */
   double merge_us;     /* decode: the stores' partial (and wave's estimate) uploaded and merged */
   uint64_t n_scanned;  /* keys the stores scored, all layers and heads */
+  /* decode, wave with a buffer: retrieved clusters found in the device buffer / sent to the
+   * stores, the rows the device attended from it, and the time waiting for admissions' fetches
+   * and installing their rows (in total_us) */
+  uint64_t buffer_hits, buffer_misses, buffer_rows;
+  double fetch_us;
   uint64_t n_offloaded;/* tokens at the stores (per layer and kv head) after the step */
 } ra_offload_stats;
 
