@@ -166,7 +166,12 @@ static void evict_one(ra_wave_buffer *b, size_t lg) {
   const int32_t e = b->tail[lg];
   lru_unlink(b, lg, e);
   b->slot[lg * (size_t)b->n_ids + (size_t)b->ent_c[base + e]] = -1;
-  for (int32_t p = e; p >= 0; p = b->page_next[base + p]) b->free_pages[base + (size_t)b->n_free[lg]++] = p;
+  /* pushed so that they pop in chain order again: a cluster's pages stay ascending runs */
+  const int64_t n = (b->ent_rows[base + e] + RA_WAVE_BUFFER_PAGE - 1) / RA_WAVE_BUFFER_PAGE;
+  int64_t i = 0;
+  for (int32_t p = e; p >= 0; p = b->page_next[base + p], i++)
+    b->free_pages[base + (size_t)(b->n_free[lg] + n - 1 - i)] = p;
+  b->n_free[lg] += n;
 }
 
 int ra_wave_buffer_install(ra_wave_buffer *b, int l, int g, int64_t c, const float *k, const float *v, int64_t n,
@@ -181,16 +186,27 @@ int ra_wave_buffer_install(ra_wave_buffer *b, int l, int g, int64_t c, const flo
   const size_t hd = (size_t)b->hd, row0 = (size_t)g * (size_t)b->rows;
   int32_t first = -1, last = -1;
   int rc = RA_OK;
-  for (int64_t i = 0; i < need && rc == RA_OK; i++) {
-    const int32_t p = b->free_pages[base + (size_t)--b->n_free[lg]];
+  /* the pages in chain order; each run of adjacent pages is one upload of K and one of V */
+  int64_t run_r0 = 0;
+  int32_t run_p = -1;
+  for (int64_t i = 0; i <= need; i++) { /* all pages, even after a failed upload: the chain stays whole */
+    const int32_t p = i < need ? b->free_pages[base + (size_t)--b->n_free[lg]] : -1;
+    if (run_p >= 0 && (p < 0 || p != last + 1)) {
+      const int64_t r1 = i * RA_WAVE_BUFFER_PAGE < n ? i * RA_WAVE_BUFFER_PAGE : n;
+      const size_t at = (row0 + (size_t)run_p * RA_WAVE_BUFFER_PAGE) * hd, m = (size_t)(r1 - run_r0) * hd;
+      if (rc == RA_OK) rc = be->ops->upload(be, &b->k[l], at, k + (size_t)run_r0 * hd, m, err);
+      if (rc == RA_OK) rc = be->ops->upload(be, &b->v[l], at, v + (size_t)run_r0 * hd, m, err);
+      run_p = -1;
+    }
+    if (p < 0) break;
+    if (run_p < 0) {
+      run_p = p;
+      run_r0 = i * RA_WAVE_BUFFER_PAGE;
+    }
     if (last >= 0) b->page_next[base + last] = p;
     else first = p;
     b->page_next[base + p] = -1;
     last = p;
-    const int64_t r0 = i * RA_WAVE_BUFFER_PAGE, m = n - r0 < RA_WAVE_BUFFER_PAGE ? n - r0 : RA_WAVE_BUFFER_PAGE;
-    const size_t at = (row0 + (size_t)p * RA_WAVE_BUFFER_PAGE) * hd;
-    rc = be->ops->upload(be, &b->k[l], at, k + (size_t)r0 * hd, (size_t)m * hd, err);
-    if (rc == RA_OK) rc = be->ops->upload(be, &b->v[l], at, v + (size_t)r0 * hd, (size_t)m * hd, err);
   }
   b->ent_c[base + first] = (int32_t)c;
   b->ent_rows[base + first] = (int32_t)n;
