@@ -179,6 +179,9 @@ static const ra_opt rows[] = {
      .help = "wave: k-means iterations at most", .scope = RUNS},
     {"wave-block", RA_OPT_INT, AT(off.wave.block), .lo = 1, .hi = 1L << 24, .meta = "N",
      .help = "wave: evicted tokens clustered together during the decode (lag rows until then)", .scope = RUNS},
+    {"wave-buffer", RA_OPT_INT, AT(off.wave.buffer), .lo = 0, .hi = 1L << 20, .meta = "N",
+     .help = "wave: device buffer of recently retrieved clusters per layer and kv head, in clusters of "
+             "--wave-cluster rows (0: off)", .scope = RUNS},
     {"synthetic-prefill", RA_OPT_FLAG, AT(synthetic),
      .help = "benchmarks: the stores get KV computed from the token embeddings alone, --batch tokens at a "
              "time, no attention or MLP; the offload, index builds and decode are real",
@@ -261,7 +264,7 @@ static int opts_check(opts *o, const ra_opts_set *s) {
   if (o->off.retro_window >= o->off.n_window)
     return usage_error(s->scope, "--retro %u must be below --window %u", o->off.retro_window, o->off.n_window);
   static const char *const wave_only[] = {"retrieve", "estimate", "wave-segment", "wave-cluster", "wave-iters",
-                                          "wave-block"};
+                                          "wave-block", "wave-buffer"};
   for (size_t i = 0; i < RA_OPTS_COUNT(wave_only); i++)
     if (ra_opts_given(s, wave_only[i]) && o->off.mode != RA_MODE_WAVE)
       return usage_error(s->scope, "--%s is for --mode wave, not %s", wave_only[i], mode);
@@ -355,13 +358,24 @@ static void print_progress(void *ctx, const ra_offload_progress *p) {
   fflush(stderr);
 }
 
-static void json_write_stats(FILE *f, const ra_offload_stats *s) {
+/* wave's buffer counts: hits, misses, hit rate, rows the device attended, fetch wait. */
+static void json_write_buffer(FILE *f, uint64_t hits, uint64_t misses, uint64_t dev_rows, double fetch_us) {
+  fprintf(f, ", \"buffer_hits\": %llu, \"buffer_misses\": %llu, \"buffer_hit_rate\": %.4f, \"buffer_rows\": %llu, "
+             "\"fetch_us\": %.1f",
+          (unsigned long long)hits, (unsigned long long)misses, hits + misses ? (double)hits / (double)(hits + misses) : 0.0,
+          (unsigned long long)dev_rows, fetch_us);
+}
+
+/* buffer: with wave's buffer counts */
+static void json_write_stats(FILE *f, const ra_offload_stats *s, int buffer) {
   fprintf(f, "{\"total_us\": %.1f, \"wait_us\": %.1f, \"store_us\": %.1f, \"append_us\": %.1f, \"download_us\": %.1f, "
              "\"index_us\": %.1f, \"select_us\": %.1f, \"merge_us\": %.1f, \"n_scanned\": %llu, \"n_offloaded\": %llu, "
-             "\"retro_past\": %u, \"retro_rows\": %llu, \"retro_us\": %.1f, \"retro_store_us\": %.1f}",
+             "\"retro_past\": %u, \"retro_rows\": %llu, \"retro_us\": %.1f, \"retro_store_us\": %.1f",
           s->total_us, s->wait_us, s->store_us, s->append_us, s->download_us, s->index_us, s->select_us, s->merge_us,
           (unsigned long long)s->n_scanned, (unsigned long long)s->n_offloaded, s->retro_past,
           (unsigned long long)s->retro_rows, s->retro_us, s->retro_store_us);
+  if (buffer) json_write_buffer(f, s->buffer_hits, s->buffer_misses, s->buffer_rows, s->fetch_us);
+  fprintf(f, "}");
 }
 
 static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_error *err) {
@@ -428,17 +442,24 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
           const ra_offload_stats *steps = ra_offload_step_stats(off, &n_steps);
           fprintf(f, ", \"sink\": %u, \"window\": %u, \"attn_top_k\": %u, \"retro\": %u, \"stores\": %zu, \"prefill\": ",
                   o->off.n_sink, o->off.n_window, o->off.top_k, o->off.retro_window, plan.n_stores);
-          json_write_stats(f, ra_offload_prefill_stats(off));
+          json_write_stats(f, ra_offload_prefill_stats(off), 0);
           const ra_wave_config *wc = &o->off.wave;
-          if (o->off.mode == RA_MODE_WAVE)
+          if (o->off.mode == RA_MODE_WAVE) {
             fprintf(f, ", \"wave\": {\"retrieve\": %g, \"estimate\": %g, \"segment\": %lld, \"cluster\": %lld, "
-                       "\"iters\": %d, \"block\": %lld}",
+                       "\"iters\": %d, \"block\": %lld, \"buffer\": %lld",
                     wc->retrieve, wc->estimate, (long long)wc->segment, (long long)wc->cluster, wc->iters,
-                    (long long)wc->block);
+                    (long long)wc->block, (long long)wc->buffer);
+            /* the decode's totals */
+            ra_wave_buffer_stats bt;
+            ra_wave_buffer_totals(ra_offload_wave(off), &bt);
+            json_write_buffer(f, bt.hits, bt.misses, bt.rows, bt.fetch_us);
+            fprintf(f, ", \"buffer_fetched\": %llu, \"buffer_fetched_rows\": %llu}", (unsigned long long)bt.fetched,
+                    (unsigned long long)bt.fetched_rows);
+          }
           fprintf(f, ", \"steps\": [");
           for (size_t i = 0; i < n_steps; i++) {
             fprintf(f, "%s", i ? ", " : "");
-            json_write_stats(f, &steps[i]);
+            json_write_stats(f, &steps[i], o->off.mode == RA_MODE_WAVE);
           }
           fprintf(f, "]");
         } else {

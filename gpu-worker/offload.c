@@ -874,6 +874,8 @@ int ra_offload_decode(ra_offload *o, int32_t token, ra_offload_stats *stats, ra_
   }
   float scale = 1.0f / sqrtf((float)c->head_dim);
   size_t hq = (size_t)c->n_heads * (size_t)c->head_dim;
+  ra_wave_buffer_stats b0 = {0}, b1;
+  if (o->wave) ra_wave_buffer_totals(o->wave, &b0);
   for (int l = 0; l < c->n_layers && rc == RA_OK; l++) {
     rc = ra_step_layer_qkv(st, l, err);
     ra_tensor q1 = ra_tensor_rows(&st->cur_q, P, 1), att1 = ra_tensor_rows(&st->cur_att, P, 1);
@@ -898,6 +900,12 @@ int ra_offload_decode(ra_offload *o, int32_t token, ra_offload_stats *stats, ra_
       rc = be->ops->attn_decode(be, &q1, &st->k_cache[l], &st->v_cache[l], ranges, n_ranges, scale, &att1,
                                 &st->dec_ml, err);
     if (rc == RA_OK && est_o) rc = be->ops->attn_merge(be, &att1, &st->dec_ml, est_o, est_ml, err);
+    /* wave: the retrieved clusters the device buffer holds (the stores were not asked for them) */
+    if (rc == RA_OK && sel) {
+      const ra_tensor *buf_o, *buf_ml;
+      rc = ra_wave_attend_buffer(o->wave, l, &q1, scale, &buf_o, &buf_ml, err);
+      if (rc == RA_OK && buf_o) rc = be->ops->attn_merge(be, &att1, &st->dec_ml, buf_o, buf_ml, err);
+    }
     if (rc == RA_OK && remote) {
       rc = be->ops->sync(be, err);
       uint64_t tw = uv_hrtime();
@@ -917,6 +925,8 @@ int ra_offload_decode(ra_offload *o, int32_t token, ra_offload_stats *stats, ra_
       if (rc == RA_OK) rc = be->ops->upload(be, &o->rem_ml, 0, o->ml_host, (size_t)c->n_heads * 2, err);
       if (rc == RA_OK) rc = be->ops->attn_merge(be, &att1, &st->dec_ml, &o->rem_o, &o->rem_ml, err);
       s.merge_us += (double)(uv_hrtime() - tm) / 1e3;
+      /* wave: the misses' rows are fetched for the buffer while the next layers compute */
+      if (rc == RA_OK && sel) rc = ra_wave_admit(o->wave, l, err);
     }
     if (rc == RA_OK && retro) {
       uint64_t tr = uv_hrtime();
@@ -947,6 +957,13 @@ int ra_offload_decode(ra_offload *o, int32_t token, ra_offload_stats *stats, ra_
     s.retro_past = P;
   }
   s.n_offloaded = o->remote ? off_e - off_b : 0;
+  if (o->wave) {
+    ra_wave_buffer_totals(o->wave, &b1);
+    s.buffer_hits = b1.hits - b0.hits;
+    s.buffer_misses = b1.misses - b0.misses;
+    s.buffer_rows = b1.rows - b0.rows;
+    s.fetch_us = b1.fetch_us - b0.fetch_us;
+  }
   s.total_us = (double)(uv_hrtime() - t0) / 1e3;
   if (o->n_steps == o->steps_cap) {
     size_t cap = o->steps_cap ? 2 * o->steps_cap : 64;

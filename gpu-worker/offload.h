@@ -111,6 +111,11 @@ typedef struct ra_offload_stats {
   uint32_t retro_past; /* retro: past steps corrected (and recomputed through the layers) */
   double retro_us;     /* retro: the worker's side (the output cache's merges, uploads, downloads) */
   double retro_store_us; /* retro: the stores' time on the supplementary partials (slowest per layer) */
+  /* decode, wave with a buffer: retrieved clusters found in the device buffer / sent to the
+   * stores, the rows the device attended from it, and the time waiting for admissions' fetches
+   * and installing their rows (in total_us) */
+  uint64_t buffer_hits, buffer_misses, buffer_rows;
+  double fetch_us;
   uint64_t n_offloaded;/* tokens at the stores (per layer and kv head) after the step */
 } ra_offload_stats;
 

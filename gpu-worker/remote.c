@@ -454,6 +454,28 @@ int ra_remote_attend_begin_wave(ra_remote *r, uint32_t layer, const float *q, co
   return attend_begin(r, layer, q, sel, 0, 0, NULL, err);
 }
 
+int ra_remote_fetch_clusters_start(ra_remote *r, size_t store, uint32_t layer, const ra_remote_wave_sel *sel,
+                                   ra_kvclient_fetch **out, ra_error *err) {
+  *out = NULL;
+  int rc = remote_check(r, err);
+  if (rc) return rc;
+  if (store >= r->n_stores || layer >= r->plan->n_layers || !r->stores[store].client)
+    return ra_errorf(err, RA_EINVAL, "remote: no store %zu with layer %u to fetch clusters from", store, layer);
+  remote_store *s = &r->stores[store];
+  ra_kvclient_cluster_sel cs = {.layer = layer, .kv_heads = sel->kv_heads, .counts = sel->counts,
+                                .n_heads = sel->n_heads, .ids = sel->clusters};
+  rc = ra_kvclient_fetch_clusters_start(s->client, &s->session, &cs, out, err);
+  return rc ? remote_fail(r, rc, err) : RA_OK;
+}
+
+int ra_remote_fetch_clusters_wait(ra_remote *r, ra_kvclient_fetch *f, ra_kvclient_cluster_rows *out, ra_error *err) {
+  int rc = remote_check(r, err);
+  if (rc == RA_OK) rc = ra_kvclient_fetch_clusters_wait(f, out, err);
+  return rc ? remote_fail(r, rc, err) : RA_OK;
+}
+
+ra_dtype ra_remote_dtype(const ra_remote *r) { return r->cfg.dtype; }
+
 int ra_remote_attend_end(ra_remote *r, float *o, float *ml, ra_remote_stats *stats, ra_error *err) {
   return ra_remote_attend_end_retro(r, o, ml, NULL, NULL, stats, err);
 }

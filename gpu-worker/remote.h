@@ -107,6 +107,17 @@ typedef struct ra_remote_wave_sel {
 /* attend_begin in wave mode: sel[i] is store i's selection (plan order). */
 int ra_remote_attend_begin_wave(ra_remote *r, uint32_t layer, const float *q, const ra_remote_wave_sel *sel,
                                 ra_error *err);
+/* Wave mode's device buffer: starts fetching the K/V rows of the clusters sel names (their ids
+ * at store `store`, of `layer`) from that store, off the decode's critical path (the stores
+ * answer while the worker computes). wait takes the rows (client.h ra_kvclient_cluster_rows, in
+ * the session dtype; valid until ra_kvclient_fetch_free, which the caller calls after wait or
+ * instead of it). A failure fails the remote like any store failure. */
+int ra_remote_fetch_clusters_start(ra_remote *r, size_t store, uint32_t layer, const ra_remote_wave_sel *sel,
+                                   ra_kvclient_fetch **out, ra_error *err);
+int ra_remote_fetch_clusters_wait(ra_remote *r, ra_kvclient_fetch *f, ra_kvclient_cluster_rows *out, ra_error *err);
+/* The session dtype of the stores' KV. */
+ra_dtype ra_remote_dtype(const ra_remote *r);
+
 int ra_remote_attend_end(ra_remote *r, float *o, float *ml, ra_remote_stats *stats, ra_error *err);
 
 /* Retrospective correction (config retro_window W > 0; flat and the index modes: the stores keep

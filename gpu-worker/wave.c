@@ -1,8 +1,10 @@
 #include "wave.h"
 
 #include "opts.h"
+#include "wave_buffer.h"
 
 #include <math.h>
+#include <uv.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,7 +12,7 @@
  * only caps segments still moving; RetroInfer clusters with 10 Lloyd iterations. */
 void ra_wave_config_default(ra_wave_config *c) {
   *c = (ra_wave_config){.retrieve = 0.018, .estimate = 0.232, .segment = 8192, .cluster = 16, .iters = 10,
-                        .block = 1024};
+                        .block = 1024, .buffer = 0};
 }
 
 static int budget_ok(double x) { return isfinite(x) && x >= 0 && (x <= 1 || x == floor(x)); }
@@ -25,6 +27,8 @@ int ra_wave_config_check(const ra_wave_config *c, ra_error *err) {
   if (c->segment < c->cluster)
     return ra_errorf(err, RA_EINVAL, "wave: a segment of %lld rows is smaller than a cluster (%lld)",
                      (long long)c->segment, (long long)c->cluster);
+  if (c->buffer < 0)
+    return ra_errorf(err, RA_EINVAL, "wave: a buffer of %lld clusters", (long long)c->buffer);
   if (c->block < c->cluster)
     return ra_errorf(err, RA_EINVAL, "wave: a growth block of %lld rows is smaller than a cluster (%lld)",
                      (long long)c->block, (long long)c->cluster);
@@ -75,8 +79,24 @@ struct ra_wave {
   ra_remote_wave_sel *sel;      /* [n_stores] */
   uint32_t *sel_heads, *sel_counts, *sel_ids; /* [n_stores, n_kv], [n_stores, n_kv], [n_stores, n_kv * cap] */
   size_t *sel_fill;             /* [2, n_stores]: ids listed per store, and where kv head g's began */
+  uint32_t *rows;               /* [n_layers, n_kv, cap]: rows of each cluster */
+  /* the device buffer (NULL: off) and its admissions: per (layer, store), the misses of the
+   * layer's last step to fetch, in FetchClusters' shape, and the fetch in flight */
+  ra_wave_buffer *buf;
+  struct wave_adm *adm;         /* [n_layers, n_stores] */
+  int64_t adm_max;              /* misses admitted per (layer, kv head) and step at most */
+  float *adm_k, *adm_v;         /* host fp32 scratch for one fetched cluster's rows */
+  int64_t adm_cap;
+  ra_wave_buffer_stats bstats;
   int begun;
 };
+
+typedef struct wave_adm {
+  uint32_t *heads, *counts, *ids; /* [n_kv], [n_kv], [n_kv, adm_max]: store ids */
+  int32_t *cs;                    /* [n_kv, adm_max]: the meta-index's clusters of ids */
+  size_t n_heads, n_ids;
+  ra_kvclient_fetch *fetch;
+} wave_adm;
 
 static size_t at(const ra_wave *w, int l, int g, int64_t c) {
   return ((size_t)l * (size_t)w->n_kv + (size_t)g) * (size_t)w->cap + (size_t)c;
@@ -90,6 +110,19 @@ void ra_wave_puts_free(ra_wave_puts *p) {
 
 /* What ra_wave_begin allocates. */
 static void meta_free(ra_wave *w) {
+  for (size_t i = 0; w->adm && i < (size_t)w->n_layers * w->plan->n_stores; i++) {
+    ra_kvclient_fetch_free(w->adm[i].fetch);
+    free(w->adm[i].heads);
+  }
+  free(w->adm);
+  w->adm = NULL;
+  ra_wave_buffer_free(w->buf);
+  w->buf = NULL;
+  free(w->adm_k);
+  free(w->adm_v);
+  free(w->rows);
+  w->adm_k = w->adm_v = NULL;
+  w->rows = NULL;
   for (int l = 0; w->centroid && l < w->n_layers; l++) {
     ra_tensor_free(&w->centroid[l]);
     ra_tensor_free(&w->vsum[l]);
@@ -188,6 +221,32 @@ static int64_t piece_end(const ra_wave *w, int64_t p, int64_t e) {
 /* The end of the growth block starting at p0: block rows, or the next cut before. */
 static int64_t block_end(const ra_wave *w, int64_t p0) { return piece_end(w, p0, p0 + w->cfg.block); }
 
+/* The device buffer and the admission lists, once the meta-index's capacity is known. Misses
+ * per (layer, kv head) and step are at most the retrieval zone of a full meta-index, and are
+ * admitted only up to a buffer's rows. */
+static int buffer_begin(ra_wave *w, ra_error *err) {
+  const ra_wave_config *c = &w->cfg;
+  int rc = ra_wave_buffer_new(w->be, w->n_layers, w->n_heads, w->n_kv, w->hd, ra_remote_dtype(w->remote), w->cap,
+                              c->buffer, c->cluster, &w->buf, err);
+  if (rc) return rc;
+  int64_t a = ra_wave_budget_clusters(c->retrieve, w->cap, c->cluster), rmax = ra_wave_buffer_rows(w->buf);
+  w->adm_max = a < rmax ? a : rmax;
+  if (w->adm_max < 1) w->adm_max = 1;
+  const size_t n = (size_t)w->n_layers * w->plan->n_stores, nkv = (size_t)w->n_kv, m = nkv * (size_t)w->adm_max;
+  w->adm = calloc(n, sizeof *w->adm);
+  if (!w->adm) return ra_errorf(err, RA_ENOMEM, "wave: out of memory for the buffer's admissions");
+  for (size_t i = 0; i < n; i++) {
+    wave_adm *a_ = &w->adm[i];
+    /* one block: heads, counts, ids, cs */
+    a_->heads = malloc((2 * nkv + 2 * m) * sizeof(uint32_t));
+    if (!a_->heads) return ra_errorf(err, RA_ENOMEM, "wave: out of memory for the buffer's admissions");
+    a_->counts = a_->heads + nkv;
+    a_->ids = a_->counts + nkv;
+    a_->cs = (int32_t *)(a_->ids + m);
+  }
+  return RA_OK;
+}
+
 int ra_wave_begin(ra_wave *w, int64_t b, int64_t e, int64_t max_end, ra_error *err) {
   if (w->begun) return ra_errorf(err, RA_ESTATE, "wave: the meta-index is set up already");
   const ra_wave_config *c = &w->cfg;
@@ -245,6 +304,9 @@ int ra_wave_begin(ra_wave *w, int64_t b, int64_t e, int64_t max_end, ra_error *e
   }
   if (rc == RA_OK && prefill_rows > 0) rc = ra_tensor_new(w->be, &w->out_k, RA_DTYPE_F32, 3, os, err);
   if (rc == RA_OK && prefill_rows > 0) rc = ra_tensor_new(w->be, &w->out_v, RA_DTYPE_F32, 3, os, err);
+  w->rows = calloc(tab, sizeof *w->rows);
+  if (rc == RA_OK && !w->rows) rc = ra_errorf(err, RA_ENOMEM, "wave: out of memory");
+  if (rc == RA_OK && c->buffer > 0) rc = buffer_begin(w, err);
   if (rc == RA_OK) w->begun = 1;
   else meta_free(w);
   return rc;
@@ -265,6 +327,7 @@ static int install(ra_wave *w, int l, int64_t p, int64_t c0, int64_t k, int g, u
     size_t a = at(w, l, g, c0 + j);
     w->owner[a] = (uint16_t)owner;
     if (cnt <= 0) continue;
+    w->rows[a] = (uint32_t)cnt;
     w->sid[a] = (int32_t)(*next + m);
     counts[m++] = (uint32_t)cnt;
   }
@@ -324,9 +387,107 @@ int ra_wave_prefill_layer(ra_wave *w, int l, const ra_tensor *kc, const ra_tenso
   return rc;
 }
 
+/* The rows of layer l's fetches (ra_wave_admit of an earlier step) into the buffer. */
+static int admit_finish(ra_wave *w, int l, ra_error *err) {
+  const size_t ns = w->plan->n_stores, hd = (size_t)w->hd;
+  const ra_dtype dt = ra_remote_dtype(w->remote);
+  const size_t rb = ra_dtype_size(dt) * hd;
+  uint64_t t0 = uv_hrtime();
+  int rc = RA_OK;
+  for (size_t s = 0; s < ns; s++) {
+    wave_adm *a = &w->adm[(size_t)l * ns + s];
+    if (!a->fetch) continue;
+    ra_kvclient_cluster_rows got;
+    if (rc == RA_OK) rc = ra_remote_fetch_clusters_wait(w->remote, a->fetch, &got, err);
+    size_t j = 0;
+    uint64_t off = 0;
+    for (size_t i = 0; i < a->n_heads && rc == RA_OK; i++) {
+      const int g = (int)a->heads[i];
+      for (uint32_t k = 0; k < a->counts[i] && rc == RA_OK; k++, j++) {
+        const int64_t c = a->cs[j], n = got.rows[j];
+        if ((uint32_t)n != w->rows[at(w, l, g, c)]) {
+          rc = ra_errorf(err, RA_EFORMAT, "wave: the store sent %lld rows of cluster %u (layer %d kv head %d), "
+                         "its size is %u", (long long)n, a->ids[j], l, g, w->rows[at(w, l, g, c)]);
+          break;
+        }
+        if (n > w->adm_cap) {
+          float *nk = realloc(w->adm_k, (size_t)n * hd * sizeof *nk);
+          if (nk) w->adm_k = nk;
+          float *nv = realloc(w->adm_v, (size_t)n * hd * sizeof *nv);
+          if (nv) w->adm_v = nv;
+          if (!nk || !nv) {
+            rc = ra_errorf(err, RA_ENOMEM, "wave: out of memory for a cluster of %lld rows", (long long)n);
+            break;
+          }
+          w->adm_cap = n;
+        }
+        ra_dtype_to_fp32_n(dt, (const uint8_t *)got.keys + off * rb, w->adm_k, (size_t)n * hd);
+        ra_dtype_to_fp32_n(dt, (const uint8_t *)got.values + off * rb, w->adm_v, (size_t)n * hd);
+        rc = ra_wave_buffer_install(w->buf, l, g, c, w->adm_k, w->adm_v, n, err);
+        off += (uint64_t)n;
+        w->bstats.fetched++;
+        w->bstats.fetched_rows += (uint64_t)n;
+      }
+    }
+    ra_kvclient_fetch_free(a->fetch);
+    a->fetch = NULL;
+  }
+  w->bstats.fetch_us += (double)(uv_hrtime() - t0) / 1e3;
+  return rc;
+}
+
+int ra_wave_admit(ra_wave *w, int l, ra_error *err) {
+  if (!w->buf) return RA_OK;
+  const size_t ns = w->plan->n_stores;
+  int rc = RA_OK;
+  for (size_t s = 0; s < ns && rc == RA_OK; s++) {
+    wave_adm *a = &w->adm[(size_t)l * ns + s];
+    if (!a->n_ids) continue;
+    ra_remote_wave_sel sel = {.kv_heads = a->heads, .counts = a->counts, .clusters = a->ids, .n_heads = a->n_heads};
+    rc = ra_remote_fetch_clusters_start(w->remote, s, (uint32_t)l, &sel, &a->fetch, err);
+  }
+  return rc;
+}
+
+int ra_wave_attend_buffer(ra_wave *w, int l, const ra_tensor *q, float scale, const ra_tensor **o,
+                          const ra_tensor **ml, ra_error *err) {
+  *o = *ml = NULL;
+  if (!w->buf) return RA_OK;
+  uint64_t rows = 0;
+  int rc = ra_wave_buffer_attend(w->buf, l, q, scale, o, ml, &rows, err);
+  w->bstats.rows += rows;
+  return rc;
+}
+
+void ra_wave_buffer_totals(const ra_wave *w, ra_wave_buffer_stats *out) { *out = w->bstats; }
+
+/* A retrieved cluster of (l, g) the buffer does not hold: to be fetched after the step when it
+ * fits the step's admission (a buffer's rows per kv head, adm_max clusters). *adm_rows: the
+ * rows admitted for (l, g) so far this step. */
+static void admit_queue(ra_wave *w, int l, int g, int32_t cl, size_t s, int64_t *adm_rows) {
+  wave_adm *a = &w->adm[(size_t)l * w->plan->n_stores + s];
+  const size_t a_ = at(w, l, g, cl);
+  const int64_t n = w->rows[a_], room = ra_wave_buffer_rows(w->buf);
+  if (*adm_rows + n > room) return;
+  if (!a->n_heads || a->heads[a->n_heads - 1] != (uint32_t)g) {
+    a->heads[a->n_heads] = (uint32_t)g;
+    a->counts[a->n_heads++] = 0;
+  }
+  if (a->counts[a->n_heads - 1] >= (uint32_t)w->adm_max) return;
+  a->ids[a->n_ids] = (uint32_t)w->sid[a_];
+  a->cs[a->n_ids++] = cl;
+  a->counts[a->n_heads - 1]++;
+  *adm_rows += n;
+}
+
 int ra_wave_select(ra_wave *w, int l, const ra_tensor *q, float scale, const ra_remote_wave_sel **sel,
                    const ra_tensor **est_o, const ra_tensor **est_ml, ra_error *err) {
   const size_t ns = w->plan->n_stores, nkv = (size_t)w->n_kv;
+  if (w->buf) {
+    int rc = admit_finish(w, l, err);
+    if (rc) return rc;
+    for (size_t s = 0; s < ns; s++) w->adm[(size_t)l * ns + s].n_heads = w->adm[(size_t)l * ns + s].n_ids = 0;
+  }
   const int64_t nc = w->begun ? w->n_clusters[l] : 0;
   const int64_t r = ra_wave_budget_clusters(w->cfg.retrieve, nc, w->cfg.cluster);
   int64_t e = ra_wave_budget_clusters(w->cfg.estimate, nc, w->cfg.cluster);
@@ -348,13 +509,22 @@ int ra_wave_select(ra_wave *w, int l, const ra_tensor *q, float scale, const ra_
   memset(fill, 0, ns * sizeof *fill);
   for (size_t g = 0; g < nkv; g++) {
     memcpy(start, fill, ns * sizeof *fill);
+    int64_t adm_rows = 0;
     for (int64_t j = 0; j < r; j++) {
       int32_t cl = w->idx[g * (size_t)(r + e) + (size_t)j];
       if (cl < 0) continue;
       size_t a = at(w, l, (int)g, cl);
       if (w->sid[a] < 0) continue;
+      if (w->buf && ra_wave_buffer_hit(w->buf, l, (int)g, cl)) {
+        w->bstats.hits++;
+        continue;
+      }
       size_t s = w->owner[a];
       w->sel_ids[s * nkv * (size_t)w->cap + fill[s]++] = (uint32_t)w->sid[a];
+      if (w->buf) {
+        w->bstats.misses++;
+        admit_queue(w, l, (int)g, cl, s, &adm_rows);
+      }
     }
     for (size_t s = 0; s < ns; s++) {
       if (fill[s] == start[s]) continue;

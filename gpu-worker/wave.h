@@ -38,6 +38,8 @@ typedef struct ra_wave_config {
   int64_t cluster;  /* rows per cluster on average (default 16) */
   int iters;        /* Lloyd iterations (default 10) */
   int64_t block;    /* decode-time growth block, rows (default 1024) */
+  int64_t buffer;   /* device buffer per (layer, kv head), in clusters of `cluster` rows (0: off,
+                       the default; wave_buffer.h) */
 } ra_wave_config;
 
 void ra_wave_config_default(ra_wave_config *c);
@@ -82,6 +84,25 @@ int ra_wave_prefill_layer(ra_wave *w, int l, const ra_tensor *kc, const ra_tenso
  * ([n_heads, head_dim] / [n_heads, 2], attn_merge's layout), NULL when the zone is empty. */
 int ra_wave_select(ra_wave *w, int l, const ra_tensor *q, float scale, const ra_remote_wave_sel **sel,
                    const ra_tensor **est_o, const ra_tensor **est_ml, ra_error *err);
+
+/* Decode, layer l, after ra_wave_select (with the stores' requests in flight): the partial of
+ * the retrieval zone's clusters the buffer holds, over their rows on the device (*o, *ml as
+ * est_o / est_ml; NULL when none hit or the buffer is off). */
+int ra_wave_attend_buffer(ra_wave *w, int l, const ra_tensor *q, float scale, const ra_tensor **o,
+                          const ra_tensor **ml, ra_error *err);
+/* Decode, layer l, after its attend: starts fetching the rows of the step's admitted misses
+ * (no-op when the buffer is off or nothing missed). */
+int ra_wave_admit(ra_wave *w, int l, ra_error *err);
+
+/* The buffer's counts since ra_wave_begin (all zero when it is off). */
+typedef struct ra_wave_buffer_stats {
+  uint64_t hits, misses;   /* retrieved clusters attended on the device / at the stores */
+  uint64_t rows;           /* rows the device attended from the buffer */
+  uint64_t fetched;        /* clusters whose rows were fetched for admission */
+  uint64_t fetched_rows;
+  double fetch_us;         /* waiting for the fetches and installing their rows */
+} ra_wave_buffer_stats;
+void ra_wave_buffer_totals(const ra_wave *w, ra_wave_buffer_stats *out);
 
 /* Decode: position pos left the window; its K/V of every layer are at row `row` of k_caches[l],
  * v_caches[l] and were appended to the stores already. Adds it to the growth block; when the

@@ -429,6 +429,78 @@ int ra_kvclient_put_clusters(ra_kvclient *c, const ra_kvclient_session *s,
   return RA_OK;
 }
 
+struct ra_kvclient_fetch {
+  ra_kvclient *c;
+  ra_rpc_call *call; /* NULL once waited for */
+  size_t n_ids;
+  size_t row_bytes;
+  Rakv__FetchClustersReply *reply;
+};
+
+int ra_kvclient_fetch_clusters_start(ra_kvclient *c, const ra_kvclient_session *s,
+                                     const ra_kvclient_cluster_sel *sel, ra_kvclient_fetch **out,
+                                     ra_error *err) {
+  *out = NULL;
+  Rakv__FetchClustersRequest req = RAKV__FETCH_CLUSTERS_REQUEST__INIT;
+  req.session_id.data = (uint8_t *)s->id;
+  req.session_id.len = sizeof s->id;
+  req.layer = sel->layer;
+  req.kv_heads = (uint32_t *)sel->kv_heads;
+  req.n_kv_heads = sel->n_heads;
+  req.counts = (uint32_t *)sel->counts;
+  req.n_counts = sel->n_heads;
+  size_t n = 0;
+  for (size_t i = 0; i < sel->n_heads; i++) n += sel->counts[i];
+  req.clusters = (uint32_t *)sel->ids;
+  req.n_clusters = n;
+  ra_kvclient_fetch *f = calloc(1, sizeof *f);
+  if (!f) return ra_errorf(err, RA_ENOMEM, "out of memory starting a FetchClusters call");
+  int rc = pack(&req.base, &c->tx, err);
+  if (rc == RA_OK)
+    rc = ra_rpc_unary_start(c->ch, "/rakv.KvStore/FetchClusters", c->tx.data, c->tx.len, c->timeout_ms, &f->call,
+                            err);
+  if (rc) {
+    free(f);
+    return rc;
+  }
+  f->c = c;
+  f->n_ids = n;
+  f->row_bytes = row_bytes(&s->geo);
+  *out = f;
+  return RA_OK;
+}
+
+int ra_kvclient_fetch_clusters_wait(ra_kvclient_fetch *f, ra_kvclient_cluster_rows *out, ra_error *err) {
+  memset(out, 0, sizeof *out);
+  if (!f->call) return ra_errorf(err, RA_ESTATE, "FetchClusters: waited for twice");
+  ra_buf rx = {0};
+  int rc = ra_rpc_unary_wait(f->call, &rx, err);
+  f->call = NULL;
+  Rakv__FetchClustersReply *r = NULL;
+  if (rc == RA_OK && !(r = rakv__fetch_clusters_reply__unpack(NULL, rx.len, rx.data)))
+    rc = bad_reply(f->c, "FetchClustersReply", err);
+  ra_buf_free(&rx);
+  uint64_t n = 0;
+  for (size_t i = 0; r && rc == RA_OK && i < r->n_rows; i++) n += r->rows[i];
+  if (rc == RA_OK && (r->n_rows != f->n_ids || r->keys.len != n * f->row_bytes || r->values.len != n * f->row_bytes))
+    rc = bad_reply(f->c, "FetchClustersReply (rows do not match the request)", err);
+  if (rc) {
+    if (r) rakv__fetch_clusters_reply__free_unpacked(r, NULL);
+    return rc;
+  }
+  f->reply = r;
+  *out = (ra_kvclient_cluster_rows){.rows = r->rows, .n_ids = r->n_rows, .n_rows = n, .keys = r->keys.data,
+                                    .values = r->values.data};
+  return RA_OK;
+}
+
+void ra_kvclient_fetch_free(ra_kvclient_fetch *f) {
+  if (!f) return;
+  if (f->call) ra_rpc_call_destroy(f->call);
+  if (f->reply) rakv__fetch_clusters_reply__free_unpacked(f->reply, NULL);
+  free(f);
+}
+
 /* ---- Attend ---- */
 
 int ra_kvclient_attend_open(ra_kvclient *c, const ra_kvclient_session *s,

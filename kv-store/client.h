@@ -210,6 +210,36 @@ int ra_kvclient_put_clusters(ra_kvclient *c, const ra_kvclient_session *s,
                              const ra_kvclient_clusters *in, ra_kvclient_clusters_result *out,
                              ra_error *err);
 
+/* Wave mode's device buffer (proto FetchClustersRequest): the K/V rows of clusters this store
+ * holds, of one layer; kv head kv_heads[i] names the next counts[i] of ids. The rows come back
+ * as an attend over those clusters scans them, in request order. start sends the request (its
+ * arguments may be reused at once); wait takes the reply into *out, which stays valid until
+ * ra_kvclient_fetch_free (that also frees a fetch never waited for, cancelling it). Errors:
+ * RA_EINVAL (INVALID_ARGUMENT) for a malformed selection or an answer over
+ * RA_KVCLIENT_FETCH_MAX_BYTES (under the 64 MiB default message limit),
+ * RA_ENOTFOUND for an unknown session or a cluster the store does not hold. */
+#define RA_KVCLIENT_FETCH_MAX_BYTES (32u << 20) /* keys + values of one reply, the store's bound */
+typedef struct ra_kvclient_fetch ra_kvclient_fetch;
+typedef struct ra_kvclient_cluster_sel {
+  uint32_t layer;
+  const uint32_t *kv_heads, *counts; /* [n_heads] */
+  size_t n_heads;
+  const uint32_t *ids;               /* [sum(counts)] */
+} ra_kvclient_cluster_sel;
+typedef struct ra_kvclient_cluster_rows {
+  const uint32_t *rows;  /* [n_ids] rows of each id */
+  size_t n_ids;
+  uint64_t n_rows;       /* sum(rows) */
+  const void *keys;      /* [n_rows, head_dim] session dtype, the clusters back to back */
+  const void *values;
+} ra_kvclient_cluster_rows;
+int ra_kvclient_fetch_clusters_start(ra_kvclient *c, const ra_kvclient_session *s,
+                                     const ra_kvclient_cluster_sel *sel, ra_kvclient_fetch **out,
+                                     ra_error *err);
+int ra_kvclient_fetch_clusters_wait(ra_kvclient_fetch *f, ra_kvclient_cluster_rows *out,
+                                    ra_error *err);
+void ra_kvclient_fetch_free(ra_kvclient_fetch *f);
+
 /* A long-lived Attend stream. attend sends one request and waits up to timeout_ms (< 0: no
  * limit) for its reply; out: [n_heads] in request order, each with part.o room for head_dim
  * floats and ids room for ids_cap positions (or NULL), both the caller's (common/merge.h).

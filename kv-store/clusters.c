@@ -363,3 +363,104 @@ int kvs_session_put_clusters(kvs_session *s, const kvs_cluster_put *p, kvs_clust
   free(tmp);
   return rc;
 }
+
+/* ---- FetchClusters ---- */
+
+void kvs_cluster_rows_free(kvs_cluster_rows *r) {
+  free(r->rows);
+  free(r->keys);
+  free(r->values);
+  memset(r, 0, sizeof *r);
+}
+
+static int u32_cmp(const void *x, const void *y) {
+  uint32_t a = *(const uint32_t *)x, b = *(const uint32_t *)y;
+  return a < b ? -1 : a > b;
+}
+
+/* The request's shape and ids against the session; spans[i] gets the i-th id's rows and
+ * *n_rows their sum. Caller holds the read lock. */
+static int fetch_check(const kvs_session *s, const kvs_cluster_fetch *f, kvs_cluster_span *spans,
+                       uint64_t *n_rows, ra_error *err) {
+  const kvs_geometry *g = &s->geo;
+  if (f->layer >= g->n_layers)
+    return ra_errorf(err, RA_EINVAL, "layer %u out of range [0, %u)", f->layer, g->n_layers);
+  if (f->n_ids == 0) return ra_errorf(err, RA_EINVAL, "no clusters asked for");
+  uint64_t total = 0;
+  for (size_t i = 0; i < f->n_heads; i++) total += f->counts[i];
+  if (total != f->n_ids)
+    return ra_errorf(err, RA_EINVAL, "counts sum to %llu, but %zu cluster ids came",
+                     (unsigned long long)total, f->n_ids);
+  uint8_t *seen = calloc(g->n_kv_heads, 1);
+  uint32_t *sorted = malloc(f->n_ids * sizeof *sorted);
+  int rc = seen && sorted ? RA_OK : ra_errorf(err, RA_ENOMEM, "out of memory for %zu ids", f->n_ids);
+  uint64_t rows = 0;
+  for (size_t i = 0, off = 0; i < f->n_heads && rc == RA_OK; off += f->counts[i++]) {
+    const uint32_t kv = f->kv_heads[i];
+    if (kv >= g->n_kv_heads) {
+      rc = ra_errorf(err, RA_EINVAL, "kv head %u out of range [0, %u)", kv, g->n_kv_heads);
+      break;
+    }
+    if (seen[kv]++) {
+      rc = ra_errorf(err, RA_EINVAL, "kv head %u named twice", kv);
+      break;
+    }
+    const kvs_cluster_dir *d = kvs_session_clusters(s, f->layer, kv);
+    for (size_t j = off; j < off + f->counts[i] && rc == RA_OK; j++) {
+      if (kvs_cluster_dir_find(d, f->ids[j], &spans[j]))
+        rows += spans[j].count;
+      else
+        rc = ra_errorf(err, RA_ENOTFOUND, "cluster %u of layer %u kv head %u is not held by this store",
+                       f->ids[j], f->layer, kv);
+    }
+    memcpy(sorted, f->ids + off, f->counts[i] * sizeof *sorted);
+    qsort(sorted, f->counts[i], sizeof *sorted, u32_cmp);
+    for (size_t j = 1; j < f->counts[i] && rc == RA_OK; j++)
+      if (sorted[j] == sorted[j - 1])
+        rc = ra_errorf(err, RA_EINVAL, "cluster %u of layer %u kv head %u named twice", sorted[j], f->layer, kv);
+  }
+  free(seen);
+  free(sorted);
+  if (rc == RA_OK && rows * 2 * kvs_row_bytes(g) > f->max_bytes)
+    rc = ra_errorf(err, RA_EINVAL, "the clusters' %llu rows take %llu bytes of keys and values, more than a reply "
+                   "carries (%llu)", (unsigned long long)rows, (unsigned long long)(rows * 2 * kvs_row_bytes(g)),
+                   (unsigned long long)f->max_bytes);
+  *n_rows = rows;
+  return rc;
+}
+
+int kvs_session_fetch_clusters(kvs_session *s, const kvs_cluster_fetch *f, kvs_cluster_rows *out,
+                               ra_error *err) {
+  memset(out, 0, sizeof *out);
+  kvs_cluster_span *spans = malloc((f->n_ids ? f->n_ids : 1) * sizeof *spans);
+  if (!spans) return ra_errorf(err, RA_ENOMEM, "out of memory for %zu ids", f->n_ids);
+  pthread_rwlock_rdlock(&s->lock);
+  uint64_t n = 0;
+  int rc = fetch_check(s, f, spans, &n, err);
+  const size_t rb = kvs_row_bytes(&s->geo);
+  if (rc == RA_OK) {
+    out->rows = malloc(f->n_ids * sizeof *out->rows);
+    const size_t bytes = (size_t)n * rb + 1; /* + 1: never a 0-byte malloc */
+    out->keys = malloc(bytes);
+    out->values = malloc(bytes);
+    if (!out->rows || !out->keys || !out->values)
+      rc = ra_errorf(err, RA_ENOMEM, "out of memory for %llu rows", (unsigned long long)n);
+  }
+  for (size_t i = 0, off = 0, at = 0; i < f->n_heads && rc == RA_OK; off += f->counts[i++]) {
+    size_t count;
+    const kvs_shard *sh = kvs_session_head(s, f->layer, f->kv_heads[i], &count);
+    for (size_t j = off; j < off + f->counts[i]; j++) {
+      const kvs_cluster_span *sp = &spans[j];
+      const size_t bytes = (size_t)sp->count * rb, from = (size_t)sp->row * rb;
+      memcpy(out->keys + at, (const uint8_t *)sh[sp->shard].keys + from, bytes);
+      memcpy(out->values + at, (const uint8_t *)sh[sp->shard].values + from, bytes);
+      out->rows[j] = sp->count;
+      at += bytes;
+    }
+  }
+  pthread_rwlock_unlock(&s->lock);
+  free(spans);
+  if (rc) kvs_cluster_rows_free(out);
+  else out->n_rows = n;
+  return rc;
+}

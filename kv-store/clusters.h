@@ -99,6 +99,33 @@ static inline uint64_t kvs_cluster_dir_clustered(const kvs_cluster_dir *d, uint3
 void kvs_session_cluster_stats(const kvs_session *s, uint32_t layer, uint32_t kv_head,
                                kvs_cluster_stats *out);
 
+/* One FetchClusters (proto FetchClustersRequest): of layer, kv head kv_heads[i] names the next
+ * counts[i] of ids. */
+typedef struct kvs_cluster_fetch {
+  uint32_t layer;
+  const uint32_t *kv_heads, *counts;
+  size_t n_heads;
+  const uint32_t *ids;
+  size_t n_ids;
+  uint64_t max_bytes; /* keys + values the answer may hold */
+} kvs_cluster_fetch;
+
+/* The answer: rows[i] rows of the i-th id, their keys and values back to back in request order,
+ * [n_rows, head_dim] each in the session dtype. */
+typedef struct kvs_cluster_rows {
+  uint32_t *rows;
+  uint64_t n_rows;
+  uint8_t *keys, *values;
+} kvs_cluster_rows;
+
+/* Copies the rows of the named clusters under the session's read lock. RA_EINVAL: layer or kv
+ * head out of range, counts not summing to the ids, a kv head or id named twice, no id, an
+ * answer over max_bytes; RA_ENOTFOUND: an id this store does not hold for its kv head;
+ * RA_ENOMEM. On failure out holds nothing. */
+int kvs_session_fetch_clusters(kvs_session *s, const kvs_cluster_fetch *f, kvs_cluster_rows *out,
+                               ra_error *err);
+void kvs_cluster_rows_free(kvs_cluster_rows *r);
+
 /* Frees the directories (session teardown: their bytes are in the session's). */
 void kvs_clusters_free(kvs_clusters *c);
 

@@ -42,6 +42,9 @@ static int handle_build_index(ra_rpc_call *call, void *ctx, ra_error *err) {
 static int handle_put_clusters(ra_rpc_call *call, void *ctx, ra_error *err) {
   return serve_unary(call, ctx, kvs_service_put_clusters, err);
 }
+static int handle_fetch_clusters(ra_rpc_call *call, void *ctx, ra_error *err) {
+  return serve_unary(call, ctx, kvs_service_fetch_clusters, err);
+}
 static int handle_close_session(ra_rpc_call *call, void *ctx, ra_error *err) {
   return serve_unary(call, ctx, kvs_service_close_session, err);
 }
@@ -109,6 +112,7 @@ int kvs_server_register(ra_rpc_server *s, kvs_service *svc, ra_error *err) {
       {KVS_METHOD_BUILD_INDEX, handle_build_index},
       {KVS_METHOD_ATTEND, handle_attend},
       {KVS_METHOD_PUT_CLUSTERS, handle_put_clusters},
+      {KVS_METHOD_FETCH_CLUSTERS, handle_fetch_clusters},
       {KVS_METHOD_CLOSE_SESSION, handle_close_session},
       {KVS_METHOD_STATS, handle_stats},
       {KVS_METHOD_HEALTH, handle_health},

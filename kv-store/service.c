@@ -2,6 +2,7 @@
 
 #include "clock.h"
 #include "attend.h"
+#include "client.h"
 #include "clusters.h"
 #include "kvstore.pb-c.h"
 #include "log.h"
@@ -423,6 +424,43 @@ int kvs_service_put_clusters(kvs_service *svc, const uint8_t *req, size_t len, r
   if (!r) return counted(svc, malformed(err, "PutClustersRequest", len));
   int rc = put_clusters(svc, r, reply, err);
   rakv__put_clusters_request__free_unpacked(r, NULL);
+  return counted(svc, rc);
+}
+
+/* ---- FetchClusters ---- */
+
+static int fetch_clusters(kvs_service *svc, const Rakv__FetchClustersRequest *r, ra_buf *reply,
+                          ra_error *err) {
+  if (r->n_counts != r->n_kv_heads)
+    return ra_errorf(err, RA_EINVAL, "%zu counts for %zu kv_heads", r->n_counts, r->n_kv_heads);
+  kvs_session *s;
+  int rc = kvs_store_get(svc->store, r->session_id.data, r->session_id.len, &s, err);
+  if (rc) return rc;
+  kvs_cluster_fetch f = {.layer = r->layer, .kv_heads = r->kv_heads, .counts = r->counts,
+                         .n_heads = r->n_kv_heads, .ids = r->clusters, .n_ids = r->n_clusters,
+                         .max_bytes = RA_KVCLIENT_FETCH_MAX_BYTES};
+  kvs_cluster_rows rows;
+  rc = kvs_session_fetch_clusters(s, &f, &rows, err);
+  if (rc == RA_OK) {
+    const size_t bytes = (size_t)rows.n_rows * kvs_row_bytes(&s->geo);
+    Rakv__FetchClustersReply out = RAKV__FETCH_CLUSTERS_REPLY__INIT;
+    out.rows = rows.rows;
+    out.n_rows = r->n_clusters;
+    out.keys = (ProtobufCBinaryData){.len = bytes, .data = rows.keys};
+    out.values = (ProtobufCBinaryData){.len = bytes, .data = rows.values};
+    rc = pack_reply(&out.base, reply, err);
+    kvs_cluster_rows_free(&rows);
+  }
+  kvs_session_release(s);
+  return rc;
+}
+
+int kvs_service_fetch_clusters(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
+                               ra_error *err) {
+  Rakv__FetchClustersRequest *r = rakv__fetch_clusters_request__unpack(NULL, len, req);
+  if (!r) return counted(svc, malformed(err, "FetchClustersRequest", len));
+  int rc = fetch_clusters(svc, r, reply, err);
+  rakv__fetch_clusters_request__free_unpacked(r, NULL);
   return counted(svc, rc);
 }
 

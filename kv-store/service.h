@@ -54,6 +54,11 @@ int kvs_service_build_index(kvs_service *svc, const uint8_t *req, size_t len, ra
  * Reply: the kv head's clusters and clustered / lagging rows here, the directory's bytes. */
 int kvs_service_put_clusters(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
                              ra_error *err);
+/* FetchClusters (wave mode's device buffer): the K/V rows of named clusters held here
+ * (kvs_session_fetch_clusters, clusters.h), keys and values at most RA_KVCLIENT_FETCH_MAX_BYTES
+ * together (client.h). Reply: rows per cluster, keys, values. */
+int kvs_service_fetch_clusters(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
+                               ra_error *err);
 int kvs_service_close_session(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
                               ra_error *err);
 int kvs_service_stats(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,

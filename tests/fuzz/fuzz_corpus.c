@@ -149,6 +149,15 @@ int main(int argc, char **argv) {
   pc.n_perm = 0;
   pc.first_cluster = 1;
   write_seed("put_clusters_defined", FUZZ_PUT_CLUSTERS, &pc.base);
+  Rakv__FetchClustersRequest fc = RAKV__FETCH_CLUSTERS_REQUEST__INIT;
+  fc.session_id.data = placeholder;
+  fc.session_id.len = 16;
+  fc.n_kv_heads = fc.n_counts = 1;
+  fc.kv_heads = wave_kv;
+  fc.counts = wave_counts;
+  fc.n_clusters = 2;
+  fc.clusters = wave_ids;
+  write_seed("fetch_clusters", FUZZ_FETCH_CLUSTERS, &fc.base);
 
   /* BuildIndex: ivf from defaults, roar from vectors, roar from knn positions (some outside the
    * shard), a shared kgraph over the two empty shards of layer 1 kv head 1. */

@@ -165,6 +165,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case FUZZ_HEALTH: kvs_service_health(svc, req, len, &reply, &err); break;
     case FUZZ_BUILD: kvs_service_build_index(svc, req, len, &reply, &err); break;
     case FUZZ_PUT_CLUSTERS: kvs_service_put_clusters(svc, req, len, &reply, &err); break;
+    case FUZZ_FETCH_CLUSTERS: kvs_service_fetch_clusters(svc, req, len, &reply, &err); break;
   }
   free(req);
   kvs_session *s;

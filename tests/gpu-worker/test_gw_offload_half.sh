@@ -47,9 +47,12 @@ for mode in ("roar", "flat", "wave"):
 # wave: every offloaded row scanned once per q head and layer (9 heads, 30 layers), each step's
 # selection timed
 wave = json.load(open(f"{run}/{dt}.wave.json"))
-assert wave["wave"] == {"retrieve": 1, "estimate": 0, "segment": 8192, "cluster": 2, "iters": 10, "block": 2}, wave
+want = {"retrieve": 1, "estimate": 0, "segment": 8192, "cluster": 2, "iters": 10, "block": 2, "buffer": 0,
+        "buffer_hits": 0, "buffer_misses": 0, "buffer_rows": 0}
+assert {k: wave["wave"][k] for k in want} == want, wave
 for s in wave["steps"]:
     assert s["n_scanned"] == s["n_offloaded"] * 9 * 30 and s["select_us"] > 0, s
+    assert s["buffer_hits"] == 0 and s["buffer_rows"] == 0, s
 PY
 done
 echo "ok: f16 and bf16 caches, roar, flat and wave match full attention"

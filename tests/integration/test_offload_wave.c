@@ -6,7 +6,9 @@
  *   - kv heads split over the stores by token range, cut in the prefill and in the growth;
  *   - every cluster estimated (none retrieved): the stores scan only the lag, and the logits are
  *     closer to full attention than dropping the middle (streaming);
- *   - a runtime seeded from a captured prefill decodes as the one that ran the prefill. */
+ *   - a runtime seeded from a captured prefill decodes as the one that ran the prefill;
+ *   - the device buffer of retrieved clusters changes nothing but where they are attended: on
+ *     equals off across growth blocks, with hits on a steady decode, under eviction, in f16. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -288,6 +290,119 @@ static void test_seeded_decodes_as_prefilled(void **state) {
   plan_free(&p);
 }
 
+/* Two runtimes of config c, buffer off and `buffer` clusters, decode the same tokens in
+ * lockstep: the largest |logit difference| between them; *hits, *misses, *rows: the buffered
+ * runtime's totals. Checks that the stores scanned fewer rows exactly by the buffer's rows. */
+static double buffer_against_off(const ra_offload_plan *plan, ra_offload_config c, int64_t buffer, int steps,
+                                 ra_wave_buffer_stats *bt) {
+  ra_error err;
+  c.wave.buffer = 0;
+  ra_offload *off = offload_new(plan, &c);
+  c.wave.buffer = buffer;
+  ra_offload *on = offload_new(plan, &c);
+  ok(ra_offload_prefill(off, F.tokens, N_PROMPT, NULL, &err), &err);
+  ok(ra_offload_prefill(on, F.tokens, N_PROMPT, NULL, &err), &err);
+  const int vocab = F.m->cfg.vocab;
+  float *a = malloc((size_t)vocab * sizeof *a), *b = malloc((size_t)vocab * sizeof *b);
+  double worst = 0;
+  for (int t = 1; t <= steps; t++) {
+    ok(ra_offload_decode(off, F.tokens[N_PROMPT + t - 1], NULL, &err), &err);
+    ok(ra_offload_decode(on, F.tokens[N_PROMPT + t - 1], NULL, &err), &err);
+    last_logits(ra_offload_state(off), a);
+    last_logits(ra_offload_state(on), b);
+    for (int i = 0; i < vocab; i++) worst = fmax(worst, fabs((double)a[i] - b[i]));
+  }
+  ra_wave_buffer_totals(ra_offload_wave(on), bt);
+  /* per step: the stores scan what the buffer did not hold (rows per q head and layer) */
+  size_t n_off, n_on;
+  const ra_offload_stats *so = ra_offload_step_stats(off, &n_off), *sn = ra_offload_step_stats(on, &n_on);
+  assert_int_equal(n_off, n_on);
+  const uint64_t group = (uint64_t)(F.m->cfg.n_heads / F.m->cfg.n_kv_heads);
+  uint64_t hits = 0, misses = 0, rows = 0;
+  for (size_t i = 0; i < n_on; i++) {
+    assert_int_equal(so[i].n_scanned, sn[i].n_scanned + sn[i].buffer_rows * group);
+    assert_int_equal(so[i].buffer_hits + so[i].buffer_misses, 0);
+    hits += sn[i].buffer_hits;
+    misses += sn[i].buffer_misses;
+    rows += sn[i].buffer_rows;
+  }
+  assert_int_equal(hits, bt->hits);
+  assert_int_equal(misses, bt->misses);
+  assert_int_equal(rows, bt->rows);
+  free(a);
+  free(b);
+  ra_offload_free(off);
+  ra_offload_free(on);
+  return worst;
+}
+
+static void test_buffer_equals_off(void **state) {
+  (void)state;
+  enum { W = 8, STEPS = 40, BLOCK = 16 };
+  plan_of p;
+  plan_make(&p, NULL, SINK, W);
+  ra_offload_config c;
+  wave_config(&c, &p.plan, 0.15, 0.3, BLOCK, STEPS);
+  ra_wave_buffer_stats bt;
+  double worst = buffer_against_off(&p.plan, c, 64, STEPS, &bt);
+  print_message("wave buffer 64 across %d growth blocks: max |logit diff| from off %.2e, %llu hits, %llu misses, "
+                "%llu rows on the device, %llu clusters fetched\n",
+                STEPS / BLOCK, worst, (unsigned long long)bt.hits, (unsigned long long)bt.misses,
+                (unsigned long long)bt.rows, (unsigned long long)bt.fetched);
+  assert_true(worst < 1e-4);
+  assert_true(bt.hits > 0 && bt.rows > 0);
+  assert_true(bt.fetched > 0 && bt.fetched_rows >= bt.fetched);
+  plan_free(&p);
+}
+
+static void test_buffer_steady_hits(void **state) {
+  (void)state;
+  enum { STEPS = 12 };
+  plan_of p;
+  plan_make(&p, NULL, SINK, WINDOW);
+  ra_offload_config c;
+  wave_config(&c, &p.plan, 0.1, 0.2, 0, STEPS);
+  ra_wave_buffer_stats bt;
+  double worst = buffer_against_off(&p.plan, c, 256, STEPS, &bt);
+  double rate = (double)bt.hits / (double)(bt.hits + bt.misses);
+  print_message("wave buffer 256, steady decode: hit rate %.3f, max |logit diff| from off %.2e\n", rate, worst);
+  assert_true(worst < 1e-4);
+  /* the first step fills it; later ones find most of their picks (adjacent queries) */
+  assert_true(rate > 0.3);
+  plan_free(&p);
+}
+
+static void test_buffer_evicts_and_splits(void **state) {
+  (void)state;
+  enum { STEPS = 40, BLOCK = 16 };
+  /* a buffer of 2 clusters' rows evicts all the time; kv heads split over both stores; f16 at
+   * the stores (the buffer holds the stores' dtype, so hits see the same rows) */
+  plan_of p;
+  plan_make(&p, "%1$s * * 0-299\n%2$s * * 300-619\n%1$s * * 620-\n", SINK, WINDOW);
+  ra_offload_config c;
+  wave_config(&c, &p.plan, 0.2, 0.3, BLOCK, STEPS);
+  c.store_dtype = RA_DTYPE_F16;
+  ra_wave_buffer_stats bt;
+  double worst = buffer_against_off(&p.plan, c, 2, STEPS, &bt);
+  print_message("wave buffer 2, split kv heads, f16: max |logit diff| from off %.2e, %llu hits of %llu\n", worst,
+                (unsigned long long)bt.hits, (unsigned long long)(bt.hits + bt.misses));
+  assert_true(worst < 1e-4);
+  assert_true(bt.hits > 0);
+  assert_true(bt.fetched_rows > 2 * 16 * (uint64_t)F.m->cfg.n_layers * (uint64_t)F.m->cfg.n_kv_heads);
+  /* every cluster retrieved with a buffer holding them all: still full attention */
+  wave_config(&c, &p.plan, 1.0, 0.0, BLOCK, STEPS);
+  c.wave.buffer = 64;
+  ra_offload *o = offload_new(&p.plan, &c);
+  worst = against_full(o, STEPS, 1);
+  ra_wave_buffer_totals(ra_offload_wave(o), &bt);
+  print_message("wave buffer 64, every cluster retrieved: max |logit diff| from full %.2e, %llu hits\n", worst,
+                (unsigned long long)bt.hits);
+  assert_true(worst < 1e-3);
+  assert_true(bt.hits > 0);
+  ra_offload_free(o);
+  plan_free(&p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_all_retrieved_equals_full),
@@ -295,6 +410,9 @@ int main(void) {
       cmocka_unit_test(test_kv_head_split_by_tokens),
       cmocka_unit_test(test_all_estimated_scans_only_the_lag),
       cmocka_unit_test(test_seeded_decodes_as_prefilled),
+      cmocka_unit_test(test_buffer_equals_off),
+      cmocka_unit_test(test_buffer_steady_hits),
+      cmocka_unit_test(test_buffer_evicts_and_splits),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -13,6 +13,7 @@
 
 #include "kvstore.pb-c.h"
 #include "client.h"
+#include "clusters.h"
 #include "service.h"
 #include "topk.h"
 
@@ -929,6 +930,112 @@ static void test_put_clusters_and_wave(void **state) {
   expect_msg(f, "mode wave only");
 }
 
+/* FetchClusters: the rows of named clusters as stored (after a perm), in request order; bad
+ * requests get their code and a message naming the problem. */
+static int fetch(fx *f, uint32_t layer, uint32_t *kv, uint32_t *counts, size_t n_heads, size_t n_counts,
+                 uint32_t *ids, size_t n_ids) {
+  Rakv__FetchClustersRequest r = RAKV__FETCH_CLUSTERS_REQUEST__INIT;
+  r.session_id.data = f->id;
+  r.session_id.len = 16;
+  r.layer = layer;
+  r.kv_heads = kv;
+  r.n_kv_heads = n_heads;
+  r.counts = counts;
+  r.n_counts = n_counts;
+  r.clusters = ids;
+  r.n_clusters = n_ids;
+  return call(f, kvs_service_fetch_clusters, &r.base);
+}
+
+static void test_fetch_clusters(void **state) {
+  fx *f = *state;
+  enum { N = 64 };
+  float keys[N * DIM];
+  fill_rows(keys, N * DIM, 5);
+  put_rows(f, 0, N, keys);
+  uint32_t counts[4] = {8, 8, 8, 8}, perm[8] = {7, 6, 5, 4, 3, 2, 1, 0}, one[1] = {8};
+  assert_int_equal(put_clusters(f, 1, 0, 10, 0, counts, 4, NULL, 0), RA_OK);
+  assert_int_equal(put_clusters(f, 1, 0, 14, 32, one, 1, perm, 8), RA_OK);
+
+  uint32_t kv[2] = {0, 0}, cc[2] = {3, 0}, ids[3] = {12, 14, 10};
+  assert_int_equal(fetch(f, 1, kv, cc, 1, 1, ids, 3), RA_OK);
+  Rakv__FetchClustersReply *r = rakv__fetch_clusters_reply__unpack(NULL, f->reply.len, f->reply.data);
+  assert_non_null(r);
+  assert_int_equal(r->n_rows, 3);
+  for (int i = 0; i < 3; i++) assert_int_equal(r->rows[i], 8);
+  assert_int_equal(r->keys.len, 24 * DIM * 4);
+  assert_int_equal(r->values.len, 24 * DIM * 4);
+  /* cluster 12: rows [16, 24); 14: rows [32, 40) reversed by the perm; 10: rows [0, 8) */
+  const float *k = (const float *)r->keys.data, *v = (const float *)r->values.data;
+  for (int i = 0; i < 8; i++) {
+    assert_memory_equal(k + i * DIM, keys + (16 + i) * DIM, DIM * 4);
+    assert_memory_equal(k + (8 + i) * DIM, keys + (39 - i) * DIM, DIM * 4);
+    assert_memory_equal(v + (16 + i) * DIM, keys + i * DIM, DIM * 4);
+  }
+  rakv__fetch_clusters_reply__free_unpacked(r, NULL);
+
+  const struct {
+    uint32_t layer, kv[2], counts[2];
+    size_t n_heads, n_counts;
+    uint32_t ids[3];
+    size_t n_ids;
+    int code;
+    const char *msg;
+  } bad[] = {
+      {.layer = 2, .counts = {1}, .n_heads = 1, .n_counts = 1, .ids = {10}, .n_ids = 1, .code = RA_EINVAL,
+       .msg = "layer 2 out of range [0, 2)"},
+      {.layer = 1, .kv = {2}, .counts = {1}, .n_heads = 1, .n_counts = 1, .ids = {10}, .n_ids = 1,
+       .code = RA_EINVAL, .msg = "kv head 2 out of range [0, 2)"},
+      {.layer = 1, .counts = {1}, .n_heads = 1, .n_counts = 0, .ids = {10}, .n_ids = 1, .code = RA_EINVAL,
+       .msg = "0 counts for 1 kv_heads"},
+      {.layer = 1, .counts = {2}, .n_heads = 1, .n_counts = 1, .ids = {10}, .n_ids = 1, .code = RA_EINVAL,
+       .msg = "counts sum to 2, but 1 cluster ids came"},
+      {.layer = 1, .n_ids = 0, .code = RA_EINVAL, .msg = "no clusters asked for"},
+      {.layer = 1, .counts = {1, 1}, .n_heads = 2, .n_counts = 2, .ids = {10, 11}, .n_ids = 2, .code = RA_EINVAL,
+       .msg = "kv head 0 named twice"},
+      {.layer = 1, .counts = {3}, .n_heads = 1, .n_counts = 1, .ids = {10, 13, 10}, .n_ids = 3, .code = RA_EINVAL,
+       .msg = "cluster 10 of layer 1 kv head 0 named twice"},
+      {.layer = 1, .counts = {2}, .n_heads = 1, .n_counts = 1, .ids = {10, 9}, .n_ids = 2, .code = RA_ENOTFOUND,
+       .msg = "cluster 9 of layer 1 kv head 0 is not held by this store"},
+      {.layer = 1, .kv = {1}, .counts = {1}, .n_heads = 1, .n_counts = 1, .ids = {10}, .n_ids = 1,
+       .code = RA_ENOTFOUND, .msg = "cluster 10 of layer 1 kv head 1 is not held"},
+      {.layer = 0, .counts = {1}, .n_heads = 1, .n_counts = 1, .ids = {10}, .n_ids = 1, .code = RA_ENOTFOUND,
+       .msg = "cluster 10 of layer 0 kv head 0 is not held"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    uint32_t bk[2], bc[2], bi[3];
+    memcpy(bk, bad[i].kv, sizeof bk);
+    memcpy(bc, bad[i].counts, sizeof bc);
+    memcpy(bi, bad[i].ids, sizeof bi);
+    int rc = fetch(f, bad[i].layer, bk, bc, bad[i].n_heads, bad[i].n_counts, bi, bad[i].n_ids);
+    if (rc != bad[i].code)
+      fail_msg("case %zu: %s (%s), want %s", i, ra_status_name(rc), f->err.msg, ra_status_name(bad[i].code));
+    expect_msg(f, bad[i].msg);
+  }
+  uint8_t junk[3] = {0xff, 0xff, 0xff};
+  ra_error_clear(&f->err);
+  assert_int_equal(kvs_service_fetch_clusters(f->svc, junk, 3, &f->reply, &f->err), RA_EFORMAT);
+  f->id[0] ^= 1;
+  assert_int_equal(fetch(f, 1, kv, cc, 1, 1, ids, 3), RA_ENOTFOUND);
+  f->id[0] ^= 1;
+
+  /* An answer over the reply's bound is refused, not truncated. */
+  kvs_session *s;
+  ra_error err;
+  assert_int_equal(kvs_store_get(kvs_service_store(f->svc), f->id, 16, &s, &err), RA_OK);
+  kvs_cluster_fetch cf = {.layer = 1, .kv_heads = kv, .counts = cc, .n_heads = 1, .ids = ids, .n_ids = 3,
+                          .max_bytes = 24 * DIM * 4 * 2 - 1};
+  kvs_cluster_rows rows;
+  assert_int_equal(kvs_session_fetch_clusters(s, &cf, &rows, &err), RA_EINVAL);
+  if (!strstr(err.msg, "more than a reply carries")) fail_msg("%s", err.msg);
+  assert_null(rows.keys);
+  cf.max_bytes++;
+  assert_int_equal(kvs_session_fetch_clusters(s, &cf, &rows, &err), RA_OK);
+  assert_int_equal(rows.n_rows, 24);
+  kvs_cluster_rows_free(&rows);
+  kvs_session_release(s);
+}
+
 static void test_health(void **state) {
   fx *f = *state;
   Rakv__HealthRequest req = RAKV__HEALTH_REQUEST__INIT;
@@ -958,6 +1065,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_build_index_key_lists, fx_setup_big, fx_teardown),
       cmocka_unit_test_setup_teardown(test_index_insert_rebuild_close, fx_setup_big, fx_teardown),
       cmocka_unit_test_setup_teardown(test_put_clusters_and_wave, fx_setup, fx_teardown),
+      cmocka_unit_test_setup_teardown(test_fetch_clusters, fx_setup, fx_teardown),
       cmocka_unit_test_setup_teardown(test_health, fx_setup, fx_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
