@@ -110,6 +110,11 @@ typedef struct ra_backend_ops {
    * dtype, ids: host [n], out: [n, dim] F32 */
   int (*get_rows)(ra_backend *be, const ra_tensor *table, const int32_t *ids, int64_t n, ra_tensor *out,
                   ra_error *err);
+  /* table[ids[i], :] = src[i, :] for i < n, converting to table's dtype: rows scattered into a
+   * device cache in one call (wave's buffer installs a step's fetched clusters).  table: [rows,
+   * dim] (a cache as a matrix) of any dtype, src: [>= n, dim] F32, ids: host [n], distinct */
+  int (*set_rows)(ra_backend *be, ra_tensor *table, const int32_t *ids, int64_t n, const ra_tensor *src,
+                  ra_error *err);
   /* y = x w^T (+ bias) (+ y if accumulate).  x: [n, k] F32, w: [m, k] (a weight, or keys/queries
    * of a half-precision cache) and bias: [m] or NULL of any dtype, y: [n, m] F32; x and y may have
    * more dims, flattened after the first (q: [n, heads, hd]).

@@ -25,6 +25,22 @@ static int check_cache(const char *be_name, const ra_tensor *c, const char *op, 
   return RA_OK;
 }
 
+int ra_backend_check_set_rows(const char *be_name, const ra_tensor *table, const int32_t *ids, int64_t n,
+                              const ra_tensor *src, ra_error *err) {
+  const char *op = "set_rows";
+  if (!table || !table->data || table->ndim < 1)
+    return ra_errorf(err, RA_EINVAL, "%s %s: table is not allocated", be_name, op);
+  int rc = ra_backend_check_dtype(be_name, src, RA_DTYPE_F32, op, "src", err);
+  if (rc) return rc;
+  const int64_t dim = table->shape[table->ndim - 1], rows = (int64_t)(nelem(table) / (size_t)(dim ? dim : 1));
+  if (n < 0 || src->shape[src->ndim - 1] != dim || (int64_t)(nelem(src) / (size_t)(dim ? dim : 1)) < n)
+    return ra_errorf(err, RA_EINVAL, "%s %s: src is not [>= %lld, %lld]", be_name, op, (long long)n, (long long)dim);
+  for (int64_t i = 0; i < n; i++)
+    if (ids[i] < 0 || ids[i] >= rows)
+      return ra_errorf(err, RA_EINVAL, "%s %s: id %d outside [0, %lld)", be_name, op, ids[i], (long long)rows);
+  return RA_OK;
+}
+
 int ra_backend_check_attn_prefill(const char *be_name, const ra_tensor *q, const ra_tensor *kc,
                                   const ra_tensor *vc, int64_t pos0, const ra_tensor *out,
                                   ra_error *err) {

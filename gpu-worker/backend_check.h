@@ -12,6 +12,9 @@ int ra_backend_check_dtype(const char *be_name, const ra_tensor *t, ra_dtype dt,
 
 /* q [n, n_q_heads, head_dim] and out (as many elements) F32; k/v caches [n_ctx, n_kv_heads,
  * head_dim] with n_kv_heads dividing n_q_heads; positions [pos0, pos0 + n) inside both caches. */
+/* set_rows: table a tensor, src [>= n, last_dim(table)] F32, ids in [0, rows of table). */
+int ra_backend_check_set_rows(const char *be_name, const ra_tensor *table, const int32_t *ids, int64_t n,
+                              const ra_tensor *src, ra_error *err);
 int ra_backend_check_attn_prefill(const char *be_name, const ra_tensor *q, const ra_tensor *kc,
                                   const ra_tensor *vc, int64_t pos0, const ra_tensor *out,
                                   ra_error *err);

@@ -181,6 +181,19 @@ static int cpu_get_rows(ra_backend *be, const ra_tensor *table, const int32_t *i
   return RA_OK;
 }
 
+static int cpu_set_rows(ra_backend *be, ra_tensor *table, const int32_t *ids, int64_t n, const ra_tensor *src,
+                        ra_error *err) {
+  (void)be;
+  int rc = ra_backend_check_set_rows("cpu", table, ids, n, src, err);
+  if (rc) return rc;
+  const size_t esz = ra_dtype_size(table->dtype);
+  const int64_t dim = last_dim(table);
+  for (int64_t i = 0; i < n; i++)
+    ra_dtype_from_fp32_n(table->dtype, (const float *)src->data + i * dim,
+                         (char *)table->data + (size_t)ids[i] * (size_t)dim * esz, (size_t)dim);
+  return RA_OK;
+}
+
 static int cpu_matmul(ra_backend *be, const ra_tensor *x, const ra_tensor *w, const ra_tensor *bias, ra_tensor *y,
                       int accumulate, ra_error *err) {
   int rc;
@@ -624,6 +637,7 @@ static const ra_backend_ops cpu_ops = {
     .load_weight = cpu_load_weight,
     .fill_random = cpu_fill_random,
     .get_rows = cpu_get_rows,
+    .set_rows = cpu_set_rows,
     .matmul = cpu_matmul,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,

@@ -432,6 +432,8 @@ static int admit_finish(ra_wave *w, int l, ra_error *err) {
     ra_kvclient_fetch_free(a->fetch);
     a->fetch = NULL;
   }
+  if (rc == RA_OK) rc = ra_wave_buffer_commit(w->buf, err);
+  else ra_wave_buffer_discard(w->buf);
   w->bstats.fetch_us += (double)(uv_hrtime() - t0) / 1e3;
   return rc;
 }

@@ -26,6 +26,22 @@ struct ra_wave_buffer {
   ra_tensor o, ml;              /* [n_heads, hd], [n_heads, 2] */
   float empty_ml[2];
   float *zeros;                 /* [group * hd] */
+  /* installs of one layer staged until ra_wave_buffer_commit writes them in one scatter: the
+   * rows (host fp32), the rows of the layer's tensors they go to, and the clusters staged */
+  int stage_layer;              /* -1: nothing staged */
+  float *stage_k, *stage_v;     /* [stage_cap, hd] */
+  int32_t *stage_dst;           /* [stage_cap] */
+  int64_t stage_n, stage_cap;
+  struct staged {
+    size_t lg;
+    int32_t first;
+    int64_t row0, n;
+    int live;                   /* 0 once evicted by a later install of the same batch */
+  } *staged;
+  size_t n_staged, cap_staged;
+  int32_t *staged_of;           /* [n_lg, n_pages]: 1 + index into staged per first page, 0 if not staged */
+  ra_tensor dev_k, dev_v;       /* F32 [dev_cap, hd]: the staged rows on the device */
+  int64_t dev_cap;
 };
 
 static size_t lg_of(const ra_wave_buffer *b, int l, int g) { return (size_t)l * (size_t)b->n_kv + (size_t)g; }
@@ -54,6 +70,13 @@ void ra_wave_buffer_free(ra_wave_buffer *b) {
   ra_tensor_free(&b->o);
   ra_tensor_free(&b->ml);
   free(b->zeros);
+  free(b->stage_k);
+  free(b->stage_v);
+  free(b->stage_dst);
+  free(b->staged);
+  free(b->staged_of);
+  ra_tensor_free(&b->dev_k);
+  ra_tensor_free(&b->dev_v);
   free(b);
 }
 
@@ -73,6 +96,7 @@ int ra_wave_buffer_new(ra_backend *be, int n_layers, int n_heads, int n_kv_heads
                         .n_ids = n_ids, .n_pages = clusters * per};
   b->rows = b->n_pages * RA_WAVE_BUFFER_PAGE;
   b->empty_ml[0] = -INFINITY;
+  b->stage_layer = -1;
   const size_t n_lg = (size_t)n_layers * (size_t)n_kv_heads, np = (size_t)b->n_pages, group = (size_t)(n_heads / n_kv_heads);
   b->k = calloc((size_t)n_layers, sizeof *b->k);
   b->v = calloc((size_t)n_layers, sizeof *b->v);
@@ -90,10 +114,11 @@ int ra_wave_buffer_new(ra_backend *be, int n_layers, int n_heads, int n_kv_heads
   b->n_ranges = calloc((size_t)n_kv_heads, sizeof *b->n_ranges);
   b->hit_rows = calloc((size_t)n_kv_heads, sizeof *b->hit_rows);
   b->zeros = calloc(group * (size_t)head_dim, sizeof *b->zeros);
+  b->staged_of = calloc(n_lg * np, sizeof *b->staged_of);
   int rc = RA_OK;
   if (!b->k || !b->v || !b->slot || !b->ent_c || !b->ent_rows || !b->prev || !b->next || !b->page_next ||
       !b->free_pages || !b->head || !b->tail || !b->n_free || !b->ranges || !b->n_ranges || !b->hit_rows ||
-      !b->zeros)
+      !b->zeros || !b->staged_of)
     rc = ra_errorf(err, RA_ENOMEM, "wave buffer: out of memory for %lld pages per kv head", (long long)b->n_pages);
   if (rc == RA_OK) {
     memset(b->slot, 0xff, n_lg * (size_t)n_ids * sizeof *b->slot);
@@ -144,7 +169,7 @@ int ra_wave_buffer_hit(ra_wave_buffer *b, int l, int g, int64_t c) {
   const size_t lg = lg_of(b, l, g), base = lg * (size_t)b->n_pages;
   if (c < 0 || c >= b->n_ids) return 0;
   const int32_t e = b->slot[lg * (size_t)b->n_ids + (size_t)c];
-  if (e < 0) return 0;
+  if (e < 0 || b->staged_of[base + e]) return 0; /* rows not written yet */
   lru_unlink(b, lg, e);
   lru_push(b, lg, e);
   ra_token_range *r = b->ranges + (size_t)g * (size_t)b->n_pages;
@@ -160,10 +185,13 @@ int ra_wave_buffer_hit(ra_wave_buffer *b, int l, int g, int64_t c) {
   return 1;
 }
 
-/* Frees the least recently used cluster of lg. */
-static void evict_one(ra_wave_buffer *b, size_t lg) {
+/* Frees held cluster e (its first page) of lg; a staged one's rows are dropped from the batch. */
+static void evict_entry(ra_wave_buffer *b, size_t lg, int32_t e) {
   const size_t base = lg * (size_t)b->n_pages;
-  const int32_t e = b->tail[lg];
+  if (b->staged_of[base + e]) {
+    b->staged[b->staged_of[base + e] - 1].live = 0;
+    b->staged_of[base + e] = 0;
+  }
   lru_unlink(b, lg, e);
   b->slot[lg * (size_t)b->n_ids + (size_t)b->ent_c[base + e]] = -1;
   /* pushed so that they pop in chain order again: a cluster's pages stay ascending runs */
@@ -174,46 +202,121 @@ static void evict_one(ra_wave_buffer *b, size_t lg) {
   b->n_free[lg] += n;
 }
 
+static void evict_one(ra_wave_buffer *b, size_t lg) { evict_entry(b, lg, b->tail[lg]); }
+
+/* Room for `more` staged rows and one more staged cluster. */
+static int stage_reserve(ra_wave_buffer *b, int64_t more, ra_error *err) {
+  if (b->stage_n + more > b->stage_cap) {
+    int64_t cap = b->stage_cap ? b->stage_cap : 1024;
+    while (cap < b->stage_n + more) cap *= 2;
+    const size_t bytes = (size_t)cap * (size_t)b->hd * sizeof(float);
+    float *k = realloc(b->stage_k, bytes);
+    if (k) b->stage_k = k;
+    float *v = k ? realloc(b->stage_v, bytes) : NULL;
+    if (v) b->stage_v = v;
+    int32_t *d = v ? realloc(b->stage_dst, (size_t)cap * sizeof *d) : NULL;
+    if (d) b->stage_dst = d;
+    if (!d) return ra_errorf(err, RA_ENOMEM, "wave buffer: out of memory staging %lld rows", (long long)cap);
+    b->stage_cap = cap;
+  }
+  if (b->n_staged == b->cap_staged) {
+    const size_t cap = b->cap_staged ? 2 * b->cap_staged : 256;
+    struct staged *s = realloc(b->staged, cap * sizeof *s);
+    if (!s) return ra_errorf(err, RA_ENOMEM, "wave buffer: out of memory staging clusters");
+    b->staged = s;
+    b->cap_staged = cap;
+  }
+  return RA_OK;
+}
+
+/* Forgets the batch; with drop, its clusters are evicted again (their rows never written). */
+static void stage_clear(ra_wave_buffer *b, int drop) {
+  for (size_t i = 0; i < b->n_staged; i++) {
+    struct staged *s = &b->staged[i];
+    if (!s->live) continue;
+    const size_t base = s->lg * (size_t)b->n_pages;
+    b->staged_of[base + s->first] = 0;
+    if (drop) evict_entry(b, s->lg, s->first);
+  }
+  b->n_staged = 0;
+  b->stage_n = 0;
+  b->stage_layer = -1;
+}
+
 int ra_wave_buffer_install(ra_wave_buffer *b, int l, int g, int64_t c, const float *k, const float *v, int64_t n,
                            ra_error *err) {
   const size_t lg = lg_of(b, l, g), base = lg * (size_t)b->n_pages;
   if (c < 0 || c >= b->n_ids || n < 1)
     return ra_errorf(err, RA_EINVAL, "wave buffer: cluster %lld of %lld rows", (long long)c, (long long)n);
+  if (b->stage_layer >= 0 && b->stage_layer != l)
+    return ra_errorf(err, RA_ESTATE, "wave buffer: layer %d installs while layer %d's are staged", l, b->stage_layer);
   if (b->slot[lg * (size_t)b->n_ids + (size_t)c] >= 0 || n > b->rows) return RA_OK;
+  int rc = stage_reserve(b, n, err);
+  if (rc) return rc;
   const int64_t need = (n + RA_WAVE_BUFFER_PAGE - 1) / RA_WAVE_BUFFER_PAGE;
   while (b->n_free[lg] < need) evict_one(b, lg);
-  ra_backend *be = b->be;
-  const size_t hd = (size_t)b->hd, row0 = (size_t)g * (size_t)b->rows;
+  const size_t hd = (size_t)b->hd;
+  const int64_t row0 = (int64_t)g * b->rows, at = b->stage_n;
   int32_t first = -1, last = -1;
-  int rc = RA_OK;
-  /* the pages in chain order; each run of adjacent pages is one upload of K and one of V */
-  int64_t run_r0 = 0;
-  int32_t run_p = -1;
-  for (int64_t i = 0; i <= need; i++) { /* all pages, even after a failed upload: the chain stays whole */
-    const int32_t p = i < need ? b->free_pages[base + (size_t)--b->n_free[lg]] : -1;
-    if (run_p >= 0 && (p < 0 || p != last + 1)) {
-      const int64_t r1 = i * RA_WAVE_BUFFER_PAGE < n ? i * RA_WAVE_BUFFER_PAGE : n;
-      const size_t at = (row0 + (size_t)run_p * RA_WAVE_BUFFER_PAGE) * hd, m = (size_t)(r1 - run_r0) * hd;
-      if (rc == RA_OK) rc = be->ops->upload(be, &b->k[l], at, k + (size_t)run_r0 * hd, m, err);
-      if (rc == RA_OK) rc = be->ops->upload(be, &b->v[l], at, v + (size_t)run_r0 * hd, m, err);
-      run_p = -1;
-    }
-    if (p < 0) break;
-    if (run_p < 0) {
-      run_p = p;
-      run_r0 = i * RA_WAVE_BUFFER_PAGE;
-    }
+  for (int64_t i = 0; i < need; i++) {
+    const int32_t p = b->free_pages[base + (size_t)--b->n_free[lg]];
     if (last >= 0) b->page_next[base + last] = p;
     else first = p;
     b->page_next[base + p] = -1;
     last = p;
+    for (int64_t r = i * RA_WAVE_BUFFER_PAGE; r < n && r < (i + 1) * RA_WAVE_BUFFER_PAGE; r++)
+      b->stage_dst[at + r] = (int32_t)(row0 + (int64_t)p * RA_WAVE_BUFFER_PAGE + r % RA_WAVE_BUFFER_PAGE);
   }
+  memcpy(b->stage_k + (size_t)at * hd, k, (size_t)n * hd * sizeof *k);
+  memcpy(b->stage_v + (size_t)at * hd, v, (size_t)n * hd * sizeof *v);
+  b->stage_n += n;
+  b->stage_layer = l;
+  b->staged[b->n_staged] = (struct staged){.lg = lg, .first = first, .row0 = at, .n = n, .live = 1};
+  b->staged_of[base + first] = (int32_t)(++b->n_staged);
   b->ent_c[base + first] = (int32_t)c;
   b->ent_rows[base + first] = (int32_t)n;
   b->slot[lg * (size_t)b->n_ids + (size_t)c] = first;
   lru_push(b, lg, first);
-  /* a failed upload leaves garbage rows: drop the cluster again */
-  if (rc) evict_one(b, lg);
+  return RA_OK;
+}
+
+void ra_wave_buffer_discard(ra_wave_buffer *b) { stage_clear(b, 1); }
+
+int ra_wave_buffer_commit(ra_wave_buffer *b, ra_error *err) {
+  if (b->stage_layer < 0) return RA_OK;
+  const int l = b->stage_layer;
+  const size_t hd = (size_t)b->hd;
+  /* rows of clusters a later install of the batch evicted are dropped */
+  int64_t n = 0;
+  for (size_t i = 0; i < b->n_staged; i++) {
+    struct staged *s = &b->staged[i];
+    if (!s->live) continue;
+    if (s->row0 != n) {
+      memmove(b->stage_k + (size_t)n * hd, b->stage_k + (size_t)s->row0 * hd, (size_t)s->n * hd * sizeof(float));
+      memmove(b->stage_v + (size_t)n * hd, b->stage_v + (size_t)s->row0 * hd, (size_t)s->n * hd * sizeof(float));
+      memmove(b->stage_dst + n, b->stage_dst + s->row0, (size_t)s->n * sizeof *b->stage_dst);
+    }
+    n += s->n;
+  }
+  ra_backend *be = b->be;
+  int rc = RA_OK;
+  if (n > b->dev_cap) {
+    ra_tensor_free(&b->dev_k);
+    ra_tensor_free(&b->dev_v);
+    b->dev_cap = 0;
+    const int64_t shape[2] = {n + n / 2, (int64_t)hd};
+    rc = ra_tensor_new(be, &b->dev_k, RA_DTYPE_F32, 2, shape, err);
+    if (rc == RA_OK) rc = ra_tensor_new(be, &b->dev_v, RA_DTYPE_F32, 2, shape, err);
+    if (rc == RA_OK) b->dev_cap = shape[0];
+  }
+  if (rc == RA_OK && n > 0) {
+    ra_tensor tk = ra_tensor_matrix(&b->k[l], (int64_t)hd), tv = ra_tensor_matrix(&b->v[l], (int64_t)hd);
+    rc = be->ops->upload(be, &b->dev_k, 0, b->stage_k, (size_t)n * hd, err);
+    if (rc == RA_OK) rc = be->ops->upload(be, &b->dev_v, 0, b->stage_v, (size_t)n * hd, err);
+    if (rc == RA_OK) rc = be->ops->set_rows(be, &tk, b->stage_dst, n, &b->dev_k, err);
+    if (rc == RA_OK) rc = be->ops->set_rows(be, &tv, b->stage_dst, n, &b->dev_v, err);
+  }
+  stage_clear(b, rc != RA_OK);
   return rc;
 }
 

@@ -41,11 +41,18 @@ int64_t ra_wave_buffer_rows(const ra_wave_buffer *b);
  * rows to kv head g's hit list of the step. */
 int ra_wave_buffer_hit(ra_wave_buffer *b, int l, int g, int64_t c);
 
-/* Installs cluster c of (l, g): rows k, v host fp32 [n, head_dim], evicting least recently used
- * clusters as needed. Returns RA_OK also when it is held already or n > R (then nothing is
- * installed). */
+/* Stages cluster c of (l, g) for installation: rows k, v host fp32 [n, head_dim] (copied),
+ * evicting least recently used clusters as needed. Returns RA_OK also when it is held already or
+ * n > R (then nothing is installed). Installs of one layer at a time: RA_ESTATE for another
+ * layer's while some are staged. A staged cluster is no hit until committed. */
 int ra_wave_buffer_install(ra_wave_buffer *b, int l, int g, int64_t c, const float *k, const float *v, int64_t n,
                            ra_error *err);
+/* Writes the staged rows to the device: one upload of K and of V and one scatter (set_rows)
+ * each, however many clusters came, since the installs of a step's fetches are thousands of
+ * small runs. On failure the staged clusters are evicted again. */
+int ra_wave_buffer_commit(ra_wave_buffer *b, ra_error *err);
+/* Drops the staged clusters (a failed fetch). */
+void ra_wave_buffer_discard(ra_wave_buffer *b);
 
 /* The step's device partial of layer l: every q head over its kv head's hit list. q: [1,
  * n_heads, head_dim] or [n_heads, head_dim] F32. *o, *ml ([n_heads, head_dim], [n_heads, 2],

@@ -312,6 +312,22 @@ int cu_get_rows(ra_backend *be, const ra_tensor *table, const int32_t *ids, int6
   return RA_OK;
 }
 
+int cu_set_rows(ra_backend *be, ra_tensor *table, const int32_t *ids, int64_t n, const ra_tensor *src,
+                ra_error *err) {
+  int rc = ra_backend_check_set_rows("cuda", table, ids, n, src, err);
+  if (rc || n == 0) return rc;
+  cuda_impl *im = impl_of(be);
+  const int32_t *d_ids = nullptr;
+  if (n > RA_CUDA_INLINE_IDS) {
+    if ((rc = grow(&im->ids, (size_t)n * sizeof(int32_t), "set_rows", err))) return rc;
+    CU_TRY("set_rows", cudaMemcpyAsync(im->ids.p, ids, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, im->stream));
+    d_ids = (const int32_t *)im->ids.p;
+  }
+  CU_TRY("set_rows", ra_cuda_set_rows(im->stream, table->data, table->dtype, last_dim(table), ids, d_ids, n,
+                                      (const float *)src->data));
+  return RA_OK;
+}
+
 int cu_matmul(ra_backend *be, const ra_tensor *x, const ra_tensor *w, const ra_tensor *bias, ra_tensor *y,
               int accumulate, ra_error *err) {
   int rc;
@@ -692,6 +708,7 @@ ra_backend_ops make_ops() {
   o.load_weight = cu_load_weight;
   o.fill_random = cu_fill_random;
   o.get_rows = cu_get_rows;
+  o.set_rows = cu_set_rows;
   o.matmul = cu_matmul;
   o.rmsnorm = cu_rmsnorm;
   o.rope = cu_rope;

@@ -221,6 +221,16 @@ __global__ void get_rows_kernel(const T *__restrict__ table, int64_t dim, const 
   for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) dst[j] = ra_cuda_to_f32(src[j]);
 }
 
+template <typename T>
+__global__ void set_rows_kernel(T *__restrict__ table, int64_t dim, const int32_t *__restrict__ ids, inline_ids small,
+                                const float *__restrict__ src) {
+  ra_cuda_pdl_entry();
+  const int32_t id = ids ? ids[blockIdx.x] : small.v[blockIdx.x];
+  T *dst = table + (int64_t)id * dim;
+  const float *row = src + (int64_t)blockIdx.x * dim;
+  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) dst[j] = ra_cuda_from_f32<T>(row[j]);
+}
+
 __global__ void bias_rows_kernel(float *__restrict__ y, const void *__restrict__ bias, int bias_dtype, int64_t n,
                                  int64_t m, int accumulate) {
   size_t total = (size_t)n * (size_t)m;
@@ -421,6 +431,27 @@ cudaError_t ra_cuda_get_rows(cudaStream_t s, const void *table, int table_dtype,
     default:
       return ra_cuda_launch(get_rows_kernel<__nv_bfloat16>, (unsigned)n, kThreads, 0, s, (const __nv_bfloat16 *)table, dim,
                             ids, small, out);
+  }
+}
+
+cudaError_t ra_cuda_set_rows(cudaStream_t s, void *table, int table_dtype, int64_t dim, const int32_t *host_ids,
+                             const int32_t *d_ids, int64_t n, const float *src) {
+  if (n == 0) return cudaSuccess;
+  inline_ids small = {};
+  const int32_t *ids = d_ids;
+  if (n <= RA_CUDA_INLINE_IDS) {
+    for (int64_t i = 0; i < n; i++) small.v[i] = host_ids[i];
+    ids = nullptr;
+  }
+  switch (table_dtype) {
+    case RA_DTYPE_F32:
+      return ra_cuda_launch(set_rows_kernel<float>, (unsigned)n, kThreads, 0, s, (float *)table, dim, ids, small, src);
+    case RA_DTYPE_F16:
+      return ra_cuda_launch(set_rows_kernel<__half>, (unsigned)n, kThreads, 0, s, (__half *)table, dim, ids, small,
+                            src);
+    default:
+      return ra_cuda_launch(set_rows_kernel<__nv_bfloat16>, (unsigned)n, kThreads, 0, s, (__nv_bfloat16 *)table, dim,
+                            ids, small, src);
   }
 }
 

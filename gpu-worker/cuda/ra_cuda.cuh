@@ -162,6 +162,9 @@ cudaError_t ra_cuda_dequant(cudaStream_t s, const void *raw, uint32_t type, int6
 #define RA_CUDA_INLINE_IDS 64
 cudaError_t ra_cuda_get_rows(cudaStream_t s, const void *table, int table_dtype, int64_t dim, const int32_t *host_ids,
                              const int32_t *d_ids, int64_t n, float *out);
+/* table[ids[i], :] = src[i, :], converted to table_dtype; ids as for ra_cuda_get_rows. */
+cudaError_t ra_cuda_set_rows(cudaStream_t s, void *table, int table_dtype, int64_t dim, const int32_t *host_ids,
+                             const int32_t *d_ids, int64_t n, const float *src);
 /* y[i, :] (= or +=) bias.  y: [n, m] F32, bias: [m] of bias_dtype */
 cudaError_t ra_cuda_bias_rows(cudaStream_t s, float *y, const void *bias, int bias_dtype, int64_t n, int64_t m,
                               int accumulate);

@@ -9,6 +9,7 @@
 #include <cmocka.h>
 
 #include "backend.h"
+#include "half.h"
 #include "merge.h"
 
 #include "cpu_fixture.h"
@@ -124,6 +125,40 @@ static void test_rmsnorm_swiglu_get_rows(void **state) {
   free(got);
   free(hx), free(hw), free(hy), free(hg), free(hu);
   ra_tensor_free(&x), ra_tensor_free(&w), ra_tensor_free(&y), ra_tensor_free(&g), ra_tensor_free(&u), ra_tensor_free(&out);
+}
+
+/* set_rows scatters fp32 rows into a table of any dtype (converted as upload converts), leaves
+ * the other rows alone, and refuses ids outside the table and a short src. */
+static void test_set_rows(void **state) {
+  (void)state;
+  const ra_dtype dts[3] = {RA_DTYPE_F32, RA_DTYPE_F16, RA_DTYPE_BF16};
+  for (int t = 0; t < 3; t++) {
+    ra_tensor tab, src;
+    assert_int_equal(ra_tensor_new(be, &tab, dts[t], 3, (int64_t[]){6, 1, 16}, NULL), RA_OK);
+    assert_int_equal(ra_tensor_new(be, &src, RA_DTYPE_F32, 2, (int64_t[]){3, 16}, NULL), RA_OK);
+    float hs[3 * 16], want[6 * 16] = {0}, got[6 * 16];
+    for (int i = 0; i < 3 * 16; i++) hs[i] = 0.37f * (float)i - 5.0f;
+    assert_int_equal(be->ops->upload(be, &src, 0, hs, 3 * 16, NULL), RA_OK);
+    const int32_t ids[3] = {4, 0, 2};
+    ra_tensor m = ra_tensor_matrix(&tab, 16);
+    assert_int_equal(be->ops->set_rows(be, &m, ids, 3, &src, NULL), RA_OK);
+    for (int r = 0; r < 3; r++)
+      for (int d = 0; d < 16; d++) {
+        float v = hs[r * 16 + d];
+        if (dts[t] == RA_DTYPE_F16) v = ra_fp16_to_fp32(ra_fp32_to_fp16(v));
+        if (dts[t] == RA_DTYPE_BF16) v = ra_bf16_to_fp32(ra_fp32_to_bf16(v));
+        want[ids[r] * 16 + d] = v;
+      }
+    assert_int_equal(be->ops->download(be, &tab, 0, got, 6 * 16, NULL), RA_OK);
+    assert_memory_equal(got, want, sizeof want);
+    ra_error err;
+    const int32_t bad[1] = {6};
+    assert_int_equal(be->ops->set_rows(be, &m, bad, 1, &src, &err), RA_EINVAL);
+    assert_non_null(strstr(err.msg, "outside"));
+    assert_int_equal(be->ops->set_rows(be, &m, ids, 4, &src, &err), RA_EINVAL);
+    ra_tensor_free(&tab);
+    ra_tensor_free(&src);
+  }
 }
 
 /* get_rows of an f32, f16 and bf16 table: a cache [n, kv heads, head_dim] as n * kv heads rows,
@@ -343,6 +378,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_matmul),
       cmocka_unit_test(test_rmsnorm_swiglu_get_rows),
+      cmocka_unit_test(test_set_rows),
       cmocka_unit_test(test_get_rows_dtypes),
       cmocka_unit_test(test_rope_styles),
       cmocka_unit_test(test_copy_convert_and_fill),
