@@ -284,7 +284,7 @@ cudaError_t ra_cuda_attn_init(void) {
 cudaError_t ra_cuda_attn_prefill(cudaStream_t s, const float *q, const void *kc, const void *vc, int kv_dtype, int64_t n,
                                  int hq, int hkv, int hd, int64_t pos0, float scale, float *out) {
   if (n == 0) return cudaSuccess;
-  if (ra_cuda_attn_prefill_mma_ok(hq / hkv, hd))
+  if (ra_cuda_attn_prefill_mma_ok(hq / hkv, hd, pos0 + n))
     return ra_cuda_attn_prefill_mma(s, q, kc, vc, kv_dtype, n, hq, hkv, hd, pos0, scale, out);
   split_args a = {};
   a.q = q;

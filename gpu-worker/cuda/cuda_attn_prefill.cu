@@ -1,15 +1,18 @@
 /* Causal GQA prefill attention on tensor cores (FlashAttention-2 scheme), head dims 64 and 128.
  *
- * Block (query tile, kv head), 8 warps. The block's 128 rows are the group's G q heads of
- * P = 128 / G consecutive query positions (row r: position i0 + r / G, q head kvh * G + r % G),
- * so one K/V tile in shared memory serves every q head of the group and a short chunk still
- * fills the rows. Each warp owns 16 rows: its Q fragments stay in registers for the whole key
- * walk, and S = Q K^T (16 x 64 per tile), the online softmax (running max and sum per row) and
- * O += P V (16 x D, fp32) never leave registers; P is re-packed from S's accumulator layout as
- * the A operand of the second product. K/V tiles of 64 keys stream through two shared-memory
- * stages with cp.async (the next tile loads while this one is computed). The block walks keys
- * [0, pos0 + last position] only (causal tile skipping); the per-element mask is applied only
- * on the tiles that cross a row's position. Nothing of size n x n is stored.
+ * Block (query tile, kv head), 4 warps, 2 blocks per SM. The block's 128 rows are the group's G
+ * q heads of P = 128 / G consecutive query positions (row r: position i0 + r / G, q head
+ * kvh * G + r % G), so one K/V tile in shared memory serves every q head of the group and a short
+ * chunk still fills the rows. Each warp owns 32 rows (two m16 tiles, so every K and V fragment
+ * it reads from shared memory feeds two MMAs: shared-memory bandwidth is what bounds mma.sync
+ * attention). S = Q K^T (32 x 64 per tile), the online softmax (running max and sum per row)
+ * and O += P V (32 x D, fp32) never leave registers; P is re-packed from S's accumulator layout
+ * as the A operand of the second product; Q fragments are re-read from shared memory (registers
+ * hold O and S). K/V tiles of 64 keys stream through two shared-memory stages with cp.async (the
+ * next tile loads while this one is computed; one barrier per tile). The block walks keys
+ * [0, pos0 + last position] only (causal tile skipping); the tiles before the first row's
+ * position run without the per-element mask. O is rescaled only when a row's max moved.
+ * Nothing of size n x n is stored. Measured: bench/results/prefill-h200/README.md.
  *
  * Operands: mma.sync m16n8k16 with fp32 accumulation, BF16 for a BF16 cache (Q and P rounded
  * to BF16), F16 for F16 and F32 caches (an F32 cache is converted while it is staged). */
@@ -17,12 +20,15 @@
 
 #include <math.h>
 
+#include <type_traits>
+
 namespace {
 
-constexpr int kWarps = 8;
+constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-constexpr int kRows = kWarps * 16; /* rows (query position x q head) per block */
-constexpr int kBK = 64;            /* keys per tile */
+constexpr int kMT = 2;                   /* m16 tiles per warp: each K/V fragment read serves both */
+constexpr int kRows = kWarps * 16 * kMT; /* rows (query position x q head) per block */
+constexpr int kBK = 64;                  /* keys per tile */
 
 /* Shared-memory row stride (elements): 16 bytes of padding put the 8 rows an ldmatrix reads in
  * 8 different bank groups. */
@@ -77,7 +83,7 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool v
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait0() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 __device__ __forceinline__ float ex2(float x) {
   float y;
@@ -85,43 +91,46 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
-/* Stages keys [kb, kb + kBK) of kv head kvh (rows >= kv_len zero) into Ks, Vs: [kBK][LD] MT.
- * A cache of the operand type is copied asynchronously; an F32 cache is converted here. */
+/* Stages keys [kb, kb + kBK) of one kv head (rows >= kv_len zero) into Ks, Vs: [kBK][LD] MT.
+ * kh, vh point at the head's row 0 in the caches. Thread tid moves the 16-byte vector c of rows
+ * tid / VPR + i * (kThreads / VPR). A cache of the operand type is copied asynchronously; an
+ * F32 cache is converted here. */
 template <typename KT, typename MT, int D>
-__device__ __forceinline__ void stage_tile(const KT *__restrict__ kc, const KT *__restrict__ vc, int64_t row_stride,
-                                           int kvh, int64_t kb, int64_t kv_len, MT *Ks, MT *Vs, int tid) {
-  constexpr int LD = ld_smem<D>(), VPR = D / 8; /* 16-byte vectors of MT per row */
+__device__ __forceinline__ void stage_tile(const KT *__restrict__ kh, const KT *__restrict__ vh, int64_t row_stride,
+                                           int kb, int kv_len, MT *Ks, MT *Vs, int tid) {
+  constexpr int LD = ld_smem<D>(), VPR = D / 8, RSTEP = kThreads / VPR; /* 16-byte vectors per row */
+  const int t0 = tid / VPR, c = (tid % VPR) * 8;
+  const KT *kp = kh + (int64_t)(kb + t0) * row_stride + c, *vp = vh + (int64_t)(kb + t0) * row_stride + c;
+  const uint32_t ks = smem_addr(Ks + t0 * LD + c), vs = smem_addr(Vs + t0 * LD + c);
 #pragma unroll
-  for (int i = 0; i < kBK * VPR / kThreads; i++) {
-    const int e = tid + i * kThreads, t = e / VPR, c = (e % VPR) * 8;
-    const int64_t key = kb + t;
-    const bool valid = key < kv_len;
-    const int64_t off = (valid ? key : 0) * row_stride + (int64_t)kvh * D + c;
+  for (int i = 0; i < kBK / RSTEP; i++) {
+    const bool valid = kb + t0 + i * RSTEP < kv_len;
+    const int64_t off = valid ? (int64_t)i * RSTEP * row_stride : -(int64_t)(kb + t0) * row_stride;
     if constexpr (sizeof(KT) == sizeof(MT)) {
-      cp_async16(smem_addr(Ks + t * LD + c), kc + off, valid);
-      cp_async16(smem_addr(Vs + t * LD + c), vc + off, valid);
+      cp_async16(ks + i * RSTEP * LD * 2, kp + off, valid);
+      cp_async16(vs + i * RSTEP * LD * 2, vp + off, valid);
     } else {
-      uint4 kp = make_uint4(0, 0, 0, 0), vp = kp;
+      uint4 ku = make_uint4(0, 0, 0, 0), vu = ku;
       if (valid) {
         float f[8];
-        ra_cuda_load8(kc + off, f);
-        uint32_t *u = (uint32_t *)&kp;
+        ra_cuda_load8(kp + off, f);
+        uint32_t *u = (uint32_t *)&ku;
 #pragma unroll
         for (int j = 0; j < 4; j++) u[j] = mma_traits<MT>::pack(f[2 * j], f[2 * j + 1]);
-        ra_cuda_load8(vc + off, f);
-        u = (uint32_t *)&vp;
+        ra_cuda_load8(vp + off, f);
+        u = (uint32_t *)&vu;
 #pragma unroll
         for (int j = 0; j < 4; j++) u[j] = mma_traits<MT>::pack(f[2 * j], f[2 * j + 1]);
       }
-      *(uint4 *)(Ks + t * LD + c) = kp;
-      *(uint4 *)(Vs + t * LD + c) = vp;
+      *(uint4 *)(Ks + (t0 + i * RSTEP) * LD + c) = ku;
+      *(uint4 *)(Vs + (t0 + i * RSTEP) * LD + c) = vu;
     }
   }
 }
 
 /* q, out: [n, hq, D] F32; kc, vc: [n_ctx, hkv, D] of KT. Grid (ceil(n / (kRows / G)), hkv). */
 template <typename KT, typename MT, int D>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, 2)
     attn_prefill_mma_kernel(const float *__restrict__ q, const KT *__restrict__ kc, const KT *__restrict__ vc,
                             int64_t n, int hq, int hkv, int64_t pos0, float scale_log2, float *__restrict__ out) {
   constexpr int LD = ld_smem<D>(), KS = D / 16, NB = kBK / 8, DB = D / 8;
@@ -133,11 +142,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int G = hq / hkv, P = kRows / G, kvh = blockIdx.y;
   const int64_t i0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * P; /* longest (last) tiles start first */
   const int64_t np = n - i0 < P ? n - i0 : P;                     /* positions in this block */
-  const int64_t kv_len = pos0 + i0 + np;                          /* keys [0, kv_len) are visible to some row */
+  const int kv_len = (int)(pos0 + i0 + np); /* keys [0, kv_len) are visible to some row (< 2^31: host) */
   const int64_t row_stride = (int64_t)hkv * D;
-  const int n_tiles = (int)((kv_len + kBK - 1) / kBK);
+  const int n_tiles = (kv_len + kBK - 1) / kBK;
+  const KT *kh = kc + (int64_t)kvh * D, *vh = vc + (int64_t)kvh * D;
 
-  stage_tile<KT, MT, D>(kc, vc, row_stride, kvh, 0, kv_len, KVs, KVs + kBK * LD, tid);
+  stage_tile<KT, MT, D>(kh, vh, row_stride, 0, kv_len, KVs, KVs + kBK * LD, tid);
   cp_async_commit();
 
   /* Q tile: row r is (position i0 + r / G, q head kvh * G + r % G); rows past the block's
@@ -151,140 +161,158 @@ __global__ void __launch_bounds__(kThreads, 1)
     u.y = mma_traits<MT>::pack(v.z, v.w);
     *(uint2 *)(Qs + r * LD + c) = u;
   }
-  __syncthreads();
 
-  /* This thread's rows: rl[0] = warp * 16 + lane / 4 and rl[1] = rl[0] + 8. A padding row takes
-   * the block's last position (finite results, never written). */
-  int64_t qpos[2];
-  int rl[2];
+  const int first_masked = (int)(pos0 + i0 + 1); /* tiles ending at or before it need no mask */
+  const int n_plain = first_masked / kBK < n_tiles ? first_masked / kBK : n_tiles; /* tiles without a mask */
+
+  float o[kMT][DB][4];
 #pragma unroll
-  for (int h = 0; h < 2; h++) {
-    rl[h] = warp * 16 + (lane >> 2) + 8 * h;
-    const int64_t pl = rl[h] / G;
-    qpos[h] = pos0 + i0 + (pl < np ? pl : np - 1);
-  }
-  const int64_t first_masked = pos0 + i0 + 1; /* tiles ending at or before it need no mask */
-
-  uint32_t qf[KS][4];
-  {
-    const int r = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, c = (lane >> 4) * 8;
+  for (int mt = 0; mt < kMT; mt++)
 #pragma unroll
-    for (int kk = 0; kk < KS; kk++) ldsm_x4(qf[kk], smem_addr(Qs + r * LD + kk * 16 + c));
-  }
-
-  float o[DB][4];
+    for (int j = 0; j < DB; j++) o[mt][j][0] = o[mt][j][1] = o[mt][j][2] = o[mt][j][3] = 0.0f;
+  float m[kMT][2], l[kMT][2]; /* l: this thread's columns only */
 #pragma unroll
-  for (int j = 0; j < DB; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* l: this thread's columns only */
+  for (int mt = 0; mt < kMT; mt++) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.0f;
 
-  /* ldmatrix lane offsets. K (B of Q K^T, non-transposed): matrix mi = lane / 8 covers keys
-   * (2 j + mi / 2) * 8 + lane % 8, dims kk * 16 + (mi % 2) * 8. V (B of P V, transposed):
-   * keys t * 16 + (mi % 2) * 8 + lane % 8, dims (2 j + mi / 2) * 8. */
+  /* ldmatrix lane offsets. Q (A): matrix mi = lane / 8 covers rows (mi % 2) * 8 + lane % 8,
+   * dims (mi / 2) * 8. K (B of Q K^T, non-transposed): keys (2 j + mi / 2) * 8 + lane % 8, dims
+   * kk * 16 + (mi % 2) * 8. V (B of P V, transposed): keys t * 16 + (mi % 2) * 8 + lane % 8,
+   * dims (2 j + mi / 2) * 8. */
   const int mi = lane >> 3, r8 = lane & 7;
+  const int q_off = (warp * 16 * kMT + (mi & 1) * 8 + r8) * LD + (mi >> 1) * 8;
   const int k_off = ((mi >> 1) * 8 + r8) * LD + (mi & 1) * 8;
   const int v_off = ((mi & 1) * 8 + r8) * LD + (mi >> 1) * 8;
 
-  for (int t = 0; t < n_tiles; t++) {
-    const int64_t kb = (int64_t)t * kBK;
+  /* one tile; Masked: apply the causal mask (the tiles that cross a row's position, and the zero
+   * rows past kv_len) */
+  auto tile = [&](const int t, auto masked_tag) {
+    constexpr bool kMasked = decltype(masked_tag)::value;
+    const int kb = t * kBK;
+    /* tile t has landed for every thread, and every thread is done with tile t - 1, whose
+     * stage the next tile now loads into while this one is computed */
+    cp_async_wait0();
+    __syncthreads();
     if (t + 1 < n_tiles) {
       MT *ks = KVs + ((t + 1) & 1) * 2 * kBK * LD;
-      stage_tile<KT, MT, D>(kc, vc, row_stride, kvh, kb + kBK, kv_len, ks, ks + kBK * LD, tid);
+      stage_tile<KT, MT, D>(kh, vh, row_stride, kb + kBK, kv_len, ks, ks + kBK * LD, tid);
+      cp_async_commit();
     }
-    cp_async_commit();
-    cp_async_wait1();
-    __syncthreads();
     const MT *Ks = KVs + (t & 1) * 2 * kBK * LD, *Vs = Ks + kBK * LD;
 
-    /* S[16 rows][kBK] = Q K^T */
-    float s[NB][4];
+    /* S[32 rows][kBK] = Q K^T: each K fragment serves both m-tiles */
+    float s[kMT][NB][4];
 #pragma unroll
-    for (int j = 0; j < NB; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    for (int mt = 0; mt < kMT; mt++)
+#pragma unroll
+      for (int j = 0; j < NB; j++) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < KS; kk++) {
+      uint32_t qf[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; mt++) ldsm_x4(qf[mt], smem_addr(Qs + q_off + mt * 16 * LD + kk * 16));
 #pragma unroll
       for (int j = 0; j < NB / 2; j++) {
         uint32_t b[4];
         ldsm_x4(b, smem_addr(Ks + j * 16 * LD + kk * 16 + k_off));
-        mma_traits<MT>::mma(s[2 * j], qf[kk], b[0], b[1]);
-        mma_traits<MT>::mma(s[2 * j + 1], qf[kk], b[2], b[3]);
+#pragma unroll
+        for (int mt = 0; mt < kMT; mt++) {
+          mma_traits<MT>::mma(s[mt][2 * j], qf[mt], b[0], b[1]);
+          mma_traits<MT>::mma(s[mt][2 * j + 1], qf[mt], b[2], b[3]);
+        }
       }
     }
 
-    /* log2-domain scores; causal mask on the tiles that cross a row's position (and on the zero
-     * rows past kv_len) */
+    /* log2-domain scores, masked */
+    uint32_t pa[kMT][NB / 2][4]; /* P as the A operand: k16 block kt = n8 blocks 2 kt, 2 kt + 1 */
 #pragma unroll
-    for (int j = 0; j < NB; j++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) s[j][e] *= scale_log2;
-    if (kb + kBK > first_masked) {
+    for (int mt = 0; mt < kMT; mt++) {
 #pragma unroll
       for (int j = 0; j < NB; j++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-          const int64_t key = kb + j * 8 + (lane & 3) * 2 + (e & 1);
-          if (key > qpos[e >> 1]) s[j][e] = -INFINITY;
+        for (int e = 0; e < 4; e++) s[mt][j][e] *= scale_log2;
+      if constexpr (kMasked) {
+        /* row (warp * 32 + mt * 16 + lane / 4 + 8 h) / G; a padding row takes the block's last
+         * position (finite results, never written) */
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+          const int pl = (warp * 16 * kMT + mt * 16 + (lane >> 2) + 8 * h) / G;
+          const int qpos = (int)(pos0 + i0) + (pl < np ? pl : (int)np - 1);
+#pragma unroll
+          for (int j = 0; j < NB; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++)
+              if (kb + j * 8 + (lane & 3) * 2 + e > qpos) s[mt][j][2 * h + e] = -INFINITY;
         }
+      }
+      /* online softmax; a row's 4 threads (lane / 4 equal) reduce by shuffles */
+      float alpha[2], mb[2];
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        float mx = m[mt][h];
+#pragma unroll
+        for (int j = 0; j < NB; j++) mx = fmaxf(mx, fmaxf(s[mt][j][2 * h], s[mt][j][2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        mb[h] = mx == -INFINITY ? 0.0f : mx;
+        alpha[h] = ex2(m[mt][h] - mb[h]); /* m = -inf: 0 */
+        m[mt][h] = mx;
+      }
+      float ls[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int j = 0; j < NB; j++) {
+        const float p0 = ex2(s[mt][j][0] - mb[0]), p1 = ex2(s[mt][j][1] - mb[0]);
+        const float p2 = ex2(s[mt][j][2] - mb[1]), p3 = ex2(s[mt][j][3] - mb[1]);
+        ls[0] += p0 + p1;
+        ls[1] += p2 + p3;
+        pa[mt][j / 2][(j & 1) * 2] = mma_traits<MT>::pack(p0, p1);
+        pa[mt][j / 2][(j & 1) * 2 + 1] = mma_traits<MT>::pack(p2, p3);
+      }
+      l[mt][0] = l[mt][0] * alpha[0] + ls[0];
+      l[mt][1] = l[mt][1] * alpha[1] + ls[1];
+      if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+        for (int j = 0; j < DB; j++) {
+          o[mt][j][0] *= alpha[0];
+          o[mt][j][1] *= alpha[0];
+          o[mt][j][2] *= alpha[1];
+          o[mt][j][3] *= alpha[1];
+        }
+      }
     }
 
-    /* online softmax; a row's 4 threads (lane / 4 equal) reduce by shuffles */
-    float alpha[2], mb[2];
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-      float mx = m[h];
-#pragma unroll
-      for (int j = 0; j < NB; j++) mx = fmaxf(mx, fmaxf(s[j][2 * h], s[j][2 * h + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      mb[h] = mx == -INFINITY ? 0.0f : mx;
-      alpha[h] = ex2(m[h] - mb[h]); /* m = -inf: 0 */
-      m[h] = mx;
-    }
-    uint32_t pa[NB / 2][4]; /* P as the A operand: k16 block kt = n8 blocks 2 kt, 2 kt + 1 */
-#pragma unroll
-    for (int j = 0; j < NB; j++) {
-      const float p0 = ex2(s[j][0] - mb[0]), p1 = ex2(s[j][1] - mb[0]);
-      const float p2 = ex2(s[j][2] - mb[1]), p3 = ex2(s[j][3] - mb[1]);
-      l[0] = (j == 0 ? l[0] * alpha[0] : l[0]) + p0 + p1;
-      l[1] = (j == 0 ? l[1] * alpha[1] : l[1]) + p2 + p3;
-      pa[j / 2][(j & 1) * 2] = mma_traits<MT>::pack(p0, p1);
-      pa[j / 2][(j & 1) * 2 + 1] = mma_traits<MT>::pack(p2, p3);
-    }
-#pragma unroll
-    for (int j = 0; j < DB; j++) {
-      o[j][0] *= alpha[0];
-      o[j][1] *= alpha[0];
-      o[j][2] *= alpha[1];
-      o[j][3] *= alpha[1];
-    }
-
-    /* O[16 rows][D] += P V */
+    /* O[32 rows][D] += P V: each V fragment serves both m-tiles */
 #pragma unroll
     for (int kt = 0; kt < kBK / 16; kt++) {
 #pragma unroll
       for (int j = 0; j < DB / 2; j++) {
         uint32_t b[4];
         ldsm_x4_t(b, smem_addr(Vs + kt * 16 * LD + j * 16 + v_off));
-        mma_traits<MT>::mma(o[2 * j], pa[kt], b[0], b[1]);
-        mma_traits<MT>::mma(o[2 * j + 1], pa[kt], b[2], b[3]);
+#pragma unroll
+        for (int mt = 0; mt < kMT; mt++) {
+          mma_traits<MT>::mma(o[mt][2 * j], pa[mt][kt], b[0], b[1]);
+          mma_traits<MT>::mma(o[mt][2 * j + 1], pa[mt][kt], b[2], b[3]);
+        }
       }
     }
-    __syncthreads(); /* this stage is reloaded two tiles on */
-  }
+  };
+  for (int t = 0; t < n_plain; t++) tile(t, std::false_type());
+  for (int t = n_plain; t < n_tiles; t++) tile(t, std::true_type());
 
 #pragma unroll
-  for (int h = 0; h < 2; h++) {
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-  }
+  for (int mt = 0; mt < kMT; mt++)
 #pragma unroll
-  for (int h = 0; h < 2; h++) {
-    const int pl = rl[h] / G;
-    if (rl[h] >= P * G || pl >= np) continue;
-    const float inv = 1.0f / l[h];
-    float *orow = out + ((i0 + pl) * hq + (int64_t)kvh * G + rl[h] % G) * D + (lane & 3) * 2;
+    for (int h = 0; h < 2; h++) {
+      float lt = l[mt][h];
+      lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+      lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+      const int r = warp * 16 * kMT + mt * 16 + (lane >> 2) + 8 * h, pl = r / G;
+      if (r >= P * G || pl >= np) continue;
+      const float inv = 1.0f / lt;
+      float *orow = out + ((i0 + pl) * hq + (int64_t)kvh * G + r % G) * D + (lane & 3) * 2;
 #pragma unroll
-    for (int j = 0; j < DB; j++) *(float2 *)(orow + j * 8) = make_float2(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
-  }
+      for (int j = 0; j < DB; j++)
+        *(float2 *)(orow + j * 8) = make_float2(o[mt][j][2 * h] * inv, o[mt][j][2 * h + 1] * inv);
+    }
 }
 
 template <typename KT, typename MT, int D>
@@ -304,7 +332,9 @@ template <typename KT, typename MT, int D> cudaError_t set_smem() {
 
 } /* namespace */
 
-int ra_cuda_attn_prefill_mma_ok(int group, int hd) { return (hd == 64 || hd == 128) && group >= 1 && group <= kRows; }
+int ra_cuda_attn_prefill_mma_ok(int group, int hd, int64_t n_keys) {
+  return (hd == 64 || hd == 128) && group >= 1 && group <= kRows && n_keys <= INT32_MAX;
+}
 
 cudaError_t ra_cuda_attn_prefill_init(void) {
   cudaError_t e;

@@ -222,9 +222,9 @@ cudaError_t ra_cuda_attn_init(void);
  * tensor-core kernel where it applies, else the split kernel on CUDA cores. */
 cudaError_t ra_cuda_attn_prefill(cudaStream_t s, const float *q, const void *kc, const void *vc, int kv_dtype, int64_t n,
                                  int hq, int hkv, int hd, int64_t pos0, float scale, float *out);
-/* The tensor-core prefill (cuda_attn_prefill.cu): head dims 64 and 128, group <= 128, any KV
- * dtype; init sets its shared-memory limits (once per device). */
-int ra_cuda_attn_prefill_mma_ok(int group, int hd);
+/* The tensor-core prefill (cuda_attn_prefill.cu): head dims 64 and 128, group <= 128, keys
+ * (pos0 + n) < 2^31, any KV dtype; init sets its shared-memory limits (once per device). */
+int ra_cuda_attn_prefill_mma_ok(int group, int hd, int64_t n_keys);
 cudaError_t ra_cuda_attn_prefill_init(void);
 cudaError_t ra_cuda_attn_prefill_mma(cudaStream_t s, const float *q, const void *kc, const void *vc, int kv_dtype,
                                      int64_t n, int hq, int hkv, int hd, int64_t pos0, float scale, float *out);
