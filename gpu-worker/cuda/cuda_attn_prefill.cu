@@ -37,33 +37,36 @@ template <int D> constexpr size_t smem_bytes() {
   return (size_t)(kRows + 4 * kBK) * ld_smem<D>() * 2; /* Q, then K and V of 2 stages */
 }
 
-template <typename MT> struct mma_traits;
-template <> struct mma_traits<__nv_bfloat16> {
-  static __device__ __forceinline__ uint32_t pack(float a, float b) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    return *(uint32_t *)&h;
+/* The operand type's two primitives: a pair of floats rounded into one 32-bit register, and
+ * C += A B on one m16n8k16 tile (A 4, B 2 registers of packed pairs; C 4 floats). */
+#define RA_MMA_16816(T)                                                                                        \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." T "." T ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, " \
+               "{%0,%1,%2,%3};\n"                                                                             \
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                               \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
+template <typename MT> struct mma_traits {
+  static __device__ __forceinline__ uint32_t pack(float x, float y) {
+    if constexpr (std::is_same<MT, __half>::value) {
+      __half2 h = __floats2half2_rn(x, y);
+      return *(uint32_t *)&h;
+    } else {
+      __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+      return *(uint32_t *)&h;
+    }
   }
   static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    if constexpr (std::is_same<MT, __half>::value)
+      RA_MMA_16816("f16");
+    else
+      RA_MMA_16816("bf16");
+  }
+  /* two n8 tiles: c0 += A B0, c1 += A B1 with b = an ldmatrix x4 of B0 (b[0..1]), B1 (b[2..3]) */
+  static __device__ __forceinline__ void mma_n16(float c0[4], float c1[4], const uint32_t a[4], const uint32_t b[4]) {
+    mma(c0, a, b[0], b[1]);
+    mma(c1, a, b[2], b[3]);
   }
 };
-template <> struct mma_traits<__half> {
-  static __device__ __forceinline__ uint32_t pack(float a, float b) {
-    __half2 h = __floats2half2_rn(a, b);
-    return *(uint32_t *)&h;
-  }
-  static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
+#undef RA_MMA_16816
 
 __device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
@@ -215,10 +218,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         uint32_t b[4];
         ldsm_x4(b, smem_addr(Ks + j * 16 * LD + kk * 16 + k_off));
 #pragma unroll
-        for (int mt = 0; mt < kMT; mt++) {
-          mma_traits<MT>::mma(s[mt][2 * j], qf[mt], b[0], b[1]);
-          mma_traits<MT>::mma(s[mt][2 * j + 1], qf[mt], b[2], b[3]);
-        }
+        for (int mt = 0; mt < kMT; mt++) mma_traits<MT>::mma_n16(s[mt][2 * j], s[mt][2 * j + 1], qf[mt], b);
       }
     }
 
@@ -288,10 +288,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         uint32_t b[4];
         ldsm_x4_t(b, smem_addr(Vs + kt * 16 * LD + j * 16 + v_off));
 #pragma unroll
-        for (int mt = 0; mt < kMT; mt++) {
-          mma_traits<MT>::mma(o[mt][2 * j], pa[mt][kt], b[0], b[1]);
-          mma_traits<MT>::mma(o[mt][2 * j + 1], pa[mt][kt], b[2], b[3]);
-        }
+        for (int mt = 0; mt < kMT; mt++) mma_traits<MT>::mma_n16(o[mt][2 * j], o[mt][2 * j + 1], pa[mt][kt], b);
       }
     }
   };
