@@ -8,8 +8,9 @@
  *     1-row weights (norms, biases) stay F32 since element-wise ops read them at full precision.
  *   - matmul: one token (decode) runs a bandwidth-bound GEMV over the weights; more tokens go
  *     to cublasGemmEx with BF16 inputs and FP32 accumulation.
- *   - attn_prefill is a tiled flash-attention kernel on tensor cores (FP16 inputs, FP32
- *     accumulation) for head_dim 64 and 128; other head dims use a CUDA-core kernel.
+ *   - attn_prefill is a flash-attention kernel on tensor cores (mma.sync, BF16 operands for a
+ *     BF16 cache, F16 otherwise; FP32 accumulation and softmax) for head_dim 64 and 128; other
+ *     head dims use a CUDA-core kernel.
  * This header exposes no CUDA type, so C code includes it freely. */
 #ifndef RA_BACKEND_CUDA_H
 #define RA_BACKEND_CUDA_H

@@ -7,22 +7,13 @@
  * of the group's q heads, the online-softmax state (m, l, unnormalized o). One K/V read serves
  * all q heads of the group. A second kernel merges the splits exactly (log-sum-exp) into the
  * (o, m, l) triple of common/merge.h. The same kernel, with one split per query over rows
- * [0, pos0 + i], is the CUDA-core prefill for head dims without a tensor-core kernel.
- *
- * Prefill (flash-attention): block (64-query tile, q head) walks 64-key tiles of the causal
- * prefix. S = Q K^T and O += P V run on tensor cores (WMMA 16x16x16, FP16 in, FP32 accumulate);
- * the online softmax runs in FP32 on S in shared memory; O lives in shared memory in FP32 so
- * each row can be rescaled when its running max grows. Nothing of size n x n is ever stored.
- * FP16 (not BF16) operands: Q and P keep 3 more mantissa bits; K/V values beyond +-65504 would
- * overflow, which activations of real models do not reach. */
+ * [0, pos0 + i], is the CUDA-core prefill for the head dims the tensor-core prefill
+ * (cuda_attn_prefill.cu) does not cover. */
 #include "ra_cuda.cuh"
 
 #include <math.h>
-#include <mma.h>
 
 namespace {
-
-using namespace nvcuda;
 
 /* ---------------- split-K decode ---------------- */
 
@@ -255,168 +246,6 @@ __global__ void attn_empty_kernel(float *o, float *ml, int hq, int hd) {
   }
 }
 
-/* ---------------- tensor-core prefill ---------------- */
-
-constexpr int kBQ = 64; /* queries per block: 4 warps x 16 rows */
-constexpr int kBK = 64; /* keys per tile */
-constexpr int kPfThreads = 128;
-
-template <int D> constexpr size_t tc_smem_bytes() {
-  return (size_t)(kBQ * (D + 8) + 2 * kBK * (D + 8) + kBQ * (kBK + 8)) * sizeof(__half) +
-         (size_t)(kBQ * (kBK + 4) + kBQ * (D + 4) + 3 * kBQ) * sizeof(float);
-}
-
-__device__ __forceinline__ uint4 to_half8(const __half *p) { return __ldg((const uint4 *)p); }
-template <typename KT> __device__ __forceinline__ uint4 to_half8(const KT *p) {
-  float f[8];
-  ra_cuda_load8(p, f);
-  uint4 u;
-  __half2 *h = (__half2 *)&u;
-#pragma unroll
-  for (int i = 0; i < 4; i++) h[i] = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
-  return u;
-}
-
-/* q, out: [n, hq, D] F32; kc, vc: [n_ctx, hkv, D]. Grid (ceil(n / kBQ), hq). Shared-memory row
- * strides are padded by 16 bytes so WMMA tile loads spread over banks; every WMMA pointer is
- * 32-byte aligned (tile offsets are multiples of 16 rows / 16 columns). */
-template <typename KT, int D>
-__global__ void __launch_bounds__(kPfThreads) attn_prefill_tc_kernel(const float *__restrict__ q,
-                                                                     const KT *__restrict__ kc,
-                                                                     const KT *__restrict__ vc, int64_t n, int hq,
-                                                                     int hkv, int64_t pos0, float scale_log2,
-                                                                     float *__restrict__ out) {
-  constexpr int LDH = D + 8, LDS = kBK + 4, LDP = kBK + 8, LDO = D + 4;
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  __half *Qs = (__half *)smem_raw;  /* [kBQ][LDH] */
-  __half *Ks = Qs + kBQ * LDH;      /* [kBK][LDH] */
-  __half *Vs = Ks + kBK * LDH;      /* [kBK][LDH] */
-  __half *Ps = Vs + kBK * LDH;      /* [kBQ][LDP] probabilities */
-  float *Ss = (float *)(Ps + kBQ * LDP); /* [kBQ][LDS] raw scores */
-  float *Os = Ss + kBQ * LDS;       /* [kBQ][LDO] unnormalized output */
-  float *row_m = Os + kBQ * LDO, *row_l = row_m + kBQ, *row_a = row_l + kBQ;
-
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int h = blockIdx.y, kvh = h / (hq / hkv);
-  const int64_t i0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * kBQ; /* longest (last) tiles start first */
-  const int64_t rows = n - i0 < kBQ ? n - i0 : kBQ;
-  const int64_t kv_len = pos0 + i0 + rows; /* keys [0, kv_len) are visible to some row */
-  const int64_t row_stride = (int64_t)hkv * D;
-
-  for (int e = tid; e < kBQ * D; e += kPfThreads) {
-    const int r = e / D, c = e % D;
-    Qs[r * LDH + c] = __float2half_rn(r < rows ? q[((i0 + r) * hq + h) * D + c] : 0.0f);
-  }
-  for (int e = tid; e < kBQ * LDO; e += kPfThreads) Os[e] = 0.0f;
-  if (tid < kBQ) {
-    row_m[tid] = -INFINITY;
-    row_l[tid] = 0.0f;
-  }
-  __syncthreads();
-
-  for (int64_t kb = 0; kb < kv_len; kb += kBK) {
-    for (int e = tid; e < kBK * (D / 8); e += kPfThreads) {
-      const int t = e / (D / 8), c = (e % (D / 8)) * 8;
-      const int64_t key = kb + t;
-      uint4 kp = make_uint4(0, 0, 0, 0), vp = kp;
-      if (key < kv_len) {
-        const int64_t off = key * row_stride + (int64_t)kvh * D + c;
-        kp = to_half8(kc + off);
-        vp = to_half8(vc + off);
-      }
-      *(uint4 *)(Ks + t * LDH + c) = kp;
-      *(uint4 *)(Vs + t * LDH + c) = vp;
-    }
-    __syncthreads();
-
-    /* S[16 rows of this warp][kBK] = Q K^T */
-#pragma unroll
-    for (int j = 0; j < kBK / 16; j++) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> sf;
-      wmma::fill_fragment(sf, 0.0f);
-#pragma unroll
-      for (int kk = 0; kk < D / 16; kk++) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> qf;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> kf;
-        wmma::load_matrix_sync(qf, Qs + warp * 16 * LDH + kk * 16, LDH);
-        wmma::load_matrix_sync(kf, Ks + j * 16 * LDH + kk * 16, LDH);
-        wmma::mma_sync(sf, qf, kf, sf);
-      }
-      wmma::store_matrix_sync(Ss + warp * 16 * LDS + j * 16, sf, LDS, wmma::mem_row_major);
-    }
-    __syncwarp();
-
-    /* online softmax (log2 domain): lanes 2i and 2i+1 share row i of the warp, half a row each */
-    {
-      const int r = warp * 16 + (lane >> 1), c0 = (lane & 1) * (kBK / 2);
-      const int64_t qpos = pos0 + i0 + r;
-      float sv[kBK / 2];
-      float mx = -INFINITY;
-#pragma unroll
-      for (int c = 0; c < kBK / 2; c++) {
-        const int64_t key = kb + c0 + c;
-        float s = Ss[r * LDS + c0 + c] * scale_log2;
-        if (key > qpos || key >= kv_len) s = -INFINITY;
-        sv[c] = s;
-        mx = fmaxf(mx, s);
-      }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      const float mo = row_m[r], mn = fmaxf(mo, mx);
-      float sum = 0.0f;
-#pragma unroll
-      for (int c = 0; c < kBK / 2; c++) {
-        const float p = sv[c] == -INFINITY ? 0.0f : exp2f(sv[c] - mn);
-        sum += p;
-        Ps[r * LDP + c0 + c] = __float2half_rn(p);
-      }
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      if ((lane & 1) == 0) {
-        const float al = mo == -INFINITY ? 0.0f : exp2f(mo - mn);
-        row_a[r] = al;
-        row_l[r] = row_l[r] * al + sum;
-        row_m[r] = mn;
-      }
-    }
-    __syncwarp();
-    for (int e = lane; e < 16 * D; e += 32) {
-      const int r = warp * 16 + e / D;
-      Os[r * LDO + e % D] *= row_a[r];
-    }
-    __syncwarp();
-
-    /* O[16 rows][D] += P V */
-#pragma unroll
-    for (int j = 0; j < D / 16; j++) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> of;
-      wmma::load_matrix_sync(of, Os + warp * 16 * LDO + j * 16, LDO, wmma::mem_row_major);
-#pragma unroll
-      for (int kk = 0; kk < kBK / 16; kk++) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> pf;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> vf;
-        wmma::load_matrix_sync(pf, Ps + warp * 16 * LDP + kk * 16, LDP);
-        wmma::load_matrix_sync(vf, Vs + kk * 16 * LDH + j * 16, LDH);
-        wmma::mma_sync(of, pf, vf, of);
-      }
-      wmma::store_matrix_sync(Os + warp * 16 * LDO + j * 16, of, LDO, wmma::mem_row_major);
-    }
-    __syncthreads();
-  }
-
-  for (int e = tid; e < kBQ * D; e += kPfThreads) {
-    const int r = e / D, c = e % D;
-    if (r < rows) out[((i0 + r) * hq + h) * D + c] = Os[r * LDO + c] / row_l[r];
-  }
-}
-
-template <typename KT, int D>
-cudaError_t launch_tc(cudaStream_t s, const float *q, const void *kc, const void *vc, int64_t n, int hq, int hkv,
-                      int64_t pos0, float scale, float *out) {
-  dim3 grid((unsigned)((n + kBQ - 1) / kBQ), (unsigned)hq);
-  attn_prefill_tc_kernel<KT, D><<<grid, kPfThreads, tc_smem_bytes<D>(), s>>>(
-      q, (const KT *)kc, (const KT *)vc, n, hq, hkv, pos0, scale * 1.4426950408889634f, out);
-  return cudaGetLastError();
-}
-
 template <typename KT> cudaError_t launch_split(cudaStream_t s, dim3 grid, const split_args &a) {
   attn_split_kernel<KT><<<grid, kDecThreads, split_smem_bytes(a.group, a.hd), s>>>(a);
   return cudaGetLastError();
@@ -431,13 +260,6 @@ cudaError_t launch_split_dtype(cudaStream_t s, int kv_dtype, dim3 grid, const sp
 }
 
 template <typename KT> cudaError_t init_for() {
-  cudaError_t e;
-  if ((e = cudaFuncSetAttribute(attn_prefill_tc_kernel<KT, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)tc_smem_bytes<64>())) != cudaSuccess)
-    return e;
-  if ((e = cudaFuncSetAttribute(attn_prefill_tc_kernel<KT, 128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)tc_smem_bytes<128>())) != cudaSuccess)
-    return e;
   /* the largest split layout any allowed geometry (hd % 8 == 0, hd <= 256, group * hd <=
    * RA_CUDA_ATTN_MAX_GROUP_DIM) needs; ra_cuda_attn_split_smem_ok() rejects the rest */
   return cudaFuncSetAttribute(attn_split_kernel<KT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -453,6 +275,7 @@ int ra_cuda_attn_geometry_ok(int group, int hd) {
 
 cudaError_t ra_cuda_attn_init(void) {
   cudaError_t e;
+  if ((e = ra_cuda_attn_prefill_init()) != cudaSuccess) return e;
   if ((e = init_for<float>()) != cudaSuccess) return e;
   if ((e = init_for<__half>()) != cudaSuccess) return e;
   return init_for<__nv_bfloat16>();
@@ -461,19 +284,8 @@ cudaError_t ra_cuda_attn_init(void) {
 cudaError_t ra_cuda_attn_prefill(cudaStream_t s, const float *q, const void *kc, const void *vc, int kv_dtype, int64_t n,
                                  int hq, int hkv, int hd, int64_t pos0, float scale, float *out) {
   if (n == 0) return cudaSuccess;
-  if (hd == 64 || hd == 128) {
-    switch (kv_dtype) {
-      case RA_DTYPE_F32:
-        return hd == 64 ? launch_tc<float, 64>(s, q, kc, vc, n, hq, hkv, pos0, scale, out)
-                        : launch_tc<float, 128>(s, q, kc, vc, n, hq, hkv, pos0, scale, out);
-      case RA_DTYPE_F16:
-        return hd == 64 ? launch_tc<__half, 64>(s, q, kc, vc, n, hq, hkv, pos0, scale, out)
-                        : launch_tc<__half, 128>(s, q, kc, vc, n, hq, hkv, pos0, scale, out);
-      default:
-        return hd == 64 ? launch_tc<__nv_bfloat16, 64>(s, q, kc, vc, n, hq, hkv, pos0, scale, out)
-                        : launch_tc<__nv_bfloat16, 128>(s, q, kc, vc, n, hq, hkv, pos0, scale, out);
-    }
-  }
+  if (ra_cuda_attn_prefill_mma_ok(hq / hkv, hd, pos0 + n))
+    return ra_cuda_attn_prefill_mma(s, q, kc, vc, kv_dtype, n, hq, hkv, hd, pos0, scale, out);
   split_args a = {};
   a.q = q;
   a.q_stride = (int64_t)hq * hd;

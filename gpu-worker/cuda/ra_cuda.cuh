@@ -221,9 +221,16 @@ cudaError_t ra_cuda_attn_merge(cudaStream_t s, float *o_acc, float *ml_acc, cons
 int ra_cuda_attn_geometry_ok(int group, int hd);
 /* Shared-memory limits need setting once per device before the first launch. */
 cudaError_t ra_cuda_attn_init(void);
-/* q: [n, hq, hd] F32, out: [n, hq, hd] F32; query i sees cache rows [0, pos0 + i]. */
+/* q: [n, hq, hd] F32, out: [n, hq, hd] F32; query i sees cache rows [0, pos0 + i]. The
+ * tensor-core kernel where it applies, else the split kernel on CUDA cores. */
 cudaError_t ra_cuda_attn_prefill(cudaStream_t s, const float *q, const void *kc, const void *vc, int kv_dtype, int64_t n,
                                  int hq, int hkv, int hd, int64_t pos0, float scale, float *out);
+/* The tensor-core prefill (cuda_attn_prefill.cu): head dims 64 and 128, group <= 128, keys
+ * (pos0 + n) < 2^31, any KV dtype; init sets its shared-memory limits (once per device). */
+int ra_cuda_attn_prefill_mma_ok(int group, int hd, int64_t n_keys);
+cudaError_t ra_cuda_attn_prefill_init(void);
+cudaError_t ra_cuda_attn_prefill_mma(cudaStream_t s, const float *q, const void *kc, const void *vc, int kv_dtype,
+                                     int64_t n, int hq, int hkv, int hd, int64_t pos0, float scale, float *out);
 /* Decode (flash-decoding): the token set is cut into n_splits chunks, each block of a chunk and
  * kv head writes an unnormalized partial, and a reduce merges them by log-sum-exp.
  * Splits for a decode over `total` tokens: n_splits (<= RA_CUDA_MAX_SPLITS) and tokens per

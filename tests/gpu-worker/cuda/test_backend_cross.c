@@ -830,6 +830,10 @@ static void test_rope_store(void) {
 
 static void test_attn_prefill(void) {
   ra_error err;
+  /* Tensor cores for head dims 64 and 128: GQA ratios 1, 3, 4, 8 (a block holds 128 / G query
+   * positions), lengths off the 64-key tile and the block's positions, chunk offsets (pos0 > 0:
+   * the worker's chunked prefill), F16/BF16 caches (operands of that type) and F32 (staged as
+   * F16). Other head dims: the CUDA-core kernel. */
   const struct {
     int64_t n, pos0, hq, hkv, hd;
     ra_dtype dt;
@@ -837,6 +841,10 @@ static void test_attn_prefill(void) {
       {1, 0, 4, 4, 64, RA_DTYPE_F32},       {37, 0, 12, 4, 64, RA_DTYPE_BF16},   {200, 100, 8, 2, 128, RA_DTYPE_F16},
       {64, 0, 6, 2, 80, RA_DTYPE_BF16},     {33, 7, 4, 2, 16, RA_DTYPE_F32},     {130, 16000, 3, 3, 64, RA_DTYPE_F16},
       {256, 3840, 8, 2, 128, RA_DTYPE_BF16}, {64, 32704, 4, 1, 128, RA_DTYPE_BF16},
+      {300, 0, 8, 1, 128, RA_DTYPE_BF16},   {300, 0, 8, 1, 64, RA_DTYPE_F16},    {129, 0, 4, 4, 128, RA_DTYPE_BF16},
+      {77, 1000, 12, 4, 128, RA_DTYPE_F16},  {1000, 0, 9, 3, 64, RA_DTYPE_BF16},  {43, 5, 9, 3, 64, RA_DTYPE_F16},
+      {65, 63, 16, 2, 64, RA_DTYPE_BF16},   {2, 4094, 32, 8, 128, RA_DTYPE_BF16}, {255, 2049, 32, 8, 128, RA_DTYPE_F16},
+      {513, 20000, 8, 2, 128, RA_DTYPE_BF16}, {190, 70, 6, 2, 128, RA_DTYPE_F32}, {100, 3000, 9, 3, 64, RA_DTYPE_F32},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     int64_t n = cases[i].n, pos0 = cases[i].pos0, hq = cases[i].hq, hkv = cases[i].hkv, hd = cases[i].hd;
