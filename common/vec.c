@@ -10,9 +10,14 @@
 #define RA_X86 1
 #endif
 
-static inline size_t row_bytes(ra_dtype t, int dim) { return ra_dtype_size(t) * (size_t)dim; }
+static inline size_t row_bytes(ra_dtype t, int dim) { return ra_dtype_row_bytes(t, (size_t)dim); }
 
-static float dot_portable(const float *q, const void *row, ra_dtype t, int dim) {
+/* Bytes of one stored value: an int8 row's values are bytes (its scale follows them). */
+static inline size_t value_bytes(ra_dtype t) { return t == RA_DTYPE_I8 ? 1 : ra_dtype_size(t); }
+
+/* q · the first dim values of row, before an int8 row's scale (the kernels apply it once a
+ * row). */
+static float dot_values(const float *q, const void *row, ra_dtype t, int dim) {
   float s = 0.0f;
   switch (t) {
     case RA_DTYPE_F32: {
@@ -30,11 +35,22 @@ static float dot_portable(const float *q, const void *row, ra_dtype t, int dim) 
       for (int i = 0; i < dim; i++) s += q[i] * ra_bf16_to_fp32(r[i]);
       break;
     }
+    case RA_DTYPE_I8: {
+      const int8_t *r = row;
+      for (int i = 0; i < dim; i++) s += q[i] * (float)r[i];
+      break;
+    }
   }
   return s;
 }
 
-static void axpy_portable(float *acc, float w, const void *row, ra_dtype t, int dim) {
+static float dot_portable(const float *q, const void *row, ra_dtype t, int dim) {
+  float s = dot_values(q, row, t, dim);
+  return t == RA_DTYPE_I8 ? s * ra_i8_row_scale(row, (size_t)dim) : s;
+}
+
+/* acc[0..dim) += w * the first dim values of row (w already carries an int8 row's scale). */
+static void axpy_values(float *acc, float w, const void *row, ra_dtype t, int dim) {
   switch (t) {
     case RA_DTYPE_F32: {
       const float *r = row;
@@ -51,15 +67,33 @@ static void axpy_portable(float *acc, float w, const void *row, ra_dtype t, int 
       for (int i = 0; i < dim; i++) acc[i] += w * ra_bf16_to_fp32(r[i]);
       break;
     }
+    case RA_DTYPE_I8: {
+      const int8_t *r = row;
+      for (int i = 0; i < dim; i++) acc[i] += w * (float)r[i];
+      break;
+    }
   }
+}
+
+/* The weight of a row in an accumulation: an int8 row's scale folded in once. */
+static inline float row_weight(float w, const void *row, ra_dtype t, int dim) {
+  return t == RA_DTYPE_I8 ? w * ra_i8_row_scale(row, (size_t)dim) : w;
+}
+
+static void axpy_portable(float *acc, float w, const void *row, ra_dtype t, int dim) {
+  axpy_values(acc, row_weight(w, row, t, dim), row, t, dim);
 }
 
 #ifdef RA_X86
 #define RA_AVX2 __attribute__((target("avx2,fma,f16c")))
 
-/* Eight elements of row starting at i, widened to fp32. */
+/* Eight elements of row starting at i, widened to fp32 (int8: to int32, then exactly to fp32;
+ * the row's scale is the caller's, once a row). */
 RA_AVX2 static inline __m256 load8(const void *row, ra_dtype t, int i) {
   switch (t) {
+    case RA_DTYPE_I8:
+      return _mm256_cvtepi32_ps(
+          _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)row + i))));
     case RA_DTYPE_F16:
       return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const ra_fp16 *)row + i)));
     case RA_DTYPE_BF16: {
@@ -105,10 +139,10 @@ RA_AVX2 static float dot_avx2(const float *q, const void *row, ra_dtype t, int d
   for (; i + 8 <= dim; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(row, t, i), a0);
   float s = hsum(_mm256_add_ps(a0, a1));
   if (i < dim) {
-    size_t off = (size_t)i * ra_dtype_size(t);
-    s += dot_portable(q + i, (const char *)row + off, t, dim - i);
+    size_t off = (size_t)i * value_bytes(t);
+    s += dot_values(q + i, (const char *)row + off, t, dim - i);
   }
-  return s;
+  return t == RA_DTYPE_I8 ? s * ra_i8_row_scale(row, (size_t)dim) : s;
 }
 
 /* Four dots sharing one side, as dot_avx2 computes each (same accumulators, same order: equal
@@ -132,6 +166,12 @@ RA_AVX2 static inline void dot4_avx2(const float *q0, const float *q1, const flo
   }
   hsum4(_mm256_add_ps(a0, a1), _mm256_add_ps(b0, b1), _mm256_add_ps(c0, c1),
         _mm256_add_ps(d0, d1), out);
+  if (t == RA_DTYPE_I8) {
+    out[0] *= ra_i8_row_scale(r0, (size_t)dim);
+    out[1] *= ra_i8_row_scale(r1, (size_t)dim);
+    out[2] *= ra_i8_row_scale(r2, (size_t)dim);
+    out[3] *= ra_i8_row_scale(r3, (size_t)dim);
+  }
 }
 
 /* The dtype as a constant in each branch, so that load8's switch leaves the loop. */
@@ -144,6 +184,9 @@ RA_AVX2 static void dot4_any(const float *q0, const float *q1, const float *q2, 
       break;
     case RA_DTYPE_BF16:
       dot4_avx2(q0, q1, q2, q3, r0, r1, r2, r3, RA_DTYPE_BF16, dim, out);
+      break;
+    case RA_DTYPE_I8:
+      dot4_avx2(q0, q1, q2, q3, r0, r1, r2, r3, RA_DTYPE_I8, dim, out);
       break;
     default:
       dot4_avx2(q0, q1, q2, q3, r0, r1, r2, r3, RA_DTYPE_F32, dim, out);
@@ -163,17 +206,21 @@ RA_AVX2 static void dot4_row(const float *q0, const float *q1, const float *q2, 
     case RA_DTYPE_BF16:
       dot4_avx2(q0, q1, q2, q3, row, row, row, row, RA_DTYPE_BF16, dim, out);
       break;
+    case RA_DTYPE_I8:
+      dot4_avx2(q0, q1, q2, q3, row, row, row, row, RA_DTYPE_I8, dim, out);
+      break;
     default:
       dot4_avx2(q0, q1, q2, q3, row, row, row, row, RA_DTYPE_F32, dim, out);
   }
 }
 
 RA_AVX2 static void axpy_avx2(float *acc, float w, const void *row, ra_dtype t, int dim) {
+  w = row_weight(w, row, t, dim);
   __m256 vw = _mm256_set1_ps(w);
   int i = 0;
   for (; i + 8 <= dim; i += 8)
     _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(vw, load8(row, t, i), _mm256_loadu_ps(acc + i)));
-  if (i < dim) axpy_portable(acc + i, w, (const char *)row + (size_t)i * ra_dtype_size(t), t, dim - i);
+  if (i < dim) axpy_values(acc + i, w, (const char *)row + (size_t)i * value_bytes(t), t, dim - i);
 }
 
 /* Columns [c0, c0 + 64) of x A: eight accumulators (an FMA's latency times its throughput), each

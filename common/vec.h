@@ -1,6 +1,8 @@
 /* The inner loops of attention and of every index: an fp32 query against stored key rows in
- * f32, f16 or bf16, and value accumulation. AVX2 + FMA (+ F16C) are picked once at run time, so
- * one binary runs anywhere; other CPUs take the portable path. Rows are row-major [n, dim]. */
+ * f32, f16, bf16 or int8, and value accumulation. AVX2 + FMA (+ F16C) are picked once at run time,
+ * so one binary runs anywhere; other CPUs take the portable path. Rows are row-major [n, dim],
+ * ra_dtype_row_bytes(t, dim) apart; an int8 row's values are widened int8 -> int32 -> fp32 and its
+ * scale applied once per row (to the dot, or to the accumulation's weight). */
 #ifndef RA_VEC_H
 #define RA_VEC_H
 
@@ -9,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* q · row, where row is `dim` elements of dtype t. */
+/* q · row, where row is one row of `dim` values in dtype t. */
 float ra_vec_dot(const float *q, const void *row, ra_dtype t, int dim);
 
 /* scores[i] = q · rows[ids ? ids[i] : i] for i < n. Gathers prefetch rows a few ahead, since a

@@ -638,8 +638,8 @@ int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offlo
       ra_partition_offloaded(o->cfg.n_sink, o->cfg.n_window, (uint64_t)n, &b, &e);
       if (!o->remote) e = b; /* streaming sends nothing */
       ra_offload_progress pr = {.layer = l + 1, .n_layers = o->m->cfg.n_layers, .n_tokens = n,
-                                .bytes_offloaded = (uint64_t)(l + 1) * (e - b) * 2 * o->kv_row *
-                                                   ra_dtype_size(o->cfg.store_dtype),
+                                .bytes_offloaded = (uint64_t)(l + 1) * (e - b) * 2 * o->m->cfg.n_kv_heads *
+                                                   ra_dtype_row_bytes(o->cfg.store_dtype, (size_t)o->m->cfg.head_dim),
                                 .index_s = s.index_us / 1e6};
       o->cfg.progress(o->cfg.progress_ctx, &pr);
     }

@@ -135,7 +135,7 @@ void ra_remote_close(ra_remote *r) {
 int ra_remote_open(const ra_offload_plan *plan, uint32_t head_dim, const ra_remote_config *cfg,
                    ra_remote **out, ra_error *err) {
   *out = NULL;
-  if (head_dim == 0 || ra_dtype_size(cfg->dtype) == 0)
+  if (head_dim == 0 || ra_dtype_row_bytes(cfg->dtype, head_dim) == 0)
     return ra_errorf(err, RA_EINVAL, "remote: bad head_dim %u or dtype", head_dim);
   ra_remote *r = calloc(1, sizeof *r);
   if (!r) return ra_errorf(err, RA_ENOMEM, "remote: out of memory");
@@ -167,16 +167,29 @@ int ra_remote_open(const ra_offload_plan *plan, uint32_t head_dim, const ra_remo
   return RA_OK;
 }
 
+/* Converts one K or V row (head_dim floats) of (layer, kv head g) at position pos into dst in
+ * the session dtype: int8 quantizes it here, before the wire, and refuses a non-finite row. */
+static int pack_row(const ra_remote *r, const float *x, uint32_t layer, uint32_t g, uint64_t pos, const char *what,
+                    uint8_t *dst, ra_error *err) {
+  if (ra_dtype_rows_from_fp32(r->cfg.dtype, x, dst, 1, r->head_dim, NULL) == RA_OK) return RA_OK;
+  return ra_errorf(err, RA_EINVAL,
+                   "remote: the %s of layer %u kv head %u position %llu is not finite (inf or NaN): it has "
+                   "no %s form",
+                   what, layer, g, (unsigned long long)pos, ra_dtype_name(r->cfg.dtype));
+}
+
 /* Gathers rows [b, e) of kv head g from x (first row = position pos0) into dst as
  * [e - b, head_dim] in the session dtype. x: [n, n_kv_heads, head_dim], or head-major
  * [n_kv_heads, n, head_dim] (n rows per head). */
-static void pack_head(const ra_remote *r, const float *x, int head_major, uint64_t n, uint64_t pos0, uint32_t g,
-                      uint64_t b, uint64_t e, uint8_t *dst) {
-  size_t hd = r->head_dim, es = ra_dtype_size(r->cfg.dtype), nkv = r->plan->n_kv_heads;
-  for (uint64_t t = b; t < e; t++) {
+static int pack_head(const ra_remote *r, const float *x, int head_major, uint64_t n, uint64_t pos0, uint32_t layer,
+                     uint32_t g, uint64_t b, uint64_t e, const char *what, uint8_t *dst, ra_error *err) {
+  size_t hd = r->head_dim, rb = ra_dtype_row_bytes(r->cfg.dtype, hd), nkv = r->plan->n_kv_heads;
+  int rc = RA_OK;
+  for (uint64_t t = b; t < e && rc == RA_OK; t++) {
     size_t at = head_major ? (size_t)g * n + (t - pos0) : (t - pos0) * nkv + g;
-    ra_dtype_from_fp32_n(r->cfg.dtype, x + at * hd, dst + (t - b) * hd * es, hd);
+    rc = pack_row(r, x + at * hd, layer, g, t, what, dst + (t - b) * rb, err);
   }
+  return rc;
 }
 
 /* One store's part of a put: its shards of the layer, packed into its own slice of the staging
@@ -197,7 +210,7 @@ static void put_store(void *arg) {
   put_part *p = arg;
   ra_remote *r = p->r;
   remote_store *s = p->s;
-  size_t row_bytes = ra_dtype_size(r->cfg.dtype) * r->head_dim;
+  size_t row_bytes = ra_dtype_row_bytes(r->cfg.dtype, r->head_dim);
   uint8_t *dst = p->dst;
   s->n_rows = 0;
   for (size_t j = 0; j < s->plan->n_shards; j++) {
@@ -207,8 +220,11 @@ static void put_store(void *arg) {
     uint64_t e = sh->token_end < p->end ? sh->token_end : p->end;
     if (b >= e) continue;
     uint8_t *kd = dst, *vd = dst + (e - b) * row_bytes;
-    pack_head(r, p->k, p->head_major, p->end - p->pos0, p->pos0, sh->kv_head, b, e, kd);
-    pack_head(r, p->v, p->head_major, p->end - p->pos0, p->pos0, sh->kv_head, b, e, vd);
+    if ((p->rc = pack_head(r, p->k, p->head_major, p->end - p->pos0, p->pos0, p->layer, sh->kv_head, b, e, "key",
+                           kd, &p->err)) ||
+        (p->rc = pack_head(r, p->v, p->head_major, p->end - p->pos0, p->pos0, p->layer, sh->kv_head, b, e, "value",
+                           vd, &p->err)))
+      return;
     dst = vd + (e - b) * row_bytes;
     s->rows[s->n_rows++] = (ra_kvclient_rows){p->layer, sh->kv_head, b, e - b, kd, vd};
   }
@@ -217,7 +233,7 @@ static void put_store(void *arg) {
 
 /* Bytes of store s's shards of `layer` within [pos0, end), K and V. */
 static size_t put_bytes(const ra_remote *r, const remote_store *s, uint32_t layer, uint64_t pos0, uint64_t end) {
-  size_t row_bytes = ra_dtype_size(r->cfg.dtype) * r->head_dim, total = 0;
+  size_t row_bytes = ra_dtype_row_bytes(r->cfg.dtype, r->head_dim), total = 0;
   for (size_t j = 0; j < s->plan->n_shards; j++) {
     const ra_plan_shard *sh = &s->plan->shards[j];
     uint64_t b = sh->token_begin > pos0 ? sh->token_begin : pos0;
@@ -232,7 +248,7 @@ static int remote_put(ra_remote *r, uint32_t layer, const float *k, const float 
   int rc = remote_check(r, err);
   if (rc) return rc;
   if (layer >= r->plan->n_layers) return ra_errorf(err, RA_EINVAL, "remote: layer %u out of range", layer);
-  size_t row_bytes = ra_dtype_size(r->cfg.dtype) * r->head_dim;
+  size_t row_bytes = ra_dtype_row_bytes(r->cfg.dtype, r->head_dim);
   if ((rc = reserve_pack(r, 2 * n * r->plan->n_kv_heads * row_bytes, err)) != RA_OK) return rc;
   /* Every store packs and sends its own shards on a thread of its own: the stores ingest in
    * parallel (one after the other, a 128K-token layer of Llama-3-8B geometry took as long as
@@ -357,7 +373,7 @@ int ra_remote_append(ra_remote *r, uint64_t pos, const float *k, const float *v,
   int rc = remote_check(r, err);
   if (rc) return rc;
   const ra_offload_plan *p = r->plan;
-  size_t hd = r->head_dim, row_bytes = ra_dtype_size(r->cfg.dtype) * hd;
+  size_t hd = r->head_dim, row_bytes = ra_dtype_row_bytes(r->cfg.dtype, hd);
   size_t n_heads = (size_t)p->n_layers * p->n_kv_heads;
   if ((rc = reserve_pack(r, 2 * n_heads * row_bytes, err)) != RA_OK) return rc;
   for (size_t i = 0; i < r->n_stores; i++) r->stores[i].n_rows = 0;
@@ -368,8 +384,9 @@ int ra_remote_append(ra_remote *r, uint64_t pos, const float *k, const float *v,
                                       (unsigned long long)pos, l, g);
       size_t at = (size_t)l * p->n_kv_heads + g;
       uint8_t *kd = r->pack + 2 * at * row_bytes, *vd = kd + row_bytes;
-      ra_dtype_from_fp32_n(r->cfg.dtype, k + at * hd, kd, hd);
-      ra_dtype_from_fp32_n(r->cfg.dtype, v + at * hd, vd, hd);
+      if ((rc = pack_row(r, k + at * hd, l, g, pos, "key", kd, err)) ||
+          (rc = pack_row(r, v + at * hd, l, g, pos, "value", vd, err)))
+        break;
       remote_store *s = &r->stores[owner];
       s->rows[s->n_rows++] = (ra_kvclient_rows){l, g, pos, 1, kd, vd};
     }

@@ -226,8 +226,11 @@ static int64_t block_end(const ra_wave *w, int64_t p0) { return piece_end(w, p0,
  * admitted only up to a buffer's rows. */
 static int buffer_begin(ra_wave *w, ra_error *err) {
   const ra_wave_config *c = &w->cfg;
-  int rc = ra_wave_buffer_new(w->be, w->n_layers, w->n_heads, w->n_kv, w->hd, ra_remote_dtype(w->remote), w->cap,
-                              c->buffer, c->cluster, &w->buf, err);
+  /* the stores' dtype, so that the device attends the rows they would; int8 rows (a store dtype
+   * only) are held dequantized in fp32, equal to the values the stores attend over */
+  const ra_dtype dt = ra_remote_dtype(w->remote) == RA_DTYPE_I8 ? RA_DTYPE_F32 : ra_remote_dtype(w->remote);
+  int rc = ra_wave_buffer_new(w->be, w->n_layers, w->n_heads, w->n_kv, w->hd, dt, w->cap, c->buffer, c->cluster,
+                              &w->buf, err);
   if (rc) return rc;
   int64_t a = ra_wave_budget_clusters(c->retrieve, w->cap, c->cluster), rmax = ra_wave_buffer_rows(w->buf);
   w->adm_max = a < rmax ? a : rmax;
@@ -391,7 +394,7 @@ int ra_wave_prefill_layer(ra_wave *w, int l, const ra_tensor *kc, const ra_tenso
 static int admit_finish(ra_wave *w, int l, ra_error *err) {
   const size_t ns = w->plan->n_stores, hd = (size_t)w->hd;
   const ra_dtype dt = ra_remote_dtype(w->remote);
-  const size_t rb = ra_dtype_size(dt) * hd;
+  const size_t rb = ra_dtype_row_bytes(dt, hd);
   uint64_t t0 = uv_hrtime();
   int rc = RA_OK;
   for (size_t s = 0; s < ns; s++) {
@@ -421,8 +424,8 @@ static int admit_finish(ra_wave *w, int l, ra_error *err) {
           }
           w->adm_cap = n;
         }
-        ra_dtype_to_fp32_n(dt, (const uint8_t *)got.keys + off * rb, w->adm_k, (size_t)n * hd);
-        ra_dtype_to_fp32_n(dt, (const uint8_t *)got.values + off * rb, w->adm_v, (size_t)n * hd);
+        ra_dtype_rows_to_fp32(dt, (const uint8_t *)got.keys + off * rb, w->adm_k, (size_t)n, hd);
+        ra_dtype_rows_to_fp32(dt, (const uint8_t *)got.values + off * rb, w->adm_v, (size_t)n, hd);
         rc = ra_wave_buffer_install(w->buf, l, g, c, w->adm_k, w->adm_v, n, err);
         off += (uint64_t)n;
         w->bstats.fetched++;

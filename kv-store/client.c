@@ -254,7 +254,7 @@ int ra_kvclient_build_index(ra_kvclient *c, const ra_kvclient_session *s, uint32
 }
 
 static size_t row_bytes(const ra_kvclient_geometry *g) {
-  return ra_dtype_size(g->dtype) * g->head_dim;
+  return ra_dtype_row_bytes(g->dtype, g->head_dim);
 }
 
 static void chunk_fill(Rakv__KvChunk *m, const ra_kvclient_session *s, const ra_kvclient_rows *r,

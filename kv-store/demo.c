@@ -34,7 +34,7 @@ static int usage(const char *msg) {
   fprintf(stderr,
           "usage: kvstore-demo --stores HOST:PORT[,HOST:PORT...] [--layers N] [--q-heads N]\n"
           "                    [--kv-heads N] [--head-dim N] [--tokens N] [--sink N] [--window N]\n"
-          "                    [--dtype f32|f16|bf16] [--top-k N] [--seed N]\n");
+          "                    [--dtype f32|f16|bf16|int8] [--top-k N] [--seed N]\n");
   return 2;
 }
 
@@ -78,7 +78,7 @@ static int parse_args(int argc, char **argv, demo_opts *o) {
     } else if (!strcmp(a, "--stores") && v) {
       o->stores = argv[++i];
     } else if (!strcmp(a, "--dtype") && v) {
-      if (ra_dtype_parse(argv[++i], &o->dtype)) return usage("--dtype wants f32, f16 or bf16"), -1;
+      if (ra_dtype_parse(argv[++i], &o->dtype)) return usage("--dtype wants f32, f16, bf16 or int8"), -1;
     } else if (!strcmp(a, "--seed") && v) {
       o->seed = strtoull(argv[++i], NULL, 10);
     } else {
@@ -118,19 +118,21 @@ typedef struct head_kv {
 } head_kv;
 
 static int head_kv_make(head_kv *h, const demo_opts *o, uint64_t seed) {
-  size_t n = (size_t)o->n_tokens * o->head_dim, es = ra_dtype_size(o->dtype);
+  size_t n = (size_t)o->n_tokens * o->head_dim;
+  size_t bytes = (size_t)o->n_tokens * ra_dtype_row_bytes(o->dtype, o->head_dim);
   h->k = malloc(n * sizeof(float));
   h->v = malloc(n * sizeof(float));
-  h->pk = malloc(n * es);
-  h->pv = malloc(n * es);
+  h->pk = malloc(bytes);
+  h->pv = malloc(bytes);
   if (!h->k || !h->v || !h->pk || !h->pv) return RA_ENOMEM;
   uint64_t s = seed;
   fill_normal(h->k, n, &s);
   fill_normal(h->v, n, &s);
-  ra_dtype_from_fp32_n(o->dtype, h->k, h->pk, n);
-  ra_dtype_from_fp32_n(o->dtype, h->v, h->pv, n);
-  ra_dtype_to_fp32_n(o->dtype, h->pk, h->k, n);
-  ra_dtype_to_fp32_n(o->dtype, h->pv, h->v, n);
+  if (ra_dtype_rows_from_fp32(o->dtype, h->k, h->pk, o->n_tokens, o->head_dim, NULL) ||
+      ra_dtype_rows_from_fp32(o->dtype, h->v, h->pv, o->n_tokens, o->head_dim, NULL))
+    return RA_EINTERNAL; /* finite normal samples always quantize */
+  ra_dtype_rows_to_fp32(o->dtype, h->pk, h->k, o->n_tokens, o->head_dim);
+  ra_dtype_rows_to_fp32(o->dtype, h->pv, h->v, o->n_tokens, o->head_dim);
   return RA_OK;
 }
 
@@ -171,7 +173,7 @@ static int demo_connect_and_fill(demo *d, ra_error *err) {
       return ra_errorf(err, RA_ENOMEM, "out of memory");
     }
     size_t n_rows = 0;
-    size_t row_bytes = ra_dtype_size(o->dtype) * o->head_dim;
+    size_t row_bytes = ra_dtype_row_bytes(o->dtype, o->head_dim);
     for (size_t i = 0; i < ps->n_shards; i++) {
       const ra_plan_shard *sh = &ps->shards[i];
       shards[i] = (ra_kvclient_shard){sh->layer, sh->kv_head, sh->token_begin, sh->token_end};

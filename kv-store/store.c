@@ -199,8 +199,8 @@ int kvs_geometry_check(const kvs_geometry *g, ra_error *err) {
   if (g->head_dim == 0 || g->head_dim > KVS_MAX_HEAD_DIM)
     return ra_errorf(err, RA_EINVAL, "head_dim %u out of range [1, %u]", g->head_dim,
                      KVS_MAX_HEAD_DIM);
-  if (ra_dtype_size(g->dtype) == 0)
-    return ra_errorf(err, RA_EINVAL, "dtype %d is not f32, f16 or bf16", (int)g->dtype);
+  if (ra_dtype_row_bytes(g->dtype, 1) == 0)
+    return ra_errorf(err, RA_EINVAL, "dtype %d is not f32, f16, bf16 or int8", (int)g->dtype);
   return RA_OK;
 }
 
@@ -563,6 +563,17 @@ static int rows_check(kvs_session *s, const kvs_rows *r, size_t i, kvs_shard **o
   if (head_rows(s, r->layer, r->kv_head) + r->n > KVS_MAX_ROWS_PER_HEAD)
     return ra_errorf(err, RA_EINVAL, "chunk %zu: layer %u kv head %u would hold more than %llu tokens",
                      i, r->layer, r->kv_head, (unsigned long long)KVS_MAX_ROWS_PER_HEAD);
+  /* int8 rows carry their scale: a NaN or negative one would be a silently wrong attend */
+  for (int kv = 0; kv < 2; kv++) {
+    const char *rows = kv ? r->values : r->keys;
+    size_t bad;
+    if (ra_dtype_rows_check(g->dtype, rows, r->n, g->head_dim, &bad))
+      return ra_errorf(err, RA_EINVAL,
+                       "chunk %zu: the %s of token %llu (layer %u kv head %u) has int8 scale %g, "
+                       "want finite and >= 0",
+                       i, kv ? "value" : "key", (unsigned long long)(b + bad), r->layer, r->kv_head,
+                       (double)ra_i8_row_scale(rows + bad * kvs_row_bytes(g), g->head_dim));
+  }
   *out = sh;
   return RA_OK;
 }

@@ -316,7 +316,7 @@ static inline const kvs_shard *kvs_session_head(const kvs_session *s, uint32_t l
 }
 
 static inline size_t kvs_row_bytes(const kvs_geometry *g) {
-  return ra_dtype_size(g->dtype) * g->head_dim;
+  return ra_dtype_row_bytes(g->dtype, g->head_dim);
 }
 
 #endif

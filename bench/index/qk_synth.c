@@ -105,7 +105,7 @@ static int parse_args(int argc, char **argv, opts *o) {
     else if (!strcmp(a, "--head-dim")) o->dim = atoi(v);
     else if (!strcmp(a, "--seed")) o->seed = strtoull(v, NULL, 10);
     else if (!strcmp(a, "--dtype")) {
-      if (ra_dtype_parse(v, &o->dtype) || o->dtype == RA_DTYPE_BF16) return -1;
+      if (ra_dtype_parse(v, &o->dtype) || (o->dtype != RA_DTYPE_F32 && o->dtype != RA_DTYPE_F16)) return -1;
     } else {
       return -1;
     }

@@ -41,7 +41,7 @@ int main(int argc, char **argv) {
     else if (strcmp(argv[i], "--threads") == 0) threads = atoi(v);
     else if (strcmp(argv[i], "--batch") == 0) batch = atol(v);
     else if (strcmp(argv[i], "--kv-dtype") == 0) {
-      if (ra_dtype_parse(v, &kv)) {
+      if (ra_dtype_parse(v, &kv) || kv == RA_DTYPE_I8) { /* int8 is a store dtype only */
         usage();
         return 2;
       }

@@ -9,7 +9,7 @@ int ra_flat_search(const ra_index *ix, const ra_keys *keys, const float *q, uint
                    uint64_t *n_scanned) {
   /* The heap borrows the scratch's beam arrays (sized >= k by the caller). */
   ra_topk t = {.score = s->pool_score, .id = s->pool_id, .k = k, .n = 0};
-  size_t row_bytes = ra_dtype_size(keys->dtype) * (size_t)keys->dim;
+  size_t row_bytes = ra_dtype_row_bytes(keys->dtype, (size_t)keys->dim);
   for (uint32_t b = 0; b < ix->n; b += RA_INDEX_SCAN_BLOCK) {
     uint32_t nb = ix->n - b < RA_INDEX_SCAN_BLOCK ? ix->n - b : RA_INDEX_SCAN_BLOCK;
     ra_vec_dot_rows(q, (const char *)keys->rows + (size_t)b * row_bytes, keys->dtype, keys->dim,

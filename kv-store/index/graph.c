@@ -163,16 +163,16 @@ int ra_graph_cache_metric(ra_graph *g, const ra_keys *keys) {
    * page walks: 15 % of the pruning's own time, 2-core EPYC). Advice, so its result is not
    * needed. */
   (void)ra_mem_advise_huge(g->mk, (n ? n : 1) * d * sizeof *g->mk);
-  size_t rb = ra_dtype_size(keys->dtype) * d;
+  size_t rb = ra_dtype_row_bytes(keys->dtype, d);
   for (size_t r0 = 0; r0 < n; r0 += block) {
     size_t nb = n - r0 < block ? n - r0 : block;
     const char *src = (const char *)keys->rows + r0 * rb;
     if (!g->qm) {
-      ra_dtype_to_fp32_n(keys->dtype, src, g->mk + r0 * d, nb * d);
+      ra_dtype_rows_to_fp32(keys->dtype, src, g->mk + r0 * d, nb, d);
       continue;
     }
     /* mk[r0:r0+nb] = x C^T (C is symmetric: rows of mk are C·key). */
-    ra_dtype_to_fp32_n(keys->dtype, src, x, nb * d);
+    ra_dtype_rows_to_fp32(keys->dtype, src, x, nb, d);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, (int)d, (int)d, 1.0f, x,
                 (int)d, g->qm, (int)d, 0.0f, g->mk + r0 * d, (int)d);
   }
@@ -233,7 +233,7 @@ void ra_graph_set_norms(ra_graph *g, const ra_keys *keys, uint32_t from, uint32_
   ra_graph_work w;
   memset(&w, 0, sizeof w);
   ra_graph_work_bind(&w, g);
-  size_t rb = ra_dtype_size(keys->dtype) * (size_t)keys->dim;
+  size_t rb = ra_dtype_row_bytes(keys->dtype, (size_t)keys->dim);
   float tmp[4096], v[4096]; /* dim <= 4096 (index.c's bound) */
   w.tmp = tmp;
   for (uint32_t u = from; u < to; u++) {
@@ -325,9 +325,9 @@ static uint32_t mark_begin(ra_graph_work *w) {
 }
 
 void ra_graph_key_to_f32(const ra_keys *keys, uint32_t id, float *out) {
-  size_t bytes = ra_dtype_size(keys->dtype) * (size_t)keys->dim;
-  ra_dtype_to_fp32_n(keys->dtype, (const char *)keys->rows + (size_t)id * bytes, out,
-                     (size_t)keys->dim);
+  size_t bytes = ra_dtype_row_bytes(keys->dtype, (size_t)keys->dim);
+  ra_dtype_rows_to_fp32(keys->dtype, (const char *)keys->rows + (size_t)id * bytes, out, 1,
+                        (size_t)keys->dim);
 }
 
 /* ---- beam search ---- */
@@ -407,7 +407,7 @@ static void search_biased(const ra_graph *g, const ra_keys *keys, const float *q
   vis[g->entry] = ep;
   pid[0] = g->entry;
   psc[0] = ra_vec_dot(q, (const char *)keys->rows +
-                             (size_t)g->entry * keys->dim * ra_dtype_size(keys->dtype),
+                             (size_t)g->entry * ra_dtype_row_bytes(keys->dtype, (size_t)keys->dim),
                       keys->dtype, keys->dim) -
            (bias ? bias[g->entry] : 0.0f);
   pn = 1;
@@ -767,7 +767,7 @@ uint32_t ra_graph_prune(const ra_keys *keys, const ra_cand *cand, uint32_t n_can
   uint32_t ns = 0;
   if (budget > w->M) budget = w->M;
   const int d = keys->dim;
-  const size_t rb = ra_dtype_size(keys->dtype) * (size_t)d;
+  const size_t rb = ra_dtype_row_bytes(keys->dtype, (size_t)d);
   /* s(r, p) = (C r)·p - hn[r] - hn[p]: C r of each accepted r (at most M of them) is mapped once
    * into w->selm, and a candidate costs one dot per accepted key, not a dim x dim product (the
    * map comes from the build's metric cache, or at insertion mostly from the work's map cache). */
@@ -1247,7 +1247,7 @@ void ra_graph_insert(ra_graph *g, const ra_keys *keys, uint32_t id, uint32_t L,
   ra_graph_key_to_metric(keys, id, w, w->qvec);
   g->hn[id] = 0.5f * ra_vec_dot(w->qvec,
                                 (const char *)keys->rows +
-                                    (size_t)id * keys->dim * ra_dtype_size(keys->dtype),
+                                    (size_t)id * ra_dtype_row_bytes(keys->dtype, (size_t)keys->dim),
                                 keys->dtype, keys->dim);
   if (id == 0) {
     g->entry = 0;

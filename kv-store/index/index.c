@@ -49,7 +49,7 @@ static int check_keys(const ra_keys *keys, ra_error *err) {
   if (!keys) return ra_errorf(err, RA_EINVAL, "index: keys is NULL");
   if (keys->dim <= 0 || keys->dim > MAX_DIM)
     return ra_errorf(err, RA_EINVAL, "index: dim %d out of range [1, %d]", keys->dim, MAX_DIM);
-  if (ra_dtype_size(keys->dtype) == 0)
+  if (ra_dtype_row_bytes(keys->dtype, 1) == 0)
     return ra_errorf(err, RA_EINVAL, "index: unknown dtype %d", (int)keys->dtype);
   if (keys->n > MAX_KEYS) return ra_errorf(err, RA_EINVAL, "index: %u keys is too many", keys->n);
   if (keys->n && !keys->rows) return ra_errorf(err, RA_EINVAL, "index: keys->rows is NULL");

@@ -89,8 +89,8 @@ static void assign_block(const void *x, ra_dtype dtype, uint32_t i0, uint32_t nb
   if (dtype == RA_DTYPE_F32) {
     xb = (const float *)x + (size_t)i0 * dim;
   } else {
-    ra_dtype_to_fp32_n(dtype, (const char *)x + (size_t)i0 * dim * ra_dtype_size(dtype), w->xb,
-                       (size_t)nb * dim);
+    ra_dtype_rows_to_fp32(dtype, (const char *)x + (size_t)i0 * ra_dtype_row_bytes(dtype, (size_t)dim),
+                          w->xb, nb, (size_t)dim);
     xb = w->xb;
   }
   for (uint32_t r = 0; r < nb; r++) w->best[r] = -INFINITY;
@@ -137,7 +137,7 @@ static int threads_or_default(int n_threads) {
 
 int ra_kmeans_assign(const void *x, ra_dtype dtype, uint32_t n, int dim, const float *centroids,
                      uint32_t k, int n_threads, uint32_t *assign, ra_error *err) {
-  if (k == 0 || dim <= 0 || ra_dtype_size(dtype) == 0)
+  if (k == 0 || dim <= 0 || ra_dtype_row_bytes(dtype, 1) == 0)
     return ra_errorf(err, RA_EINVAL, "kmeans assign: %u centroids, dim %d, dtype %d", k, dim,
                      (int)dtype);
   if (n == 0) return RA_OK;
@@ -178,8 +178,8 @@ static void update_centroids(const float *tx, uint32_t m, int dim, const uint32_
 
 int ra_kmeans(const void *x, ra_dtype dtype, uint32_t n, int dim, uint32_t k,
               const ra_kmeans_params *p, float *centroids, uint32_t *assign, ra_error *err) {
-  const size_t esz = ra_dtype_size(dtype);
-  if (!p || k == 0 || k > n || dim <= 0 || esz == 0)
+  const size_t rb = dim > 0 ? ra_dtype_row_bytes(dtype, (size_t)dim) : 0;
+  if (!p || k == 0 || k > n || dim <= 0 || rb == 0)
     return ra_errorf(err, RA_EINVAL, "kmeans: %u clusters for %u points (dim %d, dtype %d)", k, n,
                      dim, (int)dtype);
   const int nt = threads_or_default(p->n_threads);
@@ -200,8 +200,8 @@ int ra_kmeans(const void *x, ra_dtype dtype, uint32_t n, int dim, uint32_t k,
   ra_kmeans_sample(n, m, p->seed, perm);
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (uint32_t i = 0; i < m; i++)
-    ra_dtype_to_fp32_n(dtype, (const char *)x + (size_t)perm[i] * dim * esz, tx + (size_t)i * dim,
-                       (size_t)dim);
+    ra_dtype_rows_to_fp32(dtype, (const char *)x + (size_t)perm[i] * rb, tx + (size_t)i * dim, 1,
+                          (size_t)dim);
   memcpy(centroids, tx, (size_t)k * dim * sizeof *centroids);
 
   for (uint32_t it = 0; it < p->iters; it++) {

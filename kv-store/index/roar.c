@@ -188,7 +188,7 @@ static ra_roar_keep *keep_queries(const ra_keys *keys, const ra_queries *qs, con
 static void keep_enter(ra_roar_keep *k, const ra_keys *keys, uint32_t i, uint32_t id, float s) {
   const uint32_t T = k->T;
   uint32_t *ids = k->top + (size_t)i * T;
-  const size_t rb = ra_dtype_size(keys->dtype) * (size_t)k->dim;
+  const size_t rb = ra_dtype_row_bytes(keys->dtype, (size_t)k->dim);
   ra_fp16_to_fp32_n(k->q + (size_t)i * k->dim, k->qf, (size_t)k->dim);
   /* p: the first of ids[0..T-1) scoring below s (T - 1 if none): the entries before it score
    * >= s and stay first, as with the insertion sort this replaces. */
@@ -441,7 +441,7 @@ int ra_roar_build(ra_index *ix, const ra_keys *keys, const ra_queries *qs, ra_er
     x = malloc((size_t)n * dim * sizeof *x);
     own = malloc((size_t)m * nq * sizeof *own);
     if (!x || !own) goto nomem;
-    ra_dtype_to_fp32_n(keys->dtype, keys->rows, x, (size_t)n * dim);
+    ra_dtype_rows_to_fp32(keys->dtype, keys->rows, x, n, (size_t)dim);
     if ((rc = ra_knn_ip(x, n, dim, NULL, qv, m, nq, 0, nt, own, NULL, err))) goto fail;
     free(x);
     x = NULL;
@@ -536,7 +536,7 @@ int ra_roar_build(ra_index *ix, const ra_keys *keys, const ra_queries *qs, ra_er
     for (uint32_t i = 0; i < m; i++)
       for (int d = 0; d < dim; d++) mean[d] += qs->q[(size_t)sel[i] * dim + d] / (float)m;
     float best = -INFINITY;
-    size_t rb = ra_dtype_size(keys->dtype) * (size_t)dim;
+    size_t rb = ra_dtype_row_bytes(keys->dtype, (size_t)dim);
     for (uint32_t v = 0; v < n; v++) {
       if (off[v] == off[v + 1]) continue;
       float s = ra_vec_dot(mean, (const char *)keys->rows + (size_t)v * rb, keys->dtype, dim);

@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -90,6 +91,62 @@ static void test_bulk_matches_scalar(void **state) {
   assert_memory_equal(raw, src, sizeof src);
 }
 
+/* int8 rows: every value within half a step (max|x| / 254) of its source, the largest exactly
+ * +-127 steps, an all-zero or tiny row zeros with scale 0, and a row with inf or NaN refused by
+ * index (no silent wrong row); the scale check refuses NaN and negative scales. */
+static void test_int8_round_trip(void **state) {
+  (void)state;
+  enum { R = 6, MAXD = 130 };
+  const size_t dims[] = {1, 7, 8, 17, 64, 128, 130};
+  float x[R * MAXD], back[R * MAXD];
+  uint8_t q[R * (MAXD + 4)];
+  uint32_t s = 9;
+  for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+    const size_t dim = dims[di], rb = ra_dtype_row_bytes(RA_DTYPE_I8, dim);
+    assert_int_equal(rb, dim + 4);
+    for (size_t i = 0; i < R * dim; i++) {
+      s = s * 1664525u + 1013904223u;
+      x[i] = ((float)(s >> 8) / (float)(1 << 24) - 0.5f) * ldexpf(1.0f, (int)(i / dim) * 4 - 8);
+    }
+    for (size_t i = 0; i < dim; i++) x[4 * dim + i] = 0.0f;  /* row 4: zeros */
+    for (size_t i = 0; i < dim; i++) x[5 * dim + i] = 1e-38f; /* row 5: below the smallest scale */
+    size_t bad = 99;
+    assert_int_equal(ra_dtype_rows_from_fp32(RA_DTYPE_I8, x, q, R, dim, &bad), RA_OK);
+    assert_int_equal(bad, 99);
+    ra_dtype_rows_to_fp32(RA_DTYPE_I8, q, back, R, dim);
+    for (size_t r = 0; r < R; r++) {
+      float mx = 0, scale = ra_i8_row_scale(q + r * rb, dim);
+      size_t at = 0;
+      for (size_t i = 0; i < dim; i++)
+        if (fabsf(x[r * dim + i]) > mx) mx = fabsf(x[r * dim + (at = i)]);
+      if (r >= 4) {
+        assert_true(scale == 0.0f);
+        for (size_t i = 0; i < dim; i++) assert_true(back[r * dim + i] == 0.0f);
+        continue;
+      }
+      assert_true(scale == mx / 127.0f);
+      assert_int_equal(abs((int8_t)q[r * rb + at]), 127);
+      for (size_t i = 0; i < dim; i++) assert_true(fabsf(back[r * dim + i] - x[r * dim + i]) <= scale * 0.5f * 1.0001f);
+    }
+    assert_int_equal(ra_dtype_rows_check(RA_DTYPE_I8, q, R, dim, &bad), RA_OK);
+    x[2 * dim + dim / 2] = INFINITY;
+    assert_int_equal(ra_dtype_rows_from_fp32(RA_DTYPE_I8, x, q, R, dim, &bad), RA_EINVAL);
+    assert_int_equal(bad, 2);
+    x[2 * dim + dim / 2] = 0.0f;
+    x[3 * dim + dim - 1] = NAN; /* the last element: a vector tail or the last lane */
+    assert_int_equal(ra_dtype_rows_from_fp32(RA_DTYPE_I8, x, q, R, dim, &bad), RA_EINVAL);
+    assert_int_equal(bad, 3);
+    /* element dtypes keep what they keep: no refusal */
+    assert_int_equal(ra_dtype_rows_from_fp32(RA_DTYPE_F16, x, back, R, dim, &bad), RA_OK);
+    const float scales[2] = {NAN, -0.5f};
+    for (int i = 0; i < 2; i++) {
+      memcpy(q + 1 * rb + dim, &scales[i], sizeof(float));
+      assert_int_equal(ra_dtype_rows_check(RA_DTYPE_I8, q, R, dim, &bad), RA_EINVAL);
+      assert_int_equal(bad, 1);
+    }
+  }
+}
+
 static void test_dtype_names(void **state) {
   (void)state;
   ra_dtype t;
@@ -100,6 +157,12 @@ static void test_dtype_names(void **state) {
   assert_int_equal(ra_dtype_size(RA_DTYPE_F16), 2);
   assert_int_equal(ra_dtype_size((ra_dtype)9), 0);
   assert_string_equal(ra_dtype_name(RA_DTYPE_F16), "f16");
+  assert_int_equal(ra_dtype_parse("int8", &t), RA_OK);
+  assert_int_equal(t, RA_DTYPE_I8);
+  assert_int_equal(ra_dtype_size(RA_DTYPE_I8), 0); /* not an element dtype */
+  assert_int_equal(ra_dtype_row_bytes(RA_DTYPE_I8, 64), 68);
+  assert_int_equal(ra_dtype_row_bytes(RA_DTYPE_BF16, 64), 128);
+  assert_int_equal(ra_dtype_row_bytes((ra_dtype)9, 64), 0);
 }
 
 int main(void) {
@@ -107,6 +170,7 @@ int main(void) {
       cmocka_unit_test(test_fp16_exact_values),   cmocka_unit_test(test_fp16_rounding_and_specials),
       cmocka_unit_test(test_bf16),                cmocka_unit_test(test_fp16_round_trip_all),
       cmocka_unit_test(test_bulk_matches_scalar), cmocka_unit_test(test_dtype_names),
+      cmocka_unit_test(test_int8_round_trip),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

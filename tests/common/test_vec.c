@@ -1,5 +1,5 @@
 /* Dot, axpy and vector-matrix kernels (whichever set this CPU picks) against a double-precision scalar loop,
- * for every dtype, dims with and without vector tails, and gathers by id. */
+ * for every dtype (int8 rows with their scale), dims with and without vector tails, and gathers by id. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -23,12 +23,12 @@ static float frand(uint32_t *s) {
 static void check_dtype(ra_dtype t, int dim) {
   uint32_t s = (uint32_t)dim * 31u + (uint32_t)t;
   float q[MAXD], rows32[ROWS * MAXD];
-  uint8_t rows[ROWS * MAXD * 4];
+  uint8_t rows[ROWS * (MAXD * 4 + 4)];
   for (int i = 0; i < dim; i++) q[i] = frand(&s);
   for (int i = 0; i < ROWS * dim; i++) rows32[i] = frand(&s);
-  ra_dtype_from_fp32_n(t, rows32, rows, (size_t)ROWS * dim);
-  ra_dtype_to_fp32_n(t, rows, rows32, (size_t)ROWS * dim); /* exact stored values */
-  size_t rb = ra_dtype_size(t) * (size_t)dim;
+  assert_int_equal(ra_dtype_rows_from_fp32(t, rows32, rows, ROWS, (size_t)dim, NULL), 0);
+  ra_dtype_rows_to_fp32(t, rows, rows32, ROWS, (size_t)dim); /* exact stored values */
+  size_t rb = ra_dtype_row_bytes(t, (size_t)dim);
 
   double want[ROWS];
   for (int r = 0; r < ROWS; r++) {
@@ -74,9 +74,43 @@ static void test_all_dtypes_and_dims(void **state) {
   (void)state;
   const int dims[] = {1, 7, 8, 15, 16, 17, 64, 100, 128, 160};
   for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
-    for (int t = RA_DTYPE_F32; t <= RA_DTYPE_BF16; t++) check_dtype((ra_dtype)t, dims[d]);
+    for (int t = RA_DTYPE_F32; t <= RA_DTYPE_I8; t++) check_dtype((ra_dtype)t, dims[d]);
   const char *k = ra_vec_kernel_name();
   assert_true(strcmp(k, "avx2") == 0 || strcmp(k, "portable") == 0);
+}
+
+/* int8 rows against the fp32 rows they were quantized from: each dot within its bound
+ * sum_i |q_i| * scale / 2 (every value off by at most half a step), an accumulation of rows
+ * within sum_r w * scale_r / 2 per element. */
+static void test_int8_dot_vs_fp32(void **state) {
+  (void)state;
+  const int dims[] = {8, 17, 64, 128};
+  for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+    const int dim = dims[di];
+    uint32_t s = 77u + (uint32_t)dim;
+    float q[MAXD], x[ROWS * MAXD], acc[MAXD], want_acc[MAXD];
+    uint8_t rows[ROWS * (MAXD + 4)];
+    for (int i = 0; i < dim; i++) q[i] = frand(&s) * 3.0f;
+    for (int i = 0; i < ROWS * dim; i++) x[i] = frand(&s) * (1.0f + (float)(i / dim)); /* row scales differ */
+    assert_int_equal(ra_dtype_rows_from_fp32(RA_DTYPE_I8, x, rows, ROWS, (size_t)dim, NULL), 0);
+    const size_t rb = ra_dtype_row_bytes(RA_DTYPE_I8, (size_t)dim);
+    double qabs = 0, acc_bound = 1e-5;
+    for (int i = 0; i < dim; i++) qabs += fabs(q[i]);
+    float scores[ROWS];
+    ra_vec_dot_rows(q, rows, RA_DTYPE_I8, dim, NULL, ROWS, scores);
+    for (int i = 0; i < dim; i++) acc[i] = want_acc[i] = 0.0f;
+    for (int r = 0; r < ROWS; r++) {
+      const float *xr = x + r * dim;
+      double want = 0;
+      for (int i = 0; i < dim; i++) want += (double)q[i] * xr[i];
+      const double scale = ra_i8_row_scale(rows + r * rb, (size_t)dim);
+      assert_true(fabs(scores[r] - want) <= qabs * scale / 2 + 1e-5 * dim);
+      ra_vec_axpy(acc, 0.25f, rows + r * rb, RA_DTYPE_I8, dim);
+      acc_bound += 0.25 * scale / 2;
+      for (int i = 0; i < dim; i++) want_acc[i] += 0.25f * xr[i];
+    }
+    for (int i = 0; i < dim; i++) assert_true(fabsf(acc[i] - want_acc[i]) <= acc_bound);
+  }
 }
 
 /* x A against a double-precision loop, for column counts with and without 64- and 8-wide tails
@@ -138,6 +172,7 @@ static void test_exp_sum(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_all_dtypes_and_dims),
+      cmocka_unit_test(test_int8_dot_vs_fp32),
       cmocka_unit_test(test_vecmat),
       cmocka_unit_test(test_exp_sum),
   };

@@ -43,6 +43,8 @@ expect "bad --top-p 0: must be > 0 and <= 1" generate --model m --top-p 0
 expect "bad --temperature -1: must be >= 0" generate --model m --temperature -1
 expect "bad --dtype bf16: must be f32 or f16" dump-qk --model m --dtype bf16
 expect "bad --kv-dtype f8: must be f32, f16 or bf16" generate --model m --kv-dtype f8
+expect "bad --kv-dtype int8: must be f32, f16 or bf16" generate --model m --kv-dtype int8 # a store dtype only
+expect "bad --store-dtype i4: must be f32, f16, bf16 or int8" generate --model m --store-dtype i4
 expect "bad --mode fast: not one of full|streaming|flat|ivf|kgraph|roar|wave" generate --model m --mode fast
 expect "unexpected argument 'stray'" generate --model m stray
 expect "unknown command 'bogus'" bogus --model m
@@ -50,7 +52,7 @@ expect "unknown command 'bogus'" bogus --model m
 # offload's from the offload runtime)
 help=$("$bin" generate --help) || { echo "FAIL: generate --help exited $?"; fail=1; }
 for want in "--window N " "latest tokens kept on the device (default 512)" "(default 128)" \
-    "--store-dtype f32|f16|bf16" "(default f16)" "--mode full|streaming|flat|ivf|kgraph|roar|wave" \
+    "--store-dtype f32|f16|bf16|int8" "(default f16)" "--mode full|streaming|flat|ivf|kgraph|roar|wave" \
     "--retrieve X " "(default 0.018)" "(default 0.232)" "--wave-block N "; do
   case "$help" in *"$want"*) ;; *) echo "FAIL: '$want' not in generate --help"; fail=1 ;; esac
 done

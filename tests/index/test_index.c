@@ -1051,38 +1051,61 @@ static void test_connect_links_runs_of_near_keys(void **state) {
   free(x);
 }
 
+/* Keys stored as f16 or int8 rows: every kind built over the first 900 and grown to 1000 by
+ * insertion finds, searched exhaustively (ef = n, every IVF list), what flat finds over the same
+ * rows. */
+static void check_row_keys(ra_dtype t) {
+  enum { NB = 900, NT = 1000 };
+  data d;
+  make_data(&d, NT, 9);
+  void *rows = malloc(NT * ra_dtype_row_bytes(t, DIM));
+  assert_non_null(rows);
+  assert_int_equal(ra_dtype_rows_from_fp32(t, d.keys, rows, NT, DIM, NULL), RA_OK);
+  ra_keys k = {.rows = rows, .dtype = t, .dim = DIM, .n = NB};
+  ra_queries qs = {.q = d.q, .n = NQ};
+  ra_index_params p;
+  ra_error err;
+  ra_index *fl = NULL;
+  ra_index_params_default(RA_MODE_FLAT, &p);
+  assert_int_equal(ra_index_build(&p, &k, NULL, &fl, &err), RA_OK);
+  static const ra_mode kinds[] = {RA_MODE_ROAR, RA_MODE_KGRAPH, RA_MODE_IVF};
+  for (size_t ki = 0; ki < sizeof kinds / sizeof kinds[0]; ki++) {
+    ra_index *ix = NULL;
+    ra_index_params_default(kinds[ki], &p);
+    k.n = NB;
+    assert_int_equal(ra_index_build(&p, &k, &qs, &ix, &err), RA_OK);
+    k.n = NT;
+    for (uint32_t id = NB; id < NT; id++) assert_int_equal(ra_index_insert(ix, &k, id, &err), RA_OK);
+    if (kinds[ki] != RA_MODE_IVF) assert_graph_invariants(ix);
+    if (ki == 0)
+      for (uint32_t id = NB; id < NT; id++) assert_int_equal(ra_index_insert(fl, &k, id, &err), RA_OK);
+    ra_index_scratch s;
+    assert_int_equal(ra_index_scratch_init(&s, ix, NT, 20, &err), RA_OK);
+    ra_search_params sp = {.ef = NT, .nprobe = NT};
+    uint32_t a[20], b[20], na, nb;
+    for (int qi = 0; qi < 5; qi++) {
+      const float *q = d.qtest + (size_t)qi * DIM;
+      assert_int_equal(ra_index_search(ix, &k, q, 20, &sp, &s, a, NULL, &na, NULL), RA_OK);
+      assert_int_equal(ra_index_search(fl, &k, q, 20, NULL, &s, b, NULL, &nb, NULL), RA_OK);
+      assert_int_equal(na, 20);
+      assert_memory_equal(a, b, sizeof a);
+    }
+    ra_index_scratch_free(&s);
+    ra_index_free(ix);
+  }
+  ra_index_free(fl);
+  free(rows);
+  free_data(&d);
+}
+
 static void test_f16_keys(void **state) {
   (void)state;
-  data d;
-  make_data(&d, 1000, 9);
-  ra_fp16 *h = malloc((size_t)1000 * DIM * sizeof *h);
-  assert_non_null(h);
-  ra_fp32_to_fp16_n(d.keys, h, (size_t)1000 * DIM);
-  ra_keys k = {.rows = h, .dtype = RA_DTYPE_F16, .dim = DIM, .n = 1000};
-  ra_index_params p;
-  ra_index_params_default(RA_MODE_ROAR, &p);
-  ra_queries qs = {.q = d.q, .n = NQ};
-  ra_index *ix = NULL, *fl = NULL;
-  ra_error err;
-  assert_int_equal(ra_index_build(&p, &k, &qs, &ix, &err), RA_OK);
-  p.kind = RA_MODE_FLAT;
-  assert_int_equal(ra_index_build(&p, &k, NULL, &fl, &err), RA_OK);
-  assert_graph_invariants(ix);
-  ra_index_scratch s;
-  assert_int_equal(ra_index_scratch_init(&s, ix, 1000, 20, &err), RA_OK);
-  ra_search_params sp = {.ef = 1000};
-  uint32_t a[20], b[20], na, nb;
-  for (int qi = 0; qi < 5; qi++) {
-    const float *q = d.qtest + (size_t)qi * DIM;
-    assert_int_equal(ra_index_search(ix, &k, q, 20, &sp, &s, a, NULL, &na, NULL), RA_OK);
-    assert_int_equal(ra_index_search(fl, &k, q, 20, NULL, &s, b, NULL, &nb, NULL), RA_OK);
-    assert_memory_equal(a, b, sizeof a);
-  }
-  ra_index_scratch_free(&s);
-  ra_index_free(ix);
-  ra_index_free(fl);
-  free(h);
-  free_data(&d);
+  check_row_keys(RA_DTYPE_F16);
+}
+
+static void test_int8_keys(void **state) {
+  (void)state;
+  check_row_keys(RA_DTYPE_I8);
 }
 
 static void test_errors(void **state) {
@@ -1484,6 +1507,7 @@ int main(void) {
       cmocka_unit_test(test_kgraph_exact_when_beam_covers),
       cmocka_unit_test(test_ivf_all_probes_exact),
       cmocka_unit_test(test_f16_keys),
+      cmocka_unit_test(test_int8_keys),
       cmocka_unit_test(test_errors),
       cmocka_unit_test(test_concurrent_search),
       cmocka_unit_test(test_roar_from_knn_lists),

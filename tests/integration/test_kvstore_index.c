@@ -77,8 +77,8 @@ static int world_setup(void **state) {
     W.pv[g] = malloc((size_t)NK * DIM * 2);
     for (int t = 0; t < NK; t++) sample(&rng, off, M, W.k[g] + (size_t)t * DIM);
     ref_fill_normal(&rng, W.v[g], (size_t)NK * DIM, 1.0f);
-    ref_pack(RA_DTYPE_F16, W.k[g], W.pk[g], (size_t)NK * DIM);
-    ref_pack(RA_DTYPE_F16, W.v[g], W.pv[g], (size_t)NK * DIM);
+    ref_pack(RA_DTYPE_F16, W.k[g], W.pk[g], NK, DIM);
+    ref_pack(RA_DTYPE_F16, W.v[g], W.pv[g], NK, DIM);
   }
   double *scores = malloc(NK * sizeof *scores);
   uint32_t top[KNN];
@@ -395,8 +395,8 @@ static void test_append_is_retrievable(void **state) {
     key[d] = 4.0f * W.qt[head][d]; /* test query 0 of head 2 */
     val[d] = 0.5f;
   }
-  ref_pack(RA_DTYPE_F16, key, pk, DIM);
-  ref_pack(RA_DTYPE_F16, val, pv, DIM);
+  ref_pack(RA_DTYPE_F16, key, pk, 1, DIM);
+  ref_pack(RA_DTYPE_F16, val, pv, 1, DIM);
   ra_kvclient_rows r = {.layer = 0, .kv_head = g, .token_begin = NK, .n_tokens = 1, .keys = pk,
                         .values = pv};
   ok(ra_kvclient_append(cn.c, &cn.s, &r, 1, &err), &err);

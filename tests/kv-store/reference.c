@@ -1,5 +1,7 @@
 #include "reference.h"
 
+#include "status.h"
+
 #include <math.h>
 #include <stdlib.h>
 
@@ -21,9 +23,9 @@ void ref_fill_normal(ref_rng *r, float *x, size_t n, float sigma) {
   for (size_t i = 0; i < n; i++) x[i] = sigma * ref_rng_normal(r);
 }
 
-void ref_pack(ra_dtype t, float *x, void *dst, size_t n) {
-  ra_dtype_from_fp32_n(t, x, dst, n);
-  ra_dtype_to_fp32_n(t, dst, x, n);
+void ref_pack(ra_dtype t, float *x, void *dst, size_t n_rows, size_t dim) {
+  if (ra_dtype_rows_from_fp32(t, x, dst, n_rows, dim, NULL) != RA_OK) abort(); /* finite test data */
+  ra_dtype_rows_to_fp32(t, dst, x, n_rows, dim);
 }
 
 void ref_scores(const float *q, const float *k, size_t n, int dim, double *scores) {

@@ -21,9 +21,10 @@ void ref_fill_normal(ref_rng *r, float *x, size_t n, float sigma);
 /* perm = a uniformly random permutation of [0, n) (Fisher-Yates). */
 void ref_shuffle(ref_rng *r, uint32_t *perm, size_t n);
 
-/* Packs fp32 data into dtype t (dst: n elements of t) and rewrites x with the rounded values, so
- * x is exactly what a store holding dst holds. */
-void ref_pack(ra_dtype t, float *x, void *dst, size_t n);
+/* Packs fp32 rows x [n_rows, dim] into dtype t (dst: n_rows rows of ra_dtype_row_bytes(t, dim))
+ * and rewrites x with the rounded (int8: dequantized) values, so x is exactly what a store
+ * holding dst holds. */
+void ref_pack(ra_dtype t, float *x, void *dst, size_t n_rows, size_t dim);
 
 /* Full softmax attention of q over rows [0, n) of k, v ([n, dim]) in double, scale
  * 1/sqrt(dim); o: [dim]. ids (optional) restricts it to rows ids[0..n). */

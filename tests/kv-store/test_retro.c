@@ -28,8 +28,8 @@ typedef struct fixture {
 
 static void write_rows(fixture *f, uint32_t g, uint64_t p0, size_t n) {
   uint16_t *pk = malloc(n * DIM * 2), *pv = malloc(n * DIM * 2);
-  ref_pack(RA_DTYPE_F16, f->k[g] + p0 * DIM, pk, n * DIM);
-  ref_pack(RA_DTYPE_F16, f->v[g] + p0 * DIM, pv, n * DIM);
+  ref_pack(RA_DTYPE_F16, f->k[g] + p0 * DIM, pk, n, DIM);
+  ref_pack(RA_DTYPE_F16, f->v[g] + p0 * DIM, pv, n, DIM);
   kvs_rows r = {.layer = LAYER, .kv_head = g, .token_begin = p0, .n = n, .keys = pk, .values = pv};
   ra_error err;
   assert_int_equal(kvs_session_write(f->s, &r, 1, NULL, &err), RA_OK);

@@ -52,7 +52,7 @@ static void fixture_make(fixture *f, ra_dtype t, int dim, uint64_t budget) {
                           {.layer = LAYER, .kv_head = 0, .token_begin = 300, .token_end = RA_TOKEN_END_OPEN},
                           {.layer = LAYER, .kv_head = 1, .token_begin = 50, .token_end = RA_TOKEN_END_OPEN}};
   assert_int_equal(kvs_store_open(f->st, &f->g, sh, 3, NULL, "wave", &f->s, &err), RA_OK);
-  const size_t rows[2] = {700, 500}, es = ra_dtype_size(t);
+  const size_t rows[2] = {700, 500}, rb = ra_dtype_row_bytes(t, (size_t)dim);
   for (int kv = 0; kv < 2; kv++) {
     head_data *h = &f->h[kv];
     h->base = kv == 0 ? 0 : 50;
@@ -61,13 +61,13 @@ static void fixture_make(fixture *f, ra_dtype t, int dim, uint64_t budget) {
     h->v = malloc(h->n * dim * sizeof(float));
     ref_fill_normal(&f->rng, h->k, h->n * dim, 2.0f);
     ref_fill_normal(&f->rng, h->v, h->n * dim, 1.0f);
-    void *pk = malloc(h->n * dim * es), *pv = malloc(h->n * dim * es);
-    ref_pack(t, h->k, pk, h->n * dim);
-    ref_pack(t, h->v, pv, h->n * dim);
+    void *pk = malloc(h->n * rb), *pv = malloc(h->n * rb);
+    ref_pack(t, h->k, pk, h->n, dim);
+    ref_pack(t, h->v, pv, h->n, dim);
     if (kv == 0) {
       kvs_rows r[2] = {{.layer = LAYER, .kv_head = 0, .token_begin = 0, .n = 300, .keys = pk, .values = pv},
                        {.layer = LAYER, .kv_head = 0, .token_begin = 300, .n = 400,
-                        .keys = (char *)pk + 300 * dim * es, .values = (char *)pv + 300 * dim * es}};
+                        .keys = (char *)pk + 300 * rb, .values = (char *)pv + 300 * rb}};
       assert_int_equal(kvs_session_write(f->s, r, 2, NULL, &err), RA_OK);
     } else {
       kvs_rows r = {.layer = LAYER, .kv_head = 1, .token_begin = 50, .n = 500, .keys = pk, .values = pv};
@@ -208,19 +208,19 @@ static void check_rows_match(const fixture *f, uint32_t kv) {
   for (size_t k = 0; k < count; k++)
     for (uint64_t r = 0; r < sh[k].n; r++) {
       size_t at = (size_t)(sh[k].spec.token_begin + r - h->base);
-      ra_dtype_to_fp32_n(f->g.dtype, (const char *)sh[k].keys + r * kvs_row_bytes(&f->g), row, dim);
+      ra_dtype_rows_to_fp32(f->g.dtype, (const char *)sh[k].keys + r * kvs_row_bytes(&f->g), row, 1, dim);
       assert_memory_equal(row, h->k + at * dim, dim * sizeof *row);
-      ra_dtype_to_fp32_n(f->g.dtype, (const char *)sh[k].values + r * kvs_row_bytes(&f->g), row, dim);
+      ra_dtype_rows_to_fp32(f->g.dtype, (const char *)sh[k].values + r * kvs_row_bytes(&f->g), row, 1, dim);
       assert_memory_equal(row, h->v + at * dim, dim * sizeof *row);
     }
   free(row);
 }
 
-/* A perm reorders exactly its rows, keys and values, whatever its cycles. */
-static void test_perm_in_place(void **state) {
-  (void)state;
+/* A perm reorders exactly its rows, keys and values (an int8 row with its scale), whatever its
+ * cycles. */
+static void check_perm_in_place(ra_dtype t) {
   fixture f;
-  fixture_make(&f, RA_DTYPE_BF16, 24, 1u << 26);
+  fixture_make(&f, t, 24, 1u << 26);
   ra_error err;
   uint32_t perm[400], counts[400];
   /* a random one over the first 130 rows of kv head 1 */
@@ -242,6 +242,12 @@ static void test_perm_in_place(void **state) {
   ok(put(&f, 0, 0, 300, counts, 1, perm, &err), &err);
   check_rows_match(&f, 0);
   fixture_free(&f);
+}
+
+static void test_perm_in_place(void **state) {
+  (void)state;
+  check_perm_in_place(RA_DTYPE_BF16);
+  check_perm_in_place(RA_DTYPE_I8);
 }
 
 /* Refused installs change nothing: the directory, the rows, the bytes. */
@@ -448,6 +454,13 @@ static void test_wave_bf16(void **state) {
   (void)state;
   check_wave(RA_DTYPE_BF16, 64, 1e-5);
 }
+/* int8 rows against the reference over their dequantized values: the kernels' scale applied once
+ * a row rounds differently from scaling every element, hence 2e-5. */
+static void test_wave_int8(void **state) {
+  (void)state;
+  check_wave(RA_DTYPE_I8, 128, 2e-5);
+  check_wave(RA_DTYPE_I8, 40, 2e-5);
+}
 
 /* Every cluster selected (or none installed at all) reads every row: mode full's partial. */
 static void test_wave_all_equals_full(void **state) {
@@ -538,6 +551,7 @@ int main(void) {
       cmocka_unit_test(test_wave_f32),
       cmocka_unit_test(test_wave_f16),
       cmocka_unit_test(test_wave_bf16),
+      cmocka_unit_test(test_wave_int8),
       cmocka_unit_test(test_wave_all_equals_full),
       cmocka_unit_test(test_wave_errors),
   };
