@@ -403,6 +403,25 @@ static void test_buffer_evicts_and_splits(void **state) {
   plan_free(&p);
 }
 
+/* int8 rows at the stores: the buffer holds them dequantized in fp32, the values the stores
+ * attend over, so the buffer still changes nothing. */
+static void test_buffer_int8_stores(void **state) {
+  (void)state;
+  enum { STEPS = 24, BLOCK = 16 };
+  plan_of p;
+  plan_make(&p, NULL, SINK, WINDOW);
+  ra_offload_config c;
+  wave_config(&c, &p.plan, 0.15, 0.3, BLOCK, STEPS);
+  c.store_dtype = RA_DTYPE_I8;
+  ra_wave_buffer_stats bt;
+  double worst = buffer_against_off(&p.plan, c, 32, STEPS, &bt);
+  print_message("wave buffer 32, int8 stores: max |logit diff| from off %.2e, %llu hits\n", worst,
+                (unsigned long long)bt.hits);
+  assert_true(worst < 1e-4);
+  assert_true(bt.hits > 0);
+  plan_free(&p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_all_retrieved_equals_full),
@@ -413,6 +432,7 @@ int main(void) {
       cmocka_unit_test(test_buffer_equals_off),
       cmocka_unit_test(test_buffer_steady_hits),
       cmocka_unit_test(test_buffer_evicts_and_splits),
+      cmocka_unit_test(test_buffer_int8_stores),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
