@@ -106,7 +106,17 @@ int ra_batch_forward(ra_batch *b, const ra_batch_item *items, int n_items, ra_er
     const ra_tensor *bs[3] = {c->qkv_bias ? &w->bq : NULL, c->qkv_bias ? &w->bk : NULL, c->qkv_bias ? &w->bv : NULL};
     ra_tensor *ys[3] = {&q, &k, &v};
     rc = op->norm_matmul(be, &x, &w->attn_norm, c->norm_eps, &xn, 3, ws, bs, ys, err);
-    for (int64_t i = 0, r0 = 0; rc == RA_OK && i < n_items; r0 += items[i].n, i++) rc = item_attend(b, &items[i], r0, l, err);
+    for (int64_t i = 0, r0 = 0; rc == RA_OK && i < n_items; r0 += items[i].n, i++) {
+      const ra_batch_item *it = &items[i];
+      ra_tensor qi = ra_tensor_rows(&b->q, r0, it->n), ki = ra_tensor_rows(&b->k, r0, it->n),
+                vi = ra_tensor_rows(&b->v, r0, it->n);
+      rc = it->attn ? it->attn->begin(it->attn->ctx, l, &qi, &ki, &vi, err) : item_attend(b, it, r0, l, err);
+    }
+    for (int64_t i = 0, r0 = 0; rc == RA_OK && i < n_items; r0 += items[i].n, i++) {
+      const ra_batch_item *it = &items[i];
+      ra_tensor qi = ra_tensor_rows(&b->q, r0, it->n), atti = ra_tensor_rows(&b->att, r0, it->n);
+      if (it->attn) rc = it->attn->end(it->attn->ctx, l, &qi, &atti, err);
+    }
     if (rc == RA_OK) rc = op->matmul(be, &att, &w->wo, NULL, &x, 1, err);
     if (rc == RA_OK) rc = op->norm_swiglu(be, &x, &w->ffn_norm, c->norm_eps, &xn, &w->w_gate, &w->w_up, &up, &gate, err);
     if (rc == RA_OK) rc = op->matmul(be, &gate, &w->w_down, NULL, &x, 1, err);

@@ -22,10 +22,21 @@
 
 typedef struct ra_batch ra_batch;
 
+/* An item's own attention, instead of RoPE + attention over its cache: per layer, begin runs for
+ * every item before end runs for any, so that work begin starts (an offloaded sequence's store
+ * requests) proceeds for all items together. q, k, v: the item's rows of the step, before RoPE,
+ * [n, n_heads | n_kv_heads, head_dim]; end writes att [n, n_heads, head_dim]. */
+typedef struct ra_batch_attn {
+  void *ctx;
+  int (*begin)(void *ctx, int layer, ra_tensor *q, ra_tensor *k, ra_tensor *v, ra_error *err);
+  int (*end)(void *ctx, int layer, ra_tensor *q, ra_tensor *att, ra_error *err);
+} ra_batch_attn;
+
 typedef struct ra_batch_item {
   ra_state *st;          /* the sequence: caches and position (its own activations are unused) */
   const int32_t *tokens; /* [n] */
   int64_t n;             /* >= 1 */
+  const ra_batch_attn *attn; /* NULL: RoPE, the cache rows at pos and attention over the cache */
 } ra_batch_item;
 
 /* Activations for steps of up to max_tokens tokens over up to max_items sequences. */

@@ -3,7 +3,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-static int load_tokenizer(const char *path, ra_tokenizer **tok, ra_error *err) {
+int ra_load_tokenizer(const char *path, ra_tokenizer **tok, ra_error *err) {
+  struct stat sb;
+  if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) return ra_tok_load_hf(path, tok, err);
   ra_gguf g;
   int rc = ra_gguf_open(path, &g, err);
   if (rc) return rc;
@@ -29,6 +31,8 @@ int ra_load_model(ra_backend *be, const char *spec, const char *tokenizer_gguf, 
       return ra_errorf(err, RA_ENOTFOUND, "model: %s does not exist (run deploy/fetch-model.sh for SmolLM2)", spec);
     if (S_ISDIR(sb.st_mode)) {
       rc = ra_model_load_safetensors(be, spec, model, err);
+      /* the directory's own tokenizer.json, unless one is given; a directory without one has none */
+      if (rc == RA_OK && !tokenizer_gguf && (rc = ra_tok_load_hf(spec, tok, err)) == RA_ENOTFOUND) rc = RA_OK;
     } else {
       ra_gguf g;
       if ((rc = ra_gguf_open(spec, &g, err))) return rc;
@@ -37,7 +41,7 @@ int ra_load_model(ra_backend *be, const char *spec, const char *tokenizer_gguf, 
       ra_gguf_close(&g);
     }
   }
-  if (rc == RA_OK && tokenizer_gguf) rc = load_tokenizer(tokenizer_gguf, tok, err);
+  if (rc == RA_OK && tokenizer_gguf) rc = ra_load_tokenizer(tokenizer_gguf, tok, err);
   if (rc == RA_OK && *tok && ra_tok_vocab(*tok) > (*model)->cfg.vocab)
     rc = ra_errorf(err, RA_EINVAL, "model: tokenizer has %d tokens, the model %d", ra_tok_vocab(*tok), (*model)->cfg.vocab);
   if (rc != RA_OK) {

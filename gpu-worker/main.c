@@ -106,9 +106,10 @@ static const char *budget_show(const void *field) {
 static const ra_opt rows[] = {
     {"help", RA_OPT_FLAG, AT(help), .help = "print the options of the command"},
     {"model", RA_OPT_STRING, AT(model), .meta = "PATH",
-     .help = "GGUF file, safetensors directory, or random:PRESET[:LAYERS] (llama3-8b, yi-6b, smollm2-135m, "
+     .help = "GGUF file, Hugging Face model directory, or random:PRESET[:LAYERS] (llama3-8b, yi-6b, smollm2-135m, "
              "tiny; :LAYERS keeps the first LAYERS layers)"},
-    {"tokenizer", RA_OPT_STRING, AT(tokenizer), .meta = "GGUF", .help = "tokenizer for a safetensors model"},
+    {"tokenizer", RA_OPT_STRING, AT(tokenizer), .meta = "PATH",
+     .help = "the tokenizer of a GGUF file or Hugging Face directory, instead of the model's"},
     {"prompt-file", RA_OPT_STRING, AT(prompt_file), .meta = "F", .help = "the prompt, from a file", .scope = PROMPTED},
     {"prompt", RA_OPT_STRING, AT(prompt), .meta = "TEXT", .help = "the prompt", .scope = PROMPTED},
     {"chat", RA_OPT_FLAG, AT(chat), .help = "wrap the prompt in the model's chat template", .scope = PROMPTED},
@@ -620,12 +621,7 @@ int main(int argc, char **argv) {
   int rc;
   if (strcmp(o.cmd, "tokenize") == 0) {
     /* no weights needed: only the tokenizer's metadata */
-    ra_gguf g;
-    rc = ra_gguf_open(o.tokenizer ? o.tokenizer : o.model, &g, &err);
-    if (rc == RA_OK) {
-      rc = ra_tok_load_gguf(&g, &tok, &err);
-      ra_gguf_close(&g);
-    }
+    rc = ra_load_tokenizer(o.tokenizer ? o.tokenizer : o.model, &tok, &err);
     if (rc == RA_OK) rc = cmd_tokenize(&o, tok, &err);
   } else if ((rc = ra_backend_create(o.backend, &bc, &be, &err)) == RA_OK &&
              (rc = ra_load_model(be, o.model, o.tokenizer, o.seed, &m, &tok, &err)) == RA_OK) {

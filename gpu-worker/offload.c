@@ -19,6 +19,26 @@ void ra_offload_config_default(ra_offload_config *c) {
   ra_wave_config_default(&c->wave);
 }
 
+/* One decode step of a runtime, between its setup and its finish (batched steps keep it per
+ * sequence across the layers). */
+typedef struct decode_step {
+  uint64_t t0;
+  int64_t n; /* the new token's position */
+  ra_token_range ranges[2]; /* the device's rows: sink, window */
+  int n_ranges;
+  int remote, retro;     /* the stores hold rows; retrospective correction on */
+  uint64_t step;         /* decode steps since the prefill, this one included */
+  uint32_t P;            /* retro: past steps corrected */
+  uint64_t off_b, off_e; /* the stores' rows after the step */
+  float scale;
+  const ra_remote_wave_sel *sel; /* wave: the layer's selection and the device's estimate */
+  const ra_tensor *est_o, *est_ml;
+  ra_wave_buffer_stats b0;
+  ra_offload_stats s;
+  int rc; /* batched: the sequence's first failure, and its message */
+  ra_error err;
+} decode_step;
+
 struct ra_offload {
   const ra_model *m;
   const ra_offload_plan *plan;
@@ -57,6 +77,7 @@ struct ra_offload {
   ra_offload_stats prefill_stats;
   ra_offload_stats *steps; /* [n_steps] recorded decode timings */
   size_t n_steps, steps_cap;
+  decode_step ds;          /* the decode step under way */
 };
 
 static int64_t ring_rows(const ra_offload *o) { return (int64_t)o->cfg.n_sink + o->cfg.n_window; }
@@ -829,35 +850,142 @@ static int retro_keep(ra_offload *o, int l, uint64_t step, const ra_tensor *att1
   return rc;
 }
 
+/* Step setup: the evicted token to its stores, the device's ranges (sink + window). */
+static int decode_setup(ra_offload *o, decode_step *d, ra_error *err) {
+  memset(d, 0, sizeof *d);
+  d->t0 = uv_hrtime();
+  int64_t n = d->n = o->st->pos; /* the new token's position */
+  if (n == 0) return ra_errorf(err, RA_ESTATE, "offload: decode before prefill");
+  int rc = RA_OK;
+  int64_t ev = ra_partition_evicted(o->cfg.n_sink, o->cfg.n_window, (uint64_t)n);
+  if (ev >= 0 && o->remote) rc = decode_evict(o, ev, &d->s, err);
+  /* After this step the stores hold [S, n + 1 - W); the ring holds the sink and the window. */
+  ra_partition_offloaded(o->cfg.n_sink, o->cfg.n_window, (uint64_t)n + 1, &d->off_b, &d->off_e);
+  d->remote = o->remote && d->off_e > d->off_b;
+  int64_t s_end = n + 1 < (int64_t)o->cfg.n_sink ? n + 1 : (int64_t)o->cfg.n_sink;
+  d->ranges[d->n_ranges++] = (ra_token_range){0, s_end};
+  if (n + 1 > (int64_t)o->cfg.n_sink) {
+    int64_t w = n + 1 - (int64_t)o->cfg.n_sink < (int64_t)o->cfg.n_window ? n + 1 - (int64_t)o->cfg.n_sink
+                                                                           : (int64_t)o->cfg.n_window;
+    d->ranges[d->n_ranges++] = (ra_token_range){o->cfg.n_sink, (int64_t)o->cfg.n_sink + w};
+  }
+  /* retro: the step is the P past decoded tokens (rows 0 .. P - 1, corrected) and the new one
+   * (row P) at positions n - P .. n */
+  d->retro = o->cfg.retro_window > 0;
+  d->step = o->n_decoded + 1;
+  d->P = d->retro ? (uint32_t)(o->n_decoded < o->cfg.retro_window ? o->n_decoded : o->cfg.retro_window) : 0;
+  d->scale = 1.0f / sqrtf((float)o->m->cfg.head_dim);
+  if (o->wave) ra_wave_buffer_totals(o->wave, &d->b0);
+  return rc;
+}
+
+/* Layer l, the new token's q1 [1, n_heads, hd]: the stores' requests (wave: after ranking the
+ * zones on the device, since the requests carry the retrieval zone). */
+static int decode_layer_send(ra_offload *o, decode_step *d, int l, const ra_tensor *q1, ra_error *err) {
+  ra_backend *be = o->m->be;
+  size_t hq = (size_t)o->m->cfg.n_heads * (size_t)o->m->cfg.head_dim;
+  int rc = RA_OK;
+  d->sel = NULL;
+  d->est_o = d->est_ml = NULL;
+  if (d->remote && o->wave) {
+    uint64_t ts = uv_hrtime();
+    rc = ra_wave_select(o->wave, l, q1, d->scale, &d->sel, &d->est_o, &d->est_ml, err);
+    d->s.select_us += (double)(uv_hrtime() - ts) / 1e3;
+  }
+  if (rc == RA_OK && (d->remote || d->retro)) rc = be->ops->download(be, q1, 0, o->q_host, hq, err);
+  if (rc == RA_OK && d->remote && d->retro) {
+    retro_gather_q(o, l, d->step, d->P);
+    rc = ra_remote_attend_begin_retro(o->remote, (uint32_t)l, o->q_host, d->step, d->P, o->rq, err);
+  } else if (rc == RA_OK && d->remote) {
+    rc = d->sel ? ra_remote_attend_begin_wave(o->remote, (uint32_t)l, o->q_host, d->sel, err)
+                : ra_remote_attend_begin(o->remote, (uint32_t)l, o->q_host, err);
+  }
+  return rc;
+}
+
+/* Layer l: the device's own partial over sink + window (and wave's estimate and buffer), then the
+ * stores' merged partial waited for and merged in: att1 [1, n_heads, hd]. */
+static int decode_layer_attend(ra_offload *o, decode_step *d, int l, const ra_tensor *q1, ra_tensor *att1,
+                               ra_error *err) {
+  ra_backend *be = o->m->be;
+  ra_state *st = o->st;
+  const ra_model_config *c = &o->m->cfg;
+  size_t hq = (size_t)c->n_heads * (size_t)c->head_dim;
+  int rc = be->ops->attn_decode(be, q1, &st->k_cache[l], &st->v_cache[l], d->ranges, d->n_ranges, d->scale, att1,
+                                &st->dec_ml, err);
+  if (rc == RA_OK && d->est_o) rc = be->ops->attn_merge(be, att1, &st->dec_ml, d->est_o, d->est_ml, err);
+  /* wave: the retrieved clusters the device buffer holds (the stores were not asked for them) */
+  if (rc == RA_OK && d->sel) {
+    const ra_tensor *buf_o, *buf_ml;
+    rc = ra_wave_attend_buffer(o->wave, l, q1, d->scale, &buf_o, &buf_ml, err);
+    if (rc == RA_OK && buf_o) rc = be->ops->attn_merge(be, att1, &st->dec_ml, buf_o, buf_ml, err);
+  }
+  if (rc == RA_OK && d->remote) {
+    rc = be->ops->sync(be, err);
+    uint64_t tw = uv_hrtime();
+    ra_remote_stats rs;
+    if (rc == RA_OK)
+      rc = ra_remote_attend_end_retro(o->remote, o->o_host, o->ml_host, d->retro ? o->ro : NULL,
+                                      d->retro ? o->rml : NULL, &rs, err);
+    uint64_t tm = uv_hrtime();
+    d->s.wait_us += (double)(tm - tw) / 1e3;
+    if (rc == RA_OK) {
+      d->s.store_us += rs.store_us;
+      d->s.n_scanned += rs.n_scanned;
+      d->s.retro_rows += rs.retro_rows;
+      d->s.retro_store_us += rs.retro_us;
+      rc = be->ops->upload(be, &o->rem_o, 0, o->o_host, hq, err);
+    }
+    if (rc == RA_OK) rc = be->ops->upload(be, &o->rem_ml, 0, o->ml_host, (size_t)c->n_heads * 2, err);
+    if (rc == RA_OK) rc = be->ops->attn_merge(be, att1, &st->dec_ml, &o->rem_o, &o->rem_ml, err);
+    d->s.merge_us += (double)(uv_hrtime() - tm) / 1e3;
+    /* wave: the misses' rows are fetched for the buffer while the next layers compute */
+    if (rc == RA_OK && d->sel) rc = ra_wave_admit(o->wave, l, err);
+  }
+  return rc;
+}
+
+/* The step's bookkeeping once the forward is done: retro's slot, timings. */
+static int decode_finish(ra_offload *o, decode_step *d, int32_t token, ra_offload_stats *stats, ra_error *err) {
+  ra_offload_stats s = d->s;
+  if (d->retro) {
+    o->retro_tok[retro_slot(o, d->step)] = token;
+    o->n_decoded = d->step;
+    s.retro_past = d->P;
+  }
+  s.n_offloaded = o->remote ? d->off_e - d->off_b : 0;
+  if (o->wave) {
+    ra_wave_buffer_stats b1;
+    ra_wave_buffer_totals(o->wave, &b1);
+    s.buffer_hits = b1.hits - d->b0.hits;
+    s.buffer_misses = b1.misses - d->b0.misses;
+    s.buffer_rows = b1.rows - d->b0.rows;
+    s.fetch_us = b1.fetch_us - d->b0.fetch_us;
+  }
+  s.total_us = (double)(uv_hrtime() - d->t0) / 1e3;
+  if (o->n_steps == o->steps_cap) {
+    size_t cap = o->steps_cap ? 2 * o->steps_cap : 64;
+    ra_offload_stats *grown = realloc(o->steps, cap * sizeof *grown);
+    if (!grown) return ra_errorf(err, RA_ENOMEM, "offload: out of memory for step timings");
+    o->steps = grown;
+    o->steps_cap = cap;
+  }
+  o->steps[o->n_steps++] = s;
+  if (stats) *stats = s;
+  return RA_OK;
+}
+
 int ra_offload_decode(ra_offload *o, int32_t token, ra_offload_stats *stats, ra_error *err) {
   ra_state *st = o->st;
   ra_backend *be = o->m->be;
   const ra_model_config *c = &o->m->cfg;
-  ra_offload_stats s = {0};
-  int64_t n = st->pos; /* the new token's position */
-  if (n == 0) return ra_errorf(err, RA_ESTATE, "offload: decode before prefill");
-  uint64_t t0 = uv_hrtime();
-  int rc = RA_OK;
-  int64_t ev = ra_partition_evicted(o->cfg.n_sink, o->cfg.n_window, (uint64_t)n);
-  if (ev >= 0 && o->remote) rc = decode_evict(o, ev, &s, err);
-  /* After this step the stores hold [S, n + 1 - W); the ring holds the sink and the window. */
-  uint64_t off_b, off_e;
-  ra_partition_offloaded(o->cfg.n_sink, o->cfg.n_window, (uint64_t)n + 1, &off_b, &off_e);
-  int remote = o->remote && off_e > off_b;
-  ra_token_range ranges[2];
-  int n_ranges = 0;
-  int64_t s_end = n + 1 < (int64_t)o->cfg.n_sink ? n + 1 : (int64_t)o->cfg.n_sink;
-  ranges[n_ranges++] = (ra_token_range){0, s_end};
-  if (n + 1 > (int64_t)o->cfg.n_sink) {
-    int64_t w = n + 1 - (int64_t)o->cfg.n_sink < (int64_t)o->cfg.n_window ? n + 1 - (int64_t)o->cfg.n_sink
-                                                                           : (int64_t)o->cfg.n_window;
-    ranges[n_ranges++] = (ra_token_range){o->cfg.n_sink, (int64_t)o->cfg.n_sink + w};
-  }
-  /* retro: the step is the P past decoded tokens (rows 0 .. P - 1, corrected) and the new one
-   * (row P) at positions n - P .. n */
-  const int retro = o->cfg.retro_window > 0;
-  const uint64_t step = o->n_decoded + 1;
-  const uint32_t P = retro ? (uint32_t)(o->n_decoded < o->cfg.retro_window ? o->n_decoded : o->cfg.retro_window) : 0;
+  decode_step *d = &o->ds;
+  int rc = decode_setup(o, d, err);
+  if (d->n == 0) return rc;
+  int64_t n = d->n;
+  const int retro = d->retro;
+  const uint64_t step = d->step;
+  const uint32_t P = d->P;
   int32_t batch[RA_OFFLOAD_MAX_RETRO + 1];
   for (uint32_t i = 0; i < P; i++) batch[i] = o->retro_tok[retro_slot(o, step - P + i)];
   batch[P] = token;
@@ -872,68 +1000,18 @@ int ra_offload_decode(ra_offload *o, int32_t token, ra_offload_stats *stats, ra_
         break;
       }
   }
-  float scale = 1.0f / sqrtf((float)c->head_dim);
   size_t hq = (size_t)c->n_heads * (size_t)c->head_dim;
-  ra_wave_buffer_stats b0 = {0}, b1;
-  if (o->wave) ra_wave_buffer_totals(o->wave, &b0);
   for (int l = 0; l < c->n_layers && rc == RA_OK; l++) {
     rc = ra_step_layer_qkv(st, l, err);
     ra_tensor q1 = ra_tensor_rows(&st->cur_q, P, 1), att1 = ra_tensor_rows(&st->cur_att, P, 1);
-    /* wave: the zones first, since the stores' requests carry the retrieval zone */
-    const ra_remote_wave_sel *sel = NULL;
-    const ra_tensor *est_o = NULL, *est_ml = NULL;
-    if (rc == RA_OK && remote && o->wave) {
-      uint64_t ts = uv_hrtime();
-      rc = ra_wave_select(o->wave, l, &q1, scale, &sel, &est_o, &est_ml, err);
-      s.select_us += (double)(uv_hrtime() - ts) / 1e3;
-    }
-    if (rc == RA_OK && (remote || retro)) rc = be->ops->download(be, &q1, 0, o->q_host, hq, err);
-    if (rc == RA_OK && remote && retro) {
-      retro_gather_q(o, l, step, P);
-      rc = ra_remote_attend_begin_retro(o->remote, (uint32_t)l, o->q_host, step, P, o->rq, err);
-    } else if (rc == RA_OK && remote) {
-      rc = sel ? ra_remote_attend_begin_wave(o->remote, (uint32_t)l, o->q_host, sel, err)
-               : ra_remote_attend_begin(o->remote, (uint32_t)l, o->q_host, err);
-    }
-    /* the device's own partial over sink + window while the stores work */
-    if (rc == RA_OK)
-      rc = be->ops->attn_decode(be, &q1, &st->k_cache[l], &st->v_cache[l], ranges, n_ranges, scale, &att1,
-                                &st->dec_ml, err);
-    if (rc == RA_OK && est_o) rc = be->ops->attn_merge(be, &att1, &st->dec_ml, est_o, est_ml, err);
-    /* wave: the retrieved clusters the device buffer holds (the stores were not asked for them) */
-    if (rc == RA_OK && sel) {
-      const ra_tensor *buf_o, *buf_ml;
-      rc = ra_wave_attend_buffer(o->wave, l, &q1, scale, &buf_o, &buf_ml, err);
-      if (rc == RA_OK && buf_o) rc = be->ops->attn_merge(be, &att1, &st->dec_ml, buf_o, buf_ml, err);
-    }
-    if (rc == RA_OK && remote) {
-      rc = be->ops->sync(be, err);
-      uint64_t tw = uv_hrtime();
-      ra_remote_stats rs;
-      if (rc == RA_OK)
-        rc = ra_remote_attend_end_retro(o->remote, o->o_host, o->ml_host, retro ? o->ro : NULL,
-                                        retro ? o->rml : NULL, &rs, err);
-      uint64_t tm = uv_hrtime();
-      s.wait_us += (double)(tm - tw) / 1e3;
-      if (rc == RA_OK) {
-        s.store_us += rs.store_us;
-        s.n_scanned += rs.n_scanned;
-        s.retro_rows += rs.retro_rows;
-        s.retro_store_us += rs.retro_us;
-        rc = be->ops->upload(be, &o->rem_o, 0, o->o_host, hq, err);
-      }
-      if (rc == RA_OK) rc = be->ops->upload(be, &o->rem_ml, 0, o->ml_host, (size_t)c->n_heads * 2, err);
-      if (rc == RA_OK) rc = be->ops->attn_merge(be, &att1, &st->dec_ml, &o->rem_o, &o->rem_ml, err);
-      s.merge_us += (double)(uv_hrtime() - tm) / 1e3;
-      /* wave: the misses' rows are fetched for the buffer while the next layers compute */
-      if (rc == RA_OK && sel) rc = ra_wave_admit(o->wave, l, err);
-    }
+    if (rc == RA_OK) rc = decode_layer_send(o, d, l, &q1, err);
+    if (rc == RA_OK) rc = decode_layer_attend(o, d, l, &q1, &att1, err);
     if (rc == RA_OK && retro) {
       uint64_t tr = uv_hrtime();
-      retro_merge(o, l, step, P, remote);
+      retro_merge(o, l, step, P, d->remote);
       rc = retro_keep(o, l, step, &att1, err);
       if (rc == RA_OK && P) rc = be->ops->upload(be, &st->cur_att, 0, o->ratt, (size_t)P * hq, err);
-      s.retro_us += (double)(uv_hrtime() - tr) / 1e3;
+      d->s.retro_us += (double)(uv_hrtime() - tr) / 1e3;
     }
     if (rc == RA_OK && o->cfg.on_attn) {
       /* the hook sees the new token's attention, as without retro */
@@ -951,30 +1029,79 @@ int ra_offload_decode(ra_offload *o, int32_t token, ra_offload_stats *stats, ra_
     st->pos = n;
     return rc;
   }
-  if (retro) {
-    o->retro_tok[retro_slot(o, step)] = token;
-    o->n_decoded = step;
-    s.retro_past = P;
+  return decode_finish(o, d, token, stats, err);
+}
+
+/* ---- batched decode: the runtime as a ra_batch item (batch.h) ----
+ * A sequence's failure (a store's, say) is kept in its step (d->rc) rather than failing the
+ * batch: its later layers attend on the device only and it reports the error after the step. */
+
+static int batch_attn_begin(void *ctx, int l, ra_tensor *q, ra_tensor *k, ra_tensor *v, ra_error *err) {
+  ra_offload *o = ctx;
+  decode_step *d = &o->ds;
+  const ra_model_config *c = &o->m->cfg;
+  int rc = o->m->be->ops->rope_store(o->m->be, q, k, v, d->n, c->n_rot, c->rope_theta, c->rope_style,
+                                     &o->st->k_cache[l], &o->st->v_cache[l], ring_row(o, d->n), err);
+  if (rc == RA_OK && d->rc == RA_OK) d->rc = decode_layer_send(o, d, l, q, &d->err);
+  return rc;
+}
+
+static int batch_attn_end(void *ctx, int l, ra_tensor *q, ra_tensor *att, ra_error *err) {
+  ra_offload *o = ctx;
+  decode_step *d = &o->ds;
+  if (d->rc) {
+    d->remote = 0;
+    d->sel = NULL;
+    d->est_o = d->est_ml = NULL;
+    return decode_layer_attend(o, d, l, q, att, err);
   }
-  s.n_offloaded = o->remote ? off_e - off_b : 0;
-  if (o->wave) {
-    ra_wave_buffer_totals(o->wave, &b1);
-    s.buffer_hits = b1.hits - b0.hits;
-    s.buffer_misses = b1.misses - b0.misses;
-    s.buffer_rows = b1.rows - b0.rows;
-    s.fetch_us = b1.fetch_us - b0.fetch_us;
-  }
-  s.total_us = (double)(uv_hrtime() - t0) / 1e3;
-  if (o->n_steps == o->steps_cap) {
-    size_t cap = o->steps_cap ? 2 * o->steps_cap : 64;
-    ra_offload_stats *grown = realloc(o->steps, cap * sizeof *grown);
-    if (!grown) return ra_errorf(err, RA_ENOMEM, "offload: out of memory for step timings");
-    o->steps = grown;
-    o->steps_cap = cap;
-  }
-  o->steps[o->n_steps++] = s;
-  if (stats) *stats = s;
+  d->rc = decode_layer_attend(o, d, l, q, att, &d->err);
   return RA_OK;
+}
+
+static int batchable(const ra_offload *o) { return o->cfg.retro_window == 0 && !o->cfg.on_attn; }
+
+int ra_offload_decode_batch(ra_offload *const *os, const int32_t *tokens, int n, ra_batch *b, int *rcs,
+                            ra_error *errs, ra_offload_stats *stats, ra_error *err) {
+  enum { MAX = 256 };
+  if (n < 1 || n > MAX) return ra_errorf(err, RA_EINVAL, "offload: a batch of %d sequences (1 to %d)", n, MAX);
+  ra_batch_item items[MAX];
+  ra_batch_attn attn[MAX];
+  int which[MAX], n_items = 0;
+  for (int i = 0; i < n; i++) {
+    ra_offload *o = os[i];
+    ra_error_clear(&errs[i]);
+    if (!batchable(o)) {
+      rcs[i] = ra_offload_decode(o, tokens[i], stats ? &stats[i] : NULL, &errs[i]);
+      continue;
+    }
+    if ((rcs[i] = decode_setup(o, &o->ds, &errs[i])) != RA_OK) continue;
+    attn[n_items] = (ra_batch_attn){o, batch_attn_begin, batch_attn_end};
+    items[n_items] = (ra_batch_item){o->st, &tokens[i], 1, &attn[n_items]};
+    which[n_items++] = i;
+  }
+  if (!n_items) return RA_OK;
+  ra_backend *be = os[which[0]]->m->be;
+  const size_t vocab = (size_t)os[which[0]]->m->cfg.vocab;
+  int rc = ra_batch_forward(b, items, n_items, err);
+  if (rc == RA_OK) rc = be->ops->sync(be, err);
+  for (int j = 0; j < n_items; j++) {
+    int i = which[j];
+    ra_offload *o = os[i];
+    decode_step *d = &o->ds;
+    if (rc == RA_OK && d->rc == RA_OK)
+      d->rc = be->ops->copy(be, &o->st->logits, 0, ra_batch_logits(b), (size_t)j * vocab, vocab, &d->err);
+    if (rc != RA_OK || d->rc != RA_OK) {
+      rcs[i] = rc != RA_OK ? rc : d->rc;
+      errs[i] = rc != RA_OK ? *err : d->err;
+      o->st->pos = d->n;
+      o->st->n = 0;
+      continue;
+    }
+    o->st->n_logits = 1;
+    rcs[i] = decode_finish(o, d, tokens[i], stats ? &stats[i] : NULL, &errs[i]);
+  }
+  return rc;
 }
 
 int ra_offload_forward(void *ctx, ra_state *st, const int32_t *tokens, int64_t n, ra_error *err) {

@@ -27,6 +27,7 @@
 #ifndef RA_OFFLOAD_H
 #define RA_OFFLOAD_H
 
+#include "batch.h"
 #include "model.h"
 #include "modes.h"
 #include "offload_plan.h"
@@ -144,6 +145,18 @@ int ra_offload_seed(ra_offload *o, const ra_prefill_capture *cap, ra_offload_sta
 
 /* One decode step: feeds `token` at the next position. */
 int ra_offload_decode(ra_offload *o, int32_t token, ra_offload_stats *stats, ra_error *err);
+
+/* One decode step of n runtimes (of one model), token i fed to os[i], in one batched forward
+ * (batch.h): the dense work over [n, dim] (weights read once per step); per layer, every
+ * sequence's store requests are sent before any is waited for, so the stores work on all
+ * sequences at once, then each sequence's device attention (its sink + window), its stores'
+ * partial and the merge. A runtime with retrospective correction or an on_attn hook decodes alone
+ * (ra_offload_decode) within the call. A sequence's own failure (its store's) fails only it:
+ * rcs[i] / errs[i], its position unchanged; each success leaves its logits in its state and its
+ * timings in stats[i] (optional). Returns the batch's own failure (the backend's), which is every
+ * batched sequence's. b: ra_batch_new with max_items >= n. */
+int ra_offload_decode_batch(ra_offload *const *os, const int32_t *tokens, int n, ra_batch *b, int *rcs,
+                            ra_error *errs, ra_offload_stats *stats, ra_error *err);
 
 /* The roar build's key lists (config key_top_queries): every key of keys [n_keys, head_dim] (an
  * fp32 tensor on be) gets the t queries of queries [n_q, head_dim] with the largest margin

@@ -372,7 +372,7 @@ static void step_full(ra_sched *s) {
         if (take > budget) take = budget;
         budget -= take;
       }
-      items[n] = (ra_batch_item){q->st, q->toks + q->n_fed, take};
+      items[n] = (ra_batch_item){q->st, q->toks + q->n_fed, take, NULL};
       who[n++] = q;
       tokens += take;
     }
@@ -393,33 +393,57 @@ static void step_full(ra_sched *s) {
   }
 }
 
-/* Offload modes: every sequence in turn, one step each. */
+/* A sequence's step result: its store's failure fails it alone. */
+static void offload_done(ra_sched *s, seq *q, size_t take, int rc, const ra_error *err, const ra_offload_stats *st) {
+  if (rc) {
+    ra_metric_add(s->cfg.metrics->store_errors, NULL, 1);
+    leave(s, q, NULL, rc, err->msg);
+    return;
+  }
+  if (take == 1) ra_metric_observe(s->cfg.metrics->store_wait, st->wait_us * 1e-6);
+  q->n_fed += take;
+  if (q->n_fed == q->n_toks) {
+    ra_state *rs = ra_offload_state(q->off);
+    sample(s, q, &rs->logits, rs->n_logits - 1);
+  }
+}
+
+/* Offload modes: a new sequence's prefill alone, then one batched decode step of every other
+ * running sequence (ra_offload_decode_batch). */
 static void step_offload(ra_sched *s) {
-  int n = 0;
+  enum { MAX = 256 };
+  ra_offload *offs[MAX];
+  int32_t toks[MAX], rcs[MAX];
+  ra_error errs[MAX];
+  ra_offload_stats stats[MAX];
+  seq *who[MAX];
+  int n = 0, n_prefill = 0;
   seq *next;
   for (seq *q = s->running; q; q = next) {
     next = q->next;
+    if (q->n_fed != 0) {
+      if (n < MAX) {
+        offs[n] = q->off;
+        toks[n] = q->toks[q->n_fed];
+        who[n++] = q;
+      }
+      continue;
+    }
     ra_error err;
     ra_error_clear(&err);
     ra_offload_stats st = {0};
-    int rc;
-    size_t take = q->n_fed == 0 ? q->n_toks : 1;
-    if (q->n_fed == 0) rc = ra_offload_prefill(q->off, q->toks, (int64_t)q->n_toks, &st, &err);
-    else rc = ra_offload_decode(q->off, q->toks[q->n_fed], &st, &err);
-    n++;
-    if (rc) {
-      ra_metric_add(s->cfg.metrics->store_errors, NULL, 1);
-      leave(s, q, NULL, rc, err.msg);
-      continue;
-    }
-    if (take == 1) ra_metric_observe(s->cfg.metrics->store_wait, st.wait_us * 1e-6);
-    q->n_fed += take;
-    if (q->n_fed == q->n_toks) {
-      ra_state *rs = ra_offload_state(q->off);
-      sample(s, q, &rs->logits, rs->n_logits - 1);
-    }
+    int rc = ra_offload_prefill(q->off, q->toks, (int64_t)q->n_toks, &st, &err);
+    n_prefill++;
+    offload_done(s, q, q->n_toks, rc, &err, &st);
   }
-  if (n) ra_metric_observe(s->cfg.metrics->batch_size, n);
+  if (n) {
+    ra_error err;
+    ra_error_clear(&err);
+    memset(stats, 0, sizeof(ra_offload_stats) * (size_t)n);
+    ra_offload_decode_batch(offs, toks, n, s->batch, rcs, errs, stats, &err);
+    for (int i = 0; i < n; i++) offload_done(s, who[i], 1, rcs[i], &errs[i], &stats[i]);
+  }
+  if (n + n_prefill) ra_metric_observe(s->cfg.metrics->batch_size, n + n_prefill);
 }
 
 static void *engine(void *arg) {
@@ -481,8 +505,10 @@ int ra_sched_new(const ra_sched_config *cfg, ra_sched **out, ra_error *err) {
   s->vals = malloc(sizeof(float) * (size_t)s->k_max);
   int rc = RA_OK;
   if (!s->ids || !s->vals) rc = ra_errorf(err, RA_ENOMEM, "serve: out of memory");
-  if (rc == RA_OK && cfg->off.mode == RA_MODE_FULL)
-    rc = ra_batch_new(cfg->m, cfg->prefill_chunk + cfg->max_seqs, cfg->max_seqs, &s->batch, err);
+  /* full: prompt chunks and decoders; offload modes: the decoders, one token each */
+  if (rc == RA_OK)
+    rc = ra_batch_new(cfg->m, cfg->off.mode == RA_MODE_FULL ? cfg->prefill_chunk + cfg->max_seqs : cfg->max_seqs,
+                      cfg->max_seqs, &s->batch, err);
   if (rc) {
     ra_batch_free(s->batch);
     free(s->ids);

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_USER = 4, TT_UNUSED = 5, TT_BYTE = 6 };
+enum { TT_NORMAL = RA_TOK_NORMAL, TT_UNKNOWN = 2, TT_CONTROL = RA_TOK_CONTROL, TT_USER = RA_TOK_USER, TT_UNUSED = RA_TOK_UNUSED, TT_BYTE = 6 };
 enum pre_kind { PRE_GPT2, PRE_SMOLLM, PRE_LLAMA3, PRE_QWEN2 };
 enum chat_kind { CHAT_NONE, CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA2 };
 
@@ -559,12 +559,6 @@ void ra_tok_free(ra_tokenizer *t) {
   free(t);
 }
 
-static int32_t opt_id(const ra_gguf *g, const char *key, int32_t n_vocab) {
-  uint32_t v;
-  if (ra_gguf_get_u32(g, key, &v, NULL) != RA_OK || v >= (uint32_t)n_vocab) return -1;
-  return (int32_t)v;
-}
-
 static int cmp_special(const void *a, const void *b, void *ctx) {
   const ra_tokenizer *t = ctx;
   uint32_t la = t->len[*(const int32_t *)a], lb = t->len[*(const int32_t *)b];
@@ -582,23 +576,21 @@ static void sort_specials(ra_tokenizer *t) {
     }
 }
 
-static int load_merges(ra_tokenizer *t, const ra_gguf_kv *mk, ra_error *err) {
-  size_t cap = pow2_at_least((size_t)mk->arr_n);
+static int load_merges(ra_tokenizer *t, const ra_tok_spec *sp, ra_error *err) {
+  size_t cap = pow2_at_least(sp->n_merges);
   t->merges.keys = calloc(cap, sizeof(uint64_t));
   t->merges.rank = malloc(cap * sizeof(int32_t));
   t->merges.result = malloc(cap * sizeof(int32_t));
   if (!t->merges.keys || !t->merges.rank || !t->merges.result) return ra_errorf(err, RA_ENOMEM, "tokenizer: out of memory");
   t->merges.mask = cap - 1;
   char buf[1024];
-  for (uint64_t r = 0; r < mk->arr_n; r++) {
-    ra_gguf_str s = ra_gguf_arr_str(mk, r);
-    const char *sp = memchr(s.ptr, ' ', s.len);
-    if (!sp || s.len >= sizeof buf) return ra_errorf(err, RA_EFORMAT, "tokenizer: merge %llu is malformed", (unsigned long long)r);
-    size_t la = (size_t)(sp - s.ptr), lb = s.len - la - 1;
-    int32_t a = vocab_lookup(t, s.ptr, la), b = vocab_lookup(t, sp + 1, lb);
-    memcpy(buf, s.ptr, la);
-    memcpy(buf + la, sp + 1, lb);
-    int32_t res = vocab_lookup(t, buf, la + lb);
+  for (size_t r = 0; r < sp->n_merges; r++) {
+    ra_gguf_str ma = sp->merges[2 * r], mb = sp->merges[2 * r + 1];
+    if (ma.len + mb.len >= sizeof buf) return ra_errorf(err, RA_EFORMAT, "tokenizer: merge %zu is malformed", r);
+    int32_t a = vocab_lookup(t, ma.ptr, ma.len), b = vocab_lookup(t, mb.ptr, mb.len);
+    memcpy(buf, ma.ptr, ma.len);
+    memcpy(buf + ma.len, mb.ptr, mb.len);
+    int32_t res = vocab_lookup(t, buf, ma.len + mb.len);
     if (a < 0 || b < 0 || res < 0) continue; /* merges of tokens outside the vocabulary never fire */
     uint64_t key = (((uint64_t)(uint32_t)a << 32) | (uint32_t)b) + 1;
     size_t i = mix64(key) & t->merges.mask;
@@ -611,9 +603,8 @@ static int load_merges(ra_tokenizer *t, const ra_gguf_kv *mk, ra_error *err) {
   return RA_OK;
 }
 
-static void detect_chat(ra_tokenizer *t, const ra_gguf *g) {
-  ra_gguf_str tpl;
-  if (ra_gguf_get_str(g, "tokenizer.chat_template", &tpl, NULL) != RA_OK) return;
+static void detect_chat(ra_tokenizer *t, ra_gguf_str tpl) {
+  if (!tpl.ptr) return;
   /* memmem over a non-terminated string */
   const char *im = memmem(tpl.ptr, tpl.len, "<|im_start|>", 12);
   if (im) {
@@ -635,34 +626,25 @@ static void detect_chat(ra_tokenizer *t, const ra_gguf *g) {
   }
 }
 
-int ra_tok_load_gguf(const ra_gguf *g, ra_tokenizer **out, ra_error *err) {
-  ra_gguf_str model, pre = {"", 0};
-  int rc = ra_gguf_get_str(g, "tokenizer.ggml.model", &model, err);
-  if (rc) return rc;
-  const ra_gguf_kv *tk = ra_gguf_find(g, "tokenizer.ggml.tokens");
-  if (!tk || tk->type != RA_GGUF_ARRAY || tk->arr_type != RA_GGUF_STRING || tk->arr_n == 0 || tk->arr_n > (1u << 24))
-    return ra_errorf(err, RA_EFORMAT, "tokenizer: tokenizer.ggml.tokens missing or not a string array");
+static int32_t valid_id(int32_t id, int32_t n_vocab) { return id >= 0 && id < n_vocab ? id : -1; }
+
+int ra_tok_build(const ra_tok_spec *sp, ra_tokenizer **out, ra_error *err) {
+  if (sp->n_vocab <= 0 || sp->n_vocab > (1 << 24)) return ra_errorf(err, RA_EFORMAT, "tokenizer: %d tokens", sp->n_vocab);
+  int rc;
   ra_tokenizer *t = calloc(1, sizeof(*t));
   if (!t) return ra_errorf(err, RA_ENOMEM, "tokenizer: out of memory");
   t->turn_end = -1;
-  if (ra_gguf_str_eq(model, "gpt2")) {
-    t->model = RA_TOK_BPE;
-  } else if (ra_gguf_str_eq(model, "llama")) {
-    t->model = RA_TOK_SPM;
-  } else {
-    rc = ra_errorf(err, RA_EUNSUPPORTED, "tokenizer: model '%.*s' is not supported (gpt2, llama)", (int)model.len, model.ptr);
-    goto fail;
-  }
-  ra_gguf_get_str(g, "tokenizer.ggml.pre", &pre, NULL);
+  t->model = sp->model;
+  const char *pre = sp->pre ? sp->pre : "";
   t->pre = PRE_GPT2;
-  if (ra_gguf_str_eq(pre, "smollm")) t->pre = PRE_SMOLLM;
-  else if (ra_gguf_str_eq(pre, "llama-bpe") || ra_gguf_str_eq(pre, "llama3")) t->pre = PRE_LLAMA3;
-  else if (ra_gguf_str_eq(pre, "qwen2")) t->pre = PRE_QWEN2;
-  else if (t->model == RA_TOK_BPE && pre.len && !ra_gguf_str_eq(pre, "gpt2") && !ra_gguf_str_eq(pre, "default"))
-    ra_log_warn("tokenizer: pre-tokenizer '%.*s' unknown; using GPT-2's", (int)pre.len, pre.ptr);
-  t->n_vocab = (int32_t)tk->arr_n;
+  if (strcmp(pre, "smollm") == 0) t->pre = PRE_SMOLLM;
+  else if (strcmp(pre, "llama-bpe") == 0 || strcmp(pre, "llama3") == 0) t->pre = PRE_LLAMA3;
+  else if (strcmp(pre, "qwen2") == 0) t->pre = PRE_QWEN2;
+  else if (t->model == RA_TOK_BPE && *pre && strcmp(pre, "gpt2") != 0 && strcmp(pre, "default") != 0)
+    ra_log_warn("tokenizer: pre-tokenizer '%s' unknown; using GPT-2's", pre);
+  t->n_vocab = sp->n_vocab;
   size_t pool = 0;
-  for (int32_t i = 0; i < t->n_vocab; i++) pool += ra_gguf_arr_str(tk, (uint64_t)i).len + 1;
+  for (int32_t i = 0; i < t->n_vocab; i++) pool += sp->tokens[i].len + 1;
   t->text_pool = malloc(pool);
   t->text = malloc((size_t)t->n_vocab * sizeof(char *));
   t->len = malloc((size_t)t->n_vocab * sizeof(uint32_t));
@@ -676,20 +658,17 @@ int ra_tok_load_gguf(const ra_gguf *g, ra_tokenizer **out, ra_error *err) {
   }
   t->vocab.mask = vcap - 1;
   memset(t->vocab.slots, 0xff, vcap * sizeof(int32_t));
-  const ra_gguf_kv *sk = ra_gguf_find(g, "tokenizer.ggml.scores");
-  const ra_gguf_kv *ty = ra_gguf_find(g, "tokenizer.ggml.token_type");
-  if (sk && (sk->type != RA_GGUF_ARRAY || sk->arr_n != tk->arr_n || sk->arr_type == RA_GGUF_STRING)) sk = NULL;
-  if (ty && (ty->type != RA_GGUF_ARRAY || ty->arr_n != tk->arr_n || ty->arr_type == RA_GGUF_STRING)) ty = NULL;
   size_t w = 0;
   for (int32_t i = 0; i < t->n_vocab; i++) {
-    ra_gguf_str s = ra_gguf_arr_str(tk, (uint64_t)i);
+    ra_gguf_str s = sp->tokens[i];
     t->text[i] = t->text_pool + w;
-    memcpy(t->text_pool + w, s.ptr, s.len);
+    if (s.len) memcpy(t->text_pool + w, s.ptr, s.len);
     t->text_pool[w + s.len] = 0;
     w += s.len + 1;
     t->len[i] = (uint32_t)s.len;
-    t->scores[i] = sk ? (float)ra_gguf_arr_num(sk, (uint64_t)i) : 0.0f;
-    t->type[i] = ty ? (int32_t)ra_gguf_arr_num(ty, (uint64_t)i) : TT_NORMAL;
+    t->scores[i] = sp->scores ? sp->scores[i] : 0.0f;
+    t->type[i] = sp->types ? sp->types[i] : TT_NORMAL;
+    if (t->type[i] == TT_UNUSED && s.len == 0) continue; /* a hole in the id space */
     size_t h = fnv1a(s.ptr, s.len) & t->vocab.mask;
     int dup = 0;
     for (; t->vocab.slots[h] >= 0; h = (h + 1) & t->vocab.mask)
@@ -716,28 +695,95 @@ int ra_tok_load_gguf(const ra_gguf *g, ra_tokenizer **out, ra_error *err) {
       t->byte_id[b] = vocab_lookup(t, buf, 6);
     }
   }
-  if (t->model == RA_TOK_BPE) {
-    const ra_gguf_kv *mk = ra_gguf_find(g, "tokenizer.ggml.merges");
-    if (!mk || mk->type != RA_GGUF_ARRAY || mk->arr_type != RA_GGUF_STRING) {
-      rc = ra_errorf(err, RA_EFORMAT, "tokenizer: a gpt2 tokenizer needs tokenizer.ggml.merges");
-      goto fail;
-    }
-    if ((rc = load_merges(t, mk, err))) goto fail;
-  }
-  t->bos = opt_id(g, "tokenizer.ggml.bos_token_id", t->n_vocab);
-  t->eos = opt_id(g, "tokenizer.ggml.eos_token_id", t->n_vocab);
-  t->eot = opt_id(g, "tokenizer.ggml.eot_token_id", t->n_vocab);
-  t->unk = opt_id(g, "tokenizer.ggml.unknown_token_id", t->n_vocab);
-  int flag;
-  t->add_bos = t->model == RA_TOK_SPM;
-  if (ra_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &flag, NULL) == RA_OK) t->add_bos = flag;
-  t->add_space_prefix = t->model == RA_TOK_SPM;
-  if (ra_gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", &flag, NULL) == RA_OK) t->add_space_prefix = flag;
-  detect_chat(t, g);
+  if (t->model == RA_TOK_BPE && (rc = load_merges(t, sp, err))) goto fail;
+  t->bos = valid_id(sp->bos, t->n_vocab);
+  t->eos = valid_id(sp->eos, t->n_vocab);
+  t->eot = valid_id(sp->eot, t->n_vocab);
+  t->unk = valid_id(sp->unk, t->n_vocab);
+  t->add_bos = sp->add_bos;
+  t->add_space_prefix = sp->add_space_prefix;
+  detect_chat(t, sp->chat_template);
   *out = t;
   return RA_OK;
 fail:
   ra_tok_free(t);
+  return rc;
+}
+
+static int32_t opt_id(const ra_gguf *g, const char *key) {
+  uint32_t v;
+  if (ra_gguf_get_u32(g, key, &v, NULL) != RA_OK || v > INT32_MAX) return -1;
+  return (int32_t)v;
+}
+
+int ra_tok_load_gguf(const ra_gguf *g, ra_tokenizer **out, ra_error *err) {
+  ra_gguf_str model, pre = {"", 0};
+  int rc = ra_gguf_get_str(g, "tokenizer.ggml.model", &model, err);
+  if (rc) return rc;
+  const ra_gguf_kv *tk = ra_gguf_find(g, "tokenizer.ggml.tokens");
+  if (!tk || tk->type != RA_GGUF_ARRAY || tk->arr_type != RA_GGUF_STRING || tk->arr_n == 0 || tk->arr_n > (1u << 24))
+    return ra_errorf(err, RA_EFORMAT, "tokenizer: tokenizer.ggml.tokens missing or not a string array");
+  ra_tok_spec sp = {.n_vocab = (int32_t)tk->arr_n};
+  if (ra_gguf_str_eq(model, "gpt2")) sp.model = RA_TOK_BPE;
+  else if (ra_gguf_str_eq(model, "llama")) sp.model = RA_TOK_SPM;
+  else return ra_errorf(err, RA_EUNSUPPORTED, "tokenizer: model '%.*s' is not supported (gpt2, llama)", (int)model.len, model.ptr);
+  ra_gguf_get_str(g, "tokenizer.ggml.pre", &pre, NULL);
+  char pre_name[64];
+  snprintf(pre_name, sizeof pre_name, "%.*s", (int)pre.len, pre.ptr);
+  sp.pre = pre_name;
+  const ra_gguf_kv *sk = ra_gguf_find(g, "tokenizer.ggml.scores");
+  const ra_gguf_kv *ty = ra_gguf_find(g, "tokenizer.ggml.token_type");
+  if (sk && (sk->type != RA_GGUF_ARRAY || sk->arr_n != tk->arr_n || sk->arr_type == RA_GGUF_STRING)) sk = NULL;
+  if (ty && (ty->type != RA_GGUF_ARRAY || ty->arr_n != tk->arr_n || ty->arr_type == RA_GGUF_STRING)) ty = NULL;
+  const ra_gguf_kv *mk = ra_gguf_find(g, "tokenizer.ggml.merges");
+  if (sp.model == RA_TOK_BPE && (!mk || mk->type != RA_GGUF_ARRAY || mk->arr_type != RA_GGUF_STRING))
+    return ra_errorf(err, RA_EFORMAT, "tokenizer: a gpt2 tokenizer needs tokenizer.ggml.merges");
+  size_t n_merges = sp.model == RA_TOK_BPE ? (size_t)mk->arr_n : 0;
+  ra_gguf_str *tokens = malloc((size_t)sp.n_vocab * sizeof(ra_gguf_str));
+  ra_gguf_str *merges = malloc((2 * n_merges + 1) * sizeof(ra_gguf_str));
+  float *scores = sk ? malloc((size_t)sp.n_vocab * sizeof(float)) : NULL;
+  int32_t *types = ty ? malloc((size_t)sp.n_vocab * sizeof(int32_t)) : NULL;
+  if (!tokens || !merges || (sk && !scores) || (ty && !types)) {
+    rc = ra_errorf(err, RA_ENOMEM, "tokenizer: out of memory");
+    goto done;
+  }
+  for (int32_t i = 0; i < sp.n_vocab; i++) {
+    tokens[i] = ra_gguf_arr_str(tk, (uint64_t)i);
+    if (scores) scores[i] = (float)ra_gguf_arr_num(sk, (uint64_t)i);
+    if (types) types[i] = (int32_t)ra_gguf_arr_num(ty, (uint64_t)i);
+  }
+  /* GGUF merges are "a b", split at the first space */
+  for (size_t r = 0; r < n_merges; r++) {
+    ra_gguf_str s = ra_gguf_arr_str(mk, r);
+    const char *spc = memchr(s.ptr, ' ', s.len);
+    if (!spc) {
+      rc = ra_errorf(err, RA_EFORMAT, "tokenizer: merge %zu is malformed", r);
+      goto done;
+    }
+    merges[2 * r] = (ra_gguf_str){s.ptr, (size_t)(spc - s.ptr)};
+    merges[2 * r + 1] = (ra_gguf_str){spc + 1, s.len - (size_t)(spc - s.ptr) - 1};
+  }
+  sp.tokens = tokens;
+  sp.scores = scores;
+  sp.types = types;
+  sp.merges = merges;
+  sp.n_merges = n_merges;
+  sp.bos = opt_id(g, "tokenizer.ggml.bos_token_id");
+  sp.eos = opt_id(g, "tokenizer.ggml.eos_token_id");
+  sp.eot = opt_id(g, "tokenizer.ggml.eot_token_id");
+  sp.unk = opt_id(g, "tokenizer.ggml.unknown_token_id");
+  int flag;
+  sp.add_bos = sp.model == RA_TOK_SPM;
+  if (ra_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &flag, NULL) == RA_OK) sp.add_bos = flag;
+  sp.add_space_prefix = sp.model == RA_TOK_SPM;
+  if (ra_gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", &flag, NULL) == RA_OK) sp.add_space_prefix = flag;
+  ra_gguf_get_str(g, "tokenizer.chat_template", &sp.chat_template, NULL);
+  rc = ra_tok_build(&sp, out, err);
+done:
+  free(tokens);
+  free(merges);
+  free(scores);
+  free(types);
   return rc;
 }
 

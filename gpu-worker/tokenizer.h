@@ -20,7 +20,31 @@ typedef struct ra_tokenizer ra_tokenizer;
 
 typedef enum ra_tok_model { RA_TOK_BPE = 0, RA_TOK_SPM = 1 } ra_tok_model;
 
+/* Token types (GGUF's tokenizer.ggml.token_type values). */
+enum { RA_TOK_NORMAL = 1, RA_TOK_CONTROL = 3, RA_TOK_USER = 4, RA_TOK_UNUSED = 5 };
+
+/* A tokenizer as its files describe it; the strings need only live during ra_tok_build.
+ * Ids absent from a sparse id space have an empty text and type RA_TOK_UNUSED. */
+typedef struct ra_tok_spec {
+  ra_tok_model model;
+  const char *pre;             /* pre-tokenizer family by GGUF's name: "smollm", "llama-bpe", "qwen2", "gpt2" */
+  int32_t n_vocab;
+  const ra_gguf_str *tokens;   /* [n_vocab] texts */
+  const int32_t *types;        /* [n_vocab] RA_TOK_*, or NULL (all normal) */
+  const float *scores;         /* [n_vocab] SentencePiece scores, or NULL */
+  const ra_gguf_str *merges;   /* BPE: [2 * n_merges] (left, right) texts, by rank */
+  size_t n_merges;
+  int32_t bos, eos, eot, unk;  /* -1: none */
+  int add_bos, add_space_prefix;
+  ra_gguf_str chat_template;   /* ptr NULL: none */
+} ra_tok_spec;
+
+int ra_tok_build(const ra_tok_spec *spec, ra_tokenizer **out, ra_error *err);
 int ra_tok_load_gguf(const ra_gguf *g, ra_tokenizer **out, ra_error *err);
+/* A Hugging Face directory's tokenizer.json (byte-level BPE) and tokenizer_config.json (special
+ * tokens, add_bos_token, chat_template), read with jansson. RA_ENOTFOUND without tokenizer.json;
+ * RA_EUNSUPPORTED for a model or pre-tokenizer of another kind. */
+int ra_tok_load_hf(const char *dir, ra_tokenizer **out, ra_error *err);
 void ra_tok_free(ra_tokenizer *t);
 
 ra_tok_model ra_tok_kind(const ra_tokenizer *t);

@@ -66,7 +66,7 @@ static void test_batch_matches_alone(void **state) {
     for (int i = 0; i < N_SEQ; i++) {
       if ((i == 2 && step == 0) || done[i] > n_steps) continue;
       int64_t pos = st[i]->pos;
-      items[n] = (ra_batch_item){st[i], &toks[i][pos], pos == 0 ? n_prompt[i] : 1};
+      items[n] = (ra_batch_item){st[i], &toks[i][pos], pos == 0 ? n_prompt[i] : 1, NULL};
       idx[n++] = i;
     }
     if (!n) break;
@@ -87,7 +87,7 @@ static void test_batch_matches_alone(void **state) {
   /* a step past a sequence's context is refused and moves nothing */
   st[0]->pos = N_CTX;
   ra_error err;
-  ra_batch_item over = {st[0], toks[0], 1};
+  ra_batch_item over = {st[0], toks[0], 1, NULL};
   assert_int_equal(ra_batch_forward(b, &over, 1, &err), RA_EINVAL);
   assert_int_equal(st[0]->pos, N_CTX);
   for (int i = 0; i < N_SEQ; i++) ra_state_free(st[i]);

@@ -101,9 +101,9 @@ prompts = [f"Write one sentence about the number {i}." for i in range(8)]
 b = client("batch")
 
 
-def ask(p):
+def ask(p, server=b):
     msgs = [{"role": "user", "content": p}]
-    return "".join(ch.choices[0].delta.content or "" for ch in b.chat.completions.create(
+    return "".join(ch.choices[0].delta.content or "" for ch in server.chat.completions.create(
         model=MODEL, messages=msgs, temperature=0, max_tokens=20, stream=True))
 
 
@@ -159,6 +159,20 @@ with concurrent.futures.ThreadPoolExecutor(8) as pool:
     check(code == 429 and j["error"]["type"] == "rate_limit_error", f"9th request: {code} {j}")
     for f in futs:
         f.result()
+
+# --- offload batching: 4 concurrent greedy streams over the stores (flat) each return what the
+# same request returns alone, and steps decoded several sequences together
+fl = client("flat")
+fprompts = prompts[:4]
+falone = [ask(p, fl) for p in fprompts]
+steps1 = metric("flat", 'ra_serve_batch_sequences_bucket{le="1"}')
+with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    ftogether = list(pool.map(lambda p: ask(p, fl), fprompts))
+for p, x, y in zip(fprompts, falone, ftogether):
+    check(x == y and len(x) > 10, f"flat batched {y!r} != alone {x!r} ({p})")
+steps_all = metric("flat", "ra_serve_batch_sequences_count")
+check(steps_all - metric("flat", 'ra_serve_batch_sequences_bucket{le="1"}') >= 10,
+      f"flat: steps of several sequences ({steps_all} steps, {steps1} of one before the concurrent run)")
 
 # --- a client that disconnects mid-stream: its sequence stops and the stores free its KV
 
