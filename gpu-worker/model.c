@@ -537,8 +537,9 @@ int ra_state_new_ring(const ra_model *m, int64_t n_ctx, int64_t max_batch, int64
         (rc = ra_tensor_new(m->be, &st->v_cache[l], kv_dtype, 3, kv_shape, err)))
       goto fail;
   int64_t b = max_batch;
+  st->ffn_rows = b < RA_FFN_ROWS ? b : RA_FFN_ROWS;
   int64_t sx[2] = {b, c->dim}, sq[3] = {b, c->n_heads, c->head_dim}, skv[3] = {b, c->n_kv_heads, c->head_dim},
-          sf[2] = {b, c->ffn_dim}, sml[2] = {c->n_heads, 2}, sl[2] = {1, c->vocab};
+          sf[2] = {st->ffn_rows, c->ffn_dim}, sml[2] = {c->n_heads, 2}, sl[2] = {1, c->vocab};
   if ((rc = ra_tensor_new(m->be, &st->x, RA_DTYPE_F32, 2, sx, err)) ||
       (rc = ra_tensor_new(m->be, &st->xn, RA_DTYPE_F32, 2, sx, err)) ||
       (rc = ra_tensor_new(m->be, &st->q, RA_DTYPE_F32, 3, sq, err)) ||
@@ -556,6 +557,26 @@ int ra_state_new_ring(const ra_model *m, int64_t n_ctx, int64_t max_batch, int64
 fail:
   ra_state_free(st);
   return rc;
+}
+
+int ra_state_set_ffn_rows(ra_state *st, int64_t rows, ra_error *err) {
+  if (rows < 1 || rows > st->max_batch)
+    return ra_errorf(err, RA_EINVAL, "model: %lld MLP rows per pass (1 to the batch, %lld)", (long long)rows,
+                     (long long)st->max_batch);
+  ra_tensor gate, up;
+  const int64_t sf[2] = {rows, st->m->cfg.ffn_dim};
+  int rc = ra_tensor_new(st->be, &gate, RA_DTYPE_F32, 2, sf, err);
+  if (rc) return rc;
+  if ((rc = ra_tensor_new(st->be, &up, RA_DTYPE_F32, 2, sf, err))) {
+    ra_tensor_free(&gate);
+    return rc;
+  }
+  ra_tensor_free(&st->gate);
+  ra_tensor_free(&st->up);
+  st->gate = gate;
+  st->up = up;
+  st->ffn_rows = rows;
+  return RA_OK;
 }
 
 void ra_state_swap_cache(ra_state *st, int layer, ra_tensor *k, ra_tensor *v) {
@@ -588,8 +609,8 @@ int ra_step_begin(ra_state *st, const int32_t *tokens, int64_t n, ra_error *err)
   st->cur_k = ra_tensor_rows(&st->k, 0, n);
   st->cur_v = ra_tensor_rows(&st->v, 0, n);
   st->cur_att = ra_tensor_rows(&st->att, 0, n);
-  st->cur_gate = ra_tensor_rows(&st->gate, 0, n);
-  st->cur_up = ra_tensor_rows(&st->up, 0, n);
+  st->cur_gate = ra_tensor_rows(&st->gate, 0, n < st->ffn_rows ? n : st->ffn_rows);
+  st->cur_up = ra_tensor_rows(&st->up, 0, n < st->ffn_rows ? n : st->ffn_rows);
   return st->be->ops->get_rows(st->be, &st->m->tok_embd, tokens, n, &st->cur_x, err);
 }
 
@@ -649,12 +670,17 @@ int ra_step_layer_finish(ra_state *st, int l, ra_error *err) {
   const ra_backend_ops *op = st->be->ops;
   ra_backend *be = st->be;
   int rc;
-  /* x += att Wo^T (att: [n, heads, hd] as [n, heads*hd]);  x += W_down (silu(xn W_gate^T) * (xn W_up^T)) with xn = rmsnorm(x) */
-  if ((rc = op->matmul(be, &st->cur_att, &w->wo, NULL, &st->cur_x, 1, err)) ||
-      (rc = op->norm_swiglu(be, &st->cur_x, &w->ffn_norm, c->norm_eps, &st->cur_xn, &w->w_gate, &w->w_up, &st->cur_up,
-                            &st->cur_gate, err)) ||
-      (rc = op->matmul(be, &st->cur_gate, &w->w_down, NULL, &st->cur_x, 1, err)))
-    return ra_error_wrap(err, "layer %d", l);
+  /* x += att Wo^T (att: [n, heads, hd] as [n, heads*hd]);  x += W_down (silu(xn W_gate^T) * (xn W_up^T)) with xn = rmsnorm(x),
+   * the MLP over at most ffn_rows rows at a time (its [rows, ffn] activations) */
+  if ((rc = op->matmul(be, &st->cur_att, &w->wo, NULL, &st->cur_x, 1, err))) return ra_error_wrap(err, "layer %d", l);
+  for (int64_t r0 = 0; r0 < st->n; r0 += st->ffn_rows) {
+    const int64_t cn = st->n - r0 < st->ffn_rows ? st->n - r0 : st->ffn_rows;
+    ra_tensor x = ra_tensor_rows(&st->cur_x, r0, cn), xn = ra_tensor_rows(&st->cur_xn, r0, cn);
+    ra_tensor up = ra_tensor_rows(&st->cur_up, 0, cn), gate = ra_tensor_rows(&st->cur_gate, 0, cn);
+    if ((rc = op->norm_swiglu(be, &x, &w->ffn_norm, c->norm_eps, &xn, &w->w_gate, &w->w_up, &up, &gate, err)) ||
+        (rc = op->matmul(be, &gate, &w->w_down, NULL, &x, 1, err)))
+      return ra_error_wrap(err, "layer %d", l);
+  }
   return RA_OK;
 }
 

@@ -84,6 +84,10 @@ void ra_model_free(ra_model *m);
  * for an unknown name or a bad layer count. */
 int ra_model_config_preset(const char *spec, ra_model_config *cfg, ra_error *err);
 
+/* Rows of the MLP's [rows, ffn_dim] activations per pass: an offloaded prefill steps the whole
+ * prompt through each layer, and at 1M tokens two such [n, ffn] fp32 tensors would take 92 GB. */
+#define RA_FFN_ROWS 16384
+
 /* Inference state: KV cache and activation buffers for steps of up to max_batch tokens. */
 typedef struct ra_state {
   const ra_model *m;
@@ -97,8 +101,10 @@ typedef struct ra_state {
   int64_t wrap_at, wrap_row; /* a ring that wraps inside the step: its tokens from wrap_at on (0 < wrap_at
                         < n) go to cache rows from wrap_row; ra_step_begin sets wrap_at 0 (none) */
   ra_tensor *k_cache, *v_cache; /* per layer: [n_ctx, n_kv_heads, hd] */
-  /* per-step activations, each with max_batch rows; views of n rows are in the cur_* fields */
+  /* per-step activations, each with max_batch rows (gate and up: ffn_rows, the MLP runs over a
+   * step's rows that many at a time); views of n rows are in the cur_* fields */
   ra_tensor x, xn, q, k, v, att, gate, up;
+  int64_t ffn_rows;
   ra_tensor dec_ml; /* [n_heads, 2] (m, l) of local decode attention */
   ra_tensor logits; /* [logits_rows, vocab] */
   int64_t logits_rows;
@@ -108,6 +114,9 @@ typedef struct ra_state {
 } ra_state;
 
 int ra_state_new(const ra_model *m, int64_t n_ctx, int64_t max_batch, ra_dtype kv_dtype, ra_state **out, ra_error *err);
+/* Reallocates the MLP activations for `rows` rows per pass (1 .. max_batch; RA_FFN_ROWS or the
+ * batch by default): less device memory for long prompts, the same results. Between steps. */
+int ra_state_set_ffn_rows(ra_state *st, int64_t rows, ra_error *err);
 /* A state whose per-layer caches hold only cache_rows rows (<= n_ctx) for a context of n_ctx tokens:
  * the caller decides where each step's k, v go (st->cache_row) and what attention covers — the
  * distributed decode keeps sink + window there (gpu-worker/offload.h). */

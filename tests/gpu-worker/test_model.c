@@ -93,6 +93,29 @@ static void test_decode_equals_recompute_qwen2_style(void **state) {
   check_decode_equals_recompute(1);
 }
 
+/* The MLP in passes of fewer rows than the step (a long offloaded prefill) gives the logits of
+ * one pass; a pass count outside [1, batch] is refused. */
+static void test_ffn_in_row_passes(void **state) {
+  (void)state;
+  ra_model *m = tiny(0);
+  const size_t V = (size_t)m->cfg.vocab;
+  float *want = all_logits(m, N_TOK, RA_DTYPE_F32), *got = malloc(N_TOK * V * sizeof *got);
+  ra_state *st;
+  ra_error err;
+  assert_int_equal(ra_state_new(m, N_TOK, N_TOK, RA_DTYPE_F32, &st, &err), RA_OK);
+  assert_int_equal(st->ffn_rows, N_TOK);
+  assert_int_equal(ra_state_set_ffn_rows(st, 7, &err), RA_OK);
+  assert_int_equal(ra_model_forward(st, toks, N_TOK, 1, NULL, &err), RA_OK);
+  assert_int_equal(be->ops->download(be, &st->logits, 0, got, N_TOK * V, NULL), RA_OK);
+  assert_true(max_abs_diff(got, want, N_TOK * V) < 1e-5f);
+  assert_int_equal(ra_state_set_ffn_rows(st, 0, &err), RA_EINVAL);
+  assert_int_equal(ra_state_set_ffn_rows(st, N_TOK + 1, &err), RA_EINVAL);
+  free(want);
+  free(got);
+  ra_state_free(st);
+  ra_model_free(m);
+}
+
 /* Drives one decode step layer by layer, replacing local attention by three partials
  * (sink [0,S), middle, window [n-W, n)) merged with attn_merge, as the distributed mode does. */
 static void test_layer_api_with_merged_partials(void **state) {
@@ -307,6 +330,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_convert_weights),
       cmocka_unit_test(test_decode_equals_recompute_llama),
+      cmocka_unit_test(test_ffn_in_row_passes),
       cmocka_unit_test(test_decode_equals_recompute_qwen2_style),
       cmocka_unit_test(test_layer_api_with_merged_partials),
       cmocka_unit_test(test_f16_cache_and_determinism),
