@@ -42,7 +42,7 @@ typedef struct opts {
   const char *cmd, *model, *tokenizer, *prompt_file, *prompt, *backend, *json, *out, *layers;
   const char *stores, *shard_map;
   ra_offload_config off; /* mode == RA_MODE_FULL: no offload */
-  int help, chat, threads, max_new, decode_tokens, no_stop, top_k, synthetic;
+  int help, chat, threads, max_new, decode_tokens, no_stop, top_k, synthetic, replicas;
   long ctx, batch;
   float temperature, top_p;
   uint64_t seed;
@@ -51,7 +51,7 @@ typedef struct opts {
 
 /* The defaults of every option, the offload's from the offload runtime. */
 static void opts_default(opts *o) {
-  *o = (opts){.backend = "cpu", .max_new = 64, .batch = 512, .top_p = 0.95f, .top_k = 40, .seed = 1,
+  *o = (opts){.backend = "cpu", .max_new = 64, .replicas = 1, .batch = 512, .top_p = 0.95f, .top_k = 40, .seed = 1,
               .kv_dtype = RA_DTYPE_F32, .dump_dtype = RA_DTYPE_F16};
   ra_offload_config_default(&o->off);
   o->off.mode = RA_MODE_FULL;
@@ -131,7 +131,14 @@ static const ra_opt rows[] = {
      .scope = GEN},
     {"stores", RA_OPT_STRING, AT(stores), .meta = "HOST:PORT,...", .help = "kv-stores; kv heads dealt round-robin",
      .scope = GEN},
-    {"shard-map", RA_OPT_STRING, AT(shard_map), .meta = "FILE", .help = "kv-stores and their shards, from FILE",
+    {"shard-map", RA_OPT_STRING, AT(shard_map), .meta = "FILE",
+     .help = "kv-stores and their shards, from FILE (a rule may name several owners: replicas)", .scope = GEN},
+    {"replicas", RA_OPT_INT, AT(replicas), .lo = 1, .hi = RA_SHARD_MAX_REPLICAS, .meta = "R",
+     .help = "with --stores: every shard on R stores (writes to all, attends to one, failover to the next)",
+     .scope = GEN},
+    {"store-reconnect-ms", RA_OPT_INT, AT(off.reconnect_ms), .lo = 0, .hi = 3600000, .meta = "MS",
+     .help = "a failed store with no live replica: reconnect and reattach its session for up to MS (a store "
+             "restarting from --data-dir); 0: the generation fails",
      .scope = GEN},
     {"sink", RA_OPT_INT, AT(off.n_sink), .lo = 0, .hi = 1L << 20, .meta = "N",
      .help = "first tokens kept on the device", .scope = GEN},
@@ -217,6 +224,8 @@ static int opts_check(opts *o, const ra_opts_set *s) {
     return usage_error(s->scope,
                        "--stores / --shard-map need a --mode that uses them (%s), not %s", store_modes, mode);
   if (o->stores && o->shard_map) return usage_error(s->scope, "give --stores or --shard-map, not both");
+  if (ra_opts_given(s, "replicas") && !o->stores)
+    return usage_error(s->scope, "--replicas is for --stores (a --shard-map names each rule's owners)");
   if (o->off.roar_per_kv_head && o->off.mode != RA_MODE_ROAR)
     return usage_error(s->scope, "--index-per-kv-head is for --mode roar, not %s", mode);
   if (o->synthetic && o->off.mode == RA_MODE_FULL)
@@ -301,6 +310,7 @@ static int stores_plan(const opts *o, const ra_model *m, ra_shard_map *map, ra_o
     rc = ra_shard_map_load(o->shard_map, map, err);
   } else {
     rc = ra_shard_map_spread_list(o->stores, (uint32_t)c->n_layers, (uint32_t)c->n_kv_heads, map, err);
+    if (rc == RA_OK) rc = ra_shard_map_replicate(map, (uint32_t)o->replicas, err);
   }
   if (rc == RA_OK)
     rc = ra_offload_plan_build(map, (uint32_t)c->n_layers, (uint32_t)c->n_heads, (uint32_t)c->n_kv_heads,
@@ -323,6 +333,23 @@ static void json_write_stats(FILE *f, const ra_offload_stats *s) {
              "\"index_us\": %.1f, \"select_us\": %.1f, \"merge_us\": %.1f, \"n_scanned\": %llu, \"n_offloaded\": %llu}",
           s->total_us, s->wait_us, s->store_us, s->append_us, s->download_us, s->index_us, s->select_us, s->merge_us,
           (unsigned long long)s->n_scanned, (unsigned long long)s->n_offloaded);
+}
+
+/* The stores' health: which were marked down (and why) and reattached, for the --json record. */
+static void json_write_store_health(FILE *f, ra_remote *r) {
+  if (!r) return;
+  fprintf(f, ", \"store_health\": [");
+  for (size_t i = 0; i < ra_remote_n_stores(r); i++) {
+    ra_remote_store_report st;
+    ra_remote_store_state(r, i, &st);
+    fprintf(f, "%s{\"store\": ", i ? ", " : "");
+    ra_json_write_str(f, st.addr);
+    fprintf(f, ", \"down\": %s, \"error\": ", st.down ? "true" : "false");
+    if (st.why) ra_json_write_str(f, st.why);
+    else fprintf(f, "null");
+    fprintf(f, ", \"reconnects\": %u, \"rows\": %llu}", st.reconnects, (unsigned long long)st.tokens);
+  }
+  fprintf(f, "]");
 }
 
 static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_error *err) {
@@ -396,6 +423,7 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
                        "\"iters\": %d, \"block\": %lld}",
                     wc->retrieve, wc->estimate, (long long)wc->segment, (long long)wc->cluster, wc->iters,
                     (long long)wc->block);
+          json_write_store_health(f, ra_offload_remote(off));
           fprintf(f, ", \"steps\": [");
           for (size_t i = 0; i < n_steps; i++) {
             fprintf(f, "%s", i ? ", " : "");

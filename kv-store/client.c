@@ -109,6 +109,15 @@ int ra_kvclient_stats(ra_kvclient *c, ra_kvclient_store_stats *out, ra_error *er
   return RA_OK;
 }
 
+static void geometry_to_proto(const ra_kvclient_geometry *geo, Rakv__Geometry *g) {
+  rakv__geometry__init(g);
+  g->n_layers = geo->n_layers;
+  g->n_q_heads = geo->n_q_heads;
+  g->n_kv_heads = geo->n_kv_heads;
+  g->head_dim = geo->head_dim;
+  g->dtype = (Rakv__DType)geo->dtype;
+}
+
 int ra_kvclient_open_session(ra_kvclient *c, const ra_kvclient_geometry *geo,
                              const ra_kvclient_shard *shards, size_t n_shards, const char *name,
                              ra_kvclient_session *out, ra_error *err) {
@@ -119,12 +128,8 @@ int ra_kvclient_open_session_indexed(ra_kvclient *c, const ra_kvclient_geometry 
                                      const ra_kvclient_shard *shards, size_t n_shards,
                                      const ra_index_spec *index, const char *name,
                                      ra_kvclient_session *out, ra_error *err) {
-  Rakv__Geometry g = RAKV__GEOMETRY__INIT;
-  g.n_layers = geo->n_layers;
-  g.n_q_heads = geo->n_q_heads;
-  g.n_kv_heads = geo->n_kv_heads;
-  g.head_dim = geo->head_dim;
-  g.dtype = (Rakv__DType)geo->dtype;
+  Rakv__Geometry g;
+  geometry_to_proto(geo, &g);
   Rakv__Shard *sh = calloc(n_shards ? n_shards : 1, sizeof *sh);
   Rakv__Shard **ptrs = calloc(n_shards ? n_shards : 1, sizeof *ptrs);
   if (!sh || !ptrs) {
@@ -159,6 +164,28 @@ int ra_kvclient_open_session_indexed(ra_kvclient *c, const ra_kvclient_geometry 
   }
   memcpy(out->id, r->session_id.data, sizeof out->id);
   out->geo = *geo;
+  rakv__open_session_reply__free_unpacked(r, NULL);
+  return RA_OK;
+}
+
+int ra_kvclient_resume_session(ra_kvclient *c, const uint8_t id[16], const ra_kvclient_geometry *geo,
+                               ra_kvclient_session *out, uint64_t *tokens, ra_error *err) {
+  Rakv__Geometry g;
+  geometry_to_proto(geo, &g);
+  Rakv__OpenSessionRequest req = RAKV__OPEN_SESSION_REQUEST__INIT;
+  req.geometry = &g;
+  req.resume_session_id.data = (uint8_t *)id;
+  req.resume_session_id.len = sizeof out->id;
+  int rc = unary(c, "/rakv.KvStore/OpenSession", &req.base, err);
+  if (rc) return rc;
+  Rakv__OpenSessionReply *r = rakv__open_session_reply__unpack(NULL, c->rx.len, c->rx.data);
+  if (!r || r->session_id.len != sizeof out->id || memcmp(r->session_id.data, id, sizeof out->id) != 0) {
+    if (r) rakv__open_session_reply__free_unpacked(r, NULL);
+    return bad_reply(c, "OpenSessionReply", err);
+  }
+  memcpy(out->id, id, sizeof out->id);
+  out->geo = *geo;
+  if (tokens) *tokens = r->tokens;
   rakv__open_session_reply__free_unpacked(r, NULL);
   return RA_OK;
 }

@@ -117,6 +117,11 @@ int ra_kvclient_open_session_indexed(ra_kvclient *c, const ra_kvclient_geometry 
                                      const ra_kvclient_shard *shards, size_t n_shards,
                                      const ra_index_spec *index, const char *name,
                                      ra_kvclient_session *out, ra_error *err);
+/* Reattaches to session `id` of this store (proto OpenSessionRequest.resume_session_id):
+ * RA_ENOTFOUND when the store has none, RA_EINVAL when geo is not the session's. *tokens gets
+ * the rows it holds over all its shards (the worker compares them with what it wrote). */
+int ra_kvclient_resume_session(ra_kvclient *c, const uint8_t id[16], const ra_kvclient_geometry *geo,
+                               ra_kvclient_session *out, uint64_t *tokens, ra_error *err);
 int ra_kvclient_close_session(ra_kvclient *c, const ra_kvclient_session *s,
                               uint64_t *bytes_freed, ra_error *err);
 

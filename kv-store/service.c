@@ -101,8 +101,33 @@ static int index_spec(const Rakv__IndexParams *m, ra_index_spec *out, ra_error *
   return rc ? rc : ra_index_spec_check(out, err);
 }
 
+/* OpenSession with resume_session_id: the session as it is, its id and rows. */
+static int resume_session(kvs_service *svc, const Rakv__OpenSessionRequest *r, ra_buf *reply, ra_error *err) {
+  kvs_session *s;
+  int rc = kvs_store_get(svc->store, r->resume_session_id.data, r->resume_session_id.len, &s, err);
+  if (rc) return rc;
+  const Rakv__Geometry *g = r->geometry;
+  if (g && (g->n_layers != s->geo.n_layers || g->n_q_heads != s->geo.n_q_heads || g->n_kv_heads != s->geo.n_kv_heads ||
+            g->head_dim != s->geo.head_dim || (ra_dtype)g->dtype != s->geo.dtype))
+    rc = ra_errorf(err, RA_EINVAL, "resume: geometry %u layers, %u/%u heads, head_dim %u is not the session's (%u, %u/%u, %u)",
+                   g->n_layers, g->n_q_heads, g->n_kv_heads, g->head_dim, s->geo.n_layers, s->geo.n_q_heads,
+                   s->geo.n_kv_heads, s->geo.head_dim);
+  if (rc == RA_OK) {
+    Rakv__OpenSessionReply out = RAKV__OPEN_SESSION_REPLY__INIT;
+    out.session_id.data = s->id;
+    out.session_id.len = KVS_SESSION_ID_BYTES;
+    out.tokens = atomic_load(&s->tokens);
+    rc = pack_reply(&out.base, reply, err);
+  }
+  if (rc == RA_OK) ra_log_info("session %02x%02x%02x%02x... resumed: %llu rows", s->id[0], s->id[1], s->id[2], s->id[3],
+                               (unsigned long long)atomic_load(&s->tokens));
+  kvs_session_release(s);
+  return rc;
+}
+
 static int open_session(kvs_service *svc, const Rakv__OpenSessionRequest *r, ra_buf *reply,
                         ra_error *err) {
+  if (r->resume_session_id.len) return resume_session(svc, r, reply, err);
   if (!r->geometry) return ra_errorf(err, RA_EINVAL, "geometry missing");
   kvs_geometry g = {
       .n_layers = r->geometry->n_layers,

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Replicas and failover with real processes: two kv-stores holding every shard twice
+# (--replicas 2); store b is killed with SIGKILL while the worker decodes, and the generation
+# completes with the tokens of an undisturbed run, b reported down in the --json record.
+#   test_gw_replicas.sh GPU_WORKER KV_STORE MODEL
+set -euo pipefail
+GW=$1
+KVS=$2
+MODEL=$3
+. "$(dirname "$0")/../../deploy/loopback-stores.sh"
+start_store a "$KVS" --memory-budget 256M --threads 1
+start_store b "$KVS" --memory-budget 256M --threads 1
+A=$(cat "$RUN/a.addr")
+B=$(cat "$RUN/b.addr")
+PROMPT="The capital of France is Paris. The capital of Italy is Rome. The capital of Spain is Madrid."
+PROMPT+=" The capital of Germany is Berlin. The capital of Portugal is"
+N=48
+gen() { # NAME [ARGS...]: runs in the foreground, writes $RUN/NAME.json
+  local name=$1
+  shift
+  "$GW" generate --backend cpu --threads 2 --model "$MODEL" --prompt "$PROMPT" --max-new-tokens $N --no-stop \
+    --mode flat --attn-top-k 4096 --sink 4 --window 8 --json "$RUN/$name.json" "$@" >"$RUN/$name.out" 2>"$RUN/$name.log"
+}
+gen calm --stores "$A,$B" --replicas 2
+
+# The worker prints each token as it is decoded: once it has printed some, it is mid-decode.
+gen killed --stores "$A,$B" --replicas 2 &
+W=$!
+for _ in $(seq 300); do
+  [ "$(wc -c <"$RUN/killed.out")" -gt 8 ] && break
+  sleep 0.02
+done
+kill -KILL "${PIDS[1]}"
+if ! wait $W; then
+  echo "FAIL: the generation did not survive the loss of a replica:" >&2
+  cat "$RUN/killed.log" >&2
+  exit 1
+fi
+python3 - "$RUN" "$B" <<'PY'
+import json, sys
+run, b = sys.argv[1], sys.argv[2]
+calm = json.load(open(f"{run}/calm.json"))
+killed = json.load(open(f"{run}/killed.json"))
+assert len(calm["tokens"]) == 48, calm["tokens"]
+assert killed["tokens"] == calm["tokens"], (killed["tokens"], calm["tokens"])
+health = {h["store"]: h for h in killed["store_health"]}
+assert health[b]["down"] and health[b]["error"], health
+assert not any(h["down"] for s, h in health.items() if s != b), health
+assert not any(h["down"] for h in calm["store_health"]), calm["store_health"]
+PY
+grep -q "marked down" "$RUN/killed.log" || { echo "FAIL: no log line for the store marked down" >&2; exit 1; }
+echo "ok: kill -9 of one of two replicas mid-decode, same tokens as undisturbed"
