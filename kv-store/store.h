@@ -128,6 +128,11 @@ typedef struct kvs_session {
   ra_index_spec index;         /* the session's index defaults (OpenSession) */
   struct kvs_clusters *clusters; /* wave mode's cluster directory (clusters.h); NULL: none */
   char client[64];
+  /* Persistence (journal.h): the session's journal with --data-dir (NULL: none), set once
+   * after open; closed when the session is freed, its files removed when journal_discard is
+   * set (the session was closed or expired, not the store shut down). */
+  struct kvs_journal *journal;
+  atomic_int journal_discard;
   /* Indexer bookkeeping (indexer mutex): shards of this session queued or being indexed, and
    * whether it was closed (no more queuing). */
   size_t ix_busy;
@@ -184,6 +189,10 @@ int kvs_shards_check(const kvs_geometry *g, const kvs_shard_spec *shards, size_t
 int kvs_store_open(kvs_store *st, const kvs_geometry *g, const kvs_shard_spec *shards, size_t n,
                    const ra_index_spec *index, const char *client, kvs_session **out,
                    ra_error *err);
+/* kvs_store_open with a given id (a session restored from its journal); RA_ESTATE when the
+ * registry has it already. id NULL: a fresh one. */
+int kvs_store_open_as(kvs_store *st, const uint8_t *id, const kvs_geometry *g, const kvs_shard_spec *shards,
+                      size_t n, const ra_index_spec *index, const char *client, kvs_session **out, ra_error *err);
 /* Looks a session up by id and takes a reference; RA_ENOTFOUND when there is none. */
 int kvs_store_get(kvs_store *st, const uint8_t *id, size_t id_len, kvs_session **out,
                   ra_error *err);

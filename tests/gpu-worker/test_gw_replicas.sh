@@ -24,6 +24,7 @@ gen() { # NAME [ARGS...]: runs in the foreground, writes $RUN/NAME.json
 gen calm --stores "$A,$B" --replicas 2
 
 # The worker prints each token as it is decoded: once it has printed some, it is mid-decode.
+: >"$RUN/killed.out"
 gen killed --stores "$A,$B" --replicas 2 &
 W=$!
 for _ in $(seq 300); do
