@@ -4,6 +4,7 @@
  *   gpu-worker tokenize --model PATH (--prompt-file F | --prompt TEXT)       ids as JSON
  *   gpu-worker logits   --model PATH (--prompt-file F | --prompt TEXT) --out FILE.npy
  *   gpu-worker info     --model PATH */
+#include "context.h"
 #include "dump_qk.h"
 #include "generate.h"
 #include "json.h"
@@ -40,7 +41,7 @@ static const char *commands_text =
 
 typedef struct opts {
   const char *cmd, *model, *tokenizer, *prompt_file, *prompt, *backend, *json, *out, *layers;
-  const char *stores, *shard_map;
+  const char *stores, *shard_map, *save_context, *context;
   ra_offload_config off; /* mode == RA_MODE_FULL: no offload */
   int help, chat, threads, max_new, decode_tokens, no_stop, top_k, synthetic, replicas;
   long ctx, batch;
@@ -140,6 +141,14 @@ static const ra_opt rows[] = {
      .help = "a failed store with no live replica: reconnect and reattach its session for up to MS (a store "
              "restarting from --data-dir); 0: the generation fails",
      .scope = GEN},
+    {"save-context", RA_OPT_STRING, AT(save_context), .meta = "FILE",
+     .help = "after generating, leave the sessions on the stores and write the worker's part (device window, "
+             "position, next token) to FILE, for --context",
+     .scope = GEN},
+    {"context", RA_OPT_STRING, AT(context), .meta = "FILE",
+     .help = "continue a context saved with --save-context, without prefill (no prompt; the same mode, "
+             "sink, window, dtypes and stores)",
+     .scope = GEN},
     {"sink", RA_OPT_INT, AT(off.n_sink), .lo = 0, .hi = 1L << 20, .meta = "N",
      .help = "first tokens kept on the device", .scope = GEN},
     {"window", RA_OPT_INT, AT(off.n_window), .lo = 1, .hi = 1L << 20, .meta = "N",
@@ -224,6 +233,10 @@ static int opts_check(opts *o, const ra_opts_set *s) {
     return usage_error(s->scope,
                        "--stores / --shard-map need a --mode that uses them (%s), not %s", store_modes, mode);
   if (o->stores && o->shard_map) return usage_error(s->scope, "give --stores or --shard-map, not both");
+  if ((o->save_context || o->context) && (!distributed || o->off.mode == RA_MODE_WAVE))
+    return usage_error(s->scope, "--save-context / --context need a --mode with stores other than wave, not %s", mode);
+  if (o->context && (o->prompt || o->prompt_file || o->chat))
+    return usage_error(s->scope, "--context continues a saved context: give no prompt");
   if (ra_opts_given(s, "replicas") && !o->stores)
     return usage_error(s->scope, "--replicas is for --stores (a --shard-map names each rule's owners)");
   if (o->off.roar_per_kv_head && o->off.mode != RA_MODE_ROAR)
@@ -353,30 +366,49 @@ static void json_write_store_health(FILE *f, ra_remote *r) {
 }
 
 static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_error *err) {
-  int32_t *ids;
+  int32_t *ids = NULL;
   size_t n;
-  int rc = prompt_tokens(o, tok, &ids, &n, err);
-  if (rc) return rc;
-  long ctx = o->ctx ? o->ctx : (long)n + o->max_new;
+  ra_context saved = {0};
+  int rc;
+  if (o->context) {
+    /* a saved context's first step feeds its next token at its position */
+    rc = ra_context_read(o->context, &saved, err);
+    if (rc == RA_OK && !(ids = malloc(sizeof *ids))) rc = ra_errorf(err, RA_ENOMEM, "out of memory");
+    if (rc) {
+      ra_context_free(&saved);
+      return rc;
+    }
+    ids[0] = saved.next_token;
+    n = 1;
+  } else if ((rc = prompt_tokens(o, tok, &ids, &n, err)) != RA_OK) {
+    return rc;
+  }
+  long ctx = o->ctx ? o->ctx : (long)saved.position + (long)n + o->max_new;
   ra_state *st = NULL;
   ra_shard_map map = {0};
   ra_offload_plan plan = {0};
   ra_offload *off = NULL;
+  ra_offload_config oc = o->off;
   if (o->off.mode == RA_MODE_FULL) {
     rc = ra_state_new(m, ctx, o->batch < ctx ? o->batch : ctx, o->kv_dtype, &st, err);
   } else {
-    ra_offload_config oc = o->off;
+    oc = o->off;
     oc.kv_dtype = o->kv_dtype;
     oc.max_ctx = ctx;
     oc.max_prompt = (int64_t)n; /* the prefill runs layer by layer over the whole prompt */
     if (!o->json && isatty(STDERR_FILENO)) oc.progress = print_progress;
     if (oc.mode != RA_MODE_STREAMING) rc = stores_plan(o, m, &map, &plan, err);
+    if (rc == RA_OK && o->context && (rc = ra_context_check(&saved, &m->cfg, &oc, &plan, err)) == RA_OK)
+      oc.resume = saved.sessions;
     if (rc == RA_OK) rc = ra_offload_new(m, oc.mode == RA_MODE_STREAMING ? NULL : &plan, &oc, &off, err);
     if (rc == RA_OK) st = ra_offload_state(off);
+    if (rc == RA_OK && o->context) rc = ra_context_restore(&saved, off, err);
   }
   if (rc) {
+    ra_offload_free(off);
     ra_offload_plan_free(&plan);
     ra_shard_map_free(&map);
+    ra_context_free(&saved);
     free(ids);
     return rc;
   }
@@ -388,13 +420,23 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
   ra_gen_result res;
   stream_ctx sc = {tok};
   rc = ra_generate(st, tok, ids, n, &gc, print_token, &sc, &res, err);
+  if (rc == RA_OK && o->save_context) {
+    /* the last token sampled has not been fed: the reopened context feeds it first */
+    if (res.stopped || res.n_tokens == 0)
+      rc = ra_errorf(err, RA_EINVAL, "save context: the generation %s: no next token to continue from",
+                     res.stopped ? "ended on a stop token (use --no-stop)" : "made no token");
+    else rc = ra_context_save(o->save_context, off, &oc, res.tokens[res.n_tokens - 1], err);
+    if (rc == RA_OK) ra_remote_keep_sessions(ra_offload_remote(off));
+    if (rc) ra_gen_result_free(&res);
+  }
+  size_t n_prefill = o->context ? 0 : n;
   if (rc == RA_OK) {
     double pf = res.prefill_s > 0 ? (double)n / res.prefill_s : 0;
     double dc = res.decode_s > 0 && res.n_decode_steps ? (double)res.n_decode_steps / res.decode_s : 0;
     printf("\n");
     fflush(stdout);
-    fprintf(stderr, "prompt %zu tokens, generated %zu%s; prefill %.3f s (%.1f tok/s), decode %.3f s (%.2f tok/s)\n", n,
-            res.n_tokens, res.stopped ? " (stop token)" : "", res.prefill_s, pf, res.decode_s, dc);
+    fprintf(stderr, "prompt %zu tokens, generated %zu%s; prefill %.3f s (%.1f tok/s), decode %.3f s (%.2f tok/s)\n",
+            n_prefill, res.n_tokens, res.stopped ? " (stop token)" : "", res.prefill_s, pf, res.decode_s, dc);
     if (o->json) {
       FILE *f = fopen(o->json, "w");
       char *text = NULL;
@@ -405,7 +447,9 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
         ra_json_write_str(f, m->cfg.name);
         fprintf(f, ", \"backend\": \"%s\", \"text\": ", o->backend);
         ra_json_write_str(f, text);
-        fprintf(f, ", \"prompt_tokens\": %zu, \"generated_tokens\": %zu, \"stopped\": %s, \"tokens\": [", n, res.n_tokens,
+        fprintf(f, ", \"prompt_tokens\": %zu, \"prefill_tokens\": %zu, \"context_position\": %lld", n_prefill,
+                n_prefill, (long long)saved.position);
+        fprintf(f, ", \"generated_tokens\": %zu, \"stopped\": %s, \"tokens\": [", res.n_tokens,
                 res.stopped ? "true" : "false");
         for (size_t i = 0; i < res.n_tokens; i++) fprintf(f, "%s%d", i ? ", " : "", res.tokens[i]);
         fprintf(f, "], \"prefill_s\": %.6f, \"prefill_tok_s\": %.3f, \"decode_s\": %.6f, \"decode_steps\": %zu, \"decode_tok_s\": %.3f",
@@ -448,6 +492,7 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
   else ra_state_free(st);
   ra_offload_plan_free(&plan);
   ra_shard_map_free(&map);
+  ra_context_free(&saved);
   free(ids);
   return rc;
 }

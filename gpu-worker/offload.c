@@ -145,7 +145,7 @@ int ra_offload_new(const ra_model *m, const ra_offload_plan *plan, const ra_offl
     ra_remote_config rcfg = {.dtype = cfg->store_dtype, .mode = cfg->mode, .top_k = cfg->top_k,
                              .search = {.ef = cfg->ef, .nprobe = cfg->nprobe}, .timeout_ms = cfg->timeout_ms,
                              .roar_per_kv_head = cfg->roar_per_kv_head, .client_name = "gpu-worker",
-                             .reconnect_ms = cfg->reconnect_ms};
+                             .reconnect_ms = cfg->reconnect_ms, .resume = cfg->resume};
     rc = ra_remote_open(plan, (uint32_t)c->head_dim, &rcfg, &o->remote, err);
   }
   if (rc == RA_OK && cfg->mode == RA_MODE_WAVE)
@@ -162,6 +162,16 @@ int ra_offload_new(const ra_model *m, const ra_offload_plan *plan, const ra_offl
 ra_state *ra_offload_state(ra_offload *o) { return o->st; }
 
 ra_remote *ra_offload_remote(ra_offload *o) { return o->remote; }
+
+int ra_offload_resume(ra_offload *o, int64_t position, ra_error *err) {
+  if (o->wave) return ra_errorf(err, RA_EINVAL, "offload: wave mode cannot resume a saved context");
+  if (position < 1 || position >= o->st->n_ctx)
+    return ra_errorf(err, RA_EINVAL, "offload: position %lld outside the context of %lld", (long long)position,
+                     (long long)o->st->n_ctx);
+  o->st->pos = position;
+  o->st->n = 0;
+  return RA_OK;
+}
 
 /* Copies positions [p0, p1) of the layer's scratch cache `src` into its ring `dst` (each
  * contiguous run of ring rows in one copy: at most two per range, where the ring wraps). */
