@@ -255,9 +255,13 @@ int ra_remote_open(const ra_offload_plan *plan, uint32_t head_dim, const ra_remo
     return ra_errorf(err, RA_ENOMEM, "remote: out of memory");
   }
   int rc = RA_OK;
+  for (size_t i = 0; i < plan->n_stores; i++) r->stores[i].plan = &plan->stores[i];
   for (size_t i = 0; i < plan->n_stores && rc == RA_OK; i++) {
-    r->stores[i].plan = &plan->stores[i];
-    if (plan->stores[i].n_shards > 0) rc = store_open(r, &r->stores[i], cfg->resume ? &cfg->resume[i] : NULL, err);
+    if (plan->stores[i].n_shards == 0) continue;
+    ra_error e;
+    /* a store that cannot open its session is down from the start when replicas cover it */
+    if (store_open(r, &r->stores[i], cfg->resume ? &cfg->resume[i] : NULL, &e) != RA_OK)
+      rc = store_failed(r, i, &e, NULL, err);
   }
   if (rc != RA_OK) {
     ra_remote_close(r);
