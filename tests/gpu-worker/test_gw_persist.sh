@@ -7,17 +7,11 @@
 #  2. a generation of 16 tokens saved with --save-context, store b killed and restarted, then
 #     --context continues it: no prefill, and its 16 tokens are tokens 16-31 of one 32-token run.
 #   test_gw_persist.sh GPU_WORKER KV_STORE MODEL
-set -euo pipefail
-GW=$1
-KVS=$2
-MODEL=$3
-. "$(dirname "$0")/../../deploy/loopback-stores.sh"
+. "$(dirname "$0")/gw_stores.sh"
 start_store a "$KVS" --memory-budget 256M --threads 1
 start_store b "$KVS" --memory-budget 256M --threads 1 --data-dir "$RUN/b.data"
 A=$(cat "$RUN/a.addr")
 B=$(cat "$RUN/b.addr")
-PROMPT="The capital of France is Paris. The capital of Italy is Rome. The capital of Spain is Madrid."
-PROMPT+=" The capital of Germany is Berlin. The capital of Portugal is"
 run() { # NAME N [ARGS...]: N new tokens, writes $RUN/NAME.json
   local name=$1 n=$2
   shift 2
@@ -39,13 +33,9 @@ fail() {
 }
 
 run calm 48 --prompt "$PROMPT"
-: >"$RUN/restarted.out"
 run restarted 48 --prompt "$PROMPT" --store-reconnect-ms 20000 &
 W=$!
-for _ in $(seq 300); do
-  [ "$(wc -c <"$RUN/restarted.out")" -gt 8 ] && break
-  sleep 0.02
-done
+wait_for_output "$RUN/restarted.out"
 restart_b
 wait $W || fail "the generation did not resume on the restarted store" "$RUN/restarted.log" "$RUN/b2.log"
 grep -q "sessions restored" "$RUN/b2.log" || fail "the store restored nothing" "$RUN/b2.log"

@@ -3,17 +3,11 @@
 # (--replicas 2); store b is killed with SIGKILL while the worker decodes, and the generation
 # completes with the tokens of an undisturbed run, b reported down in the --json record.
 #   test_gw_replicas.sh GPU_WORKER KV_STORE MODEL
-set -euo pipefail
-GW=$1
-KVS=$2
-MODEL=$3
-. "$(dirname "$0")/../../deploy/loopback-stores.sh"
+. "$(dirname "$0")/gw_stores.sh"
 start_store a "$KVS" --memory-budget 256M --threads 1
 start_store b "$KVS" --memory-budget 256M --threads 1
 A=$(cat "$RUN/a.addr")
 B=$(cat "$RUN/b.addr")
-PROMPT="The capital of France is Paris. The capital of Italy is Rome. The capital of Spain is Madrid."
-PROMPT+=" The capital of Germany is Berlin. The capital of Portugal is"
 N=48
 gen() { # NAME [ARGS...]: runs in the foreground, writes $RUN/NAME.json
   local name=$1
@@ -23,14 +17,9 @@ gen() { # NAME [ARGS...]: runs in the foreground, writes $RUN/NAME.json
 }
 gen calm --stores "$A,$B" --replicas 2
 
-# The worker prints each token as it is decoded: once it has printed some, it is mid-decode.
-: >"$RUN/killed.out"
 gen killed --stores "$A,$B" --replicas 2 &
 W=$!
-for _ in $(seq 300); do
-  [ "$(wc -c <"$RUN/killed.out")" -gt 8 ] && break
-  sleep 0.02
-done
+wait_for_output "$RUN/killed.out"
 kill -KILL "${PIDS[1]}"
 if ! wait $W; then
   echo "FAIL: the generation did not survive the loss of a replica:" >&2
