@@ -71,8 +71,10 @@ int ra_context_save(const char *path, ra_offload *o, const ra_offload_config *cf
     for (uint32_t i = 0; i < c.n_stores; i++) {
       ra_remote_store_report s;
       ra_remote_store_state(r, i, &s);
-      if (s.down) {
-        rc = ra_errorf(err, RA_EINVAL, "save context: store %s is down (%s); its copy is not current", s.addr, s.why);
+      if (s.down || s.replaced) {
+        rc = ra_errorf(err, RA_EINVAL, "save context: store %s %s%s; the saved store list would not be the one "
+                       "reopened", s.replaced ? s.replaced : s.addr, s.down ? "is down: " : "was replaced by ",
+                       s.down ? s.why : s.addr);
         break;
       }
       char addr[ADDR_BYTES] = {0};

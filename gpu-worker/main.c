@@ -41,7 +41,7 @@ static const char *commands_text =
 
 typedef struct opts {
   const char *cmd, *model, *tokenizer, *prompt_file, *prompt, *backend, *json, *out, *layers;
-  const char *stores, *shard_map, *save_context, *context;
+  const char *stores, *shard_map, *save_context, *context, *spare_stores;
   ra_offload_config off; /* mode == RA_MODE_FULL: no offload */
   int help, chat, threads, max_new, decode_tokens, no_stop, top_k, synthetic, replicas;
   long ctx, batch;
@@ -136,6 +136,10 @@ static const ra_opt rows[] = {
      .help = "kv-stores and their shards, from FILE (a rule may name several owners: replicas)", .scope = GEN},
     {"replicas", RA_OPT_INT, AT(replicas), .lo = 1, .hi = RA_SHARD_MAX_REPLICAS, .meta = "R",
      .help = "with --stores: every shard on R stores (writes to all, attends to one, failover to the next)",
+     .scope = GEN},
+    {"spare-stores", RA_OPT_STRING, AT(spare_stores), .meta = "HOST:PORT,...",
+     .help = "with replicas: stores that take a failed one's place, its shards copied from their other owners "
+             "(flat, ivf, kgraph)",
      .scope = GEN},
     {"store-reconnect-ms", RA_OPT_INT, AT(off.reconnect_ms), .lo = 0, .hi = 3600000, .meta = "MS",
      .help = "a failed store with no live replica: reconnect and reattach its session for up to MS (a store "
@@ -237,6 +241,8 @@ static int opts_check(opts *o, const ra_opts_set *s) {
     return usage_error(s->scope, "--save-context / --context need a --mode with stores other than wave, not %s", mode);
   if (o->context && (o->prompt || o->prompt_file || o->chat))
     return usage_error(s->scope, "--context continues a saved context: give no prompt");
+  if (o->spare_stores && !(o->shard_map || o->replicas > 1))
+    return usage_error(s->scope, "--spare-stores restore replicas: give --replicas 2 or more, or a --shard-map with them");
   if (ra_opts_given(s, "replicas") && !o->stores)
     return usage_error(s->scope, "--replicas is for --stores (a --shard-map names each rule's owners)");
   if (o->off.roar_per_kv_head && o->off.mode != RA_MODE_ROAR)
@@ -333,6 +339,35 @@ static int stores_plan(const opts *o, const ra_model *m, ra_shard_map *map, ra_o
   return rc;
 }
 
+/* --spare-stores: checked like --stores, none of them in the shard map. */
+typedef struct spare_set {
+  ra_shard_map map; /* only its store list is used */
+  const char **stores;
+  size_t n_stores;
+} spare_set;
+
+static void spare_free(spare_set *s) {
+  ra_shard_map_free(&s->map);
+  free(s->stores);
+  memset(s, 0, sizeof *s);
+}
+
+static int spare_list(const char *csv, const ra_shard_map *map, spare_set *out, ra_error *err) {
+  int rc = ra_shard_map_spread_list(csv, 1, 1, &out->map, err);
+  if (rc) return ra_error_wrap(err, "--spare-stores");
+  out->stores = malloc(out->map.n_stores * sizeof *out->stores);
+  if (!out->stores) rc = ra_errorf(err, RA_ENOMEM, "out of memory");
+  for (size_t i = 0; rc == RA_OK && i < out->map.n_stores; i++) {
+    out->stores[i] = out->map.stores[i];
+    for (size_t j = 0; j < map->n_stores; j++)
+      if (strcmp(map->stores[j], out->stores[i]) == 0)
+        rc = ra_errorf(err, RA_EINVAL, "--spare-stores: %s is in the shard map already", out->stores[i]);
+  }
+  out->n_stores = out->map.n_stores;
+  if (rc) spare_free(out);
+  return rc;
+}
+
 /* The prefill's progress on a terminal: one line rewritten after each layer. */
 static void print_progress(void *ctx, const ra_offload_progress *p) {
   (void)ctx;
@@ -357,6 +392,9 @@ static void json_write_store_health(FILE *f, ra_remote *r) {
     ra_remote_store_state(r, i, &st);
     fprintf(f, "%s{\"store\": ", i ? ", " : "");
     ra_json_write_str(f, st.addr);
+    fprintf(f, ", \"replaced\": ");
+    if (st.replaced) ra_json_write_str(f, st.replaced);
+    else fprintf(f, "null");
     fprintf(f, ", \"down\": %s, \"error\": ", st.down ? "true" : "false");
     if (st.why) ra_json_write_str(f, st.why);
     else fprintf(f, "null");
@@ -389,6 +427,7 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
   ra_offload_plan plan = {0};
   ra_offload *off = NULL;
   ra_offload_config oc = o->off;
+  spare_set spares = {0};
   if (o->off.mode == RA_MODE_FULL) {
     rc = ra_state_new(m, ctx, o->batch < ctx ? o->batch : ctx, o->kv_dtype, &st, err);
   } else {
@@ -400,12 +439,17 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
     if (oc.mode != RA_MODE_STREAMING) rc = stores_plan(o, m, &map, &plan, err);
     if (rc == RA_OK && o->context && (rc = ra_context_check(&saved, &m->cfg, &oc, &plan, err)) == RA_OK)
       oc.resume = saved.sessions;
+    if (rc == RA_OK && o->spare_stores && (rc = spare_list(o->spare_stores, &map, &spares, err)) == RA_OK) {
+      oc.spares = spares.stores;
+      oc.n_spares = spares.n_stores;
+    }
     if (rc == RA_OK) rc = ra_offload_new(m, oc.mode == RA_MODE_STREAMING ? NULL : &plan, &oc, &off, err);
     if (rc == RA_OK) st = ra_offload_state(off);
     if (rc == RA_OK && o->context) rc = ra_context_restore(&saved, off, err);
   }
   if (rc) {
     ra_offload_free(off);
+    spare_free(&spares);
     ra_offload_plan_free(&plan);
     ra_shard_map_free(&map);
     ra_context_free(&saved);
@@ -490,6 +534,7 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
   }
   if (off) ra_offload_free(off);
   else ra_state_free(st);
+  spare_free(&spares);
   ra_offload_plan_free(&plan);
   ra_shard_map_free(&map);
   ra_context_free(&saved);

@@ -145,7 +145,8 @@ int ra_offload_new(const ra_model *m, const ra_offload_plan *plan, const ra_offl
     ra_remote_config rcfg = {.dtype = cfg->store_dtype, .mode = cfg->mode, .top_k = cfg->top_k,
                              .search = {.ef = cfg->ef, .nprobe = cfg->nprobe}, .timeout_ms = cfg->timeout_ms,
                              .roar_per_kv_head = cfg->roar_per_kv_head, .client_name = "gpu-worker",
-                             .reconnect_ms = cfg->reconnect_ms, .resume = cfg->resume};
+                             .reconnect_ms = cfg->reconnect_ms, .resume = cfg->resume, .spares = cfg->spares,
+                             .n_spares = cfg->n_spares};
     rc = ra_remote_open(plan, (uint32_t)c->head_dim, &rcfg, &o->remote, err);
   }
   if (rc == RA_OK && cfg->mode == RA_MODE_WAVE)

@@ -13,6 +13,8 @@
  * may send a store a second request when another owner failed) and its health. */
 typedef struct remote_store {
   const ra_plan_store *plan;
+  char addr[RA_ADDR_MAX];      /* where it is: the plan's store, or the spare that replaced it */
+  char replaced[RA_ADDR_MAX];  /* the plan's store a spare replaced ("": none) */
   ra_kvclient *client;
   ra_kvclient_session session;
   int session_open;
@@ -54,6 +56,8 @@ struct ra_remote {
   size_t *build_store;        /* [cap_builds]: the store of each */
   size_t n_builds, cap_builds;
   int keep_sessions; /* close leaves the sessions on the stores (a saved context) */
+  size_t next_spare; /* cfg.spares[next_spare] is the next spare to take */
+  uint64_t pos_end;  /* positions [n_sink, pos_end) have been written to the stores */
   uint64_t t_begin;
   ra_partial *acc; /* [n_q_heads] merge accumulators */
   float *q_step;   /* [n_q_heads, head_dim]: the attend's q, for heads sent again to another owner */
@@ -88,14 +92,14 @@ static int store_reconnect(ra_remote *r, remote_store *s, ra_error *err) {
   int rc;
   do {
     int serving = 0;
-    rc = ra_kvclient_connect(s->plan->addr, &opt, &s->client, err);
+    rc = ra_kvclient_connect(s->addr, &opt, &s->client, err);
     if (rc == RA_OK) rc = ra_kvclient_health(s->client, &serving, err);
-    if (rc == RA_OK && !serving) rc = ra_errorf(err, RA_EUNAVAIL, "%s: store is not serving", s->plan->addr);
+    if (rc == RA_OK && !serving) rc = ra_errorf(err, RA_EUNAVAIL, "%s: store is not serving", s->addr);
     if (rc == RA_OK) rc = ra_kvclient_resume_session(s->client, s->session.id, &s->session.geo, &s->session, &s->held, err);
     if (rc == RA_OK) rc = ra_kvclient_attend_open(s->client, &s->session, &s->stream, err);
     if (rc == RA_OK) {
       s->reconnects++;
-      ra_log_warn("store %s back after %.0f ms: session reattached with %llu rows", s->plan->addr,
+      ra_log_warn("store %s back after %.0f ms: session reattached with %llu rows", s->addr,
                   (double)(uv_hrtime() - t0) / 1e6, (unsigned long long)s->held);
       return RA_OK;
     }
@@ -105,7 +109,7 @@ static int store_reconnect(ra_remote *r, remote_store *s, ra_error *err) {
     if (rc == RA_ENOTFOUND) break;
     sleep_ms(100);
   } while (uv_hrtime() - t0 < limit);
-  return ra_error_wrap(err, "%s: no reattach within %d ms", s->plan->addr, r->cfg.reconnect_ms);
+  return ra_error_wrap(err, "%s: no reattach within %d ms", s->addr, r->cfg.reconnect_ms);
 }
 
 /* Store i failed an operation with e. Returns RA_OK when the remote goes on: marked down with
@@ -126,12 +130,12 @@ static int store_failed(ra_remote *r, size_t i, const ra_error *e, int *back, ra
     s->why = why;
     if (s->stream) ra_kvclient_attend_close(s->stream);
     s->stream = NULL;
-    ra_log_warn("store %s marked down, its shards go on at their other owners: %s", s->plan->addr, why.msg);
+    ra_log_warn("store %s marked down, its shards go on at their other owners: %s", s->addr, why.msg);
     return RA_OK;
   }
   r->down[i] = 0;
   if (back && r->cfg.reconnect_ms > 0 && s->session_open) {
-    ra_log_warn("store %s failed (%s); reattaching its session", s->plan->addr, why.msg);
+    ra_log_warn("store %s failed (%s); reattaching its session", s->addr, why.msg);
     ra_error rerr;
     if (store_reconnect(r, s, &rerr) == RA_OK) {
       *back = 1;
@@ -149,7 +153,7 @@ static int store_check_held(const remote_store *s, uint64_t extra, int *landed, 
   *landed = extra && s->held == s->tokens + extra;
   if (s->held == s->tokens || *landed) return RA_OK;
   return ra_errorf(err, RA_EINTERNAL, "%s came back with %llu rows of the session, the worker wrote %llu: data lost",
-                   s->plan->addr, (unsigned long long)s->held, (unsigned long long)s->tokens);
+                   s->addr, (unsigned long long)s->held, (unsigned long long)s->tokens);
 }
 
 static int reserve_pack(ra_remote *r, size_t bytes, ra_error *err) {
@@ -184,9 +188,9 @@ static int store_open(ra_remote *r, remote_store *s, const ra_remote_session *re
   ra_kvclient_geometry geo = {p->n_layers, p->n_q_heads, p->n_kv_heads, r->head_dim, r->cfg.dtype};
   int serving = 0;
   ra_kvclient_options opt = {.timeout_ms = r->cfg.timeout_ms};
-  int rc = ra_kvclient_connect(s->plan->addr, &opt, &s->client, err);
+  int rc = ra_kvclient_connect(s->addr, &opt, &s->client, err);
   if (rc == RA_OK) rc = ra_kvclient_health(s->client, &serving, err);
-  if (rc == RA_OK && !serving) rc = ra_errorf(err, RA_EUNAVAIL, "%s: store is not serving", s->plan->addr);
+  if (rc == RA_OK && !serving) rc = ra_errorf(err, RA_EUNAVAIL, "%s: store is not serving", s->addr);
   if (rc == RA_OK && resume) {
     rc = ra_kvclient_resume_session(s->client, resume->id, &geo, &s->session, &s->held, err);
     s->tokens = resume->tokens;
@@ -255,7 +259,10 @@ int ra_remote_open(const ra_offload_plan *plan, uint32_t head_dim, const ra_remo
     return ra_errorf(err, RA_ENOMEM, "remote: out of memory");
   }
   int rc = RA_OK;
-  for (size_t i = 0; i < plan->n_stores; i++) r->stores[i].plan = &plan->stores[i];
+  for (size_t i = 0; i < plan->n_stores; i++) {
+    r->stores[i].plan = &plan->stores[i];
+    snprintf(r->stores[i].addr, sizeof r->stores[i].addr, "%s", plan->stores[i].addr);
+  }
   for (size_t i = 0; i < plan->n_stores && rc == RA_OK; i++) {
     if (plan->stores[i].n_shards == 0) continue;
     ra_error e;
@@ -375,6 +382,7 @@ static int remote_put(ra_remote *r, uint32_t layer, const float *k, const float 
   free(parts);
   free(th);
   free(started);
+  if (rc == RA_OK && pos0 + n > r->pos_end) r->pos_end = pos0 + n;
   return rc ? remote_fail(r, rc, err) : RA_OK;
 }
 
@@ -471,6 +479,101 @@ int ra_remote_build_index(ra_remote *r, uint32_t layer, uint32_t q_head, const r
   return rc ? rc : wrc;
 }
 
+/* Spare stores (cfg.spares): a down store's shards are copied to the next spare, which then
+ * takes its place. Only between operations (every live owner has every write so far) and with
+ * no index build in flight. The rows come from a live owner of each shard's rule (ReadKv, then
+ * PutKv to the spare); ivf and kgraph indexes are built again from the keys; roar's build
+ * inputs (prefill queries) are not kept by the worker, so a roar remote takes no spare. */
+static int store_restore(ra_remote *r, size_t i, const char *addr, ra_error *err) {
+  remote_store *s = &r->stores[i];
+  const ra_offload_plan *p = r->plan;
+  ra_kvclient_geometry geo = s->session.geo;
+  ra_kvclient_options opt = {.timeout_ms = r->cfg.timeout_ms};
+  ra_kvclient *c = NULL;
+  ra_kvclient_session sess;
+  ra_kvclient_stream *stream = NULL;
+  int serving = 0, opened = 0;
+  size_t n_shards = s->plan->n_shards, row_bytes = ra_dtype_size(geo.dtype) * geo.head_dim;
+  ra_kvclient_shard *shards = calloc(n_shards, sizeof *shards);
+  int rc = shards ? ra_kvclient_connect(addr, &opt, &c, err) : ra_errorf(err, RA_ENOMEM, "out of memory");
+  if (rc == RA_OK) rc = ra_kvclient_health(c, &serving, err);
+  if (rc == RA_OK && !serving) rc = ra_errorf(err, RA_EUNAVAIL, "%s: store is not serving", addr);
+  for (size_t k = 0; rc == RA_OK && k < n_shards; k++) {
+    const ra_plan_shard *sh = &s->plan->shards[k];
+    shards[k] = (ra_kvclient_shard){sh->layer, sh->kv_head, sh->token_begin, sh->token_end};
+  }
+  if (rc == RA_OK) rc = ra_kvclient_open_session(c, &geo, shards, n_shards, r->cfg.client_name, &sess, err);
+  opened = rc == RA_OK;
+  uint64_t copied = 0;
+  const uint64_t piece = 4096;
+  if (rc == RA_OK) rc = reserve_pack(r, 2 * piece * row_bytes, err);
+  for (size_t k = 0; rc == RA_OK && k < n_shards; k++) {
+    const ra_plan_shard *sh = &s->plan->shards[k];
+    uint64_t b = sh->token_begin, e = sh->token_end < r->pos_end ? sh->token_end : r->pos_end;
+    if (b >= e) continue;
+    const ra_shard_rule *rule = ra_offload_plan_rule(p, sh->layer, sh->kv_head, b);
+    int src = -1;
+    for (uint32_t j = 0; rule && j < rule->n_owners && src < 0; j++)
+      if (rule->owners[j] != i && !r->stores[rule->owners[j]].down) src = (int)rule->owners[j];
+    if (src < 0) {
+      rc = ra_errorf(err, RA_EUNAVAIL, "layer %u kv head %u: no live owner to copy from", sh->layer, sh->kv_head);
+      break;
+    }
+    remote_store *from = &r->stores[src];
+    for (uint64_t t = b; rc == RA_OK && t < e; t += piece) {
+      uint64_t n = e - t < piece ? e - t : piece;
+      uint8_t *kd = r->pack, *vd = r->pack + piece * row_bytes;
+      ra_kvclient_rows rows = {sh->layer, sh->kv_head, t, n, kd, vd};
+      rc = ra_kvclient_read_kv(from->client, &from->session, sh->layer, sh->kv_head, t, n, kd, vd, err);
+      if (rc == RA_OK) rc = ra_kvclient_put_kv(c, &sess, &rows, 1, NULL, err);
+      copied += rc == RA_OK ? n : 0;
+    }
+  }
+  if (rc == RA_OK && (r->cfg.mode == RA_MODE_IVF || r->cfg.mode == RA_MODE_KGRAPH)) {
+    ra_index_spec params = {.kind = r->cfg.mode, .per_kv_head = 1};
+    uint32_t group = p->n_q_heads / p->n_kv_heads;
+    for (size_t k = 0; rc == RA_OK && k < n_shards; k++) {
+      const ra_plan_shard *sh = &s->plan->shards[k];
+      if (k > 0 && sh->layer == s->plan->shards[k - 1].layer && sh->kv_head == s->plan->shards[k - 1].kv_head) continue;
+      rc = ra_kvclient_build_index(c, &sess, sh->layer, sh->kv_head * group, &params, NULL, NULL, err);
+    }
+  }
+  if (rc == RA_OK) rc = ra_kvclient_attend_open(c, &sess, &stream, err);
+  free(shards);
+  if (rc) {
+    ra_error ignored;
+    if (opened) ra_kvclient_close_session(c, &sess, NULL, &ignored);
+    ra_kvclient_close(c);
+    return rc;
+  }
+  if (s->client) ra_kvclient_close(s->client);
+  if (!s->replaced[0]) snprintf(s->replaced, sizeof s->replaced, "%s", s->addr);
+  ra_log_warn("store %s replaced by spare %s: %llu rows copied from the other owners", s->addr, addr,
+              (unsigned long long)copied);
+  snprintf(s->addr, sizeof s->addr, "%s", addr);
+  s->client = c;
+  s->session = sess;
+  s->session_open = 1;
+  s->stream = stream;
+  s->tokens = copied;
+  s->down = 0;
+  r->down[i] = 0;
+  return RA_OK;
+}
+
+static void restore_replicas(ra_remote *r) {
+  if (r->next_spare >= r->cfg.n_spares || r->n_builds || r->cfg.mode == RA_MODE_ROAR || r->cfg.mode == RA_MODE_WAVE)
+    return;
+  for (size_t i = 0; i < r->n_stores; i++) {
+    while (r->stores[i].down && r->next_spare < r->cfg.n_spares) {
+      const char *addr = r->cfg.spares[r->next_spare++];
+      ra_error e;
+      if (store_restore(r, i, addr, &e) != RA_OK)
+        ra_log_warn("spare store %s not used for %s: %s", addr, r->stores[i].addr, e.msg);
+    }
+  }
+}
+
 /* Sends store i its staged append rows; on failure the store is marked down or reattached, and
  * a reattached store gets the rows again unless they had landed before it failed. */
 static int append_store(ra_remote *r, size_t i, ra_error *err) {
@@ -495,6 +598,7 @@ static int append_store(ra_remote *r, size_t i, ra_error *err) {
 int ra_remote_append(ra_remote *r, uint64_t pos, const float *k, const float *v, ra_error *err) {
   int rc = remote_check(r, err);
   if (rc) return rc;
+  restore_replicas(r);
   const ra_offload_plan *p = r->plan;
   size_t hd = r->head_dim, row_bytes = ra_dtype_size(r->cfg.dtype) * hd;
   size_t n_heads = (size_t)p->n_layers * p->n_kv_heads;
@@ -518,6 +622,7 @@ int ra_remote_append(ra_remote *r, uint64_t pos, const float *k, const float *v,
   }
   for (size_t i = 0; i < r->n_stores && rc == RA_OK; i++)
     if (r->stores[i].n_rows && !r->stores[i].down) rc = append_store(r, i, err);
+  if (rc == RA_OK && pos + 1 > r->pos_end) r->pos_end = pos + 1;
   return rc;
 }
 
@@ -588,6 +693,7 @@ static int attend_begin(ra_remote *r, uint32_t layer, const float *q, const ra_r
   const ra_offload_plan *p = r->plan;
   if (layer >= p->n_layers) return ra_errorf(err, RA_EINVAL, "remote: layer %u out of range", layer);
   if (r->in_flight) return ra_errorf(err, RA_ESTATE, "remote: an attend is already in flight");
+  if (!sel) restore_replicas(r);
   r->t_begin = uv_hrtime();
   r->layer = layer;
   r->sel = sel;
@@ -699,7 +805,8 @@ size_t ra_remote_n_stores(const ra_remote *r) { return r->n_stores; }
 int ra_remote_store_state(const ra_remote *r, size_t i, ra_remote_store_report *out) {
   if (i >= r->n_stores) return RA_EINVAL;
   const remote_store *s = &r->stores[i];
-  *out = (ra_remote_store_report){.addr = s->plan->addr, .down = s->down, .why = s->down ? s->why.msg : NULL,
+  *out = (ra_remote_store_report){.addr = s->addr, .replaced = s->replaced[0] ? s->replaced : NULL,
+                                  .down = s->down, .why = s->down ? s->why.msg : NULL,
                                   .reconnects = s->reconnects, .tokens = s->tokens};
   memcpy(out->session_id, s->session.id, sizeof out->session_id);
   return RA_OK;

@@ -17,6 +17,11 @@
  * from --data-dir keeps it): it must hold exactly the rows acknowledged to the worker (or those
  * plus the append that was in flight), and the operation is redone there.
  *
+ * Spares (cfg.spares): before the next operation, a down store's shards are copied to a spare
+ * (ReadKv from their other owners, PutKv to the spare; ivf / kgraph indexes built again there)
+ * and the spare takes its place, restoring R. Not in roar or wave mode (the worker does not keep
+ * their index inputs).
+ *
  * Otherwise the first failure fails the call with the store's address in the message, and the
  * remote refuses further steps (RA_ESTATE) so a generation stops instead of decoding on half the
  * context. ra_remote_close still closes the sessions on the stores that answer, so they free
@@ -50,6 +55,8 @@ typedef struct ra_remote_config {
   const char *client_name; /* for the stores' logs */
   int reconnect_ms;        /* > 0: reattach a failed store without another owner (above) */
   const ra_remote_session *resume; /* NULL, or [n_stores] (plan order): reattach these sessions */
+  const char *const *spares; /* spare stores (HOST:PORT) that take a down store's place (remote.c) */
+  size_t n_spares;
 } ra_remote_config;
 
 typedef struct ra_remote_stats {
@@ -127,7 +134,8 @@ int ra_remote_attend_end(ra_remote *r, float *o, float *ml, ra_remote_stats *sta
 
 /* What became of store i (plan order), for reports and saved contexts. */
 typedef struct ra_remote_store_report {
-  const char *addr;
+  const char *addr;    /* where it is now */
+  const char *replaced; /* the plan's store a spare replaced (NULL: none) */
   int down;            /* marked down: its shards went on at their other owners */
   const char *why;     /* the failure that marked it down (NULL when up) */
   uint32_t reconnects; /* times its session was reattached */

@@ -190,6 +190,35 @@ int ra_kvclient_resume_session(ra_kvclient *c, const uint8_t id[16], const ra_kv
   return RA_OK;
 }
 
+int ra_kvclient_read_kv(ra_kvclient *c, const ra_kvclient_session *s, uint32_t layer, uint32_t kv_head,
+                        uint64_t token_begin, uint64_t n, void *keys, void *values, ra_error *err) {
+  size_t rb = ra_dtype_size(s->geo.dtype) * s->geo.head_dim;
+  uint64_t step = c->chunk_bytes / (2 * rb) ? c->chunk_bytes / (2 * rb) : 1;
+  if (step > UINT32_MAX) step = UINT32_MAX;
+  for (uint64_t done = 0; done < n;) {
+    uint64_t k = n - done < step ? n - done : step;
+    Rakv__ReadKvRequest req = RAKV__READ_KV_REQUEST__INIT;
+    req.session_id.data = (uint8_t *)s->id;
+    req.session_id.len = sizeof s->id;
+    req.layer = layer;
+    req.kv_head = kv_head;
+    req.token_begin = token_begin + done;
+    req.n_tokens = (uint32_t)k;
+    int rc = unary(c, "/rakv.KvStore/ReadKv", &req.base, err);
+    if (rc) return rc;
+    Rakv__KvChunk *r = rakv__kv_chunk__unpack(NULL, c->rx.len, c->rx.data);
+    if (!r || r->n_tokens != k || r->keys.len != k * rb || r->values.len != k * rb) {
+      if (r) rakv__kv_chunk__free_unpacked(r, NULL);
+      return bad_reply(c, "KvChunk", err);
+    }
+    memcpy((uint8_t *)keys + done * rb, r->keys.data, k * rb);
+    memcpy((uint8_t *)values + done * rb, r->values.data, k * rb);
+    rakv__kv_chunk__free_unpacked(r, NULL);
+    done += k;
+  }
+  return RA_OK;
+}
+
 int ra_kvclient_close_session(ra_kvclient *c, const ra_kvclient_session *s,
                               uint64_t *bytes_freed, ra_error *err) {
   Rakv__CloseSessionRequest req = RAKV__CLOSE_SESSION_REQUEST__INIT;

@@ -176,6 +176,11 @@ void ra_kvclient_put_abort(ra_kvclient_put *p);
 int ra_kvclient_put_kv(ra_kvclient *c, const ra_kvclient_session *s, const ra_kvclient_rows *rows,
                        size_t n_rows, uint64_t *tokens_stored, ra_error *err);
 
+/* Reads rows the store holds (proto ReadKvRequest): [token_begin, token_begin + n) of (layer,
+ * kv_head), within one of its shards' stored rows, into keys / values ([n, head_dim] session
+ * dtype each), in requests of at most chunk_bytes. */
+int ra_kvclient_read_kv(ra_kvclient *c, const ra_kvclient_session *s, uint32_t layer, uint32_t kv_head,
+                        uint64_t token_begin, uint64_t n, void *keys, void *values, ra_error *err);
 /* Appends tokens (each block continues its shard); all blocks are stored or none. */
 int ra_kvclient_append(ra_kvclient *c, const ra_kvclient_session *s, const ra_kvclient_rows *rows,
                        size_t n_rows, ra_error *err);

@@ -606,6 +606,39 @@ int kvs_service_build_index(kvs_service *svc, const uint8_t *req, size_t len, ra
   return counted(svc, rc);
 }
 
+/* ---- ReadKv ---- */
+
+static int read_kv(kvs_service *svc, const Rakv__ReadKvRequest *r, ra_buf *reply, ra_error *err) {
+  kvs_session *s;
+  int rc = kvs_store_get(svc->store, r->session_id.data, r->session_id.len, &s, err);
+  if (rc) return rc;
+  size_t bytes = (size_t)r->n_tokens * kvs_row_bytes(&s->geo);
+  uint8_t *kv = malloc(2 * bytes + 1);
+  if (!kv) rc = ra_errorf(err, RA_ENOMEM, "out of memory for %u rows", r->n_tokens);
+  if (rc == RA_OK) rc = kvs_session_read(s, r->layer, r->kv_head, r->token_begin, r->n_tokens, kv, kv + bytes, err);
+  if (rc == RA_OK) {
+    Rakv__KvChunk out = RAKV__KV_CHUNK__INIT;
+    out.layer = r->layer;
+    out.kv_head = r->kv_head;
+    out.token_begin = r->token_begin;
+    out.n_tokens = r->n_tokens;
+    out.keys = (ProtobufCBinaryData){bytes, kv};
+    out.values = (ProtobufCBinaryData){bytes, kv + bytes};
+    rc = pack_reply(&out.base, reply, err);
+  }
+  free(kv);
+  kvs_session_release(s);
+  return rc;
+}
+
+int kvs_service_read_kv(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply, ra_error *err) {
+  Rakv__ReadKvRequest *r = rakv__read_kv_request__unpack(NULL, len, req);
+  if (!r) return counted(svc, malformed(err, "ReadKvRequest", len));
+  int rc = read_kv(svc, r, reply, err);
+  rakv__read_kv_request__free_unpacked(r, NULL);
+  return counted(svc, rc);
+}
+
 /* ---- CloseSession, Stats, Health ---- */
 
 int kvs_service_close_session(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,

@@ -59,6 +59,8 @@ int kvs_service_build_index(kvs_service *svc, const uint8_t *req, size_t len, ra
  * Reply: the kv head's clusters and clustered / lagging rows here, the directory's bytes. */
 int kvs_service_put_clusters(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
                              ra_error *err);
+/* ReadKv: rows a session holds (kvs_session_read), as a KvChunk. */
+int kvs_service_read_kv(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply, ra_error *err);
 int kvs_service_close_session(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
                               ra_error *err);
 int kvs_service_stats(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,

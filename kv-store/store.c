@@ -517,6 +517,25 @@ static kvs_shard *shard_containing(kvs_session *s, uint32_t layer, uint32_t kv_h
   return c;
 }
 
+int kvs_session_read(kvs_session *s, uint32_t layer, uint32_t kv_head, uint64_t token_begin, uint64_t n, void *keys,
+                     void *values, ra_error *err) {
+  if (layer >= s->geo.n_layers || kv_head >= s->geo.n_kv_heads)
+    return ra_errorf(err, RA_EINVAL, "read: layer %u kv head %u out of range", layer, kv_head);
+  pthread_rwlock_rdlock(&s->lock);
+  const kvs_shard *sh = shard_containing(s, layer, kv_head, token_begin);
+  int rc = RA_OK;
+  if (!sh || n == 0 || token_begin + n > sh->spec.token_begin + sh->n || token_begin + n < token_begin) {
+    rc = ra_errorf(err, RA_EINVAL, "read: tokens %llu-%llu of layer %u kv head %u are not stored here",
+                   (unsigned long long)token_begin, (unsigned long long)(token_begin + n), layer, kv_head);
+  } else {
+    size_t rb = kvs_row_bytes(&s->geo), at = (size_t)(token_begin - sh->spec.token_begin) * rb;
+    memcpy(keys, (const uint8_t *)sh->keys + at, (size_t)n * rb);
+    memcpy(values, (const uint8_t *)sh->values + at, (size_t)n * rb);
+  }
+  pthread_rwlock_unlock(&s->lock);
+  return rc;
+}
+
 static uint64_t head_rows(kvs_session *s, uint32_t layer, uint32_t kv_head) {
   size_t count;
   const kvs_shard *sh = kvs_session_head(s, layer, kv_head, &count);

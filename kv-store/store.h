@@ -216,6 +216,11 @@ int kvs_store_close(kvs_store *st, const uint8_t *id, size_t id_len, uint64_t *b
 int kvs_session_write(kvs_session *s, const kvs_rows *rows, size_t n_rows, uint64_t *bytes_stored,
                       ra_error *err);
 
+/* Copies rows [token_begin, token_begin + n) of (layer, kv_head), which must lie in one shard's
+ * stored rows, into keys / values ([n, head_dim] session dtype each). Takes the read lock. */
+int kvs_session_read(kvs_session *s, uint32_t layer, uint32_t kv_head, uint64_t token_begin, uint64_t n, void *keys,
+                     void *values, ra_error *err);
+
 /* ---- the background indexer (indexer.c) ---- */
 
 /* Threads of the store's indexer; takes effect when it starts (the first write to a shard with

@@ -2,8 +2,8 @@
 # KV_STORE MODEL: sets GW, KVS, MODEL, the loopback helpers (deploy/loopback-stores.sh: RUN,
 # PIDS, start_store) and PROMPT, 33 SmolLM2 tokens (with sink 4 + window 8 on the device, 21 go
 # to the stores: enough for roar's index build).
-#   wait_for_output FILE: returns once FILE (a worker's stdout, which streams each token as it
-#   is decoded) holds a few tokens' text: the worker is then mid-decode.
+#   wait_for_output FILE [BYTES]: returns once FILE (a worker's stdout, which streams each token
+#   as it is decoded) holds more than BYTES (default 8) of text: the worker is then mid-decode.
 set -euo pipefail
 GW=$1
 KVS=$2
@@ -14,7 +14,7 @@ PROMPT+=" The capital of Germany is Berlin. The capital of Portugal is"
 
 wait_for_output() {
   for _ in $(seq 500); do
-    [ -f "$1" ] && [ "$(wc -c <"$1")" -gt 8 ] && return 0
+    [ -f "$1" ] && [ "$(wc -c <"$1")" -gt "${2:-8}" ] && return 0
     sleep 0.02
   done
   echo "no output in $1" >&2

@@ -1,7 +1,7 @@
 /* Persistence (journal.h): records replayed in order, a torn tail cut, damage elsewhere refused
  * (the session renamed .corrupt, the others restored), closed sessions' files removed; and the
  * service over a data dir: a session written, the service destroyed (as a restart) and created
- * again has the same id and rows, and OpenSession reattaches it by id. */
+ * again has the same id and rows (ReadKv gives them back), and OpenSession reattaches it by id. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -218,6 +218,18 @@ static void test_service_restores_sessions(void **state) {
   assert_int_equal(s->shards[0].n, 4);
   assert_memory_equal(s->shards[0].keys, kv, sizeof kv);
   kvs_session_release(s);
+  /* ReadKv gives the restored rows back; rows past the stored ones are refused */
+  Rakv__ReadKvRequest rd = RAKV__READ_KV_REQUEST__INIT;
+  rd.session_id.data = id, rd.session_id.len = 16, rd.token_begin = 1, rd.n_tokens = 3;
+  assert_int_equal(call(svc, kvs_service_read_kv, &rd.base, &reply, &err), RA_OK);
+  Rakv__KvChunk *got = rakv__kv_chunk__unpack(NULL, reply.len, reply.data);
+  assert_non_null(got);
+  assert_int_equal(got->keys.len, 3 * 16);
+  assert_memory_equal(got->keys.data, kv + 4, 2 * 16);     /* rows 1-2 of the PutKv */
+  assert_memory_equal(got->values.data + 32, kv, 16);      /* row 3, the Append */
+  rakv__kv_chunk__free_unpacked(got, NULL);
+  rd.n_tokens = 4;
+  assert_int_equal(call(svc, kvs_service_read_kv, &rd.base, &reply, &err), RA_EINVAL);
   /* reattach by id: the rows it holds */
   Rakv__OpenSessionRequest resume = RAKV__OPEN_SESSION_REQUEST__INIT;
   resume.geometry = &g, resume.resume_session_id.data = id, resume.resume_session_id.len = 16;
