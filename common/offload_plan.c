@@ -113,6 +113,7 @@ int ra_offload_plan_choose(const ra_offload_plan *p, uint32_t layer, const uint8
 int ra_offload_plan_covered(const ra_offload_plan *p, const uint8_t *down, ra_error *err) {
   for (size_t i = 0; i < p->map->n_rules; i++) {
     const ra_shard_rule *r = &p->map->rules[i];
+    if (r->token_end != RA_TOKEN_END_OPEN && r->token_end <= p->n_sink) continue; /* never offloaded */
     if (live_owner(r, down) < 0)
       return ra_errorf(err, RA_EUNAVAIL, "shard map rule %zu (layers %u-%u, kv heads %u-%u): every owner is down",
                        i + 1, r->layer_lo, r->layer_hi, r->head_lo, r->head_hi);

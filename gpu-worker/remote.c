@@ -45,6 +45,9 @@ struct ra_remote {
   size_t n_stores;
   uint8_t *down;   /* [n_stores]: stores[i].down, the layout ra_offload_plan_choose takes */
   uint8_t *asked;  /* [n_stores, n_q_heads]: this step's choice of owners */
+  uint64_t *merged; /* [n_stores]: merge_gen when the store's partial of the head being merged
+                       was taken (a store owning several rules of a kv head is merged once) */
+  uint64_t merge_gen;
   uint8_t *pack;   /* put / append staging in the session dtype */
   size_t pack_cap; /* bytes */
   int failed;      /* a store failed and no owner was left: no more steps (see remote.h) */
@@ -230,6 +233,7 @@ void ra_remote_close(ra_remote *r) {
   free(r->stores);
   free(r->down);
   free(r->asked);
+  free(r->merged);
   free(r->pack);
   free(r->acc);
   free(r->q_step);
@@ -252,8 +256,9 @@ int ra_remote_open(const ra_offload_plan *plan, uint32_t head_dim, const ra_remo
   r->acc = calloc(plan->n_q_heads, sizeof *r->acc);
   r->down = calloc(plan->n_stores, 1);
   r->asked = calloc(plan->n_stores * plan->n_q_heads, 1);
+  r->merged = calloc(plan->n_stores, sizeof *r->merged);
   r->q_step = calloc((size_t)plan->n_q_heads * head_dim, sizeof *r->q_step);
-  if (!r->stores || !r->acc || !r->down || !r->asked || !r->q_step) {
+  if (!r->stores || !r->acc || !r->down || !r->asked || !r->merged || !r->q_step) {
     if (!r->stores) r->n_stores = 0;
     ra_remote_close(r);
     return ra_errorf(err, RA_ENOMEM, "remote: out of memory");
@@ -772,14 +777,14 @@ int ra_remote_attend_end(ra_remote *r, float *o, float *ml, ra_remote_stats *sta
     acc[h].o = o + h * hd;
     ra_partial_reset(&acc[h], (int)hd);
     size_t at = (size_t)r->layer * p->n_kv_heads + h / group;
-    int last = -1;
+    r->merge_gen++;
     for (uint32_t k = p->head_rule_off[at]; rc == RA_OK && k < p->head_rule_off[at + 1]; k++) {
       const ra_shard_rule *rule = &p->map->rules[p->head_rules[k]];
       int c = -1;
       for (uint32_t j = 0; j < rule->n_owners && c < 0; j++)
         if (!r->down[rule->owners[j]]) c = (int)rule->owners[j];
-      if (c < 0 || c == last || r->stores[c].slot[h] < 0) continue;
-      last = c;
+      if (c < 0 || r->merged[c] == r->merge_gen || r->stores[c].slot[h] < 0) continue;
+      r->merged[c] = r->merge_gen;
       const ra_head_partial *pt = &r->stores[c].parts[r->stores[c].slot[h]];
       ra_partial_merge_from(&acc[h], &pt->part, (int)hd);
       st.n_scanned += pt->n_scanned;
