@@ -40,6 +40,11 @@ typedef struct ra_offload_plan {
   ra_plan_store *stores; /* one per store of the shard map, in its order */
   size_t n_stores;
   const ra_shard_map *map;
+  /* The rules covering each (layer, kv head), by token_begin: rules [head_rule_off[i],
+   * head_rule_off[i + 1]) of head_rules (indices into map->rules), i = layer * n_kv_heads + g. */
+  uint32_t *head_rule_off;
+  uint32_t *head_rules;
+  uint32_t max_owners; /* the most owners of any rule (1: no replicas) */
 } ra_offload_plan;
 
 /* Validates the map against the geometry (every position of every (layer, kv head) has exactly
@@ -65,7 +70,22 @@ int64_t ra_offload_plan_evicted(const ra_offload_plan *p, uint64_t n);
 /* The store owning (layer, kv head, position), as an index into p->stores. */
 int ra_offload_plan_owner(const ra_offload_plan *p, uint32_t layer, uint32_t kv_head, uint64_t pos);
 
-/* 1 if store s is asked for q head h at layer l. */
+/* The rule owning (layer, kv head, position), or NULL. */
+const ra_shard_rule *ra_offload_plan_rule(const ra_offload_plan *p, uint32_t layer, uint32_t kv_head, uint64_t pos);
+
+/* An attend's choice of owners at `layer`: for every q head h, asked[s * n_q_heads + h] = 1 when
+ * store s is asked for it, for each rule of h's kv head its first owner that down[] does not
+ * mark (down: [n_stores], NULL: none down). asked: [n_stores, n_q_heads]. Returns RA_OK, or
+ * RA_EUNAVAIL naming the first (layer, kv head) whose rule has no live owner. */
+int ra_offload_plan_choose(const ra_offload_plan *p, uint32_t layer, const uint8_t *down, uint8_t *asked,
+                           ra_error *err);
+
+/* RA_OK when every rule of the map still has an owner down[] does not mark, else RA_EUNAVAIL
+ * naming one that has none. */
+int ra_offload_plan_covered(const ra_offload_plan *p, const uint8_t *down, ra_error *err);
+
+/* 1 if store s holds tokens of q head h's kv head at layer l (it is asked for it when it is
+ * the chosen owner; index builds go to every store holding it). */
 static inline int ra_offload_plan_asks(const ra_offload_plan *p, size_t s, uint32_t layer, uint32_t q_head) {
   return (int)p->stores[s].q_heads[(size_t)layer * p->n_q_heads + q_head];
 }

@@ -77,8 +77,6 @@ static int parse_line(ra_shard_map *m, char *line, int lineno, ra_error *err) {
   if (nf != 4)
     return ra_errorf(err, RA_EINVAL, "shard map line %d: want 'STORE LAYERS KV_HEADS TOKENS', got %d fields",
                      lineno, nf);
-  if (strlen(fields[0]) >= RA_ADDR_MAX || !strchr(fields[0], ':'))
-    return ra_errorf(err, RA_EINVAL, "shard map line %d: store '%s' is not HOST:PORT", lineno, fields[0]);
   uint64_t llo, lhi, hlo, hhi, tlo, thi;
   if (parse_range(fields[1], UINT32_MAX, &llo, &lhi))
     return ra_errorf(err, RA_EINVAL, "shard map line %d: bad layer range '%s'", lineno, fields[1]);
@@ -92,8 +90,21 @@ static int parse_line(ra_shard_map *m, char *line, int lineno, ra_error *err) {
       .token_begin = tlo,
       .token_end = thi == UINT64_MAX - 1 ? RA_TOKEN_END_OPEN : thi + 1,
   };
-  if (map_add_store(m, fields[0], &r.store) || map_add_rule(m, &r))
-    return ra_errorf(err, RA_ENOMEM, "shard map line %d: out of memory", lineno);
+  /* the owners: "A" or "A,B,..." */
+  for (char *save = NULL, *a = strtok_r(fields[0], ",", &save); a; a = strtok_r(NULL, ",", &save)) {
+    if (strlen(a) >= RA_ADDR_MAX || !strchr(a, ':'))
+      return ra_errorf(err, RA_EINVAL, "shard map line %d: store '%s' is not HOST:PORT", lineno, a);
+    if (r.n_owners == RA_SHARD_MAX_REPLICAS)
+      return ra_errorf(err, RA_EINVAL, "shard map line %d: more than %d owners", lineno, RA_SHARD_MAX_REPLICAS);
+    uint32_t idx;
+    if (map_add_store(m, a, &idx)) return ra_errorf(err, RA_ENOMEM, "shard map line %d: out of memory", lineno);
+    for (uint32_t j = 0; j < r.n_owners; j++)
+      if (r.owners[j] == idx) return ra_errorf(err, RA_EINVAL, "shard map line %d: store '%s' named twice", lineno, a);
+    r.owners[r.n_owners++] = idx;
+  }
+  if (r.n_owners == 0) return ra_errorf(err, RA_EINVAL, "shard map line %d: no store named", lineno);
+  r.store = r.owners[0];
+  if (map_add_rule(m, &r)) return ra_errorf(err, RA_ENOMEM, "shard map line %d: out of memory", lineno);
   return RA_OK;
 }
 
@@ -142,7 +153,8 @@ int ra_shard_map_spread(const char *const *stores, size_t n_stores, uint32_t n_l
   }
   for (uint32_t l = 0; l < n_layers && rc == RA_OK; l++) {
     for (uint32_t h = 0; h < n_kv_heads && rc == RA_OK; h++) {
-      ra_shard_rule r = {.store = index[((size_t)l * n_kv_heads + h) % n_stores],
+      uint32_t owner = index[((size_t)l * n_kv_heads + h) % n_stores];
+      ra_shard_rule r = {.store = owner, .owners = {owner}, .n_owners = 1,
                          .layer_lo = l, .layer_hi = l, .head_lo = h, .head_hi = h,
                          .token_begin = 0, .token_end = RA_TOKEN_END_OPEN};
       if (map_add_rule(out, &r)) rc = ra_errorf(err, RA_ENOMEM, "shard map: out of memory");
@@ -180,6 +192,54 @@ int ra_shard_map_spread_list(const char *stores_csv, uint32_t n_layers, uint32_t
   return rc;
 }
 
+int ra_shard_map_replicate(ra_shard_map *map, uint32_t replicas, ra_error *err) {
+  size_t most = map->n_stores < RA_SHARD_MAX_REPLICAS ? map->n_stores : RA_SHARD_MAX_REPLICAS;
+  if (replicas < 1 || replicas > most)
+    return ra_errorf(err, RA_EINVAL, "%u replicas: want 1 to %zu (the stores given, at most %d)", replicas, most,
+                     RA_SHARD_MAX_REPLICAS);
+  for (size_t i = 0; i < map->n_rules; i++) {
+    ra_shard_rule *r = &map->rules[i];
+    r->n_owners = replicas;
+    for (uint32_t j = 0; j < replicas; j++) r->owners[j] = (uint32_t)((r->store + j) % map->n_stores);
+  }
+  return RA_OK;
+}
+
+/* 1 if rule r covers (l, h). */
+static int rule_covers(const ra_shard_rule *r, uint32_t l, uint32_t h) {
+  return l >= r->layer_lo && l <= r->layer_hi && h >= r->head_lo && h <= r->head_hi;
+}
+
+static int rule_owned_by(const ra_shard_rule *r, uint32_t store) {
+  for (uint32_t j = 0; j < r->n_owners; j++)
+    if (r->owners[j] == store) return 1;
+  return 0;
+}
+
+/* The replica rule of shardmap.h for (l, h): where a covering rule is replicated, no store
+ * owns two covering rules. */
+static int check_replicas(const ra_shard_map *map, uint32_t l, uint32_t h, ra_error *err) {
+  int replicated = 0;
+  for (size_t i = 0; i < map->n_rules && !replicated; i++)
+    replicated = rule_covers(&map->rules[i], l, h) && map->rules[i].n_owners > 1;
+  if (!replicated) return RA_OK;
+  for (size_t i = 0; i < map->n_rules; i++) {
+    const ra_shard_rule *a = &map->rules[i];
+    if (!rule_covers(a, l, h)) continue;
+    for (size_t k = i + 1; k < map->n_rules; k++) {
+      const ra_shard_rule *b = &map->rules[k];
+      if (!rule_covers(b, l, h)) continue;
+      for (uint32_t j = 0; j < a->n_owners; j++)
+        if (rule_owned_by(b, a->owners[j]))
+          return ra_errorf(err, RA_EINVAL,
+                           "shard map: layer %u kv head %u: store %s owns rules %zu and %zu, and the kv head is "
+                           "replicated (an owner must hold one token range of it)",
+                           l, h, map->stores[a->owners[j]], i + 1, k + 1);
+    }
+  }
+  return RA_OK;
+}
+
 static int cmp_u64(const void *a, const void *b) {
   uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
   return x < y ? -1 : x > y;
@@ -206,7 +266,7 @@ int ra_shard_map_validate(const ra_shard_map *map, uint32_t n_layers, uint32_t n
       size_t n = 0;
       for (size_t i = 0; i < map->n_rules; i++) {
         const ra_shard_rule *r = &map->rules[i];
-        if (l < r->layer_lo || l > r->layer_hi || h < r->head_lo || h > r->head_hi) continue;
+        if (!rule_covers(r, l, h)) continue;
         spans[2 * n] = r->token_begin;
         spans[2 * n + 1] = r->token_end;
         n++;
@@ -225,6 +285,7 @@ int ra_shard_map_validate(const ra_shard_map *map, uint32_t n_layers, uint32_t n
       if (rc == RA_OK && next != RA_TOKEN_END_OPEN)
         rc = ra_errorf(err, RA_EINVAL, "shard map: layer %u kv head %u: tokens from %" PRIu64 " on have no owner",
                        l, h, next);
+      if (rc == RA_OK) rc = check_replicas(map, l, h, err);
     }
   }
   free(spans);

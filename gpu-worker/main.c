@@ -5,6 +5,7 @@
  *   gpu-worker logits   --model PATH (--prompt-file F | --prompt TEXT) --out FILE.npy
  *   gpu-worker info     --model PATH
  *   gpu-worker serve    --model PATH --listen HOST:PORT [--mode M --stores ...]   OpenAI HTTP API */
+#include "context.h"
 #include "dump_qk.h"
 #include "generate.h"
 #include "json.h"
@@ -44,13 +45,13 @@ static const char *commands_text =
 
 typedef struct opts {
   const char *cmd, *model, *tokenizer, *prompt_file, *prompt, *backend, *json, *out, *layers;
-  const char *stores, *shard_map;
+  const char *stores, *shard_map, *save_context, *context, *spare_stores;
   const char *listen, *ready_file, *model_name; /* serve */
   int max_seqs, max_cached, max_conns, drain_ms;
   uint64_t max_body;
   double cache_ttl;
   ra_offload_config off; /* mode == RA_MODE_FULL: no offload */
-  int help, chat, threads, max_new, decode_tokens, no_stop, top_k, synthetic;
+  int help, chat, threads, max_new, decode_tokens, no_stop, top_k, synthetic, replicas;
   long ctx, batch;
   float temperature, top_p;
   uint64_t seed;
@@ -59,7 +60,7 @@ typedef struct opts {
 
 /* The defaults of every option, the offload's from the offload runtime. */
 static void opts_default(opts *o) {
-  *o = (opts){.backend = "cpu", .max_new = 64, .batch = 512, .top_p = 0.95f, .top_k = 40, .seed = 1,
+  *o = (opts){.backend = "cpu", .max_new = 64, .replicas = 1, .batch = 512, .top_p = 0.95f, .top_k = 40, .seed = 1,
               .kv_dtype = RA_DTYPE_F32, .dump_dtype = RA_DTYPE_F16, .max_seqs = 16, .max_cached = 16,
               .max_conns = 256, .drain_ms = 30000, .max_body = 1u << 20, .cache_ttl = 600};
   ra_offload_config_default(&o->off);
@@ -142,8 +143,27 @@ static const ra_opt rows[] = {
      .scope = RUNS},
     {"stores", RA_OPT_STRING, AT(stores), .meta = "HOST:PORT,...", .help = "kv-stores; kv heads dealt round-robin",
      .scope = RUNS},
-    {"shard-map", RA_OPT_STRING, AT(shard_map), .meta = "FILE", .help = "kv-stores and their shards, from FILE",
+    {"shard-map", RA_OPT_STRING, AT(shard_map), .meta = "FILE",
+     .help = "kv-stores and their shards, from FILE (a rule may name several owners: replicas)", .scope = RUNS},
+    {"replicas", RA_OPT_INT, AT(replicas), .lo = 1, .hi = RA_SHARD_MAX_REPLICAS, .meta = "R",
+     .help = "with --stores: every shard on R stores (writes to all, attends to one, failover to the next)",
      .scope = RUNS},
+    {"spare-stores", RA_OPT_STRING, AT(spare_stores), .meta = "HOST:PORT,...",
+     .help = "with replicas: stores that take a failed one's place, its shards copied from their other owners "
+             "(flat, ivf, kgraph)",
+     .scope = RUNS},
+    {"store-reconnect-ms", RA_OPT_INT, AT(off.reconnect_ms), .lo = 0, .hi = 3600000, .meta = "MS",
+     .help = "a failed store with no live replica: reconnect and reattach its session for up to MS (a store "
+             "restarting from --data-dir); 0: the generation fails",
+     .scope = RUNS},
+    {"save-context", RA_OPT_STRING, AT(save_context), .meta = "FILE",
+     .help = "after generating, leave the sessions on the stores and write the worker's part (device window, "
+             "position, next token) to FILE, for --context",
+     .scope = GEN},
+    {"context", RA_OPT_STRING, AT(context), .meta = "FILE",
+     .help = "continue a context saved with --save-context, without prefill (no prompt; the same mode, "
+             "sink, window, dtypes and stores)",
+     .scope = GEN},
     {"sink", RA_OPT_INT, AT(off.n_sink), .lo = 0, .hi = 1L << 20, .meta = "N",
      .help = "first tokens kept on the device", .scope = RUNS},
     {"window", RA_OPT_INT, AT(off.n_window), .lo = 1, .hi = 1L << 20, .meta = "N",
@@ -254,6 +274,14 @@ static int opts_check(opts *o, const ra_opts_set *s) {
     return usage_error(s->scope,
                        "--stores / --shard-map need a --mode that uses them (%s), not %s", store_modes, mode);
   if (o->stores && o->shard_map) return usage_error(s->scope, "give --stores or --shard-map, not both");
+  if ((o->save_context || o->context) && (!distributed || o->off.mode == RA_MODE_WAVE))
+    return usage_error(s->scope, "--save-context / --context need a --mode with stores other than wave, not %s", mode);
+  if (o->context && (o->prompt || o->prompt_file || o->chat))
+    return usage_error(s->scope, "--context continues a saved context: give no prompt");
+  if (o->spare_stores && !(o->shard_map || o->replicas > 1))
+    return usage_error(s->scope, "--spare-stores restore replicas: give --replicas 2 or more, or a --shard-map with them");
+  if (ra_opts_given(s, "replicas") && !o->stores)
+    return usage_error(s->scope, "--replicas is for --stores (a --shard-map names each rule's owners)");
   if (o->off.roar_per_kv_head && o->off.mode != RA_MODE_ROAR)
     return usage_error(s->scope, "--index-per-kv-head is for --mode roar, not %s", mode);
   if (o->synthetic && o->off.mode == RA_MODE_FULL)
@@ -342,12 +370,42 @@ static int stores_plan(const opts *o, const ra_model *m, ra_shard_map *map, ra_o
     rc = ra_shard_map_load(o->shard_map, map, err);
   } else {
     rc = ra_shard_map_spread_list(o->stores, (uint32_t)c->n_layers, (uint32_t)c->n_kv_heads, map, err);
+    if (rc == RA_OK) rc = ra_shard_map_replicate(map, (uint32_t)o->replicas, err);
   }
   if (rc == RA_OK)
     rc = ra_offload_plan_build(map, (uint32_t)c->n_layers, (uint32_t)c->n_heads, (uint32_t)c->n_kv_heads,
                                o->off.n_sink, o->off.n_window, plan, err);
   if (rc == RA_OK) return RA_OK;
   ra_shard_map_free(map);
+  return rc;
+}
+
+/* --spare-stores: checked like --stores, none of them in the shard map. */
+typedef struct spare_set {
+  ra_shard_map map; /* only its store list is used */
+  const char **stores;
+  size_t n_stores;
+} spare_set;
+
+static void spare_free(spare_set *s) {
+  ra_shard_map_free(&s->map);
+  free(s->stores);
+  memset(s, 0, sizeof *s);
+}
+
+static int spare_list(const char *csv, const ra_shard_map *map, spare_set *out, ra_error *err) {
+  int rc = ra_shard_map_spread_list(csv, 1, 1, &out->map, err);
+  if (rc) return ra_error_wrap(err, "--spare-stores");
+  out->stores = malloc(out->map.n_stores * sizeof *out->stores);
+  if (!out->stores) rc = ra_errorf(err, RA_ENOMEM, "out of memory");
+  for (size_t i = 0; rc == RA_OK && i < out->map.n_stores; i++) {
+    out->stores[i] = out->map.stores[i];
+    for (size_t j = 0; j < map->n_stores; j++)
+      if (strcmp(map->stores[j], out->stores[i]) == 0)
+        rc = ra_errorf(err, RA_EINVAL, "--spare-stores: %s is in the shard map already", out->stores[i]);
+  }
+  out->n_stores = out->map.n_stores;
+  if (rc) spare_free(out);
   return rc;
 }
 
@@ -379,31 +437,76 @@ static void json_write_stats(FILE *f, const ra_offload_stats *s, int buffer) {
   fprintf(f, "}");
 }
 
+/* The stores' health: which were marked down (and why) and reattached, for the --json record. */
+static void json_write_store_health(FILE *f, ra_remote *r) {
+  if (!r) return;
+  fprintf(f, ", \"store_health\": [");
+  for (size_t i = 0; i < ra_remote_n_stores(r); i++) {
+    ra_remote_store_report st;
+    ra_remote_store_state(r, i, &st);
+    fprintf(f, "%s{\"store\": ", i ? ", " : "");
+    ra_json_write_str(f, st.addr);
+    fprintf(f, ", \"replaced\": ");
+    if (st.replaced) ra_json_write_str(f, st.replaced);
+    else fprintf(f, "null");
+    fprintf(f, ", \"down\": %s, \"error\": ", st.down ? "true" : "false");
+    if (st.why) ra_json_write_str(f, st.why);
+    else fprintf(f, "null");
+    fprintf(f, ", \"reconnects\": %u, \"rows\": %llu}", st.reconnects, (unsigned long long)st.tokens);
+  }
+  fprintf(f, "]");
+}
+
 static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_error *err) {
-  int32_t *ids;
+  int32_t *ids = NULL;
   size_t n;
-  int rc = prompt_tokens(o, tok, &ids, &n, err);
-  if (rc) return rc;
-  long ctx = o->ctx ? o->ctx : (long)n + o->max_new;
+  ra_context saved = {0};
+  int rc;
+  if (o->context) {
+    /* a saved context's first step feeds its next token at its position */
+    rc = ra_context_read(o->context, &saved, err);
+    if (rc == RA_OK && !(ids = malloc(sizeof *ids))) rc = ra_errorf(err, RA_ENOMEM, "out of memory");
+    if (rc) {
+      ra_context_free(&saved);
+      return rc;
+    }
+    ids[0] = saved.next_token;
+    n = 1;
+  } else if ((rc = prompt_tokens(o, tok, &ids, &n, err)) != RA_OK) {
+    return rc;
+  }
+  long ctx = o->ctx ? o->ctx : (long)saved.position + (long)n + o->max_new;
   ra_state *st = NULL;
   ra_shard_map map = {0};
   ra_offload_plan plan = {0};
   ra_offload *off = NULL;
+  ra_offload_config oc = o->off;
+  spare_set spares = {0};
   if (o->off.mode == RA_MODE_FULL) {
     rc = ra_state_new(m, ctx, o->batch < ctx ? o->batch : ctx, o->kv_dtype, &st, err);
   } else {
-    ra_offload_config oc = o->off;
+    oc = o->off;
     oc.kv_dtype = o->kv_dtype;
     oc.max_ctx = ctx;
     oc.max_prompt = (int64_t)n; /* the prefill runs layer by layer over the whole prompt */
     if (!o->json && isatty(STDERR_FILENO)) oc.progress = print_progress;
     if (oc.mode != RA_MODE_STREAMING) rc = stores_plan(o, m, &map, &plan, err);
+    if (rc == RA_OK && o->context && (rc = ra_context_check(&saved, &m->cfg, &oc, &plan, err)) == RA_OK)
+      oc.resume = saved.sessions;
+    if (rc == RA_OK && o->spare_stores && (rc = spare_list(o->spare_stores, &map, &spares, err)) == RA_OK) {
+      oc.spares = spares.stores;
+      oc.n_spares = spares.n_stores;
+    }
     if (rc == RA_OK) rc = ra_offload_new(m, oc.mode == RA_MODE_STREAMING ? NULL : &plan, &oc, &off, err);
     if (rc == RA_OK) st = ra_offload_state(off);
+    if (rc == RA_OK && o->context) rc = ra_context_restore(&saved, off, err);
   }
   if (rc) {
+    ra_offload_free(off);
+    spare_free(&spares);
     ra_offload_plan_free(&plan);
     ra_shard_map_free(&map);
+    ra_context_free(&saved);
     free(ids);
     return rc;
   }
@@ -415,13 +518,23 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
   ra_gen_result res;
   stream_ctx sc = {tok};
   rc = ra_generate(st, tok, ids, n, &gc, print_token, &sc, &res, err);
+  if (rc == RA_OK && o->save_context) {
+    /* the last token sampled has not been fed: the reopened context feeds it first */
+    if (res.stopped || res.n_tokens == 0)
+      rc = ra_errorf(err, RA_EINVAL, "save context: the generation %s: no next token to continue from",
+                     res.stopped ? "ended on a stop token (use --no-stop)" : "made no token");
+    else rc = ra_context_save(o->save_context, off, &oc, res.tokens[res.n_tokens - 1], err);
+    if (rc == RA_OK) ra_remote_keep_sessions(ra_offload_remote(off));
+    if (rc) ra_gen_result_free(&res);
+  }
+  size_t n_prefill = o->context ? 0 : n;
   if (rc == RA_OK) {
     double pf = res.prefill_s > 0 ? (double)n / res.prefill_s : 0;
     double dc = res.decode_s > 0 && res.n_decode_steps ? (double)res.n_decode_steps / res.decode_s : 0;
     printf("\n");
     fflush(stdout);
-    fprintf(stderr, "prompt %zu tokens, generated %zu%s; prefill %.3f s (%.1f tok/s), decode %.3f s (%.2f tok/s)\n", n,
-            res.n_tokens, res.stopped ? " (stop token)" : "", res.prefill_s, pf, res.decode_s, dc);
+    fprintf(stderr, "prompt %zu tokens, generated %zu%s; prefill %.3f s (%.1f tok/s), decode %.3f s (%.2f tok/s)\n",
+            n_prefill, res.n_tokens, res.stopped ? " (stop token)" : "", res.prefill_s, pf, res.decode_s, dc);
     if (o->json) {
       FILE *f = fopen(o->json, "w");
       char *text = NULL;
@@ -432,7 +545,9 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
         ra_json_write_str(f, m->cfg.name);
         fprintf(f, ", \"backend\": \"%s\", \"text\": ", o->backend);
         ra_json_write_str(f, text);
-        fprintf(f, ", \"prompt_tokens\": %zu, \"generated_tokens\": %zu, \"stopped\": %s, \"tokens\": [", n, res.n_tokens,
+        fprintf(f, ", \"prompt_tokens\": %zu, \"prefill_tokens\": %zu, \"context_position\": %lld", n_prefill,
+                n_prefill, (long long)saved.position);
+        fprintf(f, ", \"generated_tokens\": %zu, \"stopped\": %s, \"tokens\": [", res.n_tokens,
                 res.stopped ? "true" : "false");
         for (size_t i = 0; i < res.n_tokens; i++) fprintf(f, "%s%d", i ? ", " : "", res.tokens[i]);
         fprintf(f, "], \"prefill_s\": %.6f, \"prefill_tok_s\": %.3f, \"decode_s\": %.6f, \"decode_steps\": %zu, \"decode_tok_s\": %.3f",
@@ -457,6 +572,7 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
             fprintf(f, ", \"buffer_fetched\": %llu, \"buffer_fetched_rows\": %llu}", (unsigned long long)bt.fetched,
                     (unsigned long long)bt.fetched_rows);
           }
+          json_write_store_health(f, ra_offload_remote(off));
           fprintf(f, ", \"steps\": [");
           for (size_t i = 0; i < n_steps; i++) {
             fprintf(f, "%s", i ? ", " : "");
@@ -479,8 +595,10 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
   }
   if (off) ra_offload_free(off);
   else ra_state_free(st);
+  spare_free(&spares);
   ra_offload_plan_free(&plan);
   ra_shard_map_free(&map);
+  ra_context_free(&saved);
   free(ids);
   return rc;
 }

@@ -133,6 +133,8 @@ int ra_offload_new(const ra_model *m, const ra_offload_plan *plan, const ra_offl
                      "is not the model's (%d layers, %d/%d heads, sink %u, window %u)",
                      plan->n_layers, plan->n_q_heads, plan->n_kv_heads, plan->n_sink, plan->n_window, c->n_layers,
                      c->n_heads, c->n_kv_heads, cfg->n_sink, cfg->n_window);
+  if (cfg->mode == RA_MODE_WAVE && plan && plan->max_owners > 1)
+    return ra_errorf(err, RA_EINVAL, "offload: wave mode takes no replicas (its cluster ids are per store)");
   if (ra_mode_has_index(cfg->mode) && (cfg->knn_nq < 2 || cfg->build_queries < 1))
     return ra_errorf(err, RA_EINVAL, "offload: index build needs knn_nq >= 2 and build_queries >= 1");
   if (cfg->build_layers < 1 || cfg->build_layers > RA_OFFLOAD_MAX_BUILD_LAYERS)
@@ -203,7 +205,8 @@ int ra_offload_new(const ra_model *m, const ra_offload_plan *plan, const ra_offl
     ra_remote_config rcfg = {.dtype = cfg->store_dtype, .mode = cfg->mode, .top_k = cfg->top_k,
                              .search = {.ef = cfg->ef, .nprobe = cfg->nprobe}, .timeout_ms = cfg->timeout_ms,
                              .roar_per_kv_head = cfg->roar_per_kv_head, .client_name = "gpu-worker",
-                             .retro_window = cfg->retro_window};
+                             .retro_window = cfg->retro_window, .reconnect_ms = cfg->reconnect_ms,
+                             .resume = cfg->resume, .spares = cfg->spares, .n_spares = cfg->n_spares};
     rc = ra_remote_open(plan, (uint32_t)c->head_dim, &rcfg, &o->remote, err);
   }
   if (rc == RA_OK && cfg->mode == RA_MODE_WAVE)
@@ -218,6 +221,18 @@ int ra_offload_new(const ra_model *m, const ra_offload_plan *plan, const ra_offl
 }
 
 ra_state *ra_offload_state(ra_offload *o) { return o->st; }
+
+ra_remote *ra_offload_remote(ra_offload *o) { return o->remote; }
+
+int ra_offload_resume(ra_offload *o, int64_t position, ra_error *err) {
+  if (o->wave) return ra_errorf(err, RA_EINVAL, "offload: wave mode cannot resume a saved context");
+  if (position < 1 || position >= o->st->n_ctx)
+    return ra_errorf(err, RA_EINVAL, "offload: position %lld outside the context of %lld", (long long)position,
+                     (long long)o->st->n_ctx);
+  o->st->pos = position;
+  o->st->n = 0;
+  return RA_OK;
+}
 
 /* Copies positions [p0, p1) of the layer's scratch cache `src` into its ring `dst` (each
  * contiguous run of ring rows in one copy: at most two per range, where the ring wraps). */

@@ -62,6 +62,12 @@ typedef struct ra_offload_config {
   int64_t max_ctx;        /* prompt + generated tokens */
   int64_t max_prompt;     /* tokens of the prefill (one step); scratch rows */
   int timeout_ms;         /* deadline of every store reply; 0: 10 s */
+  int reconnect_ms;       /* > 0: a failed store with no other owner is reattached within this
+                             long (remote.h) */
+  const ra_remote_session *resume; /* a saved context's sessions (context.h), plan order; NULL:
+                             open new ones */
+  const char *const *spares; /* spare stores restoring the replicas of a down one (remote.h) */
+  size_t n_spares;
   int roar_per_kv_head;   /* roar: one graph per kv head from its group's queries (the build and
                              every decode step's insertion cost 1 / group of per-q-head graphs) */
   uint32_t key_top_queries; /* roar: send every offloaded key's best t queries of its build
@@ -174,6 +180,11 @@ int ra_offload_key_top_queries(ra_backend *be, const ra_tensor *keys, ra_dtype q
  * step per token after. */
 int ra_offload_forward(void *ctx, ra_state *st, const int32_t *tokens, int64_t n, ra_error *err);
 
+/* A saved context reopened (context.h): the ring holds its rows, the stores its sessions; the
+ * runtime continues at `position` as if prefill and decode had brought it there. */
+int ra_offload_resume(ra_offload *o, int64_t position, ra_error *err);
+/* The runtime's store tier (NULL in streaming mode): for reports. */
+ra_remote *ra_offload_remote(ra_offload *o);
 /* Wave mode's meta-index and growth block (NULL in other modes): for tests and reports. */
 const ra_wave *ra_offload_wave(const ra_offload *o);
 

@@ -1,5 +1,6 @@
 #include "remote.h"
 
+#include "log.h"
 #include "merge.h"
 
 #include <math.h>
@@ -7,23 +8,35 @@
 #include <string.h>
 #include <uv.h>
 
-/* What the remote keeps per store: the connection, the session, the Attend stream and the
- * buffers of one request (its asked q heads, their q, the partials coming back). */
+/* What the remote keeps per store: the connection, the session, the Attend stream, the buffers
+ * of one decode step's requests (its asked q heads, their q, the partials coming back; a step
+ * may send a store a second request when another owner failed) and its health. */
 typedef struct remote_store {
   const ra_plan_store *plan;
+  char addr[RA_ADDR_MAX];      /* where it is: the plan's store, or the spare that replaced it */
+  char replaced[RA_ADDR_MAX];  /* the plan's store a spare replaced ("": none) */
   ra_kvclient *client;
   ra_kvclient_session session;
   int session_open;
   ra_kvclient_stream *stream;
-  uint32_t *heads;             /* [n_q_heads] */
+  uint32_t *heads;             /* [n_q_heads]: the q heads sent this step, in order */
   float *q;                    /* [n_q_heads, head_dim] */
   float *o;                    /* [n_q_heads, head_dim] */
   ra_head_partial *parts;      /* [n_q_heads] */
-  ra_kvclient_attend_req req;  /* the request in flight */
   float *rq, *ro;              /* retro: [retro_window, n_q_heads, head_dim] past queries, partials */
-  ra_head_partial *rparts;     /* retro: [retro_window, n_q_heads] */
+  ra_head_partial *rparts;     /* retro: [retro_window, n_q_heads], the request in flight's */
+  int32_t *slot;               /* [n_q_heads]: head h's index in heads this step, -1: not sent */
+  size_t n_heads;              /* heads sent this step */
+  size_t req_begin;            /* the request in flight asks heads [req_begin, n_heads) */
+  int pending;                 /* a request is in flight */
+  ra_kvclient_attend_req req;  /* the request in flight */
   ra_kvclient_rows *rows;      /* [n_shards + n_layers * n_kv_heads]: put / append blocks */
   size_t n_rows;               /* blocks staged in rows */
+  uint64_t tokens;             /* rows this store acknowledged (puts and appends) */
+  uint64_t held;               /* rows the store reported when it was reattached */
+  int down;                    /* failed: its rules go on at their other owners */
+  ra_error why;                /* what failed it */
+  uint32_t reconnects;         /* times it came back (reattached) */
 } remote_store;
 
 struct ra_remote {
@@ -32,17 +45,33 @@ struct ra_remote {
   uint32_t head_dim;
   remote_store *stores;
   size_t n_stores;
+  uint8_t *down;   /* [n_stores]: stores[i].down, the layout ra_offload_plan_choose takes */
+  uint8_t *asked;  /* [n_stores, n_q_heads]: this step's choice of owners */
+  uint64_t *merged; /* [n_stores]: merge_gen when the store's partial of the head being merged
+                       was taken (a store owning several rules of a kv head is merged once) */
+  uint64_t merge_gen;
   uint8_t *pack;   /* put / append staging in the session dtype */
   size_t pack_cap; /* bytes */
-  int failed;      /* a store failed: no more steps (see remote.h) */
+  int failed;      /* a store failed and no owner was left: no more steps (see remote.h) */
   ra_error failure;
   int in_flight;   /* attend_begin sent, attend_end not yet called */
+  uint32_t layer;  /* of the attend in flight */
+  const ra_remote_wave_sel *sel; /* wave: its selection (the caller's, valid until attend_end) */
   ra_kvclient_build **builds; /* index builds started, not yet waited for */
+  size_t *build_store;        /* [cap_builds]: the store of each */
   size_t n_builds, cap_builds;
+  int keep_sessions; /* close leaves the sessions on the stores (a saved context) */
+  size_t next_spare; /* cfg.spares[next_spare] is the next spare to take */
+  uint64_t pos_end;  /* positions [n_sink, pos_end) have been written to the stores */
   uint64_t t_begin;
   ra_partial *acc; /* [n_q_heads] merge accumulators */
-  ra_partial *racc; /* retro: [retro_window, n_q_heads] */
-  uint32_t n_past;  /* retro: past queries of the attend in flight */
+  float *q_step;   /* [n_q_heads, head_dim]: the attend's q, for heads sent again to another owner */
+  /* retro: the attend in flight's step and past queries ([n_past, n_q_heads, head_dim], the
+   * caller's), and the past partials merged as replies come */
+  uint64_t retro_step;
+  uint32_t n_past;
+  const float *q_past;
+  ra_partial *racc; /* [retro_window, n_q_heads] */
 };
 
 /* Records the first failure and returns its code; later calls report it. */
@@ -59,6 +88,85 @@ static int remote_check(const ra_remote *r, ra_error *err) {
   return ra_errorf(err, RA_ESTATE, "remote attention stopped after an earlier failure: %s", r->failure.msg);
 }
 
+static void sleep_ms(unsigned ms) { uv_sleep(ms); }
+
+/* Connects to store s and reattaches its session (a store restarted from --data-dir, or a
+ * connection that broke), retrying for up to cfg.reconnect_ms. s->held gets the rows the store
+ * reports. */
+static int store_reconnect(ra_remote *r, remote_store *s, ra_error *err) {
+  if (s->stream) ra_kvclient_attend_close(s->stream);
+  s->stream = NULL;
+  if (s->client) ra_kvclient_close(s->client);
+  s->client = NULL;
+  uint64_t t0 = uv_hrtime(), limit = (uint64_t)r->cfg.reconnect_ms * 1000000u;
+  ra_kvclient_options opt = {.timeout_ms = r->cfg.timeout_ms};
+  int rc;
+  do {
+    int serving = 0;
+    rc = ra_kvclient_connect(s->addr, &opt, &s->client, err);
+    if (rc == RA_OK) rc = ra_kvclient_health(s->client, &serving, err);
+    if (rc == RA_OK && !serving) rc = ra_errorf(err, RA_EUNAVAIL, "%s: store is not serving", s->addr);
+    if (rc == RA_OK) rc = ra_kvclient_resume_session(s->client, s->session.id, &s->session.geo, &s->session, &s->held, err);
+    if (rc == RA_OK) rc = ra_kvclient_attend_open(s->client, &s->session, &s->stream, err);
+    if (rc == RA_OK) {
+      s->reconnects++;
+      ra_log_warn("store %s back after %.0f ms: session reattached with %llu rows", s->addr,
+                  (double)(uv_hrtime() - t0) / 1e6, (unsigned long long)s->held);
+      return RA_OK;
+    }
+    if (s->client) ra_kvclient_close(s->client);
+    s->client = NULL;
+    /* a store that answers but lost the session will not get it back by waiting */
+    if (rc == RA_ENOTFOUND) break;
+    sleep_ms(100);
+  } while (uv_hrtime() - t0 < limit);
+  return ra_error_wrap(err, "%s: no reattach within %d ms", s->addr, r->cfg.reconnect_ms);
+}
+
+/* Store i failed an operation with e. Returns RA_OK when the remote goes on: marked down with
+ * every rule still owned by a live store (its shards go on at their replicas), or -- when its
+ * rules have no other owner and cfg.reconnect_ms is set -- reconnected and its session
+ * reattached (*back = 1: the caller checks s->held and redoes its operation there; back NULL:
+ * no reattach, as in a prefill, which is not resumed). Otherwise the failure, recorded: the
+ * remote takes no more steps. */
+static int store_failed(ra_remote *r, size_t i, const ra_error *e, int *back, ra_error *err) {
+  remote_store *s = &r->stores[i];
+  ra_error why = *e;
+  if (back) *back = 0;
+  s->pending = 0;
+  r->down[i] = 1;
+  ra_error cover;
+  if (r->plan->max_owners > 1 && ra_offload_plan_covered(r->plan, r->down, &cover) == RA_OK) {
+    s->down = 1;
+    s->why = why;
+    if (s->stream) ra_kvclient_attend_close(s->stream);
+    s->stream = NULL;
+    ra_log_warn("store %s marked down, its shards go on at their other owners: %s", s->addr, why.msg);
+    return RA_OK;
+  }
+  r->down[i] = 0;
+  if (back && r->cfg.reconnect_ms > 0 && s->session_open) {
+    ra_log_warn("store %s failed (%s); reattaching its session", s->addr, why.msg);
+    ra_error rerr;
+    if (store_reconnect(r, s, &rerr) == RA_OK) {
+      *back = 1;
+      return RA_OK;
+    }
+    ra_errorf(&why, e->code, "%s; %s", e->msg, rerr.msg);
+  }
+  *err = why;
+  return remote_fail(r, why.code ? why.code : RA_EUNAVAIL, &why);
+}
+
+/* After store s came back: RA_OK when it holds what it acknowledged (plus `extra` rows when
+ * the failed write may have landed: *landed says whether it did). */
+static int store_check_held(const remote_store *s, uint64_t extra, int *landed, ra_error *err) {
+  *landed = extra && s->held == s->tokens + extra;
+  if (s->held == s->tokens || *landed) return RA_OK;
+  return ra_errorf(err, RA_EINTERNAL, "%s came back with %llu rows of the session, the worker wrote %llu: data lost",
+                   s->addr, (unsigned long long)s->held, (unsigned long long)s->tokens);
+}
+
 static int reserve_pack(ra_remote *r, size_t bytes, ra_error *err) {
   if (bytes <= r->pack_cap) return RA_OK;
   uint8_t *p = realloc(r->pack, bytes);
@@ -68,7 +176,8 @@ static int reserve_pack(ra_remote *r, size_t bytes, ra_error *err) {
   return RA_OK;
 }
 
-static int store_open(ra_remote *r, remote_store *s, ra_error *err) {
+/* resume: NULL to open a new session, else the one to reattach and the rows it must hold. */
+static int store_open(ra_remote *r, remote_store *s, const ra_remote_session *resume, ra_error *err) {
   const ra_offload_plan *p = r->plan;
   size_t nq = p->n_q_heads, hd = r->head_dim;
   size_t n_rows = s->plan->n_shards + (size_t)p->n_layers * p->n_kv_heads;
@@ -77,12 +186,14 @@ static int store_open(ra_remote *r, remote_store *s, ra_error *err) {
   s->o = calloc(nq * hd, sizeof *s->o);
   s->parts = calloc(nq, sizeof *s->parts);
   s->rows = calloc(n_rows, sizeof *s->rows);
+  s->slot = malloc(nq * sizeof *s->slot);
   size_t nr = (size_t)r->cfg.retro_window * nq;
   s->rq = calloc(nr * hd + 1, sizeof *s->rq);
   s->ro = calloc(nr * hd + 1, sizeof *s->ro);
   s->rparts = calloc(nr + 1, sizeof *s->rparts);
   ra_kvclient_shard *shards = calloc(s->plan->n_shards + 1, sizeof *shards);
-  if (!s->heads || !s->q || !s->o || !s->parts || !s->rows || !s->rq || !s->ro || !s->rparts || !shards) {
+  if (!s->heads || !s->q || !s->o || !s->parts || !s->rows || !s->slot || !s->rq || !s->ro || !s->rparts ||
+      !shards) {
     free(shards);
     return ra_errorf(err, RA_ENOMEM, "remote: out of memory");
   }
@@ -92,31 +203,40 @@ static int store_open(ra_remote *r, remote_store *s, ra_error *err) {
   }
   ra_kvclient_geometry geo = {p->n_layers, p->n_q_heads, p->n_kv_heads, r->head_dim, r->cfg.dtype};
   int serving = 0;
-  int rc = ra_kvclient_connect(s->plan->addr, NULL, &s->client, err);
+  ra_kvclient_options opt = {.timeout_ms = r->cfg.timeout_ms};
+  int rc = ra_kvclient_connect(s->addr, &opt, &s->client, err);
   if (rc == RA_OK) rc = ra_kvclient_health(s->client, &serving, err);
-  if (rc == RA_OK && !serving) rc = ra_errorf(err, RA_EUNAVAIL, "%s: store is not serving", s->plan->addr);
-  if (rc == RA_OK)
+  if (rc == RA_OK && !serving) rc = ra_errorf(err, RA_EUNAVAIL, "%s: store is not serving", s->addr);
+  if (rc == RA_OK && resume) {
+    rc = ra_kvclient_resume_session(s->client, resume->id, &geo, &s->session, &s->held, err);
+    s->tokens = resume->tokens;
+    int landed;
+    if (rc == RA_OK) rc = store_check_held(s, 0, &landed, err);
+  } else if (rc == RA_OK) {
     rc = ra_kvclient_open_session(s->client, &geo, shards, s->plan->n_shards,
                                   r->cfg.client_name ? r->cfg.client_name : "gpu-worker", &s->session, err);
+  }
   if (rc == RA_OK) s->session_open = 1;
   if (rc == RA_OK) rc = ra_kvclient_attend_open(s->client, &s->session, &s->stream, err);
   free(shards);
   return rc;
 }
 
-static void store_close(remote_store *s) {
+static void store_close(remote_store *s, int keep_session) {
   ra_error err;
   if (s->stream) ra_kvclient_attend_close(s->stream);
-  if (s->session_open) ra_kvclient_close_session(s->client, &s->session, NULL, &err);
+  /* a down store is not waited for */
+  if (s->session_open && !s->down && !keep_session) ra_kvclient_close_session(s->client, &s->session, NULL, &err);
   if (s->client) ra_kvclient_close(s->client);
   free(s->heads);
   free(s->q);
   free(s->o);
   free(s->parts);
+  free(s->rows);
+  free(s->slot);
   free(s->rq);
   free(s->ro);
   free(s->rparts);
-  free(s->rows);
 }
 
 void ra_remote_close(ra_remote *r) {
@@ -124,10 +244,15 @@ void ra_remote_close(ra_remote *r) {
   ra_error ignored;
   ra_remote_build_index_wait(r, &ignored);
   free(r->builds);
-  for (size_t i = 0; i < r->n_stores; i++) store_close(&r->stores[i]);
+  free(r->build_store);
+  for (size_t i = 0; i < r->n_stores; i++) store_close(&r->stores[i], r->keep_sessions);
   free(r->stores);
+  free(r->down);
+  free(r->asked);
+  free(r->merged);
   free(r->pack);
   free(r->acc);
+  free(r->q_step);
   free(r->racc);
   free(r);
 }
@@ -146,18 +271,27 @@ int ra_remote_open(const ra_offload_plan *plan, uint32_t head_dim, const ra_remo
   r->n_stores = plan->n_stores;
   r->stores = calloc(plan->n_stores, sizeof *r->stores);
   r->acc = calloc(plan->n_q_heads, sizeof *r->acc);
+  r->down = calloc(plan->n_stores, 1);
+  r->asked = calloc(plan->n_stores * plan->n_q_heads, 1);
+  r->merged = calloc(plan->n_stores, sizeof *r->merged);
+  r->q_step = calloc((size_t)plan->n_q_heads * head_dim, sizeof *r->q_step);
   r->racc = calloc((size_t)cfg->retro_window * plan->n_q_heads + 1, sizeof *r->racc);
-  if (!r->stores || !r->acc || !r->racc) {
-    free(r->stores);
-    free(r->acc);
-    free(r->racc);
-    free(r);
+  if (!r->stores || !r->acc || !r->down || !r->asked || !r->merged || !r->q_step || !r->racc) {
+    if (!r->stores) r->n_stores = 0;
+    ra_remote_close(r);
     return ra_errorf(err, RA_ENOMEM, "remote: out of memory");
   }
   int rc = RA_OK;
-  for (size_t i = 0; i < plan->n_stores && rc == RA_OK; i++) {
+  for (size_t i = 0; i < plan->n_stores; i++) {
     r->stores[i].plan = &plan->stores[i];
-    if (plan->stores[i].n_shards > 0) rc = store_open(r, &r->stores[i], err);
+    snprintf(r->stores[i].addr, sizeof r->stores[i].addr, "%s", plan->stores[i].addr);
+  }
+  for (size_t i = 0; i < plan->n_stores && rc == RA_OK; i++) {
+    if (plan->stores[i].n_shards == 0) continue;
+    ra_error e;
+    /* a store that cannot open its session is down from the start when replicas cover it */
+    if (store_open(r, &r->stores[i], cfg->resume ? &cfg->resume[i] : NULL, &e) != RA_OK)
+      rc = store_failed(r, i, &e, NULL, err);
   }
   if (rc != RA_OK) {
     ra_remote_close(r);
@@ -229,6 +363,8 @@ static void put_store(void *arg) {
     s->rows[s->n_rows++] = (ra_kvclient_rows){p->layer, sh->kv_head, b, e - b, kd, vd};
   }
   p->rc = s->n_rows ? ra_kvclient_put_kv(s->client, &s->session, s->rows, s->n_rows, NULL, &p->err) : RA_OK;
+  if (p->rc == RA_OK)
+    for (size_t j = 0; j < s->n_rows; j++) s->tokens += s->rows[j].n_tokens;
 }
 
 /* Bytes of store s's shards of `layer` within [pos0, end), K and V. */
@@ -248,12 +384,10 @@ static int remote_put(ra_remote *r, uint32_t layer, const float *k, const float 
   int rc = remote_check(r, err);
   if (rc) return rc;
   if (layer >= r->plan->n_layers) return ra_errorf(err, RA_EINVAL, "remote: layer %u out of range", layer);
-  size_t row_bytes = ra_dtype_row_bytes(r->cfg.dtype, r->head_dim);
-  if ((rc = reserve_pack(r, 2 * n * r->plan->n_kv_heads * row_bytes, err)) != RA_OK) return rc;
   /* Every store packs and sends its own shards on a thread of its own: the stores ingest in
    * parallel (one after the other, a 128K-token layer of Llama-3-8B geometry took as long as
-   * the layer's compute on the H200). A shard has one owner, so the slices are disjoint and
-   * together no larger than the buffer. */
+   * the layer's compute on the H200). Each owner of a shard gets its own copy, in its own slice
+   * of the staging buffer. */
   put_part *parts = calloc(r->n_stores, sizeof *parts);
   uv_thread_t *th = calloc(r->n_stores, sizeof *th);
   int *started = calloc(r->n_stores, sizeof *started);
@@ -263,25 +397,31 @@ static int remote_put(ra_remote *r, uint32_t layer, const float *k, const float 
     free(started);
     return ra_errorf(err, RA_ENOMEM, "remote: out of memory");
   }
+  size_t total = 0;
+  for (size_t i = 0; i < r->n_stores; i++)
+    if (!r->stores[i].down) total += put_bytes(r, &r->stores[i], layer, pos0, pos0 + n);
+  rc = reserve_pack(r, total, err);
   size_t off = 0;
-  for (size_t i = 0; i < r->n_stores; i++) {
+  for (size_t i = 0; i < r->n_stores && rc == RA_OK; i++) {
     parts[i] = (put_part){r, &r->stores[i], layer, k, v, head_major, pos0, pos0 + n, r->pack + off, RA_OK, {0}};
-    off += put_bytes(r, &r->stores[i], layer, pos0, pos0 + n);
+    if (!r->stores[i].down) off += put_bytes(r, &r->stores[i], layer, pos0, pos0 + n);
   }
   /* store 0 on this thread; a store whose thread cannot start also runs here */
-  for (size_t i = 1; i < r->n_stores; i++) started[i] = uv_thread_create(&th[i], put_store, &parts[i]) == 0;
-  for (size_t i = 0; i < r->n_stores; i++)
-    if (i == 0 || !started[i]) put_store(&parts[i]);
+  for (size_t i = 1; i < r->n_stores && rc == RA_OK; i++)
+    if (!r->stores[i].down) started[i] = uv_thread_create(&th[i], put_store, &parts[i]) == 0;
+  for (size_t i = 0; i < r->n_stores && rc == RA_OK; i++)
+    if ((i == 0 || !started[i]) && !r->stores[i].down) put_store(&parts[i]);
   for (size_t i = 1; i < r->n_stores; i++)
     if (started[i]) uv_thread_join(&th[i]);
+  /* a failed owner is marked down when the shard has others (a prefill is not resumed) */
   for (size_t i = 0; i < r->n_stores && rc == RA_OK; i++)
-    if (parts[i].rc != RA_OK) {
-      rc = parts[i].rc;
-      *err = parts[i].err;
+    if (parts[i].rc != RA_OK && !r->stores[i].down) {
+      rc = store_failed(r, i, &parts[i].err, NULL, err);
     }
   free(parts);
   free(th);
   free(started);
+  if (rc == RA_OK && pos0 + n > r->pos_end) r->pos_end = pos0 + n;
   return rc ? remote_fail(r, rc, err) : RA_OK;
 }
 
@@ -301,13 +441,17 @@ int ra_remote_put_clusters(ra_remote *r, const ra_kvclient_clusters *c, size_t n
     if (c[i].layer >= r->plan->n_layers || c[i].kv_head >= r->plan->n_kv_heads)
       return ra_errorf(err, RA_EINVAL, "remote: clusters of layer %u kv head %u out of range", c[i].layer,
                        c[i].kv_head);
-    int owner = ra_offload_plan_owner(r->plan, c[i].layer, c[i].kv_head, c[i].row_begin);
-    if (owner < 0)
+    const ra_shard_rule *rule = ra_offload_plan_rule(r->plan, c[i].layer, c[i].kv_head, c[i].row_begin);
+    if (!rule)
       return ra_errorf(err, RA_EINTERNAL, "remote: position %llu of layer %u kv head %u has no owner",
                        (unsigned long long)c[i].row_begin, c[i].layer, c[i].kv_head);
-    remote_store *s = &r->stores[owner];
-    if ((rc = ra_kvclient_put_clusters(s->client, &s->session, &c[i], NULL, err)) != RA_OK)
-      return remote_fail(r, rc, err);
+    for (uint32_t j = 0; j < rule->n_owners && rc == RA_OK; j++) {
+      remote_store *s = &r->stores[rule->owners[j]];
+      if (s->down) continue;
+      ra_error e;
+      if (ra_kvclient_put_clusters(s->client, &s->session, &c[i], NULL, &e) != RA_OK)
+        rc = store_failed(r, rule->owners[j], &e, NULL, err);
+    }
   }
   return rc;
 }
@@ -322,21 +466,27 @@ int ra_remote_build_index_start(ra_remote *r, uint32_t layer, uint32_t q_head, c
   int key_only = r->cfg.mode == RA_MODE_IVF || r->cfg.mode == RA_MODE_KGRAPH;
   ra_index_spec params = {.kind = r->cfg.mode,
                           .per_kv_head = key_only || (r->cfg.mode == RA_MODE_ROAR && r->cfg.roar_per_kv_head)};
+  /* every store holding the kv head builds: each owner of a replicated shard has its index */
   for (size_t i = 0; i < r->n_stores && rc == RA_OK; i++) {
     remote_store *s = &r->stores[i];
-    if (!ra_offload_plan_asks(r->plan, i, layer, q_head)) continue;
+    if (!ra_offload_plan_asks(r->plan, i, layer, q_head) || s->down) continue;
     if (r->n_builds == r->cap_builds) {
       size_t cap = r->cap_builds ? 2 * r->cap_builds : 64;
       ra_kvclient_build **nb = realloc(r->builds, cap * sizeof *nb);
-      if (!nb) return ra_errorf(err, RA_ENOMEM, "remote: out of memory for %zu index builds", cap);
-      r->builds = nb;
+      if (nb) r->builds = nb;
+      size_t *ns = nb ? realloc(r->build_store, cap * sizeof *ns) : NULL;
+      if (ns) r->build_store = ns;
+      if (!nb || !ns) return ra_errorf(err, RA_ENOMEM, "remote: out of memory for %zu index builds", cap);
       r->cap_builds = cap;
     }
-    rc = ra_kvclient_build_index_start(s->client, &s->session, layer, q_head, &params, in, &r->builds[r->n_builds],
-                                       err);
-    if (rc == RA_OK) r->n_builds++;
+    ra_error e;
+    if (ra_kvclient_build_index_start(s->client, &s->session, layer, q_head, &params, in, &r->builds[r->n_builds],
+                                      &e) == RA_OK)
+      r->build_store[r->n_builds++] = i;
+    else
+      rc = store_failed(r, i, &e, NULL, err);
   }
-  return rc ? remote_fail(r, rc, err) : RA_OK;
+  return rc;
 }
 
 int ra_remote_build_index_wait_older(ra_remote *r, size_t keep, ra_error *err) {
@@ -344,17 +494,16 @@ int ra_remote_build_index_wait_older(ra_remote *r, size_t keep, ra_error *err) {
   const size_t n_old = keep < r->n_builds ? r->n_builds - keep : 0;
   for (size_t i = 0; i < n_old; i++) {
     ra_error e;
+    size_t si = r->build_store[i];
     int one = ra_kvclient_build_index_wait(r->builds[i], NULL, &e);
-    if (one && rc == RA_OK) {
-      rc = one;
-      *err = e;
-    }
+    if (one && rc == RA_OK && !r->stores[si].down) rc = store_failed(r, si, &e, NULL, err);
   }
   if (n_old) {
     memmove(r->builds, r->builds + n_old, (r->n_builds - n_old) * sizeof *r->builds);
+    memmove(r->build_store, r->build_store + n_old, (r->n_builds - n_old) * sizeof *r->build_store);
     r->n_builds -= n_old;
   }
-  return rc ? remote_fail(r, rc, err) : RA_OK;
+  return rc;
 }
 
 int ra_remote_build_index_wait(ra_remote *r, ra_error *err) { return ra_remote_build_index_wait_older(r, 0, err); }
@@ -369,9 +518,126 @@ int ra_remote_build_index(ra_remote *r, uint32_t layer, uint32_t q_head, const r
   return rc ? rc : wrc;
 }
 
+/* Spare stores (cfg.spares): a down store's shards are copied to the next spare, which then
+ * takes its place. Only between operations (every live owner has every write so far) and with
+ * no index build in flight. The rows come from a live owner of each shard's rule (ReadKv, then
+ * PutKv to the spare); ivf and kgraph indexes are built again from the keys; roar's build
+ * inputs (prefill queries) are not kept by the worker, so a roar remote takes no spare. */
+static int store_restore(ra_remote *r, size_t i, const char *addr, ra_error *err) {
+  remote_store *s = &r->stores[i];
+  const ra_offload_plan *p = r->plan;
+  ra_kvclient_geometry geo = s->session.geo;
+  ra_kvclient_options opt = {.timeout_ms = r->cfg.timeout_ms};
+  ra_kvclient *c = NULL;
+  ra_kvclient_session sess;
+  ra_kvclient_stream *stream = NULL;
+  int serving = 0, opened = 0;
+  size_t n_shards = s->plan->n_shards, row_bytes = ra_dtype_row_bytes(geo.dtype, geo.head_dim);
+  ra_kvclient_shard *shards = calloc(n_shards, sizeof *shards);
+  int rc = shards ? ra_kvclient_connect(addr, &opt, &c, err) : ra_errorf(err, RA_ENOMEM, "out of memory");
+  if (rc == RA_OK) rc = ra_kvclient_health(c, &serving, err);
+  if (rc == RA_OK && !serving) rc = ra_errorf(err, RA_EUNAVAIL, "%s: store is not serving", addr);
+  for (size_t k = 0; rc == RA_OK && k < n_shards; k++) {
+    const ra_plan_shard *sh = &s->plan->shards[k];
+    shards[k] = (ra_kvclient_shard){sh->layer, sh->kv_head, sh->token_begin, sh->token_end};
+  }
+  if (rc == RA_OK) rc = ra_kvclient_open_session(c, &geo, shards, n_shards, r->cfg.client_name, &sess, err);
+  opened = rc == RA_OK;
+  uint64_t copied = 0;
+  const uint64_t piece = 4096;
+  if (rc == RA_OK) rc = reserve_pack(r, 2 * piece * row_bytes, err);
+  for (size_t k = 0; rc == RA_OK && k < n_shards; k++) {
+    const ra_plan_shard *sh = &s->plan->shards[k];
+    uint64_t b = sh->token_begin, e = sh->token_end < r->pos_end ? sh->token_end : r->pos_end;
+    if (b >= e) continue;
+    const ra_shard_rule *rule = ra_offload_plan_rule(p, sh->layer, sh->kv_head, b);
+    int src = -1;
+    for (uint32_t j = 0; rule && j < rule->n_owners && src < 0; j++)
+      if (rule->owners[j] != i && !r->stores[rule->owners[j]].down) src = (int)rule->owners[j];
+    if (src < 0) {
+      rc = ra_errorf(err, RA_EUNAVAIL, "layer %u kv head %u: no live owner to copy from", sh->layer, sh->kv_head);
+      break;
+    }
+    remote_store *from = &r->stores[src];
+    for (uint64_t t = b; rc == RA_OK && t < e; t += piece) {
+      uint64_t n = e - t < piece ? e - t : piece;
+      uint8_t *kd = r->pack, *vd = r->pack + piece * row_bytes;
+      ra_kvclient_rows rows = {sh->layer, sh->kv_head, t, n, kd, vd};
+      rc = ra_kvclient_read_kv(from->client, &from->session, sh->layer, sh->kv_head, t, n, kd, vd, err);
+      if (rc == RA_OK) rc = ra_kvclient_put_kv(c, &sess, &rows, 1, NULL, err);
+      copied += rc == RA_OK ? n : 0;
+    }
+  }
+  if (rc == RA_OK && (r->cfg.mode == RA_MODE_IVF || r->cfg.mode == RA_MODE_KGRAPH)) {
+    ra_index_spec params = {.kind = r->cfg.mode, .per_kv_head = 1};
+    uint32_t group = p->n_q_heads / p->n_kv_heads;
+    for (size_t k = 0; rc == RA_OK && k < n_shards; k++) {
+      const ra_plan_shard *sh = &s->plan->shards[k];
+      if (k > 0 && sh->layer == s->plan->shards[k - 1].layer && sh->kv_head == s->plan->shards[k - 1].kv_head) continue;
+      rc = ra_kvclient_build_index(c, &sess, sh->layer, sh->kv_head * group, &params, NULL, NULL, err);
+    }
+  }
+  if (rc == RA_OK) rc = ra_kvclient_attend_open(c, &sess, &stream, err);
+  free(shards);
+  if (rc) {
+    ra_error ignored;
+    if (opened) ra_kvclient_close_session(c, &sess, NULL, &ignored);
+    ra_kvclient_close(c);
+    return rc;
+  }
+  if (s->client) ra_kvclient_close(s->client);
+  if (!s->replaced[0]) snprintf(s->replaced, sizeof s->replaced, "%s", s->addr);
+  ra_log_warn("store %s replaced by spare %s: %llu rows copied from the other owners", s->addr, addr,
+              (unsigned long long)copied);
+  snprintf(s->addr, sizeof s->addr, "%s", addr);
+  s->client = c;
+  s->session = sess;
+  s->session_open = 1;
+  s->stream = stream;
+  s->tokens = copied;
+  s->down = 0;
+  r->down[i] = 0;
+  return RA_OK;
+}
+
+static void restore_replicas(ra_remote *r) {
+  if (r->next_spare >= r->cfg.n_spares || r->n_builds || r->cfg.mode == RA_MODE_ROAR || r->cfg.mode == RA_MODE_WAVE)
+    return;
+  for (size_t i = 0; i < r->n_stores; i++) {
+    while (r->stores[i].down && r->next_spare < r->cfg.n_spares) {
+      const char *addr = r->cfg.spares[r->next_spare++];
+      ra_error e;
+      if (store_restore(r, i, addr, &e) != RA_OK)
+        ra_log_warn("spare store %s not used for %s: %s", addr, r->stores[i].addr, e.msg);
+    }
+  }
+}
+
+/* Sends store i its staged append rows; on failure the store is marked down or reattached, and
+ * a reattached store gets the rows again unless they had landed before it failed. */
+static int append_store(ra_remote *r, size_t i, ra_error *err) {
+  remote_store *s = &r->stores[i];
+  uint64_t n = s->n_rows; /* one row per block */
+  for (;;) {
+    ra_error e;
+    if (ra_kvclient_append(s->client, &s->session, s->rows, s->n_rows, &e) == RA_OK) {
+      s->tokens += n;
+      return RA_OK;
+    }
+    int back, landed, rc = store_failed(r, i, &e, &back, err);
+    if (rc || !back) return rc;
+    if ((rc = store_check_held(s, n, &landed, err)) != RA_OK) return remote_fail(r, rc, err);
+    if (landed) {
+      s->tokens += n;
+      return RA_OK;
+    }
+  }
+}
+
 int ra_remote_append(ra_remote *r, uint64_t pos, const float *k, const float *v, ra_error *err) {
   int rc = remote_check(r, err);
   if (rc) return rc;
+  restore_replicas(r);
   const ra_offload_plan *p = r->plan;
   size_t hd = r->head_dim, row_bytes = ra_dtype_row_bytes(r->cfg.dtype, hd);
   size_t n_heads = (size_t)p->n_layers * p->n_kv_heads;
@@ -379,23 +645,99 @@ int ra_remote_append(ra_remote *r, uint64_t pos, const float *k, const float *v,
   for (size_t i = 0; i < r->n_stores; i++) r->stores[i].n_rows = 0;
   for (uint32_t l = 0; l < p->n_layers && rc == RA_OK; l++) {
     for (uint32_t g = 0; g < p->n_kv_heads; g++) {
-      int owner = ra_offload_plan_owner(p, l, g, pos);
-      if (owner < 0) return ra_errorf(err, RA_EINTERNAL, "remote: position %llu of layer %u kv head %u has no owner",
-                                      (unsigned long long)pos, l, g);
+      const ra_shard_rule *rule = ra_offload_plan_rule(p, l, g, pos);
+      if (!rule) return ra_errorf(err, RA_EINTERNAL, "remote: position %llu of layer %u kv head %u has no owner",
+                                  (unsigned long long)pos, l, g);
       size_t at = (size_t)l * p->n_kv_heads + g;
       uint8_t *kd = r->pack + 2 * at * row_bytes, *vd = kd + row_bytes;
       if ((rc = pack_row(r, k + at * hd, l, g, pos, "key", kd, err)) ||
           (rc = pack_row(r, v + at * hd, l, g, pos, "value", vd, err)))
         break;
-      remote_store *s = &r->stores[owner];
-      s->rows[s->n_rows++] = (ra_kvclient_rows){l, g, pos, 1, kd, vd};
+      /* every live owner gets the row: the staged bytes are shared, read only */
+      for (uint32_t j = 0; j < rule->n_owners; j++) {
+        remote_store *s = &r->stores[rule->owners[j]];
+        if (!s->down) s->rows[s->n_rows++] = (ra_kvclient_rows){l, g, pos, 1, kd, vd};
+      }
     }
   }
-  for (size_t i = 0; i < r->n_stores && rc == RA_OK; i++) {
+  for (size_t i = 0; i < r->n_stores && rc == RA_OK; i++)
+    if (r->stores[i].n_rows && !r->stores[i].down) rc = append_store(r, i, err);
+  if (rc == RA_OK && pos + 1 > r->pos_end) r->pos_end = pos + 1;
+  return rc;
+}
+
+/* Sends every live store the q heads this step's choice (r->asked) gives it and it was not yet
+ * sent: one request per store, asking heads [req_begin, n_heads) of its step buffers. A store
+ * that fails to take it is marked down or reattached; the caller chooses again. *resend: a
+ * store failed, choose again. */
+static int send_pending(ra_remote *r, const float *q, int *resend, ra_error *err) {
+  const ra_offload_plan *p = r->plan;
+  size_t hd = r->head_dim;
+  *resend = 0;
+  for (size_t i = 0; i < r->n_stores; i++) {
     remote_store *s = &r->stores[i];
-    if (s->n_rows) rc = ra_kvclient_append(s->client, &s->session, s->rows, s->n_rows, err);
+    if (s->down || s->pending) continue;
+    size_t begin = s->n_heads;
+    for (uint32_t h = 0; h < p->n_q_heads; h++) {
+      if (!r->asked[i * p->n_q_heads + h] || s->slot[h] >= 0) continue;
+      size_t n = s->n_heads++;
+      s->slot[h] = (int32_t)n;
+      s->heads[n] = h;
+      memcpy(s->q + n * hd, q + (size_t)h * hd, hd * sizeof(float));
+      s->parts[n] = (ra_head_partial){.part.o = s->o + n * hd};
+    }
+    if (s->n_heads == begin) continue;
+    s->req_begin = begin;
+    s->req = (ra_kvclient_attend_req){.layer = r->layer, .q_heads = s->heads + begin, .n_heads = s->n_heads - begin,
+                                      .q = s->q + begin * hd, .mode = r->cfg.mode, .top_k = r->cfg.top_k,
+                                      .search = r->cfg.search};
+    if (r->sel) {
+      s->req.cluster_kv_heads = r->sel[i].kv_heads;
+      s->req.cluster_counts = r->sel[i].counts;
+      s->req.n_cluster_heads = r->sel[i].n_heads;
+      s->req.clusters = r->sel[i].clusters;
+    }
+    if (r->q_past) {
+      /* retro: the past queries of the request's heads, [n_past, n, head_dim] */
+      const size_t n = s->n_heads - begin;
+      for (uint32_t j = 0; j < r->n_past; j++)
+        for (size_t k = 0; k < n; k++) {
+          memcpy(s->rq + ((size_t)j * n + k) * hd, r->q_past + ((size_t)j * p->n_q_heads + s->heads[begin + k]) * hd,
+                 hd * sizeof(float));
+          s->rparts[(size_t)j * n + k] = (ra_head_partial){.part.o = s->ro + ((size_t)j * n + k) * hd};
+        }
+      s->req.retro_step = r->retro_step;
+      s->req.retro_window = r->cfg.retro_window;
+      s->req.n_retro = r->n_past;
+      s->req.retro_q = r->n_past ? s->rq : NULL;
+    }
+    ra_error e;
+    if (ra_kvclient_attend_send(s->stream, &s->req, &e) == RA_OK) {
+      s->pending = 1;
+      continue;
+    }
+    int back, landed;
+    int rc = store_failed(r, i, &e, &back, err);
+    if (rc == RA_OK && back && (rc = store_check_held(s, 0, &landed, err)) != RA_OK) rc = remote_fail(r, rc, err);
+    if (rc) return rc;
+    /* its heads of this request are sent again, there or to another owner */
+    for (size_t j = begin; j < s->n_heads; j++) s->slot[s->heads[j]] = -1;
+    s->n_heads = begin;
+    *resend = 1;
   }
-  return rc ? remote_fail(r, rc, err) : RA_OK;
+  return RA_OK;
+}
+
+/* Chooses an owner per rule among the live stores and sends what is not yet sent, until every
+ * send went through. */
+static int choose_and_send(ra_remote *r, ra_error *err) {
+  int resend = 1, rc = RA_OK;
+  while (rc == RA_OK && resend) {
+    rc = ra_offload_plan_choose(r->plan, r->layer, r->down, r->asked, err);
+    if (rc) return remote_fail(r, rc, err);
+    rc = send_pending(r, r->q_step, &resend, err);
+  }
+  return rc;
 }
 
 /* sel: NULL, or wave mode's selection per store. q_past: NULL, or retro's n_past past queries of
@@ -407,48 +749,25 @@ static int attend_begin(ra_remote *r, uint32_t layer, const float *q, const ra_r
   const ra_offload_plan *p = r->plan;
   if (layer >= p->n_layers) return ra_errorf(err, RA_EINVAL, "remote: layer %u out of range", layer);
   if (r->in_flight) return ra_errorf(err, RA_ESTATE, "remote: an attend is already in flight");
-  size_t hd = r->head_dim;
+  if (!sel) restore_replicas(r);
   r->t_begin = uv_hrtime();
+  r->layer = layer;
+  r->sel = sel;
+  r->retro_step = step;
+  r->n_past = q_past ? n_past : 0;
+  r->q_past = q_past;
+  memcpy(r->q_step, q, (size_t)p->n_q_heads * r->head_dim * sizeof *q);
+  for (size_t i = 0; i < r->n_stores; i++) {
+    remote_store *s = &r->stores[i];
+    s->n_heads = 0;
+    s->pending = 0;
+    if (s->slot)
+      for (uint32_t h = 0; h < p->n_q_heads; h++) s->slot[h] = -1;
+  }
   /* Every store of the layer gets its request before any reply is awaited: the stores work
    * in parallel and the step waits for the slowest, not the sum. */
-  for (size_t i = 0; i < r->n_stores && rc == RA_OK; i++) {
-    remote_store *s = &r->stores[i];
-    s->req.n_heads = 0;
-    if (!s->plan->n_asked[layer]) continue;
-    size_t n = 0;
-    for (uint32_t h = 0; h < p->n_q_heads; h++) {
-      if (!ra_offload_plan_asks(p, i, layer, h)) continue;
-      s->heads[n] = h;
-      memcpy(s->q + n * hd, q + (size_t)h * hd, hd * sizeof(float));
-      s->parts[n] = (ra_head_partial){.part.o = s->o + n * hd};
-      n++;
-    }
-    /* retro: the past queries of the same heads, [n_past, n, head_dim] */
-    for (uint32_t j = 0; q_past && j < n_past; j++)
-      for (size_t k = 0; k < n; k++) {
-        memcpy(s->rq + ((size_t)j * n + k) * hd, q_past + ((size_t)j * p->n_q_heads + s->heads[k]) * hd,
-               hd * sizeof(float));
-        s->rparts[(size_t)j * n + k] = (ra_head_partial){.part.o = s->ro + ((size_t)j * n + k) * hd};
-      }
-    s->req = (ra_kvclient_attend_req){.layer = layer, .q_heads = s->heads, .n_heads = n, .q = s->q,
-                                      .mode = r->cfg.mode, .top_k = r->cfg.top_k, .search = r->cfg.search};
-    if (sel) {
-      s->req.cluster_kv_heads = sel[i].kv_heads;
-      s->req.cluster_counts = sel[i].counts;
-      s->req.n_cluster_heads = sel[i].n_heads;
-      s->req.clusters = sel[i].clusters;
-    }
-    if (q_past) {
-      s->req.retro_step = step;
-      s->req.retro_window = r->cfg.retro_window;
-      s->req.n_retro = n_past;
-      s->req.retro_q = n_past ? s->rq : NULL;
-    }
-    rc = ra_kvclient_attend_send(s->stream, &s->req, err);
-  }
-  if (rc) return remote_fail(r, rc, err);
+  if ((rc = choose_and_send(r, err)) != RA_OK) return rc;
   r->in_flight = 1;
-  r->n_past = q_past ? n_past : 0;
   return RA_OK;
 }
 
@@ -476,7 +795,7 @@ int ra_remote_fetch_clusters_start(ra_remote *r, size_t store, uint32_t layer, c
   *out = NULL;
   int rc = remote_check(r, err);
   if (rc) return rc;
-  if (store >= r->n_stores || layer >= r->plan->n_layers || !r->stores[store].client)
+  if (store >= r->n_stores || layer >= r->plan->n_layers || !r->stores[store].client || r->stores[store].down)
     return ra_errorf(err, RA_EINVAL, "remote: no store %zu with layer %u to fetch clusters from", store, layer);
   remote_store *s = &r->stores[store];
   ra_kvclient_cluster_sel cs = {.layer = layer, .kv_heads = sel->kv_heads, .counts = sel->counts,
@@ -493,6 +812,46 @@ int ra_remote_fetch_clusters_wait(ra_remote *r, ra_kvclient_fetch *f, ra_kvclien
 
 ra_dtype ra_remote_dtype(const ra_remote *r) { return r->cfg.dtype; }
 
+/* Receives every reply in flight. A store that fails is marked down (or reattached) and the
+ * heads it did not answer are sent to the next owner of their rules, within this step, until
+ * every chosen owner has answered. */
+static int receive_all(ra_remote *r, ra_remote_stats *st, int want_past, ra_error *err) {
+  const size_t hd = r->head_dim, nq = r->plan->n_q_heads;
+  for (;;) {
+    int failed = 0;
+    for (size_t i = 0; i < r->n_stores; i++) {
+      remote_store *s = &r->stores[i];
+      if (!s->pending) continue;
+      uint64_t compute_us = 0, retro_us = 0;
+      ra_error e;
+      s->pending = 0;
+      if (ra_kvclient_attend_recv_retro(s->stream, &s->req, s->parts + s->req_begin, s->rparts, r->cfg.timeout_ms,
+                                        &compute_us, &retro_us, &e) == RA_OK) {
+        if ((double)compute_us > st->store_us) st->store_us = (double)compute_us;
+        if ((double)retro_us > st->retro_us) st->retro_us = (double)retro_us;
+        /* retro: each past query's supplementary partials, merged as their replies come */
+        const size_t n = s->req.n_heads;
+        for (size_t j = 0; want_past && j < (size_t)r->n_past * n; j++) {
+          const ra_head_partial *pt = &s->rparts[j];
+          ra_partial_merge_from(&r->racc[(j / n) * nq + s->heads[s->req_begin + j % n]], &pt->part, (int)hd);
+          st->retro_rows += pt->n_scanned;
+        }
+        continue;
+      }
+      int back, landed;
+      int rc = store_failed(r, i, &e, &back, err);
+      if (rc == RA_OK && back && (rc = store_check_held(s, 0, &landed, err)) != RA_OK) rc = remote_fail(r, rc, err);
+      if (rc) return rc;
+      for (size_t j = s->req_begin; j < s->n_heads; j++) s->slot[s->heads[j]] = -1;
+      s->n_heads = s->req_begin;
+      failed = 1;
+    }
+    if (!failed) return RA_OK;
+    int rc = choose_and_send(r, err);
+    if (rc) return rc;
+  }
+}
+
 int ra_remote_attend_end(ra_remote *r, float *o, float *ml, ra_remote_stats *stats, ra_error *err) {
   return ra_remote_attend_end_retro(r, o, ml, NULL, NULL, stats, err);
 }
@@ -506,48 +865,44 @@ int ra_remote_attend_end_retro(ra_remote *r, float *o, float *ml, float *o_past,
   const ra_offload_plan *p = r->plan;
   size_t hd = r->head_dim;
   ra_partial *acc = r->acc;
-  for (uint32_t h = 0; h < p->n_q_heads; h++) {
-    acc[h].o = o + h * hd;
-    ra_partial_reset(&acc[h], (int)hd);
-  }
+  ra_remote_stats st = {0};
   const uint32_t n_past = o_past && ml_past ? r->n_past : 0;
   for (size_t i = 0; i < (size_t)n_past * p->n_q_heads; i++) {
     r->racc[i].o = o_past + i * hd;
     ra_partial_reset(&r->racc[i], (int)hd);
   }
-  ra_remote_stats st = {0};
-  for (size_t i = 0; i < r->n_stores && rc == RA_OK; i++) {
-    remote_store *s = &r->stores[i];
-    if (!s->req.n_heads) continue;
-    uint64_t compute_us = 0, retro_us = 0;
-    rc = ra_kvclient_attend_recv_retro(s->stream, &s->req, s->parts, s->rparts, r->cfg.timeout_ms, &compute_us,
-                                       &retro_us, err);
-    if (rc) break;
-    if ((double)compute_us > st.store_us) st.store_us = (double)compute_us;
-    if ((double)retro_us > st.retro_us) st.retro_us = (double)retro_us;
-    for (size_t j = 0; j < (size_t)n_past * s->req.n_heads; j++) {
-      const ra_head_partial *pt = &s->rparts[j];
-      ra_partial_merge_from(&r->racc[(j / s->req.n_heads) * p->n_q_heads + s->heads[j % s->req.n_heads]], &pt->part,
-                            (int)hd);
-      st.retro_rows += pt->n_scanned;
-    }
-    for (size_t j = 0; j < s->req.n_heads; j++) {
-      const ra_head_partial *pt = &s->parts[j];
-      ra_partial_merge_from(&acc[s->heads[j]], &pt->part, (int)hd);
-      st.n_scanned += pt->n_scanned;
-      st.n_keys += pt->n_keys;
-    }
-  }
-  st.wait_us = (double)(uv_hrtime() - r->t_begin) / 1e3;
-  for (uint32_t h = 0; h < p->n_q_heads; h++) {
-    ml[2 * h] = acc[h].m;
-    ml[2 * h + 1] = acc[h].l;
-  }
+  rc = receive_all(r, &st, n_past > 0, err);
   for (size_t i = 0; i < (size_t)n_past * p->n_q_heads; i++) {
     ml_past[2 * i] = r->racc[i].m;
     ml_past[2 * i + 1] = r->racc[i].l;
   }
-  if (rc) return remote_fail(r, rc, err);
+  /* Merged per head in the order of its kv head's rules, each rule's partial from its chosen
+   * owner: a failover changes who answers, not the order, so the sum is the one an undisturbed
+   * step makes (the owners hold the same rows). A store answering for several rules of the kv
+   * head (no replicas) is merged once. */
+  uint32_t group = p->n_q_heads / p->n_kv_heads;
+  for (uint32_t h = 0; h < p->n_q_heads; h++) {
+    acc[h].o = o + h * hd;
+    ra_partial_reset(&acc[h], (int)hd);
+    size_t at = (size_t)r->layer * p->n_kv_heads + h / group;
+    r->merge_gen++;
+    for (uint32_t k = p->head_rule_off[at]; rc == RA_OK && k < p->head_rule_off[at + 1]; k++) {
+      const ra_shard_rule *rule = &p->map->rules[p->head_rules[k]];
+      int c = -1;
+      for (uint32_t j = 0; j < rule->n_owners && c < 0; j++)
+        if (!r->down[rule->owners[j]]) c = (int)rule->owners[j];
+      if (c < 0 || r->merged[c] == r->merge_gen || r->stores[c].slot[h] < 0) continue;
+      r->merged[c] = r->merge_gen;
+      const ra_head_partial *pt = &r->stores[c].parts[r->stores[c].slot[h]];
+      ra_partial_merge_from(&acc[h], &pt->part, (int)hd);
+      st.n_scanned += pt->n_scanned;
+      st.n_keys += pt->n_keys;
+    }
+    ml[2 * h] = acc[h].m;
+    ml[2 * h + 1] = acc[h].l;
+  }
+  st.wait_us = (double)(uv_hrtime() - r->t_begin) / 1e3;
+  if (rc) return rc;
   if (stats) *stats = st;
   return RA_OK;
 }
@@ -557,3 +912,17 @@ int ra_remote_attend(ra_remote *r, uint32_t layer, const float *q, float *o, flo
   int rc = ra_remote_attend_begin(r, layer, q, err);
   return rc ? rc : ra_remote_attend_end(r, o, ml, stats, err);
 }
+
+size_t ra_remote_n_stores(const ra_remote *r) { return r->n_stores; }
+
+int ra_remote_store_state(const ra_remote *r, size_t i, ra_remote_store_report *out) {
+  if (i >= r->n_stores) return RA_EINVAL;
+  const remote_store *s = &r->stores[i];
+  *out = (ra_remote_store_report){.addr = s->addr, .replaced = s->replaced[0] ? s->replaced : NULL,
+                                  .down = s->down, .why = s->down ? s->why.msg : NULL,
+                                  .reconnects = s->reconnects, .tokens = s->tokens};
+  memcpy(out->session_id, s->session.id, sizeof out->session_id);
+  return RA_OK;
+}
+
+void ra_remote_keep_sessions(ra_remote *r) { r->keep_sessions = 1; }

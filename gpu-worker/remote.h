@@ -7,10 +7,25 @@
  * before waiting for any — and merges their partials into one per q head (common/merge.h), which
  * the caller merges with its own sink + window partial.
  *
- * Failure: every reply has a deadline; the first store that fails or stays silent fails the call
- * with its address in the message, and the remote refuses further steps (RA_ESTATE) so a
- * generation stops instead of decoding on half the context. ra_remote_close still closes the
- * sessions on the stores that answer, so they free the memory. */
+ * Replicas (offload_plan.h): every write and index build goes to each live owner of a shard,
+ * each attend to one owner per rule. A store that fails or stays silent past the deadline is
+ * marked down (logged, and reported by ra_remote_store_state) when every rule it owns has
+ * another live owner: an attend's heads it did not answer are sent to the next owner within
+ * the same step, and the partials merge in the rules' order, so the step's result is the one an
+ * undisturbed step gives. Without another owner, and with cfg.reconnect_ms, the remote
+ * reconnects to the store for up to that long and reattaches its session (a store restarted
+ * from --data-dir keeps it): it must hold exactly the rows acknowledged to the worker (or those
+ * plus the append that was in flight), and the operation is redone there.
+ *
+ * Spares (cfg.spares): before the next operation, a down store's shards are copied to a spare
+ * (ReadKv from their other owners, PutKv to the spare; ivf / kgraph indexes built again there)
+ * and the spare takes its place, restoring R. Not in roar or wave mode (the worker does not keep
+ * their index inputs).
+ *
+ * Otherwise the first failure fails the call with the store's address in the message, and the
+ * remote refuses further steps (RA_ESTATE) so a generation stops instead of decoding on half the
+ * context. ra_remote_close still closes the sessions on the stores that answer, so they free
+ * the memory. */
 #ifndef RA_REMOTE_H
 #define RA_REMOTE_H
 
@@ -23,6 +38,13 @@
 
 typedef struct ra_remote ra_remote;
 
+/* A session to reattach instead of opening one (a saved context): its id at the store and the
+ * rows the store must hold. */
+typedef struct ra_remote_session {
+  uint8_t id[16];
+  uint64_t tokens;
+} ra_remote_session;
+
 typedef struct ra_remote_config {
   ra_dtype dtype;          /* KV storage dtype at the stores */
   ra_mode mode;            /* how stores choose keys: a mode with a wire value (common/modes.h) */
@@ -32,6 +54,10 @@ typedef struct ra_remote_config {
   int roar_per_kv_head;    /* roar: one graph per kv head, built from its whole group's queries */
   const char *client_name; /* for the stores' logs */
   uint32_t retro_window;   /* retrospective correction: past steps corrected (0: off) */
+  int reconnect_ms;        /* > 0: reattach a failed store without another owner (above) */
+  const ra_remote_session *resume; /* NULL, or [n_stores] (plan order): reattach these sessions */
+  const char *const *spares; /* spare stores (HOST:PORT) that take a down store's place (remote.c) */
+  size_t n_spares;
 } ra_remote_config;
 
 typedef struct ra_remote_stats {
@@ -131,6 +157,21 @@ int ra_remote_attend_begin_retro(ra_remote *r, uint32_t layer, const float *q, u
                                  const float *q_past, ra_error *err);
 int ra_remote_attend_end_retro(ra_remote *r, float *o, float *ml, float *o_past, float *ml_past,
                                ra_remote_stats *stats, ra_error *err);
+/* What became of store i (plan order), for reports and saved contexts. */
+typedef struct ra_remote_store_report {
+  const char *addr;    /* where it is now */
+  const char *replaced; /* the plan's store a spare replaced (NULL: none) */
+  int down;            /* marked down: its shards went on at their other owners */
+  const char *why;     /* the failure that marked it down (NULL when up) */
+  uint32_t reconnects; /* times its session was reattached */
+  uint64_t tokens;     /* rows it acknowledged */
+  uint8_t session_id[16];
+} ra_remote_store_report;
+size_t ra_remote_n_stores(const ra_remote *r);
+int ra_remote_store_state(const ra_remote *r, size_t i, ra_remote_store_report *out);
+
+/* ra_remote_close will leave the sessions open on the stores (a saved context reattaches them). */
+void ra_remote_keep_sessions(ra_remote *r);
 
 /* Closes the sessions (stores free their memory) and frees everything. */
 void ra_remote_close(ra_remote *r);

@@ -109,6 +109,15 @@ int ra_kvclient_stats(ra_kvclient *c, ra_kvclient_store_stats *out, ra_error *er
   return RA_OK;
 }
 
+static void geometry_to_proto(const ra_kvclient_geometry *geo, Rakv__Geometry *g) {
+  rakv__geometry__init(g);
+  g->n_layers = geo->n_layers;
+  g->n_q_heads = geo->n_q_heads;
+  g->n_kv_heads = geo->n_kv_heads;
+  g->head_dim = geo->head_dim;
+  g->dtype = (Rakv__DType)geo->dtype;
+}
+
 int ra_kvclient_open_session(ra_kvclient *c, const ra_kvclient_geometry *geo,
                              const ra_kvclient_shard *shards, size_t n_shards, const char *name,
                              ra_kvclient_session *out, ra_error *err) {
@@ -119,12 +128,8 @@ int ra_kvclient_open_session_indexed(ra_kvclient *c, const ra_kvclient_geometry 
                                      const ra_kvclient_shard *shards, size_t n_shards,
                                      const ra_index_spec *index, const char *name,
                                      ra_kvclient_session *out, ra_error *err) {
-  Rakv__Geometry g = RAKV__GEOMETRY__INIT;
-  g.n_layers = geo->n_layers;
-  g.n_q_heads = geo->n_q_heads;
-  g.n_kv_heads = geo->n_kv_heads;
-  g.head_dim = geo->head_dim;
-  g.dtype = (Rakv__DType)geo->dtype;
+  Rakv__Geometry g;
+  geometry_to_proto(geo, &g);
   Rakv__Shard *sh = calloc(n_shards ? n_shards : 1, sizeof *sh);
   Rakv__Shard **ptrs = calloc(n_shards ? n_shards : 1, sizeof *ptrs);
   if (!sh || !ptrs) {
@@ -160,6 +165,57 @@ int ra_kvclient_open_session_indexed(ra_kvclient *c, const ra_kvclient_geometry 
   memcpy(out->id, r->session_id.data, sizeof out->id);
   out->geo = *geo;
   rakv__open_session_reply__free_unpacked(r, NULL);
+  return RA_OK;
+}
+
+int ra_kvclient_resume_session(ra_kvclient *c, const uint8_t id[16], const ra_kvclient_geometry *geo,
+                               ra_kvclient_session *out, uint64_t *tokens, ra_error *err) {
+  Rakv__Geometry g;
+  geometry_to_proto(geo, &g);
+  Rakv__OpenSessionRequest req = RAKV__OPEN_SESSION_REQUEST__INIT;
+  req.geometry = &g;
+  req.resume_session_id.data = (uint8_t *)id;
+  req.resume_session_id.len = sizeof out->id;
+  int rc = unary(c, "/rakv.KvStore/OpenSession", &req.base, err);
+  if (rc) return rc;
+  Rakv__OpenSessionReply *r = rakv__open_session_reply__unpack(NULL, c->rx.len, c->rx.data);
+  if (!r || r->session_id.len != sizeof out->id || memcmp(r->session_id.data, id, sizeof out->id) != 0) {
+    if (r) rakv__open_session_reply__free_unpacked(r, NULL);
+    return bad_reply(c, "OpenSessionReply", err);
+  }
+  memcpy(out->id, id, sizeof out->id);
+  out->geo = *geo;
+  if (tokens) *tokens = r->tokens;
+  rakv__open_session_reply__free_unpacked(r, NULL);
+  return RA_OK;
+}
+
+int ra_kvclient_read_kv(ra_kvclient *c, const ra_kvclient_session *s, uint32_t layer, uint32_t kv_head,
+                        uint64_t token_begin, uint64_t n, void *keys, void *values, ra_error *err) {
+  size_t rb = ra_dtype_size(s->geo.dtype) * s->geo.head_dim;
+  uint64_t step = c->chunk_bytes / (2 * rb) ? c->chunk_bytes / (2 * rb) : 1;
+  if (step > UINT32_MAX) step = UINT32_MAX;
+  for (uint64_t done = 0; done < n;) {
+    uint64_t k = n - done < step ? n - done : step;
+    Rakv__ReadKvRequest req = RAKV__READ_KV_REQUEST__INIT;
+    req.session_id.data = (uint8_t *)s->id;
+    req.session_id.len = sizeof s->id;
+    req.layer = layer;
+    req.kv_head = kv_head;
+    req.token_begin = token_begin + done;
+    req.n_tokens = (uint32_t)k;
+    int rc = unary(c, "/rakv.KvStore/ReadKv", &req.base, err);
+    if (rc) return rc;
+    Rakv__KvChunk *r = rakv__kv_chunk__unpack(NULL, c->rx.len, c->rx.data);
+    if (!r || r->n_tokens != k || r->keys.len != k * rb || r->values.len != k * rb) {
+      if (r) rakv__kv_chunk__free_unpacked(r, NULL);
+      return bad_reply(c, "KvChunk", err);
+    }
+    memcpy((uint8_t *)keys + done * rb, r->keys.data, k * rb);
+    memcpy((uint8_t *)values + done * rb, r->values.data, k * rb);
+    rakv__kv_chunk__free_unpacked(r, NULL);
+    done += k;
+  }
   return RA_OK;
 }
 

@@ -123,6 +123,11 @@ int ra_kvclient_open_session_indexed(ra_kvclient *c, const ra_kvclient_geometry 
                                      const ra_kvclient_shard *shards, size_t n_shards,
                                      const ra_index_spec *index, const char *name,
                                      ra_kvclient_session *out, ra_error *err);
+/* Reattaches to session `id` of this store (proto OpenSessionRequest.resume_session_id):
+ * RA_ENOTFOUND when the store has none, RA_EINVAL when geo is not the session's. *tokens gets
+ * the rows it holds over all its shards (the worker compares them with what it wrote). */
+int ra_kvclient_resume_session(ra_kvclient *c, const uint8_t id[16], const ra_kvclient_geometry *geo,
+                               ra_kvclient_session *out, uint64_t *tokens, ra_error *err);
 int ra_kvclient_close_session(ra_kvclient *c, const ra_kvclient_session *s,
                               uint64_t *bytes_freed, ra_error *err);
 
@@ -177,6 +182,11 @@ void ra_kvclient_put_abort(ra_kvclient_put *p);
 int ra_kvclient_put_kv(ra_kvclient *c, const ra_kvclient_session *s, const ra_kvclient_rows *rows,
                        size_t n_rows, uint64_t *tokens_stored, ra_error *err);
 
+/* Reads rows the store holds (proto ReadKvRequest): [token_begin, token_begin + n) of (layer,
+ * kv_head), within one of its shards' stored rows, into keys / values ([n, head_dim] session
+ * dtype each), in requests of at most chunk_bytes. */
+int ra_kvclient_read_kv(ra_kvclient *c, const ra_kvclient_session *s, uint32_t layer, uint32_t kv_head,
+                        uint64_t token_begin, uint64_t n, void *keys, void *values, ra_error *err);
 /* Appends tokens (each block continues its shard); all blocks are stored or none. */
 int ra_kvclient_append(ra_kvclient *c, const ra_kvclient_session *s, const ra_kvclient_rows *rows,
                        size_t n_rows, ra_error *err);

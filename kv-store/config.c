@@ -20,6 +20,7 @@ static void config_default(kvs_config *c) {
       .max_message_bytes = 64u << 20,
       .grace_ms = 2000,
       .session_idle_s = 600,
+      .fsync_ms = 100,
       .log_level = RA_LOG_INFO,
   };
 }
@@ -52,6 +53,12 @@ static const ra_opt rows[] = {
      .help = "shutdown waits this long for running calls"},
     {"session-idle-timeout", RA_OPT_INT, AT(session_idle_s), .lo = 0, .hi = 30 * 86400, .meta = "S",
      .help = "close sessions no request touched for S seconds: the lease of a worker that went away; 0: never"},
+    {"data-dir", RA_OPT_STRING, AT(data_dir), .meta = "DIR",
+     .help = "keep every session's K/V, index and cluster state in DIR (checksummed segment files) and restore "
+             "the sessions found there at start, so a restarted store (kill -9 included) has them back"},
+    {"fsync-ms", RA_OPT_INT, AT(fsync_ms), .lo = -1, .hi = 3600000, .meta = "MS",
+     .help = "--data-dir: sync the journals every MS in the background (a machine crash loses at most that "
+             "window; a killed process nothing); 0: each write before its reply; -1: never"},
     {"ready-file", RA_OPT_STRING, AT(ready_file), .meta = "PATH", .help = "write the bound HOST:PORT here once serving"},
     {"log-level", RA_OPT_ENUM, AT(log_level), .lo = RA_LOG_DEBUG, .hi = RA_LOG_ERROR, .name_of = level_name,
      .help = "log messages of this level and above"},

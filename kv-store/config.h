@@ -1,7 +1,8 @@
 /* kv-store command-line flags:
  *   kv-store --listen HOST:PORT [--config FILE] [--memory-budget SIZE] [--threads N]
  *            [--index-threads N] [--max-calls N] [--max-message SIZE] [--grace-ms MS]
- *            [--session-idle-timeout S] [--ready-file PATH] [--log-level LEVEL]
+ *            [--session-idle-timeout S] [--data-dir DIR] [--fsync-ms MS] [--ready-file PATH]
+ *            [--log-level LEVEL]
  * SIZE is bytes with an optional binary suffix: 4096, 512K, 512M, 64G, 1T. --config FILE reads
  * the same options from FILE, one "name value" per line; the command line overrides it. */
 #ifndef KVS_CONFIG_H
@@ -23,6 +24,8 @@ typedef struct kvs_config {
   size_t max_message_bytes;   /* largest request accepted */
   int grace_ms;               /* how long shutdown lets running calls finish */
   int session_idle_s;         /* a session no request touched this long is closed; 0: never */
+  const char *data_dir;       /* sessions kept on disk here and restored at start (journal.h) */
+  int fsync_ms;               /* journal sync: 0 every record, > 0 every MS, -1 never */
   const char *ready_file;     /* written with "HOST:PORT\n" once serving; NULL: none */
   enum ra_log_level log_level;
   const char *config;         /* --config FILE, or NULL */

@@ -76,7 +76,8 @@ static int serve(const kvs_config *cfg, ra_error *err) {
   app a = {0};
   int loop_ok = 0;
   kvs_service_config scfg = {.memory_budget = cfg->memory_budget, .attend_threads = cfg->threads,
-                               .index_threads = cfg->index_threads};
+                               .index_threads = cfg->index_threads, .data_dir = cfg->data_dir,
+                               .fsync_ms = cfg->fsync_ms};
   int rc = kvs_service_create(&scfg, &svc, err);
   if (rc) goto out;
   ra_rpc_server_config rcfg = {.listen = cfg->listen,

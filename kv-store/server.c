@@ -51,6 +51,9 @@ static int handle_close_session(ra_rpc_call *call, void *ctx, ra_error *err) {
 static int handle_stats(ra_rpc_call *call, void *ctx, ra_error *err) {
   return serve_unary(call, ctx, kvs_service_stats, err);
 }
+static int handle_read_kv(ra_rpc_call *call, void *ctx, ra_error *err) {
+  return serve_unary(call, ctx, kvs_service_read_kv, err);
+}
 static int handle_health(ra_rpc_call *call, void *ctx, ra_error *err) {
   return serve_unary(call, ctx, kvs_service_health, err);
 }
@@ -116,6 +119,7 @@ int kvs_server_register(ra_rpc_server *s, kvs_service *svc, ra_error *err) {
       {KVS_METHOD_CLOSE_SESSION, handle_close_session},
       {KVS_METHOD_STATS, handle_stats},
       {KVS_METHOD_HEALTH, handle_health},
+      {KVS_METHOD_READ_KV, handle_read_kv},
   };
   for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++) {
     int rc = ra_rpc_server_add_method(s, methods[i].path, methods[i].fn, svc);

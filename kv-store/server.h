@@ -20,6 +20,7 @@
 #define KVS_METHOD_CLOSE_SESSION "/rakv.KvStore/CloseSession"
 #define KVS_METHOD_STATS "/rakv.KvStore/Stats"
 #define KVS_METHOD_HEALTH "/rakv.KvStore/Health"
+#define KVS_METHOD_READ_KV "/rakv.KvStore/ReadKv"
 
 /* Registers every method on `s` (before ra_rpc_server_start). */
 int kvs_server_register(ra_rpc_server *s, kvs_service *svc, ra_error *err);

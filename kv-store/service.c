@@ -4,6 +4,7 @@
 #include "attend.h"
 #include "client.h"
 #include "clusters.h"
+#include "journal.h"
 #include "kvstore.pb-c.h"
 #include "log.h"
 #include "wire.h"
@@ -29,7 +30,48 @@ struct kvs_service {
   atomic_uint_fast64_t requests;
   atomic_uint_fast64_t errors;
   atomic_uint_fast64_t attend_requests;
+  kvs_data_dir *data; /* --data-dir (NULL: none) */
+  int replaying;      /* kvs_service_create replays journals: the changes are not recorded again */
 };
+
+/* Records a change of s that succeeded (journal.h), unless it is being replayed. */
+static int journal_record(kvs_service *svc, kvs_session *s, int type, const uint8_t *req, size_t len, ra_error *err) {
+  if (!s->journal || svc->replaying) return RA_OK;
+  int rc = kvs_journal_append(s->journal, type, req, len, err);
+  return rc ? ra_error_wrap(err, "the change is in memory but not on disk") : RA_OK;
+}
+
+/* Writes of one session are recorded in the order they were made (a write must start where
+ * the shard's rows end, so replay needs that order). */
+static void journal_order_lock(kvs_session *s) {
+  if (s->journal) kvs_journal_lock(s->journal);
+}
+static void journal_order_unlock(kvs_session *s) {
+  if (s->journal) kvs_journal_unlock(s->journal);
+}
+
+static int replay_record(void *ctx, const uint8_t id[KVS_JOURNAL_ID_BYTES], int type, const uint8_t *data, size_t len,
+                         ra_error *err);
+static void replay_attach(void *ctx, const uint8_t id[KVS_JOURNAL_ID_BYTES], kvs_journal *j);
+static void replay_drop(void *ctx, const uint8_t id[KVS_JOURNAL_ID_BYTES]);
+
+/* Opens the data dir and restores its sessions. */
+static int service_restore(kvs_service *svc, const kvs_service_config *cfg, ra_error *err) {
+  int rc = kvs_data_dir_open(cfg->data_dir, cfg->fsync_ms, 0, &svc->data, err);
+  if (rc) return rc;
+  uint64_t t0 = ra_clock_now_us(), n_records;
+  size_t n_sessions;
+  svc->replaying = 1;
+  rc = kvs_data_dir_replay(svc->data, replay_record, replay_attach, replay_drop, svc, &n_sessions, &n_records, err);
+  svc->replaying = 0;
+  atomic_store(&svc->requests, 0); /* the counters are the clients' requests */
+  atomic_store(&svc->errors, 0);
+  if (rc == RA_OK)
+    ra_log_info("data dir %s: %zu sessions restored from %llu records in %.1f ms (%llu rows)", cfg->data_dir,
+                n_sessions, (unsigned long long)n_records, (double)(ra_clock_now_us() - t0) / 1e3,
+                (unsigned long long)kvs_store_tokens(svc->store));
+  return rc;
+}
 
 int kvs_service_create(const kvs_service_config *cfg, kvs_service **out, ra_error *err) {
   if (cfg->attend_threads < 0)
@@ -56,13 +98,18 @@ int kvs_service_create(const kvs_service_config *cfg, kvs_service **out, ra_erro
    * nothing, only scan time if it falls far behind. */
   kvs_store_set_index_threads(svc->store, cfg->index_threads > 0 ? cfg->index_threads : gate);
   svc->attend_threads = cfg->attend_threads;
+  if (cfg->data_dir && (rc = service_restore(svc, cfg, err)) != RA_OK) {
+    kvs_service_destroy(svc);
+    return rc;
+  }
   *out = svc;
   return RA_OK;
 }
 
 void kvs_service_destroy(kvs_service *svc) {
   if (!svc) return;
-  kvs_store_destroy(svc->store);
+  kvs_store_destroy(svc->store); /* closes the journals, keeping them */
+  kvs_data_dir_close(svc->data);
   ra_gate_destroy(&svc->build_gate);
   free(svc);
 }
@@ -102,8 +149,34 @@ static int index_spec(const Rakv__IndexParams *m, ra_index_spec *out, ra_error *
   return rc ? rc : ra_index_spec_check(out, err);
 }
 
-static int open_session(kvs_service *svc, const Rakv__OpenSessionRequest *r, ra_buf *reply,
-                        ra_error *err) {
+/* OpenSession with resume_session_id: the session as it is, its id and rows. */
+static int resume_session(kvs_service *svc, const Rakv__OpenSessionRequest *r, ra_buf *reply, ra_error *err) {
+  kvs_session *s;
+  int rc = kvs_store_get(svc->store, r->resume_session_id.data, r->resume_session_id.len, &s, err);
+  if (rc) return rc;
+  const Rakv__Geometry *g = r->geometry;
+  if (g && (g->n_layers != s->geo.n_layers || g->n_q_heads != s->geo.n_q_heads || g->n_kv_heads != s->geo.n_kv_heads ||
+            g->head_dim != s->geo.head_dim || (ra_dtype)g->dtype != s->geo.dtype))
+    rc = ra_errorf(err, RA_EINVAL, "resume: geometry %u layers, %u/%u heads, head_dim %u is not the session's (%u, %u/%u, %u)",
+                   g->n_layers, g->n_q_heads, g->n_kv_heads, g->head_dim, s->geo.n_layers, s->geo.n_q_heads,
+                   s->geo.n_kv_heads, s->geo.head_dim);
+  if (rc == RA_OK) {
+    Rakv__OpenSessionReply out = RAKV__OPEN_SESSION_REPLY__INIT;
+    out.session_id.data = s->id;
+    out.session_id.len = KVS_SESSION_ID_BYTES;
+    out.tokens = atomic_load(&s->tokens);
+    rc = pack_reply(&out.base, reply, err);
+  }
+  if (rc == RA_OK) ra_log_info("session %02x%02x%02x%02x... resumed: %llu rows", s->id[0], s->id[1], s->id[2], s->id[3],
+                               (unsigned long long)atomic_load(&s->tokens));
+  kvs_session_release(s);
+  return rc;
+}
+
+/* id: NULL for a new session, else the id it had (a replay). raw: the request, for the journal. */
+static int open_session(kvs_service *svc, const Rakv__OpenSessionRequest *r, const uint8_t *id, const uint8_t *raw,
+                        size_t raw_len, ra_buf *reply, ra_error *err) {
+  if (r->resume_session_id.len) return resume_session(svc, r, reply, err);
   if (!r->geometry) return ra_errorf(err, RA_EINVAL, "geometry missing");
   kvs_geometry g = {
       .n_layers = r->geometry->n_layers,
@@ -129,9 +202,20 @@ static int open_session(kvs_service *svc, const Rakv__OpenSessionRequest *r, ra_
     };
   }
   kvs_session *s = NULL;
-  rc = kvs_store_open(svc->store, &g, specs, r->n_shards, &ix, r->client, &s, err);
+  rc = kvs_store_open_as(svc->store, id, &g, specs, r->n_shards, &ix, r->client, &s, err);
   free(specs);
   if (rc) return rc;
+  if (svc->data && !svc->replaying) {
+    kvs_journal *j = NULL;
+    rc = kvs_journal_create(svc->data, s->id, &j, err);
+    if (rc == RA_OK && (rc = kvs_journal_append_open(j, raw, raw_len, err)) != RA_OK) kvs_journal_close(j, 1);
+    if (rc == RA_OK) s->journal = j;
+    if (rc) {
+      kvs_store_close(svc->store, s->id, KVS_SESSION_ID_BYTES, NULL, NULL);
+      kvs_session_release(s);
+      return ra_error_wrap(err, "opening a session");
+    }
+  }
   Rakv__OpenSessionReply out = RAKV__OPEN_SESSION_REPLY__INIT;
   out.session_id.data = s->id;
   out.session_id.len = KVS_SESSION_ID_BYTES;
@@ -154,7 +238,7 @@ int kvs_service_open_session(kvs_service *svc, const uint8_t *req, size_t len, r
                              ra_error *err) {
   Rakv__OpenSessionRequest *r = rakv__open_session_request__unpack(NULL, len, req);
   if (!r) return counted(svc, malformed(err, "OpenSessionRequest", len));
-  int rc = open_session(svc, r, reply, err);
+  int rc = open_session(svc, r, NULL, req, len, reply, err);
   rakv__open_session_request__free_unpacked(r, NULL);
   return counted(svc, rc);
 }
@@ -192,15 +276,18 @@ void kvs_service_put_begin(kvs_service *svc, kvs_put_state *st) {
   memset(st, 0, sizeof *st);
 }
 
-static int put_chunk(kvs_service *svc, kvs_put_state *st, const Rakv__KvChunk *c,
-                     ra_error *err) {
+static int put_chunk(kvs_service *svc, kvs_put_state *st, const Rakv__KvChunk *c, const uint8_t *raw,
+                     size_t raw_len, ra_error *err) {
   kvs_session *s;
   int rc = kvs_store_get(svc->store, c->session_id.data, c->session_id.len, &s, err);
   if (rc) return rc;
   kvs_rows rows;
   uint64_t bytes = 0;
   rc = chunk_rows(s, c, (size_t)st->chunks, &rows, err);
+  journal_order_lock(s);
   if (rc == RA_OK) rc = kvs_session_write(s, &rows, 1, &bytes, err);
+  if (rc == RA_OK) rc = journal_record(svc, s, KVS_REC_PUT, raw, raw_len, err);
+  journal_order_unlock(s);
   kvs_session_release(s);
   if (rc) return rc;
   st->tokens_stored += rows.n;
@@ -216,7 +303,7 @@ int kvs_service_put_chunk(kvs_service *svc, kvs_put_state *st, const uint8_t *ch
     rc = ra_errorf(err, RA_EFORMAT, "chunk %llu: KvChunk: malformed protobuf (%zu bytes)",
                    (unsigned long long)st->chunks, len);
   } else {
-    rc = put_chunk(svc, st, c, err);
+    rc = put_chunk(svc, st, c, chunk, len, err);
     rakv__kv_chunk__free_unpacked(c, NULL);
   }
   st->chunks++;
@@ -231,7 +318,8 @@ int kvs_service_put_finish(kvs_service *svc, kvs_put_state *st, ra_buf *reply, r
   return counted(svc, pack_reply(&out.base, reply, err));
 }
 
-static int append(kvs_service *svc, const Rakv__AppendRequest *r, ra_buf *reply, ra_error *err) {
+static int append(kvs_service *svc, const Rakv__AppendRequest *r, const uint8_t *raw, size_t raw_len, ra_buf *reply,
+                  ra_error *err) {
   kvs_session *s;
   int rc = kvs_store_get(svc->store, r->session_id.data, r->session_id.len, &s, err);
   if (rc) return rc;
@@ -258,7 +346,10 @@ static int append(kvs_service *svc, const Rakv__AppendRequest *r, ra_buf *reply,
     if (rc) goto out;
     tokens += rows[i].n;
   }
+  journal_order_lock(s);
   rc = kvs_session_write(s, rows, r->n_chunks, NULL, err);
+  if (rc == RA_OK) rc = journal_record(svc, s, KVS_REC_APPEND, raw, raw_len, err);
+  journal_order_unlock(s);
   if (rc == RA_OK) {
     Rakv__AppendReply out = RAKV__APPEND_REPLY__INIT;
     out.tokens_stored = tokens;
@@ -274,7 +365,7 @@ int kvs_service_append(kvs_service *svc, const uint8_t *req, size_t len, ra_buf 
                        ra_error *err) {
   Rakv__AppendRequest *r = rakv__append_request__unpack(NULL, len, req);
   if (!r) return counted(svc, malformed(err, "AppendRequest", len));
-  int rc = append(svc, r, reply, err);
+  int rc = append(svc, r, req, len, reply, err);
   rakv__append_request__free_unpacked(r, NULL);
   return counted(svc, rc);
 }
@@ -395,8 +486,8 @@ int kvs_service_attend(kvs_service *svc, const uint8_t *req, size_t len, ra_buf 
 
 /* ---- PutClusters ---- */
 
-static int put_clusters(kvs_service *svc, const Rakv__PutClustersRequest *r, ra_buf *reply,
-                        ra_error *err) {
+static int put_clusters(kvs_service *svc, const Rakv__PutClustersRequest *r, const uint8_t *raw, size_t raw_len,
+                        ra_buf *reply, ra_error *err) {
   kvs_session *s;
   int rc = kvs_store_get(svc->store, r->session_id.data, r->session_id.len, &s, err);
   if (rc) return rc;
@@ -405,7 +496,10 @@ static int put_clusters(kvs_service *svc, const Rakv__PutClustersRequest *r, ra_
                        .counts = r->counts, .n_clusters = r->n_counts,
                        .perm = r->n_perm ? r->perm : NULL, .n_perm = r->n_perm};
   kvs_cluster_stats st;
+  journal_order_lock(s);
   rc = kvs_session_put_clusters(s, &p, &st, err);
+  if (rc == RA_OK) rc = journal_record(svc, s, KVS_REC_CLUSTERS, raw, raw_len, err);
+  journal_order_unlock(s);
   if (rc == RA_OK) {
     Rakv__PutClustersReply out = RAKV__PUT_CLUSTERS_REPLY__INIT;
     out.n_clusters = st.n_clusters;
@@ -422,7 +516,7 @@ int kvs_service_put_clusters(kvs_service *svc, const uint8_t *req, size_t len, r
                              ra_error *err) {
   Rakv__PutClustersRequest *r = rakv__put_clusters_request__unpack(NULL, len, req);
   if (!r) return counted(svc, malformed(err, "PutClustersRequest", len));
-  int rc = put_clusters(svc, r, reply, err);
+  int rc = put_clusters(svc, r, req, len, reply, err);
   rakv__put_clusters_request__free_unpacked(r, NULL);
   return counted(svc, rc);
 }
@@ -466,8 +560,8 @@ int kvs_service_fetch_clusters(kvs_service *svc, const uint8_t *req, size_t len,
 
 /* ---- BuildIndex ---- */
 
-static int build_index(kvs_service *svc, const Rakv__BuildIndexRequest *r, ra_buf *reply,
-                       ra_error *err) {
+static int build_index(kvs_service *svc, const Rakv__BuildIndexRequest *r, const uint8_t *raw, size_t raw_len,
+                       ra_buf *reply, ra_error *err) {
   kvs_session *s;
   int rc = kvs_store_get(svc->store, r->session_id.data, r->session_id.len, &s, err);
   if (rc) return rc;
@@ -535,6 +629,9 @@ static int build_index(kvs_service *svc, const Rakv__BuildIndexRequest *r, ra_bu
   }
   kvs_build_result res;
   if ((rc = kvs_session_build_index(s, &a, &res, err))) goto out;
+  /* recorded once installed: a replay builds over the rows written before this record, which
+   * may include rows written while the build ran (they were lagging; here they are indexed) */
+  if ((rc = journal_record(svc, s, KVS_REC_BUILD, raw, raw_len, err))) goto out;
   uint64_t us = ra_clock_now_us() - t0;
   Rakv__BuildIndexReply m = RAKV__BUILD_INDEX_REPLY__INIT;
   m.n_keys = res.n_keys;
@@ -560,8 +657,41 @@ int kvs_service_build_index(kvs_service *svc, const uint8_t *req, size_t len, ra
                             ra_error *err) {
   Rakv__BuildIndexRequest *r = rakv__build_index_request__unpack(NULL, len, req);
   if (!r) return counted(svc, malformed(err, "BuildIndexRequest", len));
-  int rc = build_index(svc, r, reply, err);
+  int rc = build_index(svc, r, req, len, reply, err);
   rakv__build_index_request__free_unpacked(r, NULL);
+  return counted(svc, rc);
+}
+
+/* ---- ReadKv ---- */
+
+static int read_kv(kvs_service *svc, const Rakv__ReadKvRequest *r, ra_buf *reply, ra_error *err) {
+  kvs_session *s;
+  int rc = kvs_store_get(svc->store, r->session_id.data, r->session_id.len, &s, err);
+  if (rc) return rc;
+  size_t bytes = (size_t)r->n_tokens * kvs_row_bytes(&s->geo);
+  uint8_t *kv = malloc(2 * bytes + 1);
+  if (!kv) rc = ra_errorf(err, RA_ENOMEM, "out of memory for %u rows", r->n_tokens);
+  if (rc == RA_OK) rc = kvs_session_read(s, r->layer, r->kv_head, r->token_begin, r->n_tokens, kv, kv + bytes, err);
+  if (rc == RA_OK) {
+    Rakv__KvChunk out = RAKV__KV_CHUNK__INIT;
+    out.layer = r->layer;
+    out.kv_head = r->kv_head;
+    out.token_begin = r->token_begin;
+    out.n_tokens = r->n_tokens;
+    out.keys = (ProtobufCBinaryData){bytes, kv};
+    out.values = (ProtobufCBinaryData){bytes, kv + bytes};
+    rc = pack_reply(&out.base, reply, err);
+  }
+  free(kv);
+  kvs_session_release(s);
+  return rc;
+}
+
+int kvs_service_read_kv(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply, ra_error *err) {
+  Rakv__ReadKvRequest *r = rakv__read_kv_request__unpack(NULL, len, req);
+  if (!r) return counted(svc, malformed(err, "ReadKvRequest", len));
+  int rc = read_kv(svc, r, reply, err);
+  rakv__read_kv_request__free_unpacked(r, NULL);
   return counted(svc, rc);
 }
 
@@ -614,4 +744,62 @@ int kvs_service_health(kvs_service *svc, const uint8_t *req, size_t len, ra_buf 
   out.serving = !atomic_load(&svc->draining);
   out.version = (char *)RA_VERSION;
   return counted(svc, pack_reply(&out.base, reply, err));
+}
+
+/* ---- Restoring sessions from the data dir (journal.h) ---- */
+
+static int replay_record(void *ctx, const uint8_t id[KVS_JOURNAL_ID_BYTES], int type, const uint8_t *data, size_t len,
+                         ra_error *err) {
+  kvs_service *svc = ctx;
+  ra_buf reply = {0};
+  int rc;
+  switch (type) {
+  case KVS_REC_OPEN: {
+    Rakv__OpenSessionRequest *r =
+        len >= KVS_JOURNAL_ID_BYTES ? rakv__open_session_request__unpack(NULL, len - KVS_JOURNAL_ID_BYTES,
+                                                                         data + KVS_JOURNAL_ID_BYTES)
+                                    : NULL;
+    if (!r || memcmp(data, id, KVS_JOURNAL_ID_BYTES) != 0) {
+      rc = ra_errorf(err, RA_EFORMAT, "a malformed OpenSession record");
+    } else {
+      rc = open_session(svc, r, id, NULL, 0, &reply, err);
+    }
+    if (r) rakv__open_session_request__free_unpacked(r, NULL);
+    break;
+  }
+  case KVS_REC_PUT: {
+    kvs_put_state st;
+    kvs_service_put_begin(svc, &st);
+    rc = kvs_service_put_chunk(svc, &st, data, len, err);
+    break;
+  }
+  case KVS_REC_APPEND: rc = kvs_service_append(svc, data, len, &reply, err); break;
+  case KVS_REC_BUILD: rc = kvs_service_build_index(svc, data, len, &reply, err); break;
+  case KVS_REC_CLUSTERS: rc = kvs_service_put_clusters(svc, data, len, &reply, err); break;
+  default: rc = ra_errorf(err, RA_EFORMAT, "a record of unknown type %d", type);
+  }
+  ra_buf_free(&reply);
+  return rc;
+}
+
+static void replay_attach(void *ctx, const uint8_t id[KVS_JOURNAL_ID_BYTES], kvs_journal *j) {
+  kvs_service *svc = ctx;
+  kvs_session *s;
+  ra_error err;
+  if (kvs_store_get(svc->store, id, KVS_JOURNAL_ID_BYTES, &s, &err) != RA_OK) {
+    /* no OpenSession record made it to disk: the session never answered its opener */
+    kvs_journal_close(j, 1);
+    return;
+  }
+  s->journal = j;
+  char hex[2 * KVS_SESSION_ID_BYTES + 1];
+  id_hex(s->id, hex);
+  ra_log_info("session %.8s... of '%s' restored: %llu rows", hex, s->client, (unsigned long long)atomic_load(&s->tokens));
+  kvs_session_release(s);
+}
+
+static void replay_drop(void *ctx, const uint8_t id[KVS_JOURNAL_ID_BYTES]) {
+  kvs_service *svc = ctx;
+  ra_error err;
+  kvs_store_close(svc->store, id, KVS_JOURNAL_ID_BYTES, NULL, &err);
 }

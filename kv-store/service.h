@@ -22,8 +22,13 @@ typedef struct kvs_service_config {
   uint64_t memory_budget; /* bytes of KV + session metadata the store may hold */
   int attend_threads;     /* OpenMP threads per attend; 0: the OpenMP default */
   int index_threads;      /* threads inserting written rows into indexes; 0: attend_threads' */
+  const char *data_dir;   /* NULL: sessions live in memory only; else journal.h: each session's
+                             changes are kept there and the sessions found there restored */
+  int fsync_ms;           /* journal.h: 0 sync each record, > 0 every fsync_ms, < 0 never */
 } kvs_service_config;
 
+/* With data_dir, replays the sessions found there before returning (restart time: their
+ * writes, and their index builds run again). */
 int kvs_service_create(const kvs_service_config *cfg, kvs_service **out, ra_error *err);
 /* Frees every session; no call may be running. */
 void kvs_service_destroy(kvs_service *svc);
@@ -59,6 +64,9 @@ int kvs_service_put_clusters(kvs_service *svc, const uint8_t *req, size_t len, r
  * together (client.h). Reply: rows per cluster, keys, values. */
 int kvs_service_fetch_clusters(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
                                ra_error *err);
+
+/* ReadKv: rows a session holds (kvs_session_read), as a KvChunk. */
+int kvs_service_read_kv(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply, ra_error *err);
 int kvs_service_close_session(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
                               ra_error *err);
 int kvs_service_stats(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,

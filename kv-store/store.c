@@ -4,6 +4,7 @@
 #include "clusters.h"
 #include "hugemem.h"
 #include "indexer.h"
+#include "journal.h"
 #include "log.h"
 #include "retro.h"
 
@@ -83,6 +84,7 @@ static void session_free(kvs_session *s) {
   }
   kvs_clusters_free(s->clusters);
   kvs_retro_free(s->retro);
+  kvs_journal_close(s->journal, atomic_load(&s->journal_discard));
   free(s->shards);
   free(s->heads);
   pthread_rwlock_destroy(&s->lock);
@@ -293,8 +295,9 @@ static int random_id(uint8_t id[KVS_SESSION_ID_BYTES], ra_error *err) {
   return RA_OK;
 }
 
-/* Inserts s with a fresh id not already in the registry. Registry mutex held. */
-static int registry_insert(kvs_store *st, kvs_session *s, ra_error *err) {
+/* Inserts s with a fresh id not already in the registry, or with `id` when given. Registry
+ * mutex held. */
+static int registry_insert(kvs_store *st, kvs_session *s, const uint8_t *id, ra_error *err) {
   if (st->n_sessions == st->cap_sessions) {
     size_t cap = st->cap_sessions ? st->cap_sessions * 2 : 16;
     kvs_session **a = realloc(st->sessions, cap * sizeof *a);
@@ -303,10 +306,15 @@ static int registry_insert(kvs_store *st, kvs_session *s, ra_error *err) {
     st->cap_sessions = cap;
   }
   size_t at;
-  do {
-    int rc = random_id(s->id, err);
-    if (rc) return rc;
-  } while (registry_find(st, s->id, &at));
+  if (id) {
+    memcpy(s->id, id, KVS_SESSION_ID_BYTES);
+    if (registry_find(st, s->id, &at)) return ra_errorf(err, RA_ESTATE, "a session with that id exists");
+  } else {
+    do {
+      int rc = random_id(s->id, err);
+      if (rc) return rc;
+    } while (registry_find(st, s->id, &at));
+  }
   memmove(&st->sessions[at + 1], &st->sessions[at], (st->n_sessions - at) * sizeof *st->sessions);
   st->sessions[at] = s;
   st->n_sessions++;
@@ -334,6 +342,11 @@ static int shard_locks_init(kvs_shard *sh, size_t n, size_t *done) {
 int kvs_store_open(kvs_store *st, const kvs_geometry *g, const kvs_shard_spec *shards, size_t n,
                    const ra_index_spec *index, const char *client, kvs_session **out,
                    ra_error *err) {
+  return kvs_store_open_as(st, NULL, g, shards, n, index, client, out, err);
+}
+
+int kvs_store_open_as(kvs_store *st, const uint8_t *id, const kvs_geometry *g, const kvs_shard_spec *shards,
+                      size_t n, const ra_index_spec *index, const char *client, kvs_session **out, ra_error *err) {
   int rc = kvs_geometry_check(g, err);
   if (rc) return rc;
   rc = kvs_shards_check(g, shards, n, err);
@@ -402,7 +415,7 @@ int kvs_store_open(kvs_store *st, const kvs_geometry *g, const kvs_shard_spec *s
   snprintf(s->client, sizeof s->client, "%s", client ? client : "");
 
   pthread_mutex_lock(&st->mu);
-  rc = registry_insert(st, s, err);
+  rc = registry_insert(st, s, id, err);
   pthread_mutex_unlock(&st->mu);
   if (rc) {
     atomic_store(&s->refs, 1);
@@ -452,6 +465,7 @@ size_t kvs_store_expire(kvs_store *st, uint64_t idle_ms) {
   pthread_mutex_unlock(&st->mu);
   for (size_t i = 0; i < n_expired; i++) {
     kvs_session *s = expired[i];
+    atomic_store(&s->journal_discard, 1);
     ra_log_info("session %02x%02x%02x%02x... of '%s' expired after %llu ms idle: %llu bytes freed", s->id[0],
                 s->id[1], s->id[2], s->id[3], s->client, (unsigned long long)idle_ms,
                 (unsigned long long)atomic_load(&s->bytes));
@@ -480,6 +494,7 @@ int kvs_store_close(kvs_store *st, const uint8_t *id, size_t id_len, uint64_t *b
   }
   pthread_mutex_unlock(&st->mu);
   if (!s) return ra_errorf(err, RA_ENOTFOUND, "no session with that id (closed or never opened)");
+  atomic_store(&s->journal_discard, 1);
   /* After the indexer has let go, so that its last batch's index growth is counted. */
   kvs_indexer_cancel(st->indexer, s);
   if (bytes_freed) *bytes_freed = atomic_load(&s->bytes);
@@ -506,6 +521,25 @@ static kvs_shard *shard_containing(kvs_session *s, uint32_t layer, uint32_t kv_h
   kvs_shard *c = &sh[lo - 1];
   if (c->spec.token_end != RA_TOKEN_END_OPEN && token >= c->spec.token_end) return NULL;
   return c;
+}
+
+int kvs_session_read(kvs_session *s, uint32_t layer, uint32_t kv_head, uint64_t token_begin, uint64_t n, void *keys,
+                     void *values, ra_error *err) {
+  if (layer >= s->geo.n_layers || kv_head >= s->geo.n_kv_heads)
+    return ra_errorf(err, RA_EINVAL, "read: layer %u kv head %u out of range", layer, kv_head);
+  pthread_rwlock_rdlock(&s->lock);
+  const kvs_shard *sh = shard_containing(s, layer, kv_head, token_begin);
+  int rc = RA_OK;
+  if (!sh || n == 0 || token_begin + n > sh->spec.token_begin + sh->n || token_begin + n < token_begin) {
+    rc = ra_errorf(err, RA_EINVAL, "read: tokens %llu-%llu of layer %u kv head %u are not stored here",
+                   (unsigned long long)token_begin, (unsigned long long)(token_begin + n), layer, kv_head);
+  } else {
+    size_t rb = kvs_row_bytes(&s->geo), at = (size_t)(token_begin - sh->spec.token_begin) * rb;
+    memcpy(keys, (const uint8_t *)sh->keys + at, (size_t)n * rb);
+    memcpy(values, (const uint8_t *)sh->values + at, (size_t)n * rb);
+  }
+  pthread_rwlock_unlock(&s->lock);
+  return rc;
 }
 
 static uint64_t head_rows(kvs_session *s, uint32_t layer, uint32_t kv_head) {

@@ -129,6 +129,11 @@ typedef struct kvs_session {
   struct kvs_clusters *clusters; /* wave mode's cluster directory (clusters.h); NULL: none */
   struct kvs_retro *retro;       /* recent steps' attended positions (retro.h) */
   char client[64];
+  /* Persistence (journal.h): the session's journal with --data-dir (NULL: none), set once
+   * after open; closed when the session is freed, its files removed when journal_discard is
+   * set (the session was closed or expired, not the store shut down). */
+  struct kvs_journal *journal;
+  atomic_int journal_discard;
   /* Indexer bookkeeping (indexer mutex): shards of this session queued or being indexed, and
    * whether it was closed (no more queuing). */
   size_t ix_busy;
@@ -185,6 +190,10 @@ int kvs_shards_check(const kvs_geometry *g, const kvs_shard_spec *shards, size_t
 int kvs_store_open(kvs_store *st, const kvs_geometry *g, const kvs_shard_spec *shards, size_t n,
                    const ra_index_spec *index, const char *client, kvs_session **out,
                    ra_error *err);
+/* kvs_store_open with a given id (a session restored from its journal); RA_ESTATE when the
+ * registry has it already. id NULL: a fresh one. */
+int kvs_store_open_as(kvs_store *st, const uint8_t *id, const kvs_geometry *g, const kvs_shard_spec *shards,
+                      size_t n, const ra_index_spec *index, const char *client, kvs_session **out, ra_error *err);
 /* Looks a session up by id and takes a reference; RA_ENOTFOUND when there is none. */
 int kvs_store_get(kvs_store *st, const uint8_t *id, size_t id_len, kvs_session **out,
                   ra_error *err);
@@ -207,6 +216,11 @@ int kvs_store_close(kvs_store *st, const uint8_t *id, size_t id_len, uint64_t *b
  * the rows exactly until it has inserted them. */
 int kvs_session_write(kvs_session *s, const kvs_rows *rows, size_t n_rows, uint64_t *bytes_stored,
                       ra_error *err);
+
+/* Copies rows [token_begin, token_begin + n) of (layer, kv_head), which must lie in one shard's
+ * stored rows, into keys / values ([n, head_dim] session dtype each). Takes the read lock. */
+int kvs_session_read(kvs_session *s, uint32_t layer, uint32_t kv_head, uint64_t token_begin, uint64_t n, void *keys,
+                     void *values, ra_error *err);
 
 /* ---- the background indexer (indexer.c) ---- */
 

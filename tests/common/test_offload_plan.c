@@ -118,12 +118,42 @@ static void test_bad_maps_are_refused_before_anything_starts(void **state) {
   ra_shard_map_free(&map);
 }
 
+/* Replicas: every owner holds the shards, an attend asks one per rule, the next when one is down. */
+static void test_replicas_choose_a_live_owner(void **state) {
+  (void)state;
+  ra_shard_map map;
+  ra_offload_plan p;
+  ra_error err;
+  /* 1 layer, 4 q heads, 2 kv heads; kv head 0 on a and b, kv head 1 split: c,d below 1000, e above */
+  assert_int_equal(ra_shard_map_parse("a:1,b:2 0 0 *\nc:3,d:4 0 1 0-999\ne:5 0 1 1000-\n", &map, &err), RA_OK);
+  assert_int_equal(ra_offload_plan_build(&map, 1, 4, 2, 4, 8, &p, &err), RA_OK);
+  assert_int_equal(p.max_owners, 2);
+  for (size_t s = 0; s < 4; s++) assert_int_equal(p.stores[s].n_shards, 1);
+  assert_true(ra_offload_plan_asks(&p, 1, 0, 0)); /* b holds kv head 0: it builds its indexes */
+  uint8_t down[5] = {0}, asked[5 * 4];
+  assert_int_equal(ra_offload_plan_choose(&p, 0, down, asked, &err), RA_OK);
+  const uint8_t first[5 * 4] = {1, 1, 0, 0, /* a */ 0, 0, 0, 0, /* b */ 0, 0, 1, 1, /* c */ 0, 0, 0, 0, 0, 0, 1, 1};
+  assert_memory_equal(asked, first, sizeof first);
+  down[0] = down[2] = 1;
+  assert_int_equal(ra_offload_plan_choose(&p, 0, down, asked, &err), RA_OK);
+  const uint8_t failover[5 * 4] = {0, 0, 0, 0, 1, 1, 0, 0, /* b */ 0, 0, 0, 0, 0, 0, 1, 1, /* d */ 0, 0, 1, 1};
+  assert_memory_equal(asked, failover, sizeof failover);
+  assert_int_equal(ra_offload_plan_covered(&p, down, &err), RA_OK);
+  down[4] = 1;
+  assert_int_equal(ra_offload_plan_choose(&p, 0, down, asked, &err), RA_EUNAVAIL);
+  assert_non_null(strstr(err.msg, "layer 0 kv head 1"));
+  assert_int_equal(ra_offload_plan_covered(&p, down, &err), RA_EUNAVAIL);
+  ra_offload_plan_free(&p);
+  ra_shard_map_free(&map);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_stores_get_their_shards_clipped_to_the_sink),
       cmocka_unit_test(test_shard_inside_sink_is_dropped),
       cmocka_unit_test(test_partition_and_eviction),
       cmocka_unit_test(test_bad_maps_are_refused_before_anything_starts),
+      cmocka_unit_test(test_replicas_choose_a_live_owner),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

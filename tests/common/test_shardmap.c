@@ -116,6 +116,39 @@ static void test_spread_list(void **state) {
   assert_non_null(strstr(err.msg, "not HOST:PORT"));
 }
 
+/* Replicas: owners lists parsed, spread maps replicated round-robin, and the rule that an owner
+ * of a replicated kv head holds one token range of it. */
+static void test_replicas(void **state) {
+  (void)state;
+  ra_shard_map m;
+  ra_error err;
+  assert_int_equal(ra_shard_map_parse("a:1,b:2 0 * 0-99\nb:2,c:3 0 * 100-\n", &m, &err), RA_OK);
+  assert_int_equal(m.n_stores, 3);
+  assert_int_equal(m.rules[0].n_owners, 2);
+  assert_int_equal(m.rules[0].store, 0);
+  assert_int_equal(m.rules[1].owners[1], 2);
+  /* b owns both ranges of a replicated kv head */
+  assert_int_equal(ra_shard_map_validate(&m, 1, 2, &err), RA_EINVAL);
+  assert_non_null(strstr(err.msg, "store b:2 owns rules 1 and 2"));
+  ra_shard_map_free(&m);
+  assert_int_equal(ra_shard_map_parse("a:1,b:2 0 * 0-99\nc:3,d:4 0 * 100-\n", &m, &err), RA_OK);
+  assert_int_equal(ra_shard_map_validate(&m, 1, 2, &err), RA_OK);
+  ra_shard_map_free(&m);
+  expect_parse_error("a:1,a:1 0 0 0-\n", "store 'a:1' named twice");
+  expect_parse_error("a:1,x 0 0 0-\n", "store 'x' is not HOST:PORT");
+
+  assert_int_equal(ra_shard_map_spread_list("a:1,b:2,c:3", 2, 3, &m, &err), RA_OK);
+  assert_int_equal(ra_shard_map_replicate(&m, 4, &err), RA_EINVAL);
+  assert_int_equal(ra_shard_map_replicate(&m, 2, &err), RA_OK);
+  for (size_t i = 0; i < m.n_rules; i++) {
+    assert_int_equal(m.rules[i].n_owners, 2);
+    assert_int_equal(m.rules[i].owners[0], m.rules[i].store);
+    assert_int_equal(m.rules[i].owners[1], (m.rules[i].store + 1) % 3);
+  }
+  assert_int_equal(ra_shard_map_validate(&m, 2, 3, &err), RA_OK);
+  ra_shard_map_free(&m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_spread_list),
@@ -123,6 +156,7 @@ int main(void) {
       cmocka_unit_test(test_parse_errors),
       cmocka_unit_test(test_validate_gaps_and_overlaps),
       cmocka_unit_test(test_spread),
+      cmocka_unit_test(test_replicas),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

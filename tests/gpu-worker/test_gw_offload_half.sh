@@ -5,19 +5,10 @@
 # rows, growth blocks of 2 tokens), the stores keeping the cache's dtype, generate the same
 # greedy tokens as full attention on the device.
 #   test_gw_offload_half.sh GPU_WORKER KV_STORE MODEL
-set -euo pipefail
-GW=$1
-KVS=$2
-MODEL=$3
-. "$(dirname "$0")/../../deploy/loopback-stores.sh"
+. "$(dirname "$0")/gw_stores.sh"
 start_store a "$KVS" --memory-budget 256M --threads 1
 start_store b "$KVS" --memory-budget 256M --threads 1
 STORES="$(cat "$RUN/a.addr"),$(cat "$RUN/b.addr")"
-
-# 33 prompt tokens: sink 4 + window 8 stay on the device, 21 go to the stores (enough for roar's
-# index build)
-PROMPT="The capital of France is Paris. The capital of Italy is Rome. The capital of Spain is Madrid."
-PROMPT+=" The capital of Germany is Berlin. The capital of Portugal is"
 gen() { # DTYPE MODE [ARGS...]: writes $RUN/DTYPE.MODE.json
   local dt=$1 mode=$2
   shift 2
