@@ -206,7 +206,8 @@ int ra_tp_group_new(const ra_model *src, int n_ranks, const char *backend, const
   }
   if (rc == RA_OK && !g->comm) rc = ra_tp_comm_host_new(n_ranks, &g->comm, err);
   for (int r = 0; r < n_ranks && rc == RA_OK; r++) {
-    g->ranks[r] = (struct ra_tp_rank){.comm = g->comm, .rank = r, .n_ranks = n_ranks, .slice = g->plan.ranks[r]};
+    g->ranks[r] = (struct ra_tp_rank){.comm = g->comm, .rank = r, .n_ranks = n_ranks, .slice = g->plan.ranks[r],
+                                      .n_heads = src->cfg.n_heads, .n_kv_heads = src->cfg.n_kv_heads};
     rc = ra_tp_model_shard(src, &g->ranks[r], g->bes[r], &g->models[r], err);
   }
   if (rc) {

@@ -42,6 +42,7 @@ struct ra_tp_rank {
   ra_tp_comm *comm;
   int rank, n_ranks;
   ra_tp_slice slice;
+  int n_heads, n_kv_heads; /* the whole model's */
 };
 
 /* Deals the kv heads (and their groups) and the FFN columns in contiguous blocks whose sizes
