@@ -3,8 +3,18 @@
 # Idempotent: packages already present and a model whose checksum matches are left alone.
 #   deploy/setup.sh            packages + model
 #   deploy/setup.sh --no-model packages only
+#   deploy/setup.sh --nccl     also NCCL for tensor parallelism over several GPUs (PyPI's
+#                              nvidia-nccl-cu13, ~300 MB; also when nvidia-smi lists 2+ GPUs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+NO_MODEL=0 NCCL=0
+for a in "$@"; do
+  case $a in
+    --no-model) NO_MODEL=1 ;;
+    --nccl) NCCL=1 ;;
+    *) echo "setup: unknown argument $a (--no-model, --nccl)" >&2; exit 2 ;;
+  esac
+done
 
 PACKAGES=(build-essential cmake pkg-config clang libclang-rt-14-dev
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libuv1-dev libcmocka-dev
@@ -30,5 +40,16 @@ if ! python3 -c 'import numpy, gguf, tokenizers, openai' 2>/dev/null; then
     python3 -m pip install --quiet --break-system-packages "${PY_PACKAGES[@]}"
 fi
 
-[ "${1:-}" = "--no-model" ] && exit 0
+# NCCL: only where tensor parallelism can run (CI has no GPU; the wheel is large). CMake finds it
+# under site-packages/nvidia/nccl.
+if [ "$NCCL" = 0 ] && command -v nvidia-smi >/dev/null && [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ]; then
+  NCCL=1
+fi
+if [ "$NCCL" = 1 ] && ! python3 -c 'import importlib.util as u; exit(u.find_spec("nvidia.nccl") is None)' 2>/dev/null; then
+  echo "setup: pip installing nvidia-nccl-cu13 (NCCL for --tp on several GPUs)"
+  python3 -m pip install --quiet nvidia-nccl-cu13==2.32.3 ||
+    python3 -m pip install --quiet --break-system-packages nvidia-nccl-cu13==2.32.3
+fi
+
+[ "$NO_MODEL" = 1 ] && exit 0
 exec deploy/fetch-model.sh

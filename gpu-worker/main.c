@@ -17,6 +17,7 @@
 #include "offload.h"
 #include "opts.h"
 #include "textfile.h"
+#include "tp.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -51,6 +52,7 @@ typedef struct opts {
   uint64_t max_body;
   double cache_ttl;
   ra_offload_config off; /* mode == RA_MODE_FULL: no offload */
+  int tp; /* tensor-parallel ranks */
   int help, chat, threads, max_new, decode_tokens, no_stop, top_k, synthetic, replicas;
   long ctx, batch;
   float temperature, top_p;
@@ -60,7 +62,7 @@ typedef struct opts {
 
 /* The defaults of every option, the offload's from the offload runtime. */
 static void opts_default(opts *o) {
-  *o = (opts){.backend = "cpu", .max_new = 64, .replicas = 1, .batch = 512, .top_p = 0.95f, .top_k = 40, .seed = 1,
+  *o = (opts){.backend = "cpu", .tp = 1, .max_new = 64, .replicas = 1, .batch = 512, .top_p = 0.95f, .top_k = 40, .seed = 1,
               .kv_dtype = RA_DTYPE_F32, .dump_dtype = RA_DTYPE_F16, .max_seqs = 16, .max_cached = 16,
               .max_conns = 256, .drain_ms = 30000, .max_body = 1u << 20, .cache_ttl = 600};
   ra_offload_config_default(&o->off);
@@ -107,8 +109,8 @@ static const char *budget_show(const void *field) {
 static const ra_opt rows[] = {
     {"help", RA_OPT_FLAG, AT(help), .help = "print the options of the command"},
     {"model", RA_OPT_STRING, AT(model), .meta = "PATH",
-     .help = "GGUF file, Hugging Face model directory, or random:PRESET[:LAYERS] (llama3-8b, yi-6b, smollm2-135m, "
-             "tiny; :LAYERS keeps the first LAYERS layers)"},
+     .help = "GGUF file, Hugging Face model directory, or random:PRESET[:LAYERS] (llama3-8b, llama3-70b, yi-6b, "
+             "smollm2-135m, tiny; :LAYERS keeps the first LAYERS layers)"},
     {"tokenizer", RA_OPT_STRING, AT(tokenizer), .meta = "PATH",
      .help = "the tokenizer of a GGUF file or Hugging Face directory, instead of the model's"},
     {"prompt-file", RA_OPT_STRING, AT(prompt_file), .meta = "F", .help = "the prompt, from a file", .scope = PROMPTED},
@@ -117,6 +119,11 @@ static const ra_opt rows[] = {
     {"backend", RA_OPT_STRING, AT(backend), .meta = "cpu|cuda", .help = "where the model runs", .scope = LOADED},
     {"threads", RA_OPT_INT, AT(threads), .lo = 1, .hi = 4096, .meta = "N", .help = "CPU threads",
      .dflt = "all cores", .scope = LOADED},
+    {"tp", RA_OPT_INT, AT(tp), .lo = 1, .hi = RA_TP_MAX_RANKS, .meta = "N",
+     .help = "tensor-parallel ranks: kv heads (with their q heads) and FFN columns split over N backends, a thread "
+             "each (cpu: --threads / N threads each; cuda: devices 0..N-1), x all-reduced after Wo and W_down; "
+             "N <= kv heads",
+     .scope = GEN},
     {"seed", RA_OPT_INT, AT(seed), .lo = 0, .hi = 0x7fffffff, .meta = "N", .help = "sampling / random-weight seed",
      .scope = LOADED},
     {"kv-dtype", RA_OPT_ENUM, AT(kv_dtype), .lo = RA_DTYPE_F32, .hi = RA_DTYPE_BF16, .name_of = dtype_name,
@@ -280,6 +287,8 @@ static int opts_check(opts *o, const ra_opts_set *s) {
     return usage_error(s->scope, "--context continues a saved context: give no prompt");
   if (o->spare_stores && !(o->shard_map || o->replicas > 1))
     return usage_error(s->scope, "--spare-stores restore replicas: give --replicas 2 or more, or a --shard-map with them");
+  if (o->tp > 1 && (o->replicas > 1 || o->spare_stores || o->save_context || o->context))
+    return usage_error(s->scope, "--tp takes no --replicas, --spare-stores, --save-context or --context yet");
   if (ra_opts_given(s, "replicas") && !o->stores)
     return usage_error(s->scope, "--replicas is for --stores (a --shard-map names each rule's owners)");
   if (o->off.roar_per_kv_head && o->off.mode != RA_MODE_ROAR)
@@ -365,12 +374,21 @@ static int print_token(void *vctx, int32_t id) {
 /* The shard map from --shard-map or --stores, and the plan for this model. */
 static int stores_plan(const opts *o, const ra_model *m, ra_shard_map *map, ra_offload_plan *plan, ra_error *err) {
   const ra_model_config *c = &m->cfg;
+  /* a tensor-parallel rank: the whole model's map, then the part of its kv heads */
+  const uint32_t kv_all = m->tp ? (uint32_t)m->tp->n_kv_heads : (uint32_t)c->n_kv_heads;
   int rc;
   if (o->shard_map) {
     rc = ra_shard_map_load(o->shard_map, map, err);
   } else {
-    rc = ra_shard_map_spread_list(o->stores, (uint32_t)c->n_layers, (uint32_t)c->n_kv_heads, map, err);
+    rc = ra_shard_map_spread_list(o->stores, (uint32_t)c->n_layers, kv_all, map, err);
     if (rc == RA_OK) rc = ra_shard_map_replicate(map, (uint32_t)o->replicas, err);
+  }
+  if (rc == RA_OK && m->tp) {
+    ra_shard_map whole = *map;
+    memset(map, 0, sizeof *map);
+    rc = ra_shard_map_validate(&whole, (uint32_t)c->n_layers, kv_all, err);
+    if (rc == RA_OK) rc = ra_tp_shard_map(&whole, &m->tp->slice, map, err);
+    ra_shard_map_free(&whole);
   }
   if (rc == RA_OK)
     rc = ra_offload_plan_build(map, (uint32_t)c->n_layers, (uint32_t)c->n_heads, (uint32_t)c->n_kv_heads,
@@ -457,7 +475,15 @@ static void json_write_store_health(FILE *f, ra_remote *r) {
   fprintf(f, "]");
 }
 
+static int no_print(void *ctx, int32_t id) {
+  (void)ctx;
+  (void)id;
+  return 0;
+}
+
 static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_error *err) {
+  /* tensor-parallel: every rank runs this, in lockstep; rank 0 prints and writes the JSON */
+  const int root = !m->tp || m->tp->rank == 0;
   int32_t *ids = NULL;
   size_t n;
   ra_context saved = {0};
@@ -489,7 +515,7 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
     oc.kv_dtype = o->kv_dtype;
     oc.max_ctx = ctx;
     oc.max_prompt = (int64_t)n; /* the prefill runs layer by layer over the whole prompt */
-    if (!o->json && isatty(STDERR_FILENO)) oc.progress = print_progress;
+    if (root && !o->json && isatty(STDERR_FILENO)) oc.progress = print_progress;
     if (oc.mode != RA_MODE_STREAMING) rc = stores_plan(o, m, &map, &plan, err);
     if (rc == RA_OK && o->context && (rc = ra_context_check(&saved, &m->cfg, &oc, &plan, err)) == RA_OK)
       oc.resume = saved.sessions;
@@ -517,7 +543,7 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
   }
   ra_gen_result res;
   stream_ctx sc = {tok};
-  rc = ra_generate(st, tok, ids, n, &gc, print_token, &sc, &res, err);
+  rc = ra_generate(st, tok, ids, n, &gc, root ? print_token : no_print, &sc, &res, err);
   if (rc == RA_OK && o->save_context) {
     /* the last token sampled has not been fed: the reopened context feeds it first */
     if (res.stopped || res.n_tokens == 0)
@@ -528,7 +554,9 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
     if (rc) ra_gen_result_free(&res);
   }
   size_t n_prefill = o->context ? 0 : n;
-  if (rc == RA_OK) {
+  if (rc == RA_OK && !root) {
+    ra_gen_result_free(&res);
+  } else if (rc == RA_OK) {
     double pf = res.prefill_s > 0 ? (double)n / res.prefill_s : 0;
     double dc = res.decode_s > 0 && res.n_decode_steps ? (double)res.n_decode_steps / res.decode_s : 0;
     printf("\n");
@@ -552,7 +580,7 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
         for (size_t i = 0; i < res.n_tokens; i++) fprintf(f, "%s%d", i ? ", " : "", res.tokens[i]);
         fprintf(f, "], \"prefill_s\": %.6f, \"prefill_tok_s\": %.3f, \"decode_s\": %.6f, \"decode_steps\": %zu, \"decode_tok_s\": %.3f",
                 res.prefill_s, pf, res.decode_s, res.n_decode_steps, dc);
-        fprintf(f, ", \"mode\": \"%s\"", ra_mode_name(o->off.mode));
+        fprintf(f, ", \"mode\": \"%s\", \"tp\": %d", ra_mode_name(o->off.mode), o->tp);
         if (off) {
           size_t n_steps;
           const ra_offload_stats *steps = ra_offload_step_stats(off, &n_steps);
@@ -600,6 +628,32 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
   ra_shard_map_free(&map);
   ra_context_free(&saved);
   free(ids);
+  return rc;
+}
+
+typedef struct tp_gen {
+  const opts *o;
+  const ra_tokenizer *tok;
+} tp_gen;
+
+static int rank_generate(void *ctx, int rank, ra_model *m, ra_error *err) {
+  (void)rank;
+  const tp_gen *t = ctx;
+  return cmd_generate(t->o, m, t->tok, err);
+}
+
+/* generate --tp N: the model, loaded in host memory, sharded over N backends (then freed), and
+ * cmd_generate on every rank. */
+static int cmd_generate_tp(const opts *o, ra_model **m, const ra_tokenizer *tok, ra_error *err) {
+  ra_tp_group *g;
+  ra_backend_config bc = {o->threads, 0};
+  int rc = ra_tp_group_new(*m, o->tp, o->backend, &bc, &g, err);
+  if (rc) return rc;
+  ra_model_free(*m);
+  *m = NULL;
+  tp_gen t = {o, tok};
+  rc = ra_tp_run(g, rank_generate, &t, err);
+  ra_tp_group_free(g);
   return rc;
 }
 
@@ -741,9 +795,10 @@ int main(int argc, char **argv) {
     /* no weights needed: only the tokenizer's metadata */
     rc = ra_load_tokenizer(o.tokenizer ? o.tokenizer : o.model, &tok, &err);
     if (rc == RA_OK) rc = cmd_tokenize(&o, tok, &err);
-  } else if ((rc = ra_backend_create(o.backend, &bc, &be, &err)) == RA_OK &&
+  } else if ((rc = ra_backend_create(o.tp > 1 ? "cpu" : o.backend, &bc, &be, &err)) == RA_OK &&
              (rc = ra_load_model(be, o.model, o.tokenizer, o.seed, &m, &tok, &err)) == RA_OK) {
-    if (strcmp(o.cmd, "generate") == 0) rc = cmd_generate(&o, m, tok, &err);
+    if (o.tp > 1) rc = cmd_generate_tp(&o, &m, tok, &err);
+    else if (strcmp(o.cmd, "generate") == 0) rc = cmd_generate(&o, m, tok, &err);
     else if (strcmp(o.cmd, "dump-qk") == 0) rc = cmd_dump(&o, m, tok, &err);
     else if (strcmp(o.cmd, "logits") == 0) rc = cmd_logits(&o, m, tok, &err);
     else if (strcmp(o.cmd, "serve") == 0) rc = cmd_serve(&o, m, tok, &err);

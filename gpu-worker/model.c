@@ -4,6 +4,7 @@
 #include "log.h"
 #include "quant.h"
 #include "safetensors.h"
+#include "tp.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -51,6 +52,11 @@ int ra_model_config_preset(const char *spec, ra_model_config *c, ra_error *err) 
     *c = (ra_model_config){.n_layers = 32, .dim = 4096, .n_heads = 32, .n_kv_heads = 8, .head_dim = 128,
                            .ffn_dim = 14336, .vocab = 128256, .n_rot = 128, .rope_theta = 500000.0f,
                            .norm_eps = 1e-5f, .max_ctx = 131072, .rope_style = RA_ROPE_NEOX};
+  } else if (strcmp(name, "llama3-70b") == 0) {
+    /* bf16 weights ~140 GB: tensor-parallel over several devices (gpu-worker/tp.h) */
+    *c = (ra_model_config){.n_layers = 80, .dim = 8192, .n_heads = 64, .n_kv_heads = 8, .head_dim = 128,
+                           .ffn_dim = 28672, .vocab = 128256, .n_rot = 128, .rope_theta = 500000.0f,
+                           .norm_eps = 1e-5f, .max_ctx = 131072, .rope_style = RA_ROPE_NEOX};
   } else if (strcmp(name, "yi-6b") == 0) {
     /* Yi-6B-200K's geometry (4 kv heads: a million tokens of KV fit one host's RAM) with
      * Llama-3's vocabulary, so that the Llama-3 tokenizer's ids are valid */
@@ -66,7 +72,7 @@ int ra_model_config_preset(const char *spec, ra_model_config *c, ra_error *err) 
                            .vocab = 97, .n_rot = 16, .rope_theta = 10000.0f, .norm_eps = 1e-5f, .max_ctx = 4096,
                            .rope_style = RA_ROPE_NORM};
   } else {
-    return ra_errorf(err, RA_EINVAL, "model: unknown preset '%s' (llama3-8b, yi-6b, smollm2-135m, tiny)", name);
+    return ra_errorf(err, RA_EINVAL, "model: unknown preset '%s' (llama3-8b, llama3-70b, yi-6b, smollm2-135m, tiny)", name);
   }
   if (n_layers > c->n_layers)
     return ra_errorf(err, RA_EINVAL, "model: preset '%s' has %d layers, not %d", name, c->n_layers, n_layers);
@@ -669,18 +675,27 @@ int ra_step_layer_finish(ra_state *st, int l, ra_error *err) {
   const ra_layer_weights *w = &st->m->layers[l];
   const ra_backend_ops *op = st->be->ops;
   ra_backend *be = st->be;
+  const struct ra_tp_rank *tp = st->m->tp;
+  /* tensor-parallel: a rank's Wo / W_down columns give a partial sum of the update; rank 0 adds
+   * the residual to its own, the others overwrite x with theirs, and the all-reduce of x is then
+   * residual + every rank's partial */
+  const int acc = !tp || tp->rank == 0;
   int rc;
   /* x += att Wo^T (att: [n, heads, hd] as [n, heads*hd]);  x += W_down (silu(xn W_gate^T) * (xn W_up^T)) with xn = rmsnorm(x),
-   * the MLP over at most ffn_rows rows at a time (its [rows, ffn] activations) */
-  if ((rc = op->matmul(be, &st->cur_att, &w->wo, NULL, &st->cur_x, 1, err))) return ra_error_wrap(err, "layer %d", l);
+   * the MLP over at most ffn_rows rows at a time (its [rows, ffn] activations); a tensor-parallel
+   * rank's partial sums all-reduced after each */
+  if ((rc = op->matmul(be, &st->cur_att, &w->wo, NULL, &st->cur_x, acc, err)) ||
+      (tp && (rc = ra_tp_all_reduce(tp->comm, tp->rank, &st->cur_x, err))))
+    return ra_error_wrap(err, "layer %d", l);
   for (int64_t r0 = 0; r0 < st->n; r0 += st->ffn_rows) {
     const int64_t cn = st->n - r0 < st->ffn_rows ? st->n - r0 : st->ffn_rows;
     ra_tensor x = ra_tensor_rows(&st->cur_x, r0, cn), xn = ra_tensor_rows(&st->cur_xn, r0, cn);
     ra_tensor up = ra_tensor_rows(&st->cur_up, 0, cn), gate = ra_tensor_rows(&st->cur_gate, 0, cn);
     if ((rc = op->norm_swiglu(be, &x, &w->ffn_norm, c->norm_eps, &xn, &w->w_gate, &w->w_up, &up, &gate, err)) ||
-        (rc = op->matmul(be, &gate, &w->w_down, NULL, &x, 1, err)))
+        (rc = op->matmul(be, &gate, &w->w_down, NULL, &x, acc, err)))
       return ra_error_wrap(err, "layer %d", l);
   }
+  if (tp && (rc = ra_tp_all_reduce(tp->comm, tp->rank, &st->cur_x, err))) return ra_error_wrap(err, "layer %d", l);
   return RA_OK;
 }
 

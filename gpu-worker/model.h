@@ -14,6 +14,7 @@
  *       ra_step_layer_attend(st, l)         att = attention over cache rows [0, pos + i]
  *         (or the caller writes st->att)    att: [n, n_heads, hd]
  *       ra_step_layer_finish(st, l)         x += att Wo^T; x += ffn(rmsnorm(x))
+ *                                           (tensor-parallel: each sum over the ranks' partials)
  *     ra_step_end(st, all_logits)           logits of the last (or every) token; pos += n
  * ra_model_forward does exactly that, with an optional hook after each layer's q/k/v. */
 #ifndef RA_MODEL_H
@@ -53,9 +54,14 @@ typedef struct ra_layer_weights {
   ra_tensor w_down;         /* [dim, ffn] */
 } ra_layer_weights;
 
+struct ra_tp_rank;
+
 typedef struct ra_model {
   ra_model_config cfg;
   ra_backend *be;
+  /* NULL: the whole model. Else one rank's slice of a tensor-parallel model (gpu-worker/tp.h):
+   * cfg counts this rank's heads and FFN columns, and ra_step_layer_finish all-reduces x. */
+  const struct ra_tp_rank *tp;
   ra_tensor tok_embd; /* [vocab, dim] */
   ra_tensor out_norm; /* [dim] */
   ra_tensor output;   /* [vocab, dim]; unallocated when tied (tok_embd is used) */
@@ -79,7 +85,7 @@ int ra_model_random(ra_backend *be, const ra_model_config *cfg, uint64_t seed, r
  * this makes a random model run the kernels a real one runs. */
 int ra_model_convert_weights(ra_model *m, ra_dtype dtype, ra_error *err);
 void ra_model_free(ra_model *m);
-/* A named geometry for ra_model_random: "llama3-8b", "yi-6b", "smollm2-135m", "tiny", or
+/* A named geometry for ra_model_random: "llama3-8b", "llama3-70b", "yi-6b", "smollm2-135m", "tiny", or
  * "NAME:LAYERS" for its first LAYERS layers (1 <= LAYERS <= the preset's). RA_EINVAL + message
  * for an unknown name or a bad layer count. */
 int ra_model_config_preset(const char *spec, ra_model_config *cfg, ra_error *err);

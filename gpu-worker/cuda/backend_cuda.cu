@@ -818,6 +818,15 @@ extern "C" int ra_backend_cuda_device_info(ra_backend *be, char *name, size_t na
   return RA_OK;
 }
 
+extern "C" int ra_backend_cuda_bind(ra_backend *be, ra_error *err) {
+  cudaError_t e = cudaSetDevice(impl_of(be)->device);
+  return e == cudaSuccess ? RA_OK : cuda_fail(err, "bind", "cudaSetDevice", e);
+}
+
+extern "C" int ra_backend_cuda_device(ra_backend *be) { return impl_of(be)->device; }
+
+extern "C" void *ra_backend_cuda_stream(ra_backend *be) { return impl_of(be)->stream; }
+
 extern "C" int ra_cuda_timer_create(ra_backend *be, ra_cuda_timer **out, ra_error *err) {
   *out = nullptr;
   if (!be || !be->name || strcmp(be->name, "cuda") != 0)

@@ -34,6 +34,13 @@ int ra_backend_cuda_device_info(ra_backend *be, char *name, size_t name_len, int
  * order, for measuring what PDL buys. RA_EUNSUPPORTED to turn it on before sm_90. */
 int ra_backend_cuda_set_pdl(ra_backend *be, int on, ra_error *err);
 
+/* Makes the backend's device current for the calling thread (a tensor-parallel rank's thread
+ * issues every op of its backend; CUDA's current device is per thread). */
+int ra_backend_cuda_bind(ra_backend *be, ra_error *err);
+/* The backend's device ordinal, and its stream as a cudaStream_t (for NCCL on the same order). */
+int ra_backend_cuda_device(ra_backend *be);
+void *ra_backend_cuda_stream(ra_backend *be);
+
 /* Event timing on the backend's stream: start records an event, stop records another, waits
  * for it and returns the milliseconds between the two. */
 typedef struct ra_cuda_timer ra_cuda_timer;
