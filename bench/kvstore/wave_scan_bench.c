@@ -29,46 +29,41 @@ typedef struct opts {
   const char *json;
 } opts;
 
-static int usage(const char *msg) {
-  fprintf(stderr,
-          "wave-scan-bench: %s\nusage: wave-scan-bench [--tokens N] [--layers N] [--kv-heads N] [--group N] [--dim 64|128] "
-          "[--dtype f32|f16|bf16] [--cluster N] [--select N] [--lag N] [--threads N] [--steps N] [--seed N] "
-          "[--json FILE]\n",
-          msg);
-  return 2;
-}
+static const char *dtype_name(int v) { return ra_dtype_name((ra_dtype)v); }
+
+#define AT(m) RA_OPT_AT(opts, m)
+static const ra_opt opt_rows[] = {
+    {"tokens", RA_OPT_INT, AT(tokens), .lo = 1024, .hi = 1 << 26, .meta = "N", .help = "rows per kv head and layer"},
+    {"layers", RA_OPT_INT, AT(layers), .lo = 1, .hi = 1024, .meta = "N", .help = "layers stored (steps cycle them)"},
+    {"kv-heads", RA_OPT_INT, AT(kv_heads), .lo = 1, .hi = 64, .meta = "N", .help = "kv heads of the store"},
+    {"group", RA_OPT_INT, AT(group), .lo = 1, .hi = 16, .meta = "N", .help = "q heads per kv head"},
+    {"dim", RA_OPT_INT, AT(dim), .lo = 64, .hi = 128, .meta = "N", .help = "head_dim (a multiple of 16)"},
+    {"dtype", RA_OPT_ENUM, AT(dtype), .lo = RA_DTYPE_F32, .hi = RA_DTYPE_BF16, .name_of = dtype_name,
+     .help = "K/V dtype"},
+    {"cluster", RA_OPT_INT, AT(cluster), .lo = 1, .hi = 4096, .meta = "N", .help = "rows per cluster"},
+    {"select", RA_OPT_INT, AT(select), .lo = 0, .hi = 1 << 24, .meta = "N", .help = "clusters per kv head a step"},
+    {"lag", RA_OPT_INT, AT(lag), .lo = 0, .hi = 1 << 20, .meta = "N", .help = "unclustered rows per kv head"},
+    {"threads", RA_OPT_INT, AT(threads), .lo = 1, .hi = 1024, .meta = "N", .help = "the attend's threads"},
+    {"steps", RA_OPT_INT, AT(steps), .lo = 1, .hi = 100000, .meta = "N", .help = "timed attends"},
+    {"seed", RA_OPT_INT, AT(seed), .lo = 0, .hi = INT32_MAX, .meta = "N", .help = "rows, queries and picks"},
+    {"json", RA_OPT_STRING, AT(json), .meta = "FILE", .help = "write the JSON there instead of stdout"},
+};
+#undef AT
 
 static int parse_opts(int argc, char **argv, opts *o) {
   *o = (opts){.tokens = 130000, .layers = 8, .kv_heads = 4, .group = 4, .dim = 128, .cluster = 16, .select = 147,
               .lag = 512, .threads = 7, .steps = 64, .seed = 1, .dtype = RA_DTYPE_BF16};
-  struct {
-    const char *flag;
-    int64_t *at, lo, hi;
-  } ints[] = {{"--tokens", &o->tokens, 1024, 1 << 26}, {"--layers", &o->layers, 1, 1024},
-              {"--kv-heads", &o->kv_heads, 1, 64},
-              {"--group", &o->group, 1, 16},            {"--dim", &o->dim, 64, 128},
-              {"--cluster", &o->cluster, 1, 4096},      {"--select", &o->select, 0, 1 << 24},
-              {"--lag", &o->lag, 0, 1 << 20},           {"--threads", &o->threads, 1, 1024},
-              {"--steps", &o->steps, 1, 100000},        {"--seed", &o->seed, 0, INT32_MAX}};
-  for (int i = 1; i < argc; i += 2) { /* every option takes a value */
-    const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!v) return usage("missing value");
-    int done = 0;
-    for (size_t j = 0; j < sizeof ints / sizeof ints[0] && !done; j++) {
-      if (strcmp(f, ints[j].flag)) continue;
-      ra_error err;
-      if (ra_opts_parse_int(v, ints[j].lo, ints[j].hi, ints[j].at, &err)) return usage(err.msg);
-      done = 1;
-    }
-    if (done) continue;
-    if (!strcmp(f, "--json")) o->json = v;
-    else if (!strcmp(f, "--dtype")) {
-      if (ra_dtype_parse(v, &o->dtype)) return usage("--dtype takes f32, f16 or bf16");
-    } else return usage("unknown option");
-  }
-  if (o->dim % 16) return usage("--dim must be a multiple of 16");
-  if (o->lag >= o->tokens) return usage("--lag must be below --tokens");
-  return 0;
+  ra_opts_table t = {opt_rows, RA_OPTS_COUNT(opt_rows), o, NULL};
+  ra_opts_set set = {&t, 1, NULL, 0};
+  ra_error err;
+  const char *why = NULL;
+  if (ra_opts_parse_args(&set, argc - 1, argv + 1, &err)) why = err.msg;
+  else if (o->dim % 16) why = "--dim must be a multiple of 16";
+  else if (o->lag >= o->tokens) why = "--lag must be below --tokens";
+  if (!why) return 0;
+  fprintf(stderr, "wave-scan-bench: %s\nusage: wave-scan-bench [options]\n", why);
+  ra_opts_usage(&set, stderr);
+  return 2;
 }
 
 static uint64_t rng_next(uint64_t *s) {

@@ -12,6 +12,7 @@
 #include "clock.h"
 #include "opts.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,54 +26,49 @@ typedef struct opts {
   int n_counts;
 } opts;
 
-static int usage(const char *msg) {
-  fprintf(stderr,
-          "wave-select-bench: %s\nusage: wave-select-bench [--backend cuda|cpu] [--kv-heads N] [--group N] "
-          "[--dim N] [--clusters N[,N...]] [--retrieve N] [--estimate N] [--reps N] [--json FILE]\n",
-          msg);
-  return 2;
+/* --clusters N[,N...] */
+static int counts_parse(const char *v, void *field, ra_error *err) {
+  opts *o = (opts *)((char *)field - offsetof(opts, clusters));
+  char buf[256];
+  if (strlen(v) >= sizeof buf) return ra_errorf(err, RA_EINVAL, "too long");
+  strcpy(buf, v);
+  o->n_counts = 0;
+  for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+    if (o->n_counts == MAX_COUNTS) return ra_errorf(err, RA_EINVAL, "at most %d counts", MAX_COUNTS);
+    int rc = ra_opts_parse_int(tok, 1, 1 << 24, &o->clusters[o->n_counts++], err);
+    if (rc) return rc;
+  }
+  return o->n_counts ? RA_OK : ra_errorf(err, RA_EINVAL, "no count");
 }
 
-static int parse_counts(const char *v, opts *o) {
-  o->n_counts = 0;
-  char buf[256];
-  if (strlen(v) >= sizeof buf) return -1;
-  strcpy(buf, v);
-  for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-    if (o->n_counts == MAX_COUNTS) return -1;
-    if (ra_opts_parse_int(tok, 1, 1 << 24, &o->clusters[o->n_counts++], NULL)) return -1;
-  }
-  return o->n_counts ? 0 : -1;
-}
+#define AT(m) RA_OPT_AT(opts, m)
+static const ra_opt opt_rows[] = {
+    {"backend", RA_OPT_STRING, AT(backend), .meta = "cuda|cpu", .help = "the backend timed"},
+    {"kv-heads", RA_OPT_INT, AT(kv_heads), .lo = 1, .hi = 64, .meta = "N", .help = "kv heads"},
+    {"group", RA_OPT_INT, AT(group), .lo = 1, .hi = 16, .meta = "N", .help = "q heads per kv head"},
+    {"dim", RA_OPT_INT, AT(dim), .lo = 16, .hi = 256, .meta = "N", .help = "head_dim"},
+    {"clusters", RA_OPT_CUSTOM, AT(clusters), .parse = counts_parse, .meta = "N[,N...]",
+     .help = "cluster counts per kv head, each timed", .dflt = "8192,65536"},
+    {"retrieve", RA_OPT_INT, AT(retrieve), .lo = 0, .hi = 1 << 20, .meta = "N", .help = "retrieval clusters"},
+    {"estimate", RA_OPT_INT, AT(estimate), .lo = 0, .hi = 1 << 20, .meta = "N", .help = "estimation clusters"},
+    {"reps", RA_OPT_INT, AT(reps), .lo = 1, .hi = 100000, .meta = "N", .help = "timed calls"},
+    {"json", RA_OPT_STRING, AT(json), .meta = "FILE", .help = "write the JSON there instead of stdout"},
+};
+#undef AT
 
 static int parse_opts(int argc, char **argv, opts *o) {
   *o = (opts){.backend = "cuda", .kv_heads = 8, .group = 4, .dim = 128, .retrieve = 147, .estimate = 1878,
               .reps = 50, .clusters = {8192, 65536}, .n_counts = 2};
-  struct {
-    const char *flag;
-    int64_t *at, lo, hi;
-  } ints[] = {{"--kv-heads", &o->kv_heads, 1, 64}, {"--group", &o->group, 1, 16},
-              {"--dim", &o->dim, 16, 256},         {"--retrieve", &o->retrieve, 0, 1 << 20},
-              {"--estimate", &o->estimate, 0, 1 << 20}, {"--reps", &o->reps, 1, 100000}};
-  for (int i = 1; i < argc; i += 2) { /* every option takes a value */
-    const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!v) return usage("missing value");
-    int done = 0;
-    for (size_t j = 0; j < sizeof ints / sizeof ints[0] && !done; j++) {
-      if (strcmp(f, ints[j].flag)) continue;
-      ra_error err;
-      if (ra_opts_parse_int(v, ints[j].lo, ints[j].hi, ints[j].at, &err)) return usage(err.msg);
-      done = 1;
-    }
-    if (done) continue;
-    if (!strcmp(f, "--backend")) o->backend = v;
-    else if (!strcmp(f, "--json")) o->json = v;
-    else if (!strcmp(f, "--clusters")) {
-      if (parse_counts(v, o)) return usage("--clusters takes up to 8 counts in [1, 2^24], comma-separated");
-    } else return usage("unknown option");
-  }
-  if (o->retrieve + o->estimate < 1) return usage("--retrieve + --estimate must be at least 1");
-  return 0;
+  ra_opts_table t = {opt_rows, RA_OPTS_COUNT(opt_rows), o, NULL};
+  ra_opts_set set = {&t, 1, NULL, 0};
+  ra_error err;
+  const char *why = NULL;
+  if (ra_opts_parse_args(&set, argc - 1, argv + 1, &err)) why = err.msg;
+  else if (o->retrieve + o->estimate < 1) why = "--retrieve + --estimate must be at least 1";
+  if (!why) return 0;
+  fprintf(stderr, "wave-select-bench: %s\nusage: wave-select-bench [options]\n", why);
+  ra_opts_usage(&set, stderr);
+  return 2;
 }
 
 static uint64_t rng_next(uint64_t *s) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # wave-scan-bench on a tiny store: the JSON it prints holds the rows the selection implies
-# (select x cluster x kv heads + lag x kv heads), and bad flags are usage errors (exit 2).
+# (select x cluster x kv heads + lag x kv heads); wave-select-bench on the CPU backend times
+# every cluster count asked; bad flags are usage errors (exit 2) for both.
 set -euo pipefail
 bin="$1/wave-scan-bench"
 out=$("$bin" --tokens 4096 --layers 2 --kv-heads 2 --group 3 --dim 64 --cluster 16 --select 10 --lag 100 \
@@ -22,6 +23,22 @@ for bad in "--select 999999" "--dim 72" "--dtype i4" "--threads 0" "--nope 1" "-
   set -e
   [ "$rc" -ne 0 ] || { echo "accepted: $bad"; exit 1; }
   grep -q "wave-scan-bench:" /tmp/wsb-err.$$ || { echo "no message for: $bad"; exit 1; }
+done
+sel=$("$1/wave-select-bench" --backend cpu --kv-heads 2 --group 2 --dim 64 --clusters 300,40 --retrieve 5 \
+  --estimate 20 --reps 3)
+python3 - "$sel" <<'PY'
+import json, sys
+d = json.loads(sys.argv[1])
+assert [r["clusters"] for r in d["runs"]] == [300, 40], d
+assert all(r["select_estimate_med_us"] > 0 and r["select_only_med_us"] > 0 for r in d["runs"]), d
+PY
+for bad in "--clusters 0" "--clusters 5,x" "--retrieve 0 --estimate 0" "--reps"; do
+  set +e
+  # shellcheck disable=SC2086
+  "$1/wave-select-bench" --backend cpu $bad >/dev/null 2>/tmp/wsb-err.$$
+  rc=$?
+  set -e
+  [ "$rc" -eq 2 ] || { echo "wave-select-bench accepted: $bad ($rc)"; exit 1; }
 done
 rm -f /tmp/wsb-err.$$
 echo ok
