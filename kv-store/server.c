@@ -72,6 +72,8 @@ static int handle_put_kv(ra_rpc_call *call, void *ctx, ra_error *err) {
       if (rc) transport_failed(svc, rc);
     }
   } else if (!chunk_failed) {
+    /* cancelled, timed out or the peer gone: the stream's chunks are dropped (service.h) */
+    kvs_service_put_abort(svc, &st);
     transport_failed(svc, rc);
   }
   ra_buf_free(&in);

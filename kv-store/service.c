@@ -5,6 +5,7 @@
 #include "clusters.h"
 #include "kvstore.pb-c.h"
 #include "log.h"
+#include "vec.h"
 #include "wire.h"
 
 #include <omp.h>
@@ -160,7 +161,17 @@ int kvs_service_open_session(kvs_service *svc, const uint8_t *req, size_t len, r
 
 /* ---- PutKv and Append ---- */
 
-/* Checks a chunk's sizes against the session and describes it as a row block. */
+/* Refuses rows [n, head_dim] (geometry's dtype) holding a NaN or an infinity: one such key turns
+ * a full-mode partial into the empty one (m = -inf) without an error. */
+static int finite_check(const void *x, const kvs_geometry *g, uint64_t n, const char *what, size_t i,
+                        const char *field, ra_error *err) {
+  size_t total = (size_t)n * g->head_dim, bad = ra_vec_first_nonfinite(x, g->dtype, total);
+  if (bad == total) return RA_OK;
+  return ra_errorf(err, RA_EINVAL, "%s %zu: %s[%zu][%zu] is not finite (NaN or infinity); nothing stored", what,
+                   i, field, bad / g->head_dim, bad % g->head_dim);
+}
+
+/* Checks a chunk's sizes and values against the session and describes it as a row block. */
 static int chunk_rows(const kvs_session *s, const Rakv__KvChunk *c, size_t i, kvs_rows *out,
                       ra_error *err) {
   uint64_t want = (uint64_t)c->n_tokens * kvs_row_bytes(&s->geo);
@@ -175,6 +186,9 @@ static int chunk_rows(const kvs_session *s, const Rakv__KvChunk *c, size_t i, kv
                      "chunk %zu: values are %zu bytes, want %llu (%u tokens x head_dim %u x %s)",
                      i, c->values.len, (unsigned long long)want, c->n_tokens, s->geo.head_dim,
                      ra_dtype_name(s->geo.dtype));
+  int rc = finite_check(c->keys.data, &s->geo, c->n_tokens, "chunk", i, "keys", err);
+  if (rc == RA_OK) rc = finite_check(c->values.data, &s->geo, c->n_tokens, "chunk", i, "values", err);
+  if (rc) return rc;
   *out = (kvs_rows){
       .layer = c->layer,
       .kv_head = c->kv_head,
@@ -191,6 +205,12 @@ void kvs_service_put_begin(kvs_service *svc, kvs_put_state *st) {
   memset(st, 0, sizeof *st);
 }
 
+void kvs_service_put_abort(kvs_service *svc, kvs_put_state *st) {
+  (void)svc;
+  kvs_stage_abort(&st->stage);
+  st->tokens_stored = st->bytes_stored = 0;
+}
+
 static int put_chunk(kvs_service *svc, kvs_put_state *st, const Rakv__KvChunk *c,
                      ra_error *err) {
   kvs_session *s;
@@ -199,7 +219,7 @@ static int put_chunk(kvs_service *svc, kvs_put_state *st, const Rakv__KvChunk *c
   kvs_rows rows;
   uint64_t bytes = 0;
   rc = chunk_rows(s, c, (size_t)st->chunks, &rows, err);
-  if (rc == RA_OK) rc = kvs_session_write(s, &rows, 1, &bytes, err);
+  if (rc == RA_OK) rc = kvs_session_stage(s, &st->stage, &rows, 1, &bytes, err);
   kvs_session_release(s);
   if (rc) return rc;
   st->tokens_stored += rows.n;
@@ -219,7 +239,13 @@ int kvs_service_put_chunk(kvs_service *svc, kvs_put_state *st, const uint8_t *ch
     rakv__kv_chunk__free_unpacked(c, NULL);
   }
   st->chunks++;
-  if (rc) counted(svc, rc);
+  if (rc) {
+    if (st->stage.tokens)
+      ra_error_wrap(err, "PutKv dropped, its %llu earlier tokens too (nothing of the stream is stored)",
+                    (unsigned long long)st->stage.tokens);
+    kvs_service_put_abort(svc, st);
+    counted(svc, rc);
+  }
   return rc;
 }
 
@@ -227,7 +253,10 @@ int kvs_service_put_finish(kvs_service *svc, kvs_put_state *st, ra_buf *reply, r
   Rakv__PutKvReply out = RAKV__PUT_KV_REPLY__INIT;
   out.tokens_stored = st->tokens_stored;
   out.bytes_stored = st->bytes_stored;
-  return counted(svc, pack_reply(&out.base, reply, err));
+  int rc = pack_reply(&out.base, reply, err);
+  if (rc) kvs_service_put_abort(svc, st);
+  else kvs_stage_commit(&st->stage);
+  return counted(svc, rc);
 }
 
 static int append(kvs_service *svc, const Rakv__AppendRequest *r, ra_buf *reply, ra_error *err) {
@@ -332,6 +361,12 @@ static int attend(kvs_service *svc, const Rakv__AttendRequest *r, ra_buf *reply,
     goto out;
   }
   if (want) memcpy(q, r->q.data, want);
+  size_t bad = ra_vec_first_nonfinite(q, RA_DTYPE_F32, want / sizeof(float));
+  if (bad < want / sizeof(float)) {
+    rc = ra_errorf(err, RA_EINVAL, "q[%zu][%zu] is not finite (NaN or infinity)", bad / s->geo.head_dim,
+                   bad % s->geo.head_dim);
+    goto out;
+  }
   ra_search_spec sp;
   ra_mode mode;
   kvs_wire_search_spec_from_proto(r->search, &sp);
@@ -438,6 +473,11 @@ static int build_index(kvs_service *svc, const Rakv__BuildIndexRequest *r, ra_bu
       goto out;
     }
     memcpy(q, r->queries.data, want);
+    size_t bad = ra_vec_first_nonfinite(q, RA_DTYPE_F32, want / sizeof(float));
+    if (bad < want / sizeof(float)) {
+      rc = ra_errorf(err, RA_EINVAL, "queries[%zu][%zu] is not finite (NaN or infinity)", bad / dim, bad % dim);
+      goto out;
+    }
     a.queries = q;
   }
   if (r->n_knn_ids > 0) {

@@ -61,19 +61,24 @@ int kvs_service_stats(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *
 int kvs_service_health(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
                        ra_error *err);
 
-/* PutKv is a client stream of KvChunk messages and one PutKvReply at the end. Each chunk is
- * stored whole or not at all; the chunks before a failing one stay stored, and the reply's
- * counts tell the client how far it got. */
+/* PutKv is a client stream of KvChunk messages (all of one session) and one PutKvReply at the
+ * end; it is all or nothing. Chunks are checked and copied as they come (kvs_session_stage) but
+ * stay invisible until finish commits them all; a failing chunk drops the whole stream's rows
+ * (its error says so), and so does abort, for a stream that ended without finishing (cancelled,
+ * timed out, the peer gone). A retry then starts from where the shards were before the stream.
+ * Every begun stream ends with finish, a failed chunk or abort. */
 typedef struct kvs_put_state {
   uint64_t tokens_stored;
   uint64_t bytes_stored;
   uint64_t chunks;
+  kvs_stage stage;
 } kvs_put_state;
 
 void kvs_service_put_begin(kvs_service *svc, kvs_put_state *st);
 int kvs_service_put_chunk(kvs_service *svc, kvs_put_state *st, const uint8_t *chunk, size_t len,
                           ra_error *err);
 int kvs_service_put_finish(kvs_service *svc, kvs_put_state *st, ra_buf *reply, ra_error *err);
+void kvs_service_put_abort(kvs_service *svc, kvs_put_state *st);
 
 /* Counts a failure that happened outside the service (a transport error mid-stream). */
 void kvs_service_count_error(kvs_service *svc);

@@ -92,6 +92,10 @@ typedef struct kvs_shard {
   void *keys;      /* [cap, head_dim] session dtype */
   void *values;    /* [cap, head_dim] session dtype */
   uint64_t pending; /* rows a write in progress will add (write lock held) */
+  /* Rows [n, n + staged) copied by an unfinished PutKv stream (stager): invisible to attends,
+   * builds and the indexer until it commits; other writers of the shard are refused meanwhile. */
+  uint64_t staged;
+  const struct kvs_stage *stager;
   /* NULL until the first index of this shard is installed; then
    * [RA_MODE_N_INDEXED][group_size + 1] (by ra_mode_index_slot): slot j < group_size is the index of the group's j-th q
    * head, slot group_size the kv head's shared one (kvs_shard_index). Set, and its slots
@@ -206,6 +210,23 @@ int kvs_store_close(kvs_store *st, const uint8_t *id, size_t id_len, uint64_t *b
  * the rows exactly until it has inserted them. */
 int kvs_session_write(kvs_session *s, const kvs_rows *rows, size_t n_rows, uint64_t *bytes_stored,
                       ra_error *err);
+
+/* A PutKv stream's writes, all or nothing: stage copies row blocks into their shards as
+ * kvs_session_write does (same checks, same budget charge) but leaves them invisible; commit
+ * publishes every staged row at once, abort drops them (the shards' capacity stays charged to
+ * the session, like any growth). The stage holds a reference to its session; every stage ends
+ * with commit or abort. */
+typedef struct kvs_stage {
+  kvs_session *s;        /* NULL until the first stage */
+  kvs_shard **shards;    /* [n] the shards with staged rows */
+  size_t n, cap;
+  uint64_t tokens;       /* staged rows */
+} kvs_stage;
+
+int kvs_session_stage(kvs_session *s, kvs_stage *st, const kvs_rows *rows, size_t n_rows,
+                      uint64_t *bytes_staged, ra_error *err);
+void kvs_stage_commit(kvs_stage *st);
+void kvs_stage_abort(kvs_stage *st);
 
 /* ---- the background indexer (indexer.c) ---- */
 

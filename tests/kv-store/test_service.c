@@ -116,6 +116,15 @@ static int put(fx *f, kvs_put_state *st, const Rakv__KvChunk *c) {
   return rc;
 }
 
+/* A whole PutKv stream of one chunk: begin, the chunk, finish. */
+static int put_stream(fx *f, const Rakv__KvChunk *c) {
+  kvs_put_state st;
+  kvs_service_put_begin(f->svc, &st);
+  int rc = put(f, &st, c);
+  if (rc == RA_OK) rc = kvs_service_put_finish(f->svc, &st, &f->reply, &f->err);
+  return rc;
+}
+
 static void attend_init(Rakv__AttendRequest *a, const uint8_t *id, uint32_t *heads, size_t n,
                         float *q) {
   rakv__attend_request__init(a);
@@ -301,16 +310,115 @@ static void test_bad_chunks(void **state) {
   assert_int_equal(put(f, &st, &c), RA_EINVAL);
   expect_msg(f, "n_tokens is 0");
   chunk_init(&c, f->id, 1, 0, 0, 4, buf, 1.0f);
-  assert_int_equal(put(f, &st, &c), RA_OK);
-  assert_int_equal(put(f, &st, &c), RA_EINVAL);
+  assert_int_equal(put_stream(f, &c), RA_OK);
+  assert_int_equal(put_stream(f, &c), RA_EINVAL);
   expect_msg(f, "overlap: tokens [0, 4)");
   chunk_init(&c, f->id, 1, 0, 8, 4, buf, 1.0f);
-  assert_int_equal(put(f, &st, &c), RA_EINVAL);
+  assert_int_equal(put_stream(f, &c), RA_EINVAL);
   expect_msg(f, "hole: tokens [8, 12)");
   chunk_init(&c, f->id, 1, 0, UINT64_MAX - 2, 4, buf, 1.0f);
-  assert_int_equal(put(f, &st, &c), RA_EINVAL);
+  assert_int_equal(put_stream(f, &c), RA_EINVAL);
   expect_msg(f, "overflows");
-  assert_int_equal(st.tokens_stored, 4);
+}
+
+/* Non-finite K or V: INVALID_ARGUMENT naming the element, nothing stored (PutKv and Append). */
+static void test_nonfinite_refused(void **state) {
+  fx *f = *state;
+  float buf[4 * DIM];
+  Rakv__KvChunk c;
+  chunk_init(&c, f->id, 1, 0, 0, 4, buf, 1.0f);
+  float keys[4 * DIM];
+  memcpy(keys, buf, sizeof keys);
+  keys[2 * DIM + 5] = NAN;
+  c.keys.data = (uint8_t *)keys;
+  assert_int_equal(put_stream(f, &c), RA_EINVAL);
+  expect_msg(f, "keys[2][5] is not finite");
+  keys[2 * DIM + 5] = 0.0f;
+  float vals[4 * DIM];
+  memcpy(vals, buf, sizeof vals);
+  vals[3 * DIM] = -INFINITY;
+  c.values.data = (uint8_t *)vals;
+  assert_int_equal(put_stream(f, &c), RA_EINVAL);
+  expect_msg(f, "values[3][0] is not finite");
+  Rakv__AppendRequest ar = RAKV__APPEND_REQUEST__INIT;
+  Rakv__KvChunk *cp = &c;
+  ar.session_id.data = f->id;
+  ar.session_id.len = 16;
+  ar.n_chunks = 1;
+  ar.chunks = &cp;
+  assert_int_equal(call(f, kvs_service_append, &ar.base), RA_EINVAL);
+  expect_msg(f, "values[3][0] is not finite");
+  Rakv__StatsReply *s = stats(f);
+  assert_int_equal(s->tokens, 0);
+  rakv__stats_reply__free_unpacked(s, NULL);
+  /* A NaN query is refused too (its partial would be NaN). */
+  uint32_t head = 0;
+  float q[DIM] = {0};
+  q[3] = NAN;
+  Rakv__AttendRequest a;
+  attend_init(&a, f->id, &head, 1, q);
+  assert_int_equal(call(f, kvs_service_attend, &a.base), RA_EINVAL);
+  expect_msg(f, "q[0][3] is not finite");
+}
+
+/* A PutKv stream is all or nothing: a failing chunk drops the earlier ones, an abort (the stream
+ * cancelled) drops everything, the shard is closed to other writers meanwhile, and a retry from
+ * the start succeeds. */
+static void test_put_all_or_nothing(void **state) {
+  fx *f = *state;
+  float buf[8 * DIM];
+  Rakv__KvChunk c;
+  kvs_put_state st;
+  kvs_service_put_begin(f->svc, &st);
+  chunk_init(&c, f->id, 1, 0, 0, 4, buf, 1.0f);
+  assert_int_equal(put(f, &st, &c), RA_OK);
+  chunk_init(&c, f->id, 1, 0, 8, 4, buf, 1.0f);
+  assert_int_equal(put(f, &st, &c), RA_EINVAL);
+  expect_msg(f, "PutKv dropped, its 4 earlier tokens too");
+  Rakv__StatsReply *s = stats(f);
+  assert_int_equal(s->tokens, 0);
+  rakv__stats_reply__free_unpacked(s, NULL);
+
+  kvs_service_put_begin(f->svc, &st);
+  chunk_init(&c, f->id, 1, 0, 0, 4, buf, 1.0f);
+  assert_int_equal(put(f, &st, &c), RA_OK);
+  /* staged rows are invisible, and the shard is the stream's until it ends */
+  uint32_t head = 0;
+  float q[DIM] = {1};
+  Rakv__AttendRequest a;
+  attend_init(&a, f->id, &head, 1, q);
+  assert_int_equal(call(f, kvs_service_attend, &a.base), RA_OK);
+  Rakv__AttendReply *rep = rakv__attend_reply__unpack(NULL, f->reply.len, f->reply.data);
+  assert_int_equal(rep->heads[0]->n_keys, 0);
+  rakv__attend_reply__free_unpacked(rep, NULL);
+  Rakv__AppendRequest ar = RAKV__APPEND_REQUEST__INIT;
+  Rakv__KvChunk *cp = &c;
+  chunk_init(&c, f->id, 1, 0, 0, 1, buf, 1.0f);
+  ar.session_id.data = f->id;
+  ar.session_id.len = 16;
+  ar.n_chunks = 1;
+  ar.chunks = &cp;
+  assert_int_equal(call(f, kvs_service_append, &ar.base), RA_ESTATE);
+  expect_msg(f, "unfinished PutKv stream");
+  kvs_service_put_abort(f->svc, &st);
+  s = stats(f);
+  assert_int_equal(s->tokens, 0);
+  rakv__stats_reply__free_unpacked(s, NULL);
+
+  /* the retry from the start, in two chunks, and then the rows are there */
+  kvs_service_put_begin(f->svc, &st);
+  chunk_init(&c, f->id, 1, 0, 0, 4, buf, 1.0f);
+  assert_int_equal(put(f, &st, &c), RA_OK);
+  chunk_init(&c, f->id, 1, 0, 4, 4, buf, 1.0f);
+  assert_int_equal(put(f, &st, &c), RA_OK);
+  assert_int_equal(kvs_service_put_finish(f->svc, &st, &f->reply, &f->err), RA_OK);
+  s = stats(f);
+  assert_int_equal(s->tokens, 8);
+  rakv__stats_reply__free_unpacked(s, NULL);
+  assert_int_equal(call(f, kvs_service_attend, &a.base), RA_OK);
+  rep = rakv__attend_reply__unpack(NULL, f->reply.len, f->reply.data);
+  assert_int_equal(rep->heads[0]->n_keys, 8);
+  rakv__attend_reply__free_unpacked(rep, NULL);
 }
 
 static void test_bad_attends(void **state) {
@@ -338,6 +446,11 @@ static void test_bad_attends(void **state) {
   a.top_k = 10;
   assert_int_equal(call(f, kvs_service_attend, &a.base), RA_ESTATE);
   expect_msg(f, "mode kgraph needs an index: none built for layer 1 q head 0 (shard tokens 0-open)");
+  a.mode = RAKV__ATTEND_MODE__MODE_FLAT;
+  a.top_k = 4000000000u;
+  assert_int_equal(call(f, kvs_service_attend, &a.base), RA_EINVAL);
+  expect_msg(f, "top_k 4000000000 out of range [1, 65536]");
+  a.top_k = 10;
   a.mode = (Rakv__AttendMode)17;
   assert_int_equal(call(f, kvs_service_attend, &a.base), RA_EINVAL);
   expect_msg(f, "attend mode 17 is unknown");
@@ -386,12 +499,13 @@ static void test_budget_exhausted(void **state) {
   Rakv__KvChunk c;
   chunk_init(&c, f->id, 1, 0, 0, 5000, buf, 0.5f);
   assert_int_equal(put(f, &st, &c), RA_OK);
+  assert_int_equal(kvs_service_put_finish(f->svc, &st, &f->reply, &f->err), RA_OK);
   chunk_init(&c, f->id, 1, 0, 5000, 5000, buf, 0.5f);
-  assert_int_equal(put(f, &st, &c), RA_ENOMEM);
+  assert_int_equal(put_stream(f, &c), RA_ENOMEM);
   expect_msg(f, "of budget 1048576");
   /* The session still works: attend sees the 5000 tokens, a small append fits. */
   chunk_init(&c, f->id, 1, 0, 5000, 10, buf, 0.5f);
-  assert_int_equal(put(f, &st, &c), RA_OK);
+  assert_int_equal(put_stream(f, &c), RA_OK);
   uint32_t head = 1;
   float q[DIM] = {1};
   Rakv__AttendRequest a;
@@ -415,9 +529,7 @@ static void put_rows(fx *f, uint64_t begin, uint32_t n, const float *keys) {
   c.n_tokens = n;
   c.keys.data = c.values.data = (uint8_t *)keys;
   c.keys.len = c.values.len = (size_t)n * DIM * 4;
-  kvs_put_state st;
-  kvs_service_put_begin(f->svc, &st);
-  assert_int_equal(put(f, &st, &c), RA_OK);
+  assert_int_equal(put_stream(f, &c), RA_OK);
 }
 
 /* Deterministic spread-out rows: x[i] in [-1, 1). */
@@ -826,6 +938,7 @@ static void test_put_clusters_and_wave(void **state) {
   Rakv__KvChunk c;
   chunk_init(&c, f->id, 1, 0, 0, 64, buf, 0.5f);
   assert_int_equal(put(f, &st, &c), RA_OK);
+  assert_int_equal(kvs_service_put_finish(f->svc, &st, &f->reply, &f->err), RA_OK);
   uint32_t counts[4] = {8, 8, 8, 8};
   assert_int_equal(put_clusters(f, 1, 0, 10, 0, counts, 4, NULL, 0), RA_OK);
   Rakv__PutClustersReply *pr = rakv__put_clusters_reply__unpack(NULL, f->reply.len, f->reply.data);
@@ -951,6 +1064,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_bad_session_ids, fx_setup, fx_teardown),
       cmocka_unit_test_setup_teardown(test_bad_chunks, fx_setup, fx_teardown),
       cmocka_unit_test_setup_teardown(test_bad_attends, fx_setup, fx_teardown),
+      cmocka_unit_test_setup_teardown(test_nonfinite_refused, fx_setup, fx_teardown),
+      cmocka_unit_test_setup_teardown(test_put_all_or_nothing, fx_setup, fx_teardown),
       cmocka_unit_test_setup_teardown(test_bad_open, fx_setup, fx_teardown),
       cmocka_unit_test_setup_teardown(test_budget_exhausted, fx_setup, fx_teardown),
       cmocka_unit_test_setup_teardown(test_build_index_validation, fx_setup, fx_teardown),
