@@ -90,8 +90,17 @@ static int pack_reply(const ProtobufCMessage *m, ra_buf *out, ra_error *err) {
   return RA_OK;
 }
 
-static void id_hex(const uint8_t *id, char out[2 * KVS_SESSION_ID_BYTES + 1]) {
-  for (int i = 0; i < KVS_SESSION_ID_BYTES; i++) snprintf(out + 2 * i, 3, "%02x", id[i]);
+static const char *principal_of(const kvs_caller *who) { return who && who->principal ? who->principal : ""; }
+
+/* A session for a request: looked up by id, and refused (RA_EPERM) to a caller whose credential
+ * is not the one that opened it; a NULL caller (in-process use) may use any. */
+static int session_get(kvs_service *svc, const kvs_caller *who, const ProtobufCBinaryData *id, kvs_session **out,
+                       ra_error *err) {
+  int rc = kvs_store_get(svc->store, id->data, id->len, out, err);
+  if (rc || !who || strcmp((*out)->owner, principal_of(who)) == 0) return rc;
+  kvs_session_release(*out);
+  *out = NULL;
+  return ra_errorf(err, RA_EPERM, "the session was opened with another credential");
 }
 
 /* ---- OpenSession ---- */
@@ -102,8 +111,8 @@ static int index_spec(const Rakv__IndexParams *m, ra_index_spec *out, ra_error *
   return rc ? rc : ra_index_spec_check(out, err);
 }
 
-static int open_session(kvs_service *svc, const Rakv__OpenSessionRequest *r, ra_buf *reply,
-                        ra_error *err) {
+static int open_session(kvs_service *svc, const kvs_caller *who, const Rakv__OpenSessionRequest *r,
+                        ra_buf *reply, ra_error *err) {
   if (!r->geometry) return ra_errorf(err, RA_EINVAL, "geometry missing");
   kvs_geometry g = {
       .n_layers = r->geometry->n_layers,
@@ -132,29 +141,33 @@ static int open_session(kvs_service *svc, const Rakv__OpenSessionRequest *r, ra_
   rc = kvs_store_open(svc->store, &g, specs, r->n_shards, &ix, r->client, &s, err);
   free(specs);
   if (rc) return rc;
+  /* before the id leaves the store: until then no request can name the session */
+  snprintf(s->owner, sizeof s->owner, "%s", principal_of(who));
   Rakv__OpenSessionReply out = RAKV__OPEN_SESSION_REPLY__INIT;
   out.session_id.data = s->id;
   out.session_id.len = KVS_SESSION_ID_BYTES;
   rc = pack_reply(&out.base, reply, err);
-  char hex[2 * KVS_SESSION_ID_BYTES + 1];
-  id_hex(s->id, hex);
+  char tag[KVS_SESSION_TAG_LEN], name[sizeof s->client * 4], owner[sizeof s->owner * 4];
+  kvs_session_tag(s->id, tag);
   if (rc) {
     kvs_store_close(svc->store, s->id, KVS_SESSION_ID_BYTES, NULL, NULL);
   } else {
-    ra_log_info("session %s opened by '%s': %u layers, %u/%u q/kv heads, head_dim %u, %s, %zu "
+    ra_log_info("session %s opened by '%s' (%s) from %s: %u layers, %u/%u q/kv heads, head_dim %u, %s, %zu "
                 "shards",
-                hex, s->client, g.n_layers, g.n_q_heads, g.n_kv_heads, g.head_dim,
+                tag, ra_log_escape(s->client, strlen(s->client), name, sizeof name),
+                s->owner[0] ? ra_log_escape(s->owner, strlen(s->owner), owner, sizeof owner) : "no credential",
+                who && who->peer ? who->peer : "in-process", g.n_layers, g.n_q_heads, g.n_kv_heads, g.head_dim,
                 ra_dtype_name(g.dtype), r->n_shards);
   }
   kvs_session_release(s);
   return rc;
 }
 
-int kvs_service_open_session(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
-                             ra_error *err) {
+int kvs_service_open_session(kvs_service *svc, const kvs_caller *who, const uint8_t *req, size_t len,
+                             ra_buf *reply, ra_error *err) {
   Rakv__OpenSessionRequest *r = rakv__open_session_request__unpack(NULL, len, req);
   if (!r) return counted(svc, malformed(err, "OpenSessionRequest", len));
-  int rc = open_session(svc, r, reply, err);
+  int rc = open_session(svc, who, r, reply, err);
   rakv__open_session_request__free_unpacked(r, NULL);
   return counted(svc, rc);
 }
@@ -200,9 +213,10 @@ static int chunk_rows(const kvs_session *s, const Rakv__KvChunk *c, size_t i, kv
   return RA_OK;
 }
 
-void kvs_service_put_begin(kvs_service *svc, kvs_put_state *st) {
+void kvs_service_put_begin(kvs_service *svc, const kvs_caller *who, kvs_put_state *st) {
   (void)svc;
   memset(st, 0, sizeof *st);
+  st->who = who;
 }
 
 void kvs_service_put_abort(kvs_service *svc, kvs_put_state *st) {
@@ -214,7 +228,7 @@ void kvs_service_put_abort(kvs_service *svc, kvs_put_state *st) {
 static int put_chunk(kvs_service *svc, kvs_put_state *st, const Rakv__KvChunk *c,
                      ra_error *err) {
   kvs_session *s;
-  int rc = kvs_store_get(svc->store, c->session_id.data, c->session_id.len, &s, err);
+  int rc = session_get(svc, st->who, &c->session_id, &s, err);
   if (rc) return rc;
   kvs_rows rows;
   uint64_t bytes = 0;
@@ -259,9 +273,10 @@ int kvs_service_put_finish(kvs_service *svc, kvs_put_state *st, ra_buf *reply, r
   return counted(svc, rc);
 }
 
-static int append(kvs_service *svc, const Rakv__AppendRequest *r, ra_buf *reply, ra_error *err) {
+static int append(kvs_service *svc, const kvs_caller *who, const Rakv__AppendRequest *r, ra_buf *reply,
+                  ra_error *err) {
   kvs_session *s;
-  int rc = kvs_store_get(svc->store, r->session_id.data, r->session_id.len, &s, err);
+  int rc = session_get(svc, who, &r->session_id, &s, err);
   if (rc) return rc;
   kvs_rows *rows = NULL;
   if (r->n_chunks == 0) {
@@ -298,11 +313,11 @@ out:
   return rc;
 }
 
-int kvs_service_append(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
+int kvs_service_append(kvs_service *svc, const kvs_caller *who, const uint8_t *req, size_t len, ra_buf *reply,
                        ra_error *err) {
   Rakv__AppendRequest *r = rakv__append_request__unpack(NULL, len, req);
   if (!r) return counted(svc, malformed(err, "AppendRequest", len));
-  int rc = append(svc, r, reply, err);
+  int rc = append(svc, who, r, reply, err);
   rakv__append_request__free_unpacked(r, NULL);
   return counted(svc, rc);
 }
@@ -336,9 +351,10 @@ out:
   return rc;
 }
 
-static int attend(kvs_service *svc, const Rakv__AttendRequest *r, ra_buf *reply, ra_error *err) {
+static int attend(kvs_service *svc, const kvs_caller *who, const Rakv__AttendRequest *r, ra_buf *reply,
+                  ra_error *err) {
   kvs_session *s;
-  int rc = kvs_store_get(svc->store, r->session_id.data, r->session_id.len, &s, err);
+  int rc = session_get(svc, who, &r->session_id, &s, err);
   if (rc) return rc;
   float *q = NULL;
   kvs_attend_result res = {0};
@@ -399,22 +415,22 @@ out:
   return rc;
 }
 
-int kvs_service_attend(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
+int kvs_service_attend(kvs_service *svc, const kvs_caller *who, const uint8_t *req, size_t len, ra_buf *reply,
                        ra_error *err) {
   atomic_fetch_add(&svc->attend_requests, 1);
   Rakv__AttendRequest *r = rakv__attend_request__unpack(NULL, len, req);
   if (!r) return counted(svc, malformed(err, "AttendRequest", len));
-  int rc = attend(svc, r, reply, err);
+  int rc = attend(svc, who, r, reply, err);
   rakv__attend_request__free_unpacked(r, NULL);
   return counted(svc, rc);
 }
 
 /* ---- PutClusters ---- */
 
-static int put_clusters(kvs_service *svc, const Rakv__PutClustersRequest *r, ra_buf *reply,
-                        ra_error *err) {
+static int put_clusters(kvs_service *svc, const kvs_caller *who, const Rakv__PutClustersRequest *r,
+                        ra_buf *reply, ra_error *err) {
   kvs_session *s;
-  int rc = kvs_store_get(svc->store, r->session_id.data, r->session_id.len, &s, err);
+  int rc = session_get(svc, who, &r->session_id, &s, err);
   if (rc) return rc;
   kvs_cluster_put p = {.layer = r->layer, .kv_head = r->kv_head,
                        .first_cluster = r->first_cluster, .row_begin = r->row_begin,
@@ -434,21 +450,21 @@ static int put_clusters(kvs_service *svc, const Rakv__PutClustersRequest *r, ra_
   return rc;
 }
 
-int kvs_service_put_clusters(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
-                             ra_error *err) {
+int kvs_service_put_clusters(kvs_service *svc, const kvs_caller *who, const uint8_t *req, size_t len,
+                             ra_buf *reply, ra_error *err) {
   Rakv__PutClustersRequest *r = rakv__put_clusters_request__unpack(NULL, len, req);
   if (!r) return counted(svc, malformed(err, "PutClustersRequest", len));
-  int rc = put_clusters(svc, r, reply, err);
+  int rc = put_clusters(svc, who, r, reply, err);
   rakv__put_clusters_request__free_unpacked(r, NULL);
   return counted(svc, rc);
 }
 
 /* ---- BuildIndex ---- */
 
-static int build_index(kvs_service *svc, const Rakv__BuildIndexRequest *r, ra_buf *reply,
-                       ra_error *err) {
+static int build_index(kvs_service *svc, const kvs_caller *who, const Rakv__BuildIndexRequest *r,
+                       ra_buf *reply, ra_error *err) {
   kvs_session *s;
-  int rc = kvs_store_get(svc->store, r->session_id.data, r->session_id.len, &s, err);
+  int rc = session_get(svc, who, &r->session_id, &s, err);
   if (rc) return rc;
   float *q = NULL;
   uint64_t t0 = ra_clock_now_us();
@@ -526,8 +542,8 @@ static int build_index(kvs_service *svc, const Rakv__BuildIndexRequest *r, ra_bu
   m.build_us = us;
   m.n_repaired = res.n_repaired;
   rc = pack_reply(&m.base, reply, err);
-  char hex[2 * KVS_SESSION_ID_BYTES + 1];
-  id_hex(s->id, hex);
+  char hex[KVS_SESSION_TAG_LEN];
+  kvs_session_tag(s->id, hex);
   ra_log_info("session %s: %s index of layer %u %s %u: %llu keys in %u shards, %llu bytes, "
               "%llu repaired, %.1f ms",
               hex, ra_mode_name(a.params.kind), a.layer, a.per_kv_head ? "kv head" : "q head",
@@ -540,26 +556,29 @@ out:
   return rc;
 }
 
-int kvs_service_build_index(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
-                            ra_error *err) {
+int kvs_service_build_index(kvs_service *svc, const kvs_caller *who, const uint8_t *req, size_t len,
+                            ra_buf *reply, ra_error *err) {
   Rakv__BuildIndexRequest *r = rakv__build_index_request__unpack(NULL, len, req);
   if (!r) return counted(svc, malformed(err, "BuildIndexRequest", len));
-  int rc = build_index(svc, r, reply, err);
+  int rc = build_index(svc, who, r, reply, err);
   rakv__build_index_request__free_unpacked(r, NULL);
   return counted(svc, rc);
 }
 
 /* ---- CloseSession, Stats, Health ---- */
 
-int kvs_service_close_session(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
-                              ra_error *err) {
+int kvs_service_close_session(kvs_service *svc, const kvs_caller *who, const uint8_t *req, size_t len,
+                              ra_buf *reply, ra_error *err) {
   Rakv__CloseSessionRequest *r = rakv__close_session_request__unpack(NULL, len, req);
   if (!r) return counted(svc, malformed(err, "CloseSessionRequest", len));
   uint64_t freed = 0;
-  int rc = kvs_store_close(svc->store, r->session_id.data, r->session_id.len, &freed, err);
+  kvs_session *s = NULL;
+  int rc = session_get(svc, who, &r->session_id, &s, err);
+  kvs_session_release(s);
+  if (rc == RA_OK) rc = kvs_store_close(svc->store, r->session_id.data, r->session_id.len, &freed, err);
   if (rc == RA_OK) {
-    char hex[2 * KVS_SESSION_ID_BYTES + 1];
-    id_hex(r->session_id.data, hex);
+    char hex[KVS_SESSION_TAG_LEN];
+    kvs_session_tag(r->session_id.data, hex);
     ra_log_info("session %s closed: %llu bytes freed", hex, (unsigned long long)freed);
     Rakv__CloseSessionReply out = RAKV__CLOSE_SESSION_REPLY__INIT;
     out.bytes_freed = freed;
@@ -569,7 +588,7 @@ int kvs_service_close_session(kvs_service *svc, const uint8_t *req, size_t len, 
   return counted(svc, rc);
 }
 
-int kvs_service_stats(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
+int kvs_service_stats(kvs_service *svc, const kvs_caller *who, const uint8_t *req, size_t len, ra_buf *reply,
                       ra_error *err) {
   Rakv__StatsRequest *r = rakv__stats_request__unpack(NULL, len, req);
   if (!r) return counted(svc, malformed(err, "StatsRequest", len));
@@ -577,9 +596,14 @@ int kvs_service_stats(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *
   /* This request counts itself, so a client sees its own Stats call. */
   atomic_fetch_add(&svc->requests, 1);
   Rakv__StatsReply out = RAKV__STATS_REPLY__INIT;
-  out.sessions = kvs_store_sessions(svc->store);
-  out.tokens = kvs_store_tokens(svc->store);
-  out.bytes_used = kvs_store_bytes_used(svc->store);
+  if (principal_of(who)[0]) {
+    /* a tenant sees its own sessions only */
+    kvs_store_owner_totals(svc->store, principal_of(who), &out.sessions, &out.tokens, &out.bytes_used);
+  } else {
+    out.sessions = kvs_store_sessions(svc->store);
+    out.tokens = kvs_store_tokens(svc->store);
+    out.bytes_used = kvs_store_bytes_used(svc->store);
+  }
   out.bytes_budget = kvs_store_budget(svc->store);
   out.requests = atomic_load(&svc->requests);
   out.errors = atomic_load(&svc->errors);
@@ -589,8 +613,9 @@ int kvs_service_stats(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *
   return rc;
 }
 
-int kvs_service_health(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
+int kvs_service_health(kvs_service *svc, const kvs_caller *who, const uint8_t *req, size_t len, ra_buf *reply,
                        ra_error *err) {
+  (void)who;
   Rakv__HealthRequest *r = rakv__health_request__unpack(NULL, len, req);
   if (!r) return counted(svc, malformed(err, "HealthRequest", len));
   rakv__health_request__free_unpacked(r, NULL);

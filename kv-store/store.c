@@ -62,11 +62,13 @@ int kvs_store_create(uint64_t budget_bytes, kvs_store **out, ra_error *err) {
 static void session_free(kvs_session *s) {
   kvs_store *st = s->store;
   uint64_t n_search = atomic_load(&s->n_searches), n_ins = atomic_load(&s->n_inserted);
+  char name[sizeof s->client * 4];
   if (n_search || n_ins)
     ra_log_info("session by '%s' ends: %llu index searches (%llu scanned exactly, the index busy; "
                 "%.0f us wall, %.0f us CPU each), %.1f ms waiting for index locks; %llu rows "
                 "inserted in %.1f ms (%.0f us wall, %.0f us CPU each)",
-                s->client, (unsigned long long)n_search, (unsigned long long)atomic_load(&s->n_searches_exact),
+                ra_log_escape(s->client, strlen(s->client), name, sizeof name), (unsigned long long)n_search,
+                (unsigned long long)atomic_load(&s->n_searches_exact),
                 n_search ? (double)atomic_load(&s->search_us) / (double)n_search : 0.0,
                 n_search ? (double)atomic_load(&s->search_cpu_us) / (double)n_search : 0.0,
                 (double)atomic_load(&s->lock_wait_us) / 1e3, (unsigned long long)n_ins,
@@ -121,6 +123,24 @@ uint64_t kvs_store_sessions(kvs_store *st) {
   uint64_t n = st->n_sessions;
   pthread_mutex_unlock(&st->mu);
   return n;
+}
+
+void kvs_store_owner_totals(kvs_store *st, const char *owner, uint64_t *sessions, uint64_t *tokens,
+                            uint64_t *bytes) {
+  *sessions = *tokens = *bytes = 0;
+  pthread_mutex_lock(&st->mu);
+  for (size_t i = 0; i < st->n_sessions; i++) {
+    const kvs_session *s = st->sessions[i];
+    if (strcmp(s->owner, owner) != 0) continue;
+    (*sessions)++;
+    *tokens += atomic_load(&s->tokens);
+    *bytes += atomic_load(&s->bytes);
+  }
+  pthread_mutex_unlock(&st->mu);
+}
+
+void kvs_session_tag(const uint8_t *id, char out[KVS_SESSION_TAG_LEN]) {
+  snprintf(out, KVS_SESSION_TAG_LEN, "%02x%02x%02x%02x..", id[0], id[1], id[2], id[3]);
 }
 
 int kvs_store_charge(kvs_store *st, uint64_t n, ra_error *err) {
@@ -446,8 +466,10 @@ size_t kvs_store_expire(kvs_store *st, uint64_t idle_ms) {
   pthread_mutex_unlock(&st->mu);
   for (size_t i = 0; i < n_expired; i++) {
     kvs_session *s = expired[i];
-    ra_log_info("session %02x%02x%02x%02x... of '%s' expired after %llu ms idle: %llu bytes freed", s->id[0],
-                s->id[1], s->id[2], s->id[3], s->client, (unsigned long long)idle_ms,
+    char tag[KVS_SESSION_TAG_LEN], name[sizeof s->client * 4];
+    kvs_session_tag(s->id, tag);
+    ra_log_info("session %s of '%s' expired after %llu ms idle: %llu bytes freed", tag,
+                ra_log_escape(s->client, strlen(s->client), name, sizeof name), (unsigned long long)idle_ms,
                 (unsigned long long)atomic_load(&s->bytes));
     session_unregistered(st, s);
   }

@@ -132,6 +132,7 @@ typedef struct kvs_session {
   ra_index_spec index;         /* the session's index defaults (OpenSession) */
   struct kvs_clusters *clusters; /* wave mode's cluster directory (clusters.h); NULL: none */
   char client[64];
+  char owner[96]; /* the credential that opened it (service.h kvs_caller); "": none */
   /* Indexer bookkeeping (indexer mutex): shards of this session queued or being indexed, and
    * whether it was closed (no more queuing). */
   size_t ix_busy;
@@ -163,6 +164,14 @@ uint64_t kvs_store_budget(const kvs_store *st);
 uint64_t kvs_store_bytes_used(const kvs_store *st);
 uint64_t kvs_store_sessions(kvs_store *st);
 uint64_t kvs_store_tokens(const kvs_store *st);
+/* Sessions, tokens and bytes of the sessions opened by `owner` (kvs_session.owner). */
+void kvs_store_owner_totals(kvs_store *st, const char *owner, uint64_t *sessions, uint64_t *tokens,
+                            uint64_t *bytes);
+
+/* A session's name in logs: the first 4 bytes of its id in hex and "..": enough to follow one
+ * session through a log, too little to use it (the id is its capability). */
+#define KVS_SESSION_TAG_LEN 11
+void kvs_session_tag(const uint8_t *id, char out[KVS_SESSION_TAG_LEN]);
 
 /* Charges n bytes to the budget or fails with RA_ENOMEM ("would use X of budget Y"). */
 int kvs_store_charge(kvs_store *st, uint64_t n, ra_error *err);

@@ -23,8 +23,14 @@ _Static_assert(RA_KVCLIENT_NO_QUERY == RA_INDEX_NO_QUERY && RA_KVCLIENT_KEY_TOP_
 
 #define DIM 16
 
+/* Two credentials, as the server names them (service.h kvs_caller): the fixture's session is
+ * tenant A's. */
+static const kvs_caller tenant_a = {.principal = "token 1", .peer = "ipv4:127.0.0.1:1"};
+static const kvs_caller tenant_b = {.principal = "token 2", .peer = "ipv4:127.0.0.1:2"};
+
 typedef struct fx {
   kvs_service *svc;
+  const kvs_caller *who; /* the caller of call() */
   uint8_t id[16];
   ra_buf reply;
   ra_error err;
@@ -36,13 +42,13 @@ static size_t pack(const ProtobufCMessage *m, uint8_t **out) {
   return protobuf_c_message_pack(m, *out);
 }
 
-typedef int (*unary_fn)(kvs_service *, const uint8_t *, size_t, ra_buf *, ra_error *);
+typedef int (*unary_fn)(kvs_service *, const kvs_caller *, const uint8_t *, size_t, ra_buf *, ra_error *);
 
 static int call(fx *f, unary_fn fn, const ProtobufCMessage *m) {
   uint8_t *b;
   size_t n = pack(m, &b);
   ra_error_clear(&f->err);
-  int rc = fn(f->svc, b, n, &f->reply, &f->err);
+  int rc = fn(f->svc, f->who, b, n, &f->reply, &f->err);
   free(b);
   return rc;
 }
@@ -55,6 +61,7 @@ static void expect_msg(const fx *f, const char *text) {
  * tokens [0, open). */
 static int fx_open(void **state, uint64_t budget) {
   fx *f = calloc(1, sizeof *f);
+  f->who = &tenant_a;
   kvs_service_config cfg = {.memory_budget = budget, .attend_threads = 1};
   if (kvs_service_create(&cfg, &f->svc, &f->err) != RA_OK) return -1;
   Rakv__Geometry g = RAKV__GEOMETRY__INIT;
@@ -119,7 +126,7 @@ static int put(fx *f, kvs_put_state *st, const Rakv__KvChunk *c) {
 /* A whole PutKv stream of one chunk: begin, the chunk, finish. */
 static int put_stream(fx *f, const Rakv__KvChunk *c) {
   kvs_put_state st;
-  kvs_service_put_begin(f->svc, &st);
+  kvs_service_put_begin(f->svc, f->who, &st);
   int rc = put(f, &st, c);
   if (rc == RA_OK) rc = kvs_service_put_finish(f->svc, &st, &f->reply, &f->err);
   return rc;
@@ -149,7 +156,7 @@ static void test_round_trip(void **state) {
   fx *f = *state;
   float buf[100 * DIM];
   kvs_put_state st;
-  kvs_service_put_begin(f->svc, &st);
+  kvs_service_put_begin(f->svc, f->who, &st);
   Rakv__KvChunk c;
   chunk_init(&c, f->id, 1, 0, 0, 60, buf, 0.25f);
   assert_int_equal(put(f, &st, &c), RA_OK);
@@ -232,7 +239,7 @@ static void test_garbage_and_truncated(void **state) {
                     kvs_service_build_index, kvs_service_close_session, kvs_service_stats,
                     kvs_service_health};
   for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
-    assert_int_equal(fns[i](f->svc, garbage, sizeof garbage, &f->reply, &f->err), RA_EFORMAT);
+    assert_int_equal(fns[i](f->svc, f->who, garbage, sizeof garbage, &f->reply, &f->err), RA_EFORMAT);
     expect_msg(f, "malformed protobuf (7 bytes)");
   }
   /* A valid attend request cut short in the middle of its q bytes. */
@@ -242,10 +249,10 @@ static void test_garbage_and_truncated(void **state) {
   attend_init(&a, f->id, &head, 1, q);
   uint8_t *b;
   size_t n = pack(&a.base, &b);
-  assert_int_equal(kvs_service_attend(f->svc, b, n - 5, &f->reply, &f->err), RA_EFORMAT);
+  assert_int_equal(kvs_service_attend(f->svc, f->who, b, n - 5, &f->reply, &f->err), RA_EFORMAT);
   free(b);
   kvs_put_state st;
-  kvs_service_put_begin(f->svc, &st);
+  kvs_service_put_begin(f->svc, f->who, &st);
   assert_int_equal(kvs_service_put_chunk(f->svc, &st, garbage, sizeof garbage, &f->err),
                    RA_EFORMAT);
   expect_msg(f, "chunk 0: KvChunk: malformed");
@@ -270,7 +277,7 @@ static void test_bad_session_ids(void **state) {
   Rakv__KvChunk c;
   chunk_init(&c, other, 1, 0, 0, 1, buf, 1.0f);
   kvs_put_state st;
-  kvs_service_put_begin(f->svc, &st);
+  kvs_service_put_begin(f->svc, f->who, &st);
   assert_int_equal(put(f, &st, &c), RA_ENOTFOUND);
   /* An append's chunk naming another session. */
   Rakv__AppendRequest ar = RAKV__APPEND_REQUEST__INIT;
@@ -287,7 +294,7 @@ static void test_bad_chunks(void **state) {
   fx *f = *state;
   float buf[8 * DIM];
   kvs_put_state st;
-  kvs_service_put_begin(f->svc, &st);
+  kvs_service_put_begin(f->svc, f->who, &st);
   Rakv__KvChunk c;
   chunk_init(&c, f->id, 2, 0, 0, 4, buf, 1.0f);
   assert_int_equal(put(f, &st, &c), RA_EINVAL);
@@ -369,7 +376,7 @@ static void test_put_all_or_nothing(void **state) {
   float buf[8 * DIM];
   Rakv__KvChunk c;
   kvs_put_state st;
-  kvs_service_put_begin(f->svc, &st);
+  kvs_service_put_begin(f->svc, f->who, &st);
   chunk_init(&c, f->id, 1, 0, 0, 4, buf, 1.0f);
   assert_int_equal(put(f, &st, &c), RA_OK);
   chunk_init(&c, f->id, 1, 0, 8, 4, buf, 1.0f);
@@ -379,7 +386,7 @@ static void test_put_all_or_nothing(void **state) {
   assert_int_equal(s->tokens, 0);
   rakv__stats_reply__free_unpacked(s, NULL);
 
-  kvs_service_put_begin(f->svc, &st);
+  kvs_service_put_begin(f->svc, f->who, &st);
   chunk_init(&c, f->id, 1, 0, 0, 4, buf, 1.0f);
   assert_int_equal(put(f, &st, &c), RA_OK);
   /* staged rows are invisible, and the shard is the stream's until it ends */
@@ -406,7 +413,7 @@ static void test_put_all_or_nothing(void **state) {
   rakv__stats_reply__free_unpacked(s, NULL);
 
   /* the retry from the start, in two chunks, and then the rows are there */
-  kvs_service_put_begin(f->svc, &st);
+  kvs_service_put_begin(f->svc, f->who, &st);
   chunk_init(&c, f->id, 1, 0, 0, 4, buf, 1.0f);
   assert_int_equal(put(f, &st, &c), RA_OK);
   chunk_init(&c, f->id, 1, 0, 4, 4, buf, 1.0f);
@@ -495,7 +502,7 @@ static void test_budget_exhausted(void **state) {
   /* 1 MiB budget: 5000 tokens x 16 x 4 x 2 = 640 KB fits, another 5000 does not. */
   static float buf[5000 * DIM];
   kvs_put_state st;
-  kvs_service_put_begin(f->svc, &st);
+  kvs_service_put_begin(f->svc, f->who, &st);
   Rakv__KvChunk c;
   chunk_init(&c, f->id, 1, 0, 0, 5000, buf, 0.5f);
   assert_int_equal(put(f, &st, &c), RA_OK);
@@ -934,7 +941,7 @@ static void test_put_clusters_and_wave(void **state) {
   fx *f = *state;
   float buf[64 * DIM];
   kvs_put_state st;
-  kvs_service_put_begin(f->svc, &st);
+  kvs_service_put_begin(f->svc, f->who, &st);
   Rakv__KvChunk c;
   chunk_init(&c, f->id, 1, 0, 0, 64, buf, 0.5f);
   assert_int_equal(put(f, &st, &c), RA_OK);
@@ -992,7 +999,7 @@ static void test_put_clusters_and_wave(void **state) {
   }
   uint8_t junk[3] = {0xff, 0xff, 0xff};
   ra_error_clear(&f->err);
-  assert_int_equal(kvs_service_put_clusters(f->svc, junk, 3, &f->reply, &f->err), RA_EFORMAT);
+  assert_int_equal(kvs_service_put_clusters(f->svc, f->who, junk, 3, &f->reply, &f->err), RA_EFORMAT);
   f->id[0] ^= 1;
   assert_int_equal(put_clusters(f, 1, 0, 14, 32, counts, 1, NULL, 0), RA_ENOTFOUND);
   f->id[0] ^= 1;
@@ -1042,6 +1049,52 @@ static void test_put_clusters_and_wave(void **state) {
   expect_msg(f, "mode wave only");
 }
 
+/* A session is usable only with the credential that opened it; Stats show a caller its own
+ * sessions; an in-process caller (NULL) may use any. */
+static void test_sessions_bound_to_credential(void **state) {
+  fx *f = *state;
+  float buf[4 * DIM];
+  Rakv__KvChunk c;
+  chunk_init(&c, f->id, 1, 0, 0, 4, buf, 1.0f);
+  assert_int_equal(put_stream(f, &c), RA_OK);
+  f->who = &tenant_b;
+  assert_int_equal(put_stream(f, &c), RA_EPERM);
+  expect_msg(f, "another credential");
+  uint32_t head = 0;
+  float q[DIM] = {1};
+  Rakv__AttendRequest a;
+  attend_init(&a, f->id, &head, 1, q);
+  assert_int_equal(call(f, kvs_service_attend, &a.base), RA_EPERM);
+  Rakv__AppendRequest ar = RAKV__APPEND_REQUEST__INIT;
+  Rakv__KvChunk *cp = &c;
+  chunk_init(&c, f->id, 1, 0, 4, 1, buf, 1.0f);
+  ar.session_id.data = f->id;
+  ar.session_id.len = 16;
+  ar.n_chunks = 1;
+  ar.chunks = &cp;
+  assert_int_equal(call(f, kvs_service_append, &ar.base), RA_EPERM);
+  Rakv__CloseSessionRequest cr = RAKV__CLOSE_SESSION_REQUEST__INIT;
+  cr.session_id.data = f->id;
+  cr.session_id.len = 16;
+  assert_int_equal(call(f, kvs_service_close_session, &cr.base), RA_EPERM);
+  Rakv__StatsReply *s = stats(f);
+  assert_int_equal(s->sessions, 0);
+  assert_int_equal(s->tokens, 0);
+  assert_int_equal(s->bytes_used, 0);
+  rakv__stats_reply__free_unpacked(s, NULL);
+  f->who = &tenant_a;
+  s = stats(f);
+  assert_int_equal(s->sessions, 1);
+  assert_int_equal(s->tokens, 4);
+  assert_true(s->bytes_used > 0);
+  rakv__stats_reply__free_unpacked(s, NULL);
+  assert_int_equal(call(f, kvs_service_attend, &a.base), RA_OK);
+  f->who = NULL;
+  assert_int_equal(call(f, kvs_service_append, &ar.base), RA_OK);
+  f->who = &tenant_a;
+  assert_int_equal(call(f, kvs_service_close_session, &cr.base), RA_OK);
+}
+
 static void test_health(void **state) {
   fx *f = *state;
   Rakv__HealthRequest req = RAKV__HEALTH_REQUEST__INIT;
@@ -1073,6 +1126,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_build_index_key_lists, fx_setup_big, fx_teardown),
       cmocka_unit_test_setup_teardown(test_index_insert_rebuild_close, fx_setup_big, fx_teardown),
       cmocka_unit_test_setup_teardown(test_put_clusters_and_wave, fx_setup, fx_teardown),
+      cmocka_unit_test_setup_teardown(test_sessions_bound_to_credential, fx_setup, fx_teardown),
       cmocka_unit_test_setup_teardown(test_health, fx_setup, fx_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
