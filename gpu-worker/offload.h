@@ -59,6 +59,7 @@ typedef struct ra_offload_config {
   int64_t max_ctx;        /* prompt + generated tokens */
   int64_t max_prompt;     /* tokens of the prefill (one step); scratch rows */
   int timeout_ms;         /* deadline of every store reply; 0: 10 s */
+  ra_kvclient_options store_client; /* TLS and token of the store connections (client.h) */
   int roar_per_kv_head;   /* roar: one graph per kv head from its group's queries (the build and
                              every decode step's insertion cost 1 / group of per-q-head graphs) */
   uint32_t key_top_queries; /* roar: send every offloaded key's best t queries of its build

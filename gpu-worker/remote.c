@@ -22,6 +22,7 @@ typedef struct remote_store {
   ra_kvclient_attend_req req;  /* the request in flight */
   ra_kvclient_rows *rows;      /* [n_shards + n_layers * n_kv_heads]: put / append blocks */
   size_t n_rows;               /* blocks staged in rows */
+  uint64_t *head_tokens;       /* [n_layers * n_kv_heads] tokens sent here: an index build's deadline */
 } remote_store;
 
 struct ra_remote {
@@ -73,8 +74,9 @@ static int store_open(ra_remote *r, remote_store *s, ra_error *err) {
   s->o = calloc(nq * hd, sizeof *s->o);
   s->parts = calloc(nq, sizeof *s->parts);
   s->rows = calloc(n_rows, sizeof *s->rows);
+  s->head_tokens = calloc((size_t)p->n_layers * p->n_kv_heads, sizeof *s->head_tokens);
   ra_kvclient_shard *shards = calloc(s->plan->n_shards + 1, sizeof *shards);
-  if (!s->heads || !s->q || !s->o || !s->parts || !s->rows || !shards) {
+  if (!s->heads || !s->q || !s->o || !s->parts || !s->rows || !s->head_tokens || !shards) {
     free(shards);
     return ra_errorf(err, RA_ENOMEM, "remote: out of memory");
   }
@@ -84,7 +86,9 @@ static int store_open(ra_remote *r, remote_store *s, ra_error *err) {
   }
   ra_kvclient_geometry geo = {p->n_layers, p->n_q_heads, p->n_kv_heads, r->head_dim, r->cfg.dtype};
   int serving = 0;
-  int rc = ra_kvclient_connect(s->plan->addr, NULL, &s->client, err);
+  ra_kvclient_options copt = r->cfg.client;
+  copt.timeout_ms = r->cfg.timeout_ms;
+  int rc = ra_kvclient_connect(s->plan->addr, &copt, &s->client, err);
   if (rc == RA_OK) rc = ra_kvclient_health(s->client, &serving, err);
   if (rc == RA_OK && !serving) rc = ra_errorf(err, RA_EUNAVAIL, "%s: store is not serving", s->plan->addr);
   if (rc == RA_OK)
@@ -106,6 +110,7 @@ static void store_close(remote_store *s) {
   free(s->o);
   free(s->parts);
   free(s->rows);
+  free(s->head_tokens);
 }
 
 void ra_remote_close(ra_remote *r) {
@@ -199,6 +204,8 @@ static void put_store(void *arg) {
     s->rows[s->n_rows++] = (ra_kvclient_rows){p->layer, sh->kv_head, b, e - b, kd, vd};
   }
   p->rc = s->n_rows ? ra_kvclient_put_kv(s->client, &s->session, s->rows, s->n_rows, NULL, &p->err) : RA_OK;
+  for (size_t j = 0; p->rc == RA_OK && j < s->n_rows; j++)
+    s->head_tokens[(size_t)p->layer * r->plan->n_kv_heads + s->rows[j].kv_head] += s->rows[j].n_tokens;
 }
 
 /* Bytes of store s's shards of `layer` within [pos0, end), K and V. */
@@ -302,7 +309,10 @@ int ra_remote_build_index_start(ra_remote *r, uint32_t layer, uint32_t q_head, c
       r->builds = nb;
       r->cap_builds = cap;
     }
-    rc = ra_kvclient_build_index_start(s->client, &s->session, layer, q_head, &params, in, &r->builds[r->n_builds],
+    /* the keys it covers here size its deadline (client.h) */
+    ra_kvclient_build_input bi = in ? *in : (ra_kvclient_build_input){0};
+    bi.n_keys = s->head_tokens[(size_t)layer * r->plan->n_kv_heads + q_head / (r->plan->n_q_heads / r->plan->n_kv_heads)];
+    rc = ra_kvclient_build_index_start(s->client, &s->session, layer, q_head, &params, &bi, &r->builds[r->n_builds],
                                        err);
     if (rc == RA_OK) r->n_builds++;
   }
@@ -363,6 +373,8 @@ int ra_remote_append(ra_remote *r, uint64_t pos, const float *k, const float *v,
   for (size_t i = 0; i < r->n_stores && rc == RA_OK; i++) {
     remote_store *s = &r->stores[i];
     if (s->n_rows) rc = ra_kvclient_append(s->client, &s->session, s->rows, s->n_rows, err);
+    for (size_t j = 0; rc == RA_OK && j < s->n_rows; j++)
+      s->head_tokens[(size_t)s->rows[j].layer * p->n_kv_heads + s->rows[j].kv_head] += s->rows[j].n_tokens;
   }
   return rc ? remote_fail(r, rc, err) : RA_OK;
 }

@@ -4,8 +4,9 @@
 # half of the time bound, at nice 19, from their seed corpora (kept in the build tree, so a
 # later run continues from what this one found). Writes a JSON record of the executions each
 # reached, the total against the goal and any crash, to OUT (default
-# bench/results/fuzz-long/result.json). Exits 1 on a crash, 0 otherwise (a goal not reached is
-# reported in the record, not an error: the time bound wins).
+# bench/results/fuzz-long/result.json); a crashing input is kept beside it (crash-TARGET-*) with
+# the fuzzer's report. Exits 1 on a crash, 0 otherwise (a goal not reached is reported in the
+# record, not an error: the time bound wins).
 #   tests/fuzz/long-run.sh [--minutes M (20)] [--goal N (10000000)] [--out FILE]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -26,7 +27,7 @@ nice -n 19 cmake -S . -B "$BUILD_DIR" -DCMAKE_C_COMPILER=clang -DRA_FUZZ=ON -DRA
 nice -n 19 cmake --build "$BUILD_DIR" -j 2 --target fuzz_service fuzz_service_corpus fuzz_gguf make_fuzz_seeds >/dev/null
 SERVICE_CORPUS=$BUILD_DIR/tests/fuzz/corpus/service
 GGUF_CORPUS=$BUILD_DIR/tests/gpu-worker/fuzz_gguf_corpus
-mkdir -p "$GGUF_CORPUS"
+mkdir -p "$GGUF_CORPUS" "$(dirname "$OUT")"
 [ -n "$(ls -A "$GGUF_CORPUS")" ] || "$BUILD_DIR/bin/make_fuzz_seeds" "$GGUF_CORPUS"
 LOGS=$(mktemp -d)
 trap 'rm -rf "$LOGS"' EXIT
@@ -37,6 +38,10 @@ run() { # name binary corpus extra...
   local t0=$(date +%s) rc=0
   nice -n 19 "$bin" -max_total_time="$SECONDS_EACH" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
     -artifact_prefix="$LOGS/$name-" "$@" "$corpus" >"$LOGS/$name.log" 2>&1 || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    for a in "$LOGS/$name"-*; do [ -e "$a" ] && cp "$a" "$(dirname "$OUT")/crash-$(basename "$a")"; done
+    grep -v ' I ra: ' "$LOGS/$name.log" | tail -60 >"$(dirname "$OUT")/crash-$name.log"
+  fi
   local execs
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$LOGS/$name.log" | grep -o '[0-9]*$' | tail -1)
   local crash
