@@ -23,7 +23,15 @@ typedef struct remote_store {
   ra_kvclient_rows *rows;      /* [n_shards + n_layers * n_kv_heads]: put / append blocks */
   size_t n_rows;               /* blocks staged in rows */
   uint64_t *head_tokens;       /* [n_layers * n_kv_heads] tokens sent here: an index build's deadline */
+  int unreachable;             /* a call timed out or lost the connection: close skips the store */
 } remote_store;
+
+/* Notes a store that stopped answering, so that closing does not wait for it a deadline more
+ * per call (its session expires with the store's lease). Returns rc. */
+static int store_failed(remote_store *s, int rc) {
+  if (rc == RA_ETIMEDOUT || rc == RA_EUNAVAIL || rc == RA_ECANCELED) s->unreachable = 1;
+  return rc;
+}
 
 struct ra_remote {
   const ra_offload_plan *plan;
@@ -37,6 +45,7 @@ struct ra_remote {
   ra_error failure;
   int in_flight;   /* attend_begin sent, attend_end not yet called */
   ra_kvclient_build **builds; /* index builds started, not yet waited for */
+  remote_store **build_store; /* [cap_builds] the store of each */
   size_t n_builds, cap_builds;
   uint64_t t_begin;
   ra_partial *acc; /* [n_q_heads] merge accumulators */
@@ -102,8 +111,9 @@ static int store_open(ra_remote *r, remote_store *s, ra_error *err) {
 
 static void store_close(remote_store *s) {
   ra_error err;
-  if (s->stream) ra_kvclient_attend_close(s->stream);
-  if (s->session_open) ra_kvclient_close_session(s->client, &s->session, NULL, &err);
+  if (s->stream && !s->unreachable) ra_kvclient_attend_close(s->stream);
+  else if (s->stream) ra_kvclient_attend_abort(s->stream);
+  if (s->session_open && !s->unreachable) ra_kvclient_close_session(s->client, &s->session, NULL, &err);
   if (s->client) ra_kvclient_close(s->client);
   free(s->heads);
   free(s->q);
@@ -118,6 +128,7 @@ void ra_remote_close(ra_remote *r) {
   ra_error ignored;
   ra_remote_build_index_wait(r, &ignored);
   free(r->builds);
+  free(r->build_store);
   for (size_t i = 0; i < r->n_stores; i++) store_close(&r->stores[i]);
   free(r->stores);
   free(r->pack);
@@ -252,7 +263,7 @@ static int remote_put(ra_remote *r, uint32_t layer, const float *k, const float 
   for (size_t i = 1; i < r->n_stores; i++)
     if (started[i]) uv_thread_join(&th[i]);
   for (size_t i = 0; i < r->n_stores && rc == RA_OK; i++)
-    if (parts[i].rc != RA_OK) {
+    if (store_failed(parts[i].s, parts[i].rc) != RA_OK) {
       rc = parts[i].rc;
       *err = parts[i].err;
     }
@@ -284,7 +295,7 @@ int ra_remote_put_clusters(ra_remote *r, const ra_kvclient_clusters *c, size_t n
                        (unsigned long long)c[i].row_begin, c[i].layer, c[i].kv_head);
     remote_store *s = &r->stores[owner];
     if ((rc = ra_kvclient_put_clusters(s->client, &s->session, &c[i], NULL, err)) != RA_OK)
-      return remote_fail(r, rc, err);
+      return remote_fail(r, store_failed(s, rc), err);
   }
   return rc;
 }
@@ -305,8 +316,10 @@ int ra_remote_build_index_start(ra_remote *r, uint32_t layer, uint32_t q_head, c
     if (r->n_builds == r->cap_builds) {
       size_t cap = r->cap_builds ? 2 * r->cap_builds : 64;
       ra_kvclient_build **nb = realloc(r->builds, cap * sizeof *nb);
-      if (!nb) return ra_errorf(err, RA_ENOMEM, "remote: out of memory for %zu index builds", cap);
-      r->builds = nb;
+      if (nb) r->builds = nb;
+      remote_store **ns = nb ? realloc(r->build_store, cap * sizeof *ns) : NULL;
+      if (!ns) return ra_errorf(err, RA_ENOMEM, "remote: out of memory for %zu index builds", cap);
+      r->build_store = ns;
       r->cap_builds = cap;
     }
     /* the keys it covers here size its deadline (client.h) */
@@ -314,7 +327,8 @@ int ra_remote_build_index_start(ra_remote *r, uint32_t layer, uint32_t q_head, c
     bi.n_keys = s->head_tokens[(size_t)layer * r->plan->n_kv_heads + q_head / (r->plan->n_q_heads / r->plan->n_kv_heads)];
     rc = ra_kvclient_build_index_start(s->client, &s->session, layer, q_head, &params, &bi, &r->builds[r->n_builds],
                                        err);
-    if (rc == RA_OK) r->n_builds++;
+    if (rc == RA_OK) r->build_store[r->n_builds++] = s;
+    else store_failed(s, rc);
   }
   return rc ? remote_fail(r, rc, err) : RA_OK;
 }
@@ -324,7 +338,7 @@ int ra_remote_build_index_wait_older(ra_remote *r, size_t keep, ra_error *err) {
   const size_t n_old = keep < r->n_builds ? r->n_builds - keep : 0;
   for (size_t i = 0; i < n_old; i++) {
     ra_error e;
-    int one = ra_kvclient_build_index_wait(r->builds[i], NULL, &e);
+    int one = store_failed(r->build_store[i], ra_kvclient_build_index_wait(r->builds[i], NULL, &e));
     if (one && rc == RA_OK) {
       rc = one;
       *err = e;
@@ -332,6 +346,7 @@ int ra_remote_build_index_wait_older(ra_remote *r, size_t keep, ra_error *err) {
   }
   if (n_old) {
     memmove(r->builds, r->builds + n_old, (r->n_builds - n_old) * sizeof *r->builds);
+    memmove(r->build_store, r->build_store + n_old, (r->n_builds - n_old) * sizeof *r->build_store);
     r->n_builds -= n_old;
   }
   return rc ? remote_fail(r, rc, err) : RA_OK;
@@ -372,7 +387,7 @@ int ra_remote_append(ra_remote *r, uint64_t pos, const float *k, const float *v,
   }
   for (size_t i = 0; i < r->n_stores && rc == RA_OK; i++) {
     remote_store *s = &r->stores[i];
-    if (s->n_rows) rc = ra_kvclient_append(s->client, &s->session, s->rows, s->n_rows, err);
+    if (s->n_rows) rc = store_failed(s, ra_kvclient_append(s->client, &s->session, s->rows, s->n_rows, err));
     for (size_t j = 0; rc == RA_OK && j < s->n_rows; j++)
       s->head_tokens[(size_t)s->rows[j].layer * p->n_kv_heads + s->rows[j].kv_head] += s->rows[j].n_tokens;
   }
@@ -410,7 +425,7 @@ static int attend_begin(ra_remote *r, uint32_t layer, const float *q, const ra_r
       s->req.n_cluster_heads = sel[i].n_heads;
       s->req.clusters = sel[i].clusters;
     }
-    rc = ra_kvclient_attend_send(s->stream, &s->req, err);
+    rc = store_failed(s, ra_kvclient_attend_send(s->stream, &s->req, err));
   }
   if (rc) return remote_fail(r, rc, err);
   r->in_flight = 1;
@@ -444,7 +459,7 @@ int ra_remote_attend_end(ra_remote *r, float *o, float *ml, ra_remote_stats *sta
     remote_store *s = &r->stores[i];
     if (!s->req.n_heads) continue;
     uint64_t compute_us = 0;
-    rc = ra_kvclient_attend_recv(s->stream, &s->req, s->parts, r->cfg.timeout_ms, &compute_us, err);
+    rc = store_failed(s, ra_kvclient_attend_recv(s->stream, &s->req, s->parts, r->cfg.timeout_ms, &compute_us, err));
     if (rc) break;
     if ((double)compute_us > st.store_us) st.store_us = (double)compute_us;
     for (size_t j = 0; j < s->req.n_heads; j++) {

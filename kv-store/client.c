@@ -503,8 +503,13 @@ void ra_kvclient_attend_close(ra_kvclient_stream *st) {
     if (ra_rpc_call_close_send(st->call, &ignored) == RA_OK &&
         ra_rpc_call_recv(st->call, &st->rx, 1000, &ignored) == RA_EOF)
       ra_rpc_call_finish(st->call, &ignored);
-    ra_rpc_call_destroy(st->call);
   }
+  ra_kvclient_attend_abort(st);
+}
+
+void ra_kvclient_attend_abort(ra_kvclient_stream *st) {
+  if (!st) return;
+  ra_rpc_call_destroy(st->call);
   ra_buf_free(&st->tx);
   ra_buf_free(&st->rx);
   free(st);

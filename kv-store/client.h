@@ -241,6 +241,8 @@ int ra_kvclient_attend(ra_kvclient_stream *st, const ra_kvclient_attend_req *req
                        ra_head_partial *out, int timeout_ms, uint64_t *compute_us,
                        ra_error *err);
 void ra_kvclient_attend_close(ra_kvclient_stream *st);
+/* Frees a stream without the polite end (a store that stopped answering): cancels its call. */
+void ra_kvclient_attend_abort(ra_kvclient_stream *st);
 
 /* attend in two halves, so that one thread can have a request in flight at every store of a
  * layer before it waits for any reply: send, then recv with the same req (for its q heads). */
