@@ -90,10 +90,12 @@ static void test_first_nonfinite(void **state) {
   for (int i = 0; i < N; i++) x[i] = (float)(i - 100) * 500.0f; /* within f16 range */
   x[7] = 1e-40f; /* subnormal f32 */
   for (ra_dtype t = RA_DTYPE_F32; t <= RA_DTYPE_BF16; t++) {
+    float conv[N];
     uint8_t buf[N * 4 + 1];
     uint8_t *row = buf + 1; /* unaligned, as in a protobuf bytes field */
     const size_t es = ra_dtype_size(t);
-    ra_dtype_from_fp32_n(t, x, row, N);
+    ra_dtype_from_fp32_n(t, x, conv, N);
+    memcpy(row, conv, N * es);
     assert_int_equal(ra_vec_first_nonfinite(row, t, N), N);
     const size_t at[] = {0, 63, 64, 130, N - 1};
     const float bad[] = {NAN, INFINITY, -INFINITY};
@@ -101,7 +103,9 @@ static void test_first_nonfinite(void **state) {
       for (size_t b = 0; b < 3; b++) {
         uint8_t save[4];
         memcpy(save, row + at[i] * es, es);
-        ra_dtype_from_fp32_n(t, &bad[b], row + at[i] * es, 1);
+        float one;
+        ra_dtype_from_fp32_n(t, &bad[b], &one, 1);
+        memcpy(row + at[i] * es, &one, es);
         assert_int_equal(ra_vec_first_nonfinite(row, t, N), at[i]);
         memcpy(row + at[i] * es, save, es);
       }
