@@ -123,6 +123,15 @@ static int put(fx *f, kvs_put_state *st, const Rakv__KvChunk *c) {
   return rc;
 }
 
+/* An Append of one chunk. */
+static void append_init(Rakv__AppendRequest *ar, const uint8_t *id, Rakv__KvChunk **chunk) {
+  rakv__append_request__init(ar);
+  ar->session_id.data = (uint8_t *)id;
+  ar->session_id.len = 16;
+  ar->n_chunks = 1;
+  ar->chunks = chunk;
+}
+
 /* A whole PutKv stream of one chunk: begin, the chunk, finish. */
 static int put_stream(fx *f, const Rakv__KvChunk *c) {
   kvs_put_state st;
@@ -169,13 +178,10 @@ static void test_round_trip(void **state) {
   rakv__put_kv_reply__free_unpacked(pr, NULL);
 
   /* Append one token whose value stands out, then attend: it must be seen. */
-  Rakv__AppendRequest ar = RAKV__APPEND_REQUEST__INIT;
-  Rakv__KvChunk *cp = &c;
   chunk_init(&c, f->id, 1, 0, 100, 1, buf, 4.0f);
-  ar.session_id.data = f->id;
-  ar.session_id.len = 16;
-  ar.n_chunks = 1;
-  ar.chunks = &cp;
+  Rakv__AppendRequest ar;
+  Rakv__KvChunk *cp = &c;
+  append_init(&ar, f->id, &cp);
   assert_int_equal(call(f, kvs_service_append, &ar.base), RA_OK);
 
   uint32_t heads[2] = {1, 0};
@@ -280,12 +286,9 @@ static void test_bad_session_ids(void **state) {
   kvs_service_put_begin(f->svc, f->who, &st);
   assert_int_equal(put(f, &st, &c), RA_ENOTFOUND);
   /* An append's chunk naming another session. */
-  Rakv__AppendRequest ar = RAKV__APPEND_REQUEST__INIT;
+  Rakv__AppendRequest ar;
   Rakv__KvChunk *cp = &c;
-  ar.session_id.data = f->id;
-  ar.session_id.len = 16;
-  ar.n_chunks = 1;
-  ar.chunks = &cp;
+  append_init(&ar, f->id, &cp);
   assert_int_equal(call(f, kvs_service_append, &ar.base), RA_EINVAL);
   expect_msg(f, "differs");
 }
@@ -347,12 +350,9 @@ static void test_nonfinite_refused(void **state) {
   c.values.data = (uint8_t *)vals;
   assert_int_equal(put_stream(f, &c), RA_EINVAL);
   expect_msg(f, "values[3][0] is not finite");
-  Rakv__AppendRequest ar = RAKV__APPEND_REQUEST__INIT;
+  Rakv__AppendRequest ar;
   Rakv__KvChunk *cp = &c;
-  ar.session_id.data = f->id;
-  ar.session_id.len = 16;
-  ar.n_chunks = 1;
-  ar.chunks = &cp;
+  append_init(&ar, f->id, &cp);
   assert_int_equal(call(f, kvs_service_append, &ar.base), RA_EINVAL);
   expect_msg(f, "values[3][0] is not finite");
   Rakv__StatsReply *s = stats(f);
@@ -398,13 +398,10 @@ static void test_put_all_or_nothing(void **state) {
   Rakv__AttendReply *rep = rakv__attend_reply__unpack(NULL, f->reply.len, f->reply.data);
   assert_int_equal(rep->heads[0]->n_keys, 0);
   rakv__attend_reply__free_unpacked(rep, NULL);
-  Rakv__AppendRequest ar = RAKV__APPEND_REQUEST__INIT;
-  Rakv__KvChunk *cp = &c;
   chunk_init(&c, f->id, 1, 0, 0, 1, buf, 1.0f);
-  ar.session_id.data = f->id;
-  ar.session_id.len = 16;
-  ar.n_chunks = 1;
-  ar.chunks = &cp;
+  Rakv__AppendRequest ar;
+  Rakv__KvChunk *cp = &c;
+  append_init(&ar, f->id, &cp);
   assert_int_equal(call(f, kvs_service_append, &ar.base), RA_ESTATE);
   expect_msg(f, "unfinished PutKv stream");
   kvs_service_put_abort(f->svc, &st);
@@ -1065,13 +1062,10 @@ static void test_sessions_bound_to_credential(void **state) {
   Rakv__AttendRequest a;
   attend_init(&a, f->id, &head, 1, q);
   assert_int_equal(call(f, kvs_service_attend, &a.base), RA_EPERM);
-  Rakv__AppendRequest ar = RAKV__APPEND_REQUEST__INIT;
-  Rakv__KvChunk *cp = &c;
   chunk_init(&c, f->id, 1, 0, 4, 1, buf, 1.0f);
-  ar.session_id.data = f->id;
-  ar.session_id.len = 16;
-  ar.n_chunks = 1;
-  ar.chunks = &cp;
+  Rakv__AppendRequest ar;
+  Rakv__KvChunk *cp = &c;
+  append_init(&ar, f->id, &cp);
   assert_int_equal(call(f, kvs_service_append, &ar.base), RA_EPERM);
   Rakv__CloseSessionRequest cr = RAKV__CLOSE_SESSION_REQUEST__INIT;
   cr.session_id.data = f->id;
