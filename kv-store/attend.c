@@ -655,8 +655,11 @@ done:
 
 /* A bound of the bytes an attend allocates besides the shared search scratches: the top-k heaps
  * or candidate lists per task slot and per head, the per-thread score strips, the result's
- * partials and ids. Charged to the store's budget for the attend's duration, so a huge top_k
- * over many heads and shards is RESOURCE_EXHAUSTED rather than memory the budget never saw. */
+ * partials and ids. Above KVS_ATTEND_UNCHARGED_BYTES it is charged to the store's budget for the
+ * attend's duration, so a huge top_k over many heads and shards is RESOURCE_EXHAUSTED rather
+ * than memory the budget never saw; below it (every decode step's attend: top_k 100 x 32 heads
+ * is ~60 KB) it is not, so a store filled to its budget still serves its sessions. */
+#define KVS_ATTEND_UNCHARGED_BYTES (1u << 20)
 static uint64_t attend_work_bytes(const plan *p, int nt) {
   uint64_t most = 0;
   for (size_t gi = 0; gi < p->n_groups; gi++)
@@ -684,8 +687,8 @@ int kvs_attend(kvs_session *s, const kvs_attend_args *a, kvs_attend_result *out,
     pthread_rwlock_unlock(&s->lock);
     return rc;
   }
-  const uint64_t work = attend_work_bytes(&p, nt);
-  if ((rc = kvs_store_charge(s->store, work, err)) != RA_OK) {
+  const uint64_t bound = attend_work_bytes(&p, nt), work = bound > KVS_ATTEND_UNCHARGED_BYTES ? bound : 0;
+  if (work && (rc = kvs_store_charge(s->store, work, err)) != RA_OK) {
     pthread_rwlock_unlock(&s->lock);
     plan_free(&p);
     return ra_error_wrap(err, "attend working memory (%zu heads, top_k %u)", a->n_heads, a->top_k);

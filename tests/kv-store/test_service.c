@@ -88,6 +88,8 @@ static int fx_open(void **state, uint64_t budget) {
 }
 
 static int fx_setup(void **state) { return fx_open(state, 1 << 20); }
+/* 50000 rows of 16 f32 (6.4 MB, its growth slack included) leave well under 1 MB free. */
+static int fx_setup_8m(void **state) { return fx_open(state, 8u << 20); }
 /* Room for indexes: a build's estimate includes fixed-size blocks of several MiB. */
 static int fx_setup_big(void **state) { return fx_open(state, 64u << 20); }
 
@@ -1089,6 +1091,30 @@ static void test_sessions_bound_to_credential(void **state) {
   assert_int_equal(call(f, kvs_service_close_session, &cr.base), RA_OK);
 }
 
+/* An attend whose working memory (top_k candidates per head and task, ids) does not fit what
+ * the budget has left is RESOURCE_EXHAUSTED; a decode-sized one still runs on the full store. */
+static void test_attend_memory_charged(void **state) {
+  fx *f = *state;
+  enum { N = 50000 };
+  float *buf = calloc((size_t)N * DIM, sizeof *buf);
+  Rakv__KvChunk c;
+  chunk_init(&c, f->id, 1, 0, 0, N, buf, 0.0f);
+  fill_rows(buf, (size_t)N * DIM, 3);
+  assert_int_equal(put_stream(f, &c), RA_OK);
+  free(buf);
+  uint32_t heads[2] = {0, 1};
+  float q[2 * DIM] = {1, 2, 3};
+  Rakv__AttendRequest a;
+  attend_init(&a, f->id, heads, 2, q);
+  a.mode = RAKV__ATTEND_MODE__MODE_FLAT;
+  a.top_k = N;
+  a.return_ids = 1;
+  assert_int_equal(call(f, kvs_service_attend, &a.base), RA_ENOMEM);
+  expect_msg(f, "attend working memory (2 heads, top_k 50000)");
+  a.top_k = 10;
+  assert_int_equal(call(f, kvs_service_attend, &a.base), RA_OK);
+}
+
 static void test_health(void **state) {
   fx *f = *state;
   Rakv__HealthRequest req = RAKV__HEALTH_REQUEST__INIT;
@@ -1121,6 +1147,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_index_insert_rebuild_close, fx_setup_big, fx_teardown),
       cmocka_unit_test_setup_teardown(test_put_clusters_and_wave, fx_setup, fx_teardown),
       cmocka_unit_test_setup_teardown(test_sessions_bound_to_credential, fx_setup, fx_teardown),
+      cmocka_unit_test_setup_teardown(test_attend_memory_charged, fx_setup_8m, fx_teardown),
       cmocka_unit_test_setup_teardown(test_health, fx_setup, fx_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
