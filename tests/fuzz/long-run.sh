@@ -20,6 +20,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 BUILD_DIR=${BUILD_DIR:-build-fuzz}
+# the sources the targets are built from (the targets compile the tree as it is now)
+COMMIT=$(git describe --always --dirty 2>/dev/null || echo unknown)
 LAUNCHER=()
 command -v ccache >/dev/null && LAUNCHER=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 nice -n 19 cmake -S . -B "$BUILD_DIR" -DCMAKE_C_COMPILER=clang -DRA_FUZZ=ON -DRA_CUDA=OFF \
@@ -58,8 +60,7 @@ mkdir -p "$(dirname "$OUT")"
 {
   printf '{"goal_executions": %d, "total_executions": %d, "goal_reached": %s, "minutes_bound": %d,\n' \
     "$GOAL" "$total" "$([ "$total" -ge "$GOAL" ] && echo true || echo false)" "$MINUTES"
-  printf ' "host": "%s", "cores": %d, "nice": 19, "commit": "%s",\n' "$(uname -srm)" "$(nproc)" \
-    "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  printf ' "host": "%s", "cores": %d, "nice": 19, "built_from": "%s",\n' "$(uname -srm)" "$(nproc)" "$COMMIT"
   printf ' "targets": [%s, %s]}\n' "$(cat "$LOGS/fuzz_service.json")" "$(cat "$LOGS/fuzz_gguf.json")"
 } >"$OUT"
 cat "$OUT"
