@@ -124,10 +124,17 @@ void ra_kvclient_close(ra_kvclient *c) {
 
 const char *ra_kvclient_addr(const ra_kvclient *c) { return ra_rpc_channel_target(c->ch); }
 
+/* The method's name in an error ("Append: 10.0.0.7:7001: DEADLINE_EXCEEDED: ..."). */
+static int named(const char *method, int rc, ra_error *err) {
+  if (rc == RA_OK) return rc;
+  const char *slash = strrchr(method, '/');
+  return ra_error_wrap(err, "%s", slash ? slash + 1 : method);
+}
+
 static int unary(ra_kvclient *c, const char *method, const ProtobufCMessage *req, ra_error *err) {
   int rc = pack(req, &c->tx, err);
   if (rc) return rc;
-  return ra_rpc_unary(c->ch, method, c->tx.data, c->tx.len, &c->rx, c->timeout_ms, err);
+  return named(method, ra_rpc_unary(c->ch, method, c->tx.data, c->tx.len, &c->rx, c->timeout_ms, err), err);
 }
 
 int ra_kvclient_health(ra_kvclient *c, int *serving, ra_error *err) {
@@ -229,6 +236,8 @@ int ra_kvclient_close_session(ra_kvclient *c, const ra_kvclient_session *s,
 struct ra_kvclient_build {
   ra_kvclient *c;
   ra_rpc_call *call;
+  uint32_t layer, q_head; /* for its error */
+  int deadline_ms;
 };
 
 int ra_kvclient_build_index_start(ra_kvclient *c, const ra_kvclient_session *s, uint32_t layer,
@@ -278,6 +287,9 @@ int ra_kvclient_build_index_start(ra_kvclient *c, const ra_kvclient_session *s, 
     return rc;
   }
   b->c = c;
+  b->layer = layer;
+  b->q_head = q_head;
+  b->deadline_ms = (int)ms;
   c->builds_in_flight++;
   *out = b;
   return RA_OK;
@@ -287,6 +299,7 @@ int ra_kvclient_build_index_wait(ra_kvclient_build *b, ra_kvclient_build_result 
   ra_kvclient *c = b->c;
   ra_buf rx = {0};
   int rc = ra_rpc_unary_wait(b->call, &rx, err);
+  if (rc) ra_error_wrap(err, "BuildIndex of layer %u q head %u (deadline %d ms)", b->layer, b->q_head, b->deadline_ms);
   c->builds_in_flight--;
   free(b);
   Rakv__BuildIndexReply *r = NULL;
