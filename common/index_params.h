@@ -48,6 +48,9 @@
 #define RA_INDEX_MAX_LISTS 65536u
 #define RA_INDEX_MAX_KEEP 65536u     /* kept queries */
 #define RA_INDEX_MAX_KEEP_TOPK 1024u /* a kept query's list */
+/* An attend's top_k (keys per q head): as large as a graph search's beam can be; a store
+ * refuses more with INVALID_ARGUMENT (its working memory grows with top_k x heads x shards). */
+#define RA_ATTEND_MAX_TOP_K RA_INDEX_MAX_EF
 
 #define RA_MODES_GRAPH (RA_MODE_BIT(RA_MODE_KGRAPH) | RA_MODE_BIT(RA_MODE_ROAR))
 #define RA_MODES_INDEXED (RA_MODE_BIT(RA_MODE_IVF) | RA_MODES_GRAPH)

@@ -61,3 +61,32 @@ void ra_log(enum ra_log_level level, const char *fmt, ...) {
   fprintf(stderr, "%s\n", line);
   pthread_mutex_unlock(&ra_log_lock);
 }
+
+static int escape_plain(unsigned char ch) { return ch >= 0x20 && ch < 0x7f && ch != '\\'; }
+
+char *ra_log_escape(const char *s, size_t len, char *out, size_t cap) {
+  static const char hex[] = "0123456789abcdef";
+  if (cap == 0) return out;
+  size_t whole = 0;
+  for (size_t i = 0; i < len; i++) whole += escape_plain((unsigned char)s[i]) ? 1 : 4;
+  /* what does not fit whole is cut, with room kept for "..." */
+  size_t room = whole < cap ? cap - 1 : (cap > 4 ? cap - 4 : 0), o = 0;
+  for (size_t i = 0; i < len; i++) {
+    unsigned char ch = (unsigned char)s[i];
+    if (o + (escape_plain(ch) ? 1 : 4) > room) break;
+    if (escape_plain(ch)) {
+      out[o++] = (char)ch;
+    } else {
+      out[o++] = '\\';
+      out[o++] = 'x';
+      out[o++] = hex[ch >> 4];
+      out[o++] = hex[ch & 15];
+    }
+  }
+  if (whole >= cap && cap > 4) {
+    memcpy(out + o, "...", 3);
+    o += 3;
+  }
+  out[o] = '\0';
+  return out;
+}

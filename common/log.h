@@ -3,6 +3,8 @@
 #ifndef RA_LOG_H
 #define RA_LOG_H
 
+#include <stddef.h>
+
 enum ra_log_level { RA_LOG_DEBUG = 0, RA_LOG_INFO = 1, RA_LOG_WARN = 2, RA_LOG_ERROR = 3 };
 
 void ra_log_set_level(enum ra_log_level level);
@@ -12,6 +14,11 @@ const char *ra_log_level_name(enum ra_log_level level); /* "?" for no level */
 /* The name printed after the level letter, e.g. "kv-store". */
 void ra_log_set_name(const char *name);
 void ra_log(enum ra_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Copies len bytes of a string a peer sent (a client name, a method path) into out ([cap],
+ * NUL-terminated, cut with "..." when longer) with every byte that is not printable ASCII, and
+ * the backslash, written as \xNN: a newline in it cannot forge a log line. Returns out. */
+char *ra_log_escape(const char *s, size_t len, char *out, size_t cap);
 
 #define ra_log_debug(...) ra_log(RA_LOG_DEBUG, __VA_ARGS__)
 #define ra_log_info(...) ra_log(RA_LOG_INFO, __VA_ARGS__)

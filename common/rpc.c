@@ -17,13 +17,21 @@
 #include <grpc/support/time.h>
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define RA_RPC_DEFAULT_MAX_CALLS 64
+#define RA_RPC_DEFAULT_MAX_WAITING 256
 #define RA_RPC_DEFAULT_MAX_MESSAGE (64u << 20)
+#define RA_RPC_DEFAULT_FIRST_MESSAGE_MS 10000
+#define RA_RPC_DEFAULT_IDLE_MS (10 * 60 * 1000)
+#define RA_RPC_DEFAULT_KEEPALIVE_MS 10000
+#define RA_RPC_PRINCIPAL_MAX 96
+
+typedef struct ra_rpc_server ra_rpc_server;
 
 /* Completion tags. A call has at most one batch of each kind in flight. */
 enum { TAG_NEW_CALL = 1, TAG_OP, TAG_STATUS, TAG_SHUTDOWN };
@@ -45,6 +53,15 @@ struct ra_rpc_call {
   grpc_metadata_array trailing;
   char *peer; /* gpr_malloc'd, server calls only */
   const char *target;
+  const grpc_metadata *md_out; /* client: sent with the initial metadata (the bearer token) */
+  size_t n_md_out;
+  /* server: the first message, received before admission (serve_call), returned by the first
+   * recv; the wait limit of every later recv with timeout -1; the caller's credential */
+  bool has_first;
+  int first_rc;
+  ra_buf first;
+  int idle_ms;
+  char principal[RA_RPC_PRINCIPAL_MAX];
 };
 
 /* ---------------------------------------------------------------- status mapping */
@@ -62,6 +79,8 @@ static grpc_status_code code_to_grpc(int code) {
     case RA_ETIMEDOUT: return GRPC_STATUS_DEADLINE_EXCEEDED;
     case RA_EUNAVAIL: return GRPC_STATUS_UNAVAILABLE;
     case RA_ECANCELED: return GRPC_STATUS_CANCELLED;
+    case RA_EAUTH: return GRPC_STATUS_UNAUTHENTICATED;
+    case RA_EPERM: return GRPC_STATUS_PERMISSION_DENIED;
     default: return GRPC_STATUS_INTERNAL;
   }
 }
@@ -79,6 +98,8 @@ static int code_from_grpc(grpc_status_code s) {
     case GRPC_STATUS_DEADLINE_EXCEEDED: return RA_ETIMEDOUT;
     case GRPC_STATUS_UNAVAILABLE: return RA_EUNAVAIL;
     case GRPC_STATUS_CANCELLED: return RA_ECANCELED;
+    case GRPC_STATUS_UNAUTHENTICATED: return RA_EAUTH;
+    case GRPC_STATUS_PERMISSION_DENIED: return RA_EPERM;
     default: return RA_EINTERNAL;
   }
 }
@@ -168,7 +189,15 @@ static void call_free(ra_rpc_call *c) {
   grpc_metadata_array_destroy(&c->trailing);
   grpc_slice_unref(c->status_details);
   if (c->peer) gpr_free(c->peer);
+  ra_buf_free(&c->first);
   free(c);
+}
+
+/* The initial metadata op: a client's carries its bearer token. */
+static void op_send_md(const ra_rpc_call *c, grpc_op *op) {
+  op->op = GRPC_OP_SEND_INITIAL_METADATA;
+  op->data.send_initial_metadata.count = c->n_md_out;
+  op->data.send_initial_metadata.metadata = (grpc_metadata *)c->md_out;
 }
 
 static ra_rpc_call *call_new(bool is_client) {
@@ -188,7 +217,7 @@ int ra_rpc_call_send(ra_rpc_call *c, const void *data, size_t len, ra_error *err
   grpc_op ops[2];
   memset(ops, 0, sizeof ops);
   size_t n = 0;
-  if (!c->md_sent) ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+  if (!c->md_sent) op_send_md(c, &ops[n++]);
   ops[n].op = GRPC_OP_SEND_MESSAGE;
   grpc_byte_buffer *bb = buffer_from(data, len);
   ops[n++].data.send_message.send_message = bb;
@@ -205,6 +234,15 @@ int ra_rpc_call_send(ra_rpc_call *c, const void *data, size_t len, ra_error *err
 
 int ra_rpc_call_recv(ra_rpc_call *c, ra_buf *msg, int timeout_ms, ra_error *err) {
   if (c->dead) return ra_errorf(err, RA_ECANCELED, "%s: recv on a finished call", c->target);
+  if (c->has_first) {
+    c->has_first = false;
+    if (c->first_rc != RA_OK) return c->first_rc;
+    ra_buf t = *msg;
+    *msg = c->first;
+    c->first = t;
+    return RA_OK;
+  }
+  if (!c->is_client && timeout_ms < 0) timeout_ms = c->idle_ms;
   grpc_op ops[2];
   memset(ops, 0, sizeof ops);
   size_t n = 0;
@@ -220,11 +258,17 @@ int ra_rpc_call_recv(ra_rpc_call *c, ra_buf *msg, int timeout_ms, ra_error *err)
   c->md_received = true;
   int ok = call_wait(c, TAG_OP, deadline_after_ms(timeout_ms));
   if (ok < 0) {
-    /* Cancel, then collect the recv batch so that no op is left referencing `bb`. */
-    grpc_call_cancel_with_status(c->call, GRPC_STATUS_DEADLINE_EXCEEDED, "client timeout", NULL);
+    /* Cancel, then collect the recv batch so that no op is left referencing `bb`. A server call
+     * tells the peer why its slot was taken back. */
+    char why[96];
+    snprintf(why, sizeof why, c->is_client ? "client timeout" : "no message within %d ms: the call's slot is taken back",
+             timeout_ms);
+    grpc_call_cancel_with_status(c->call, GRPC_STATUS_DEADLINE_EXCEEDED, why, NULL);
     call_wait(c, TAG_OP, gpr_inf_future(GPR_CLOCK_MONOTONIC));
     if (bb) grpc_byte_buffer_destroy(bb);
     c->dead = true;
+    if (!c->is_client)
+      return ra_errorf(err, RA_ETIMEDOUT, "%s: no message within %d ms", c->target, timeout_ms);
     return ra_errorf(err, RA_ETIMEDOUT, "%s: no reply within %d ms", c->target, timeout_ms);
   }
   if (ok == 1 && bb) {
@@ -269,7 +313,13 @@ struct ra_rpc_server {
   rpc_method *methods;
   size_t n_methods;
   slot *slots;
-  int n_slots;
+  int n_slots;          /* max_calls + max_waiting threads */
+  int max_calls;
+  atomic_int in_service; /* calls admitted and not finished */
+  int first_message_ms, idle_ms, keepalive_ms;
+  char *cert_pem, *key_pem, *ca_pem; /* TLS (NULL: plaintext) */
+  char **tokens;
+  size_t n_tokens;
   bool running;
 };
 
@@ -287,7 +337,7 @@ static void server_finish(ra_rpc_call *c, int code, const char *message) {
   memset(ops, 0, sizeof ops);
   size_t n = 0;
   int cancelled = 0;
-  if (!c->md_sent) ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+  if (!c->md_sent) op_send_md(c, &ops[n++]);
   grpc_slice details = grpc_slice_from_copied_string(message ? message : "");
   ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
   ops[n].data.send_status_from_server.status = code_to_grpc(code);
@@ -299,8 +349,58 @@ static void server_finish(ra_rpc_call *c, int code, const char *message) {
   grpc_slice_unref(details);
 }
 
+/* Equal without an early exit, so the time of a refusal says nothing about the token. */
+static bool same_secret(const char *a, size_t alen, const char *b, size_t blen) {
+  unsigned diff = alen != blen;
+  for (size_t i = 0; i < alen; i++) diff |= (unsigned char)a[i] ^ (unsigned char)b[i % (blen ? blen : 1)];
+  return diff == 0;
+}
+
+/* Who the call comes from (ra_rpc_call_principal) or RA_EAUTH when the server checks tokens and
+ * the call's "authorization: Bearer ..." names none of them. */
+static int call_authenticate(const ra_rpc_server *s, ra_rpc_call *c, const grpc_metadata_array *md, ra_error *err) {
+  if (s->n_tokens) {
+    static const char prefix[] = "Bearer ";
+    const size_t np = sizeof prefix - 1;
+    for (size_t i = 0; i < md->count; i++) {
+      if (grpc_slice_str_cmp(md->metadata[i].key, "authorization") != 0) continue;
+      const char *v = (const char *)GRPC_SLICE_START_PTR(md->metadata[i].value);
+      size_t vl = GRPC_SLICE_LENGTH(md->metadata[i].value);
+      if (vl <= np || memcmp(v, prefix, np) != 0) continue;
+      for (size_t t = 0; t < s->n_tokens; t++)
+        if (same_secret(v + np, vl - np, s->tokens[t], strlen(s->tokens[t]))) {
+          snprintf(c->principal, sizeof c->principal, "token %zu", t + 1);
+          return RA_OK;
+        }
+    }
+    return ra_errorf(err, RA_EAUTH, "a valid bearer token is required (authorization: Bearer TOKEN)");
+  }
+  if (s->ca_pem) {
+    grpc_auth_context *ctx = grpc_call_auth_context(c->call);
+    grpc_auth_property_iterator it = grpc_auth_context_peer_identity(ctx);
+    const grpc_auth_property *p = grpc_auth_property_iterator_next(&it);
+    if (p) snprintf(c->principal, sizeof c->principal, "cert %.*s", (int)p->value_length, p->value);
+    grpc_auth_context_release(ctx);
+  }
+  return RA_OK;
+}
+
+/* Admission: the first message (or the end of the stream) within first_message_ms, then one of
+ * max_calls service places. */
+static int call_admit(ra_rpc_server *s, ra_rpc_call *c, ra_error *err) {
+  c->first_rc = ra_rpc_call_recv(c, &c->first, s->first_message_ms, err);
+  if (c->first_rc != RA_OK && c->first_rc != RA_EOF) return c->first_rc;
+  c->has_first = true;
+  if (atomic_fetch_add(&s->in_service, 1) >= s->max_calls) {
+    atomic_fetch_sub(&s->in_service, 1);
+    return ra_errorf(err, RA_ENOMEM, "the server is serving %d calls, its most (--max-calls); try again later",
+                     s->max_calls);
+  }
+  return RA_OK;
+}
+
 static void serve_call(ra_rpc_server *s, grpc_completion_queue *cq, grpc_call *gcall,
-                       const grpc_call_details *details) {
+                       const grpc_call_details *details, const grpc_metadata_array *md) {
   ra_rpc_call *c = call_new(false);
   if (!c) {
     grpc_call_cancel_with_status(gcall, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory", NULL);
@@ -311,15 +411,19 @@ static void serve_call(ra_rpc_server *s, grpc_completion_queue *cq, grpc_call *g
   c->cq = cq; /* the slot's queue: not owned by the call */
   c->peer = grpc_call_get_peer(gcall);
   c->target = c->peer;
+  c->idle_ms = s->idle_ms;
   ra_error err;
   ra_error_clear(&err);
-  int code;
+  int code, admitted = 0;
   const rpc_method *m = find_method(s, details->method);
-  if (!m) {
+  if ((code = call_authenticate(s, c, md, &err)) != RA_OK) {
+  } else if (!m) {
     int len = (int)GRPC_SLICE_LENGTH(details->method);
-    code = ra_errorf(&err, RA_EUNSUPPORTED, "unknown method %.*s", len,
-                     (const char *)GRPC_SLICE_START_PTR(details->method));
-  } else {
+    char path[128];
+    ra_log_escape((const char *)GRPC_SLICE_START_PTR(details->method), (size_t)len, path, sizeof path);
+    code = ra_errorf(&err, RA_EUNSUPPORTED, "unknown method %s", path);
+  } else if ((code = call_admit(s, c, &err)) == RA_OK) {
+    admitted = 1;
     code = m->fn(c, m->ctx, &err);
     if (code == RA_EOF) code = RA_OK;
     if (code != RA_OK && err.msg[0] == '\0')
@@ -328,6 +432,7 @@ static void serve_call(ra_rpc_server *s, grpc_completion_queue *cq, grpc_call *g
   if (code != RA_OK && code != RA_ECANCELED)
     ra_log_debug("%s from %s: %s: %s", m ? m->path : "call", c->peer, ra_status_name(code), err.msg);
   server_finish(c, code, code == RA_OK ? "" : err.msg);
+  if (admitted) atomic_fetch_sub(&s->in_service, 1);
   c->cq = NULL;
   call_free(c);
 }
@@ -351,13 +456,24 @@ static void *slot_main(void *arg) {
       } while (ev.type == GRPC_OP_COMPLETE && ev.tag != TAG(TAG_NEW_CALL));
       got = ev.type == GRPC_OP_COMPLETE && ev.success;
     }
-    if (got) serve_call(s, sl->cq, gcall, &details);
+    if (got) serve_call(s, sl->cq, gcall, &details, &md);
     else if (gcall) grpc_call_unref(gcall);
     grpc_call_details_destroy(&details);
     grpc_metadata_array_destroy(&md);
     if (!got) break; /* the server is shutting down */
   }
   return NULL;
+}
+
+/* What create copied from the config (and the server itself). */
+static void server_free_config(ra_rpc_server *s) {
+  for (size_t i = 0; i < s->n_tokens; i++) free(s->tokens[i]);
+  free(s->tokens);
+  free(s->cert_pem);
+  free(s->key_pem);
+  free(s->ca_pem);
+  free(s->listen);
+  free(s);
 }
 
 int ra_rpc_server_create(const ra_rpc_server_config *cfg, ra_rpc_server **out, ra_error *err) {
@@ -369,8 +485,31 @@ int ra_rpc_server_create(const ra_rpc_server_config *cfg, ra_rpc_server **out, r
     free(s);
     return ra_errorf(err, RA_ENOMEM, "out of memory");
   }
-  s->n_slots = cfg->max_calls > 0 ? cfg->max_calls : RA_RPC_DEFAULT_MAX_CALLS;
+  s->max_calls = cfg->max_calls > 0 ? cfg->max_calls : RA_RPC_DEFAULT_MAX_CALLS;
+  s->n_slots = s->max_calls + (cfg->max_waiting > 0 ? cfg->max_waiting : RA_RPC_DEFAULT_MAX_WAITING);
   s->max_message = cfg->max_message_bytes ? cfg->max_message_bytes : RA_RPC_DEFAULT_MAX_MESSAGE;
+  s->first_message_ms = cfg->first_message_ms > 0 ? cfg->first_message_ms : RA_RPC_DEFAULT_FIRST_MESSAGE_MS;
+  s->idle_ms = cfg->idle_ms > 0 ? cfg->idle_ms : RA_RPC_DEFAULT_IDLE_MS;
+  s->keepalive_ms = cfg->keepalive_ms > 0 ? cfg->keepalive_ms : RA_RPC_DEFAULT_KEEPALIVE_MS;
+  int ok = 1;
+  if (cfg->tls) {
+    if (!cfg->tls->cert_pem || !cfg->tls->key_pem) ok = -1;
+    else if (!(s->cert_pem = strdup(cfg->tls->cert_pem)) || !(s->key_pem = strdup(cfg->tls->key_pem)) ||
+             (cfg->tls->ca_pem && !(s->ca_pem = strdup(cfg->tls->ca_pem))))
+      ok = 0;
+  }
+  if (ok == 1 && cfg->n_tokens) {
+    if (!(s->tokens = calloc(cfg->n_tokens, sizeof *s->tokens))) ok = 0;
+    for (size_t i = 0; ok == 1 && i < cfg->n_tokens; i++, s->n_tokens++)
+      if (!cfg->tokens[i][0]) ok = -2;
+      else if (!(s->tokens[i] = strdup(cfg->tokens[i]))) ok = 0;
+  }
+  if (ok != 1) {
+    server_free_config(s);
+    if (ok == -1) return ra_errorf(err, RA_EINVAL, "TLS needs a certificate and its key");
+    if (ok == -2) return ra_errorf(err, RA_EINVAL, "an empty bearer token");
+    return ra_errorf(err, RA_ENOMEM, "out of memory");
+  }
   grpc_init();
   *out = s;
   return RA_OK;
@@ -391,13 +530,22 @@ int ra_rpc_server_add_method(ra_rpc_server *s, const char *path, ra_rpc_handler 
 int ra_rpc_server_start(ra_rpc_server *s, ra_error *err) {
   if (s->running) return ra_errorf(err, RA_ESTATE, "server already started");
   int max = s->max_message > INT32_MAX ? INT32_MAX : (int)s->max_message;
-  /* SO_REUSEPORT is on by default in gRPC: two stores would then share one port silently. */
-  grpc_arg args[3] = {
+  /* SO_REUSEPORT is on by default in gRPC: two stores would then share one port silently.
+   * Keepalive: the server pings every connection, idle or not, and drops one whose ack does not
+   * come within as long (its calls are cancelled, their slots freed); it accepts the clients'
+   * pings at any rate (they ping at their own keepalive: a frozen store is noticed that way). */
+  grpc_arg args[] = {
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, .value.integer = max},
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, .value.integer = max},
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_ALLOW_REUSEPORT, .value.integer = 0},
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIME_MS, .value.integer = s->keepalive_ms},
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIMEOUT_MS, .value.integer = s->keepalive_ms},
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, .value.integer = 1},
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, .value.integer = 0},
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, .value.integer = 100},
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_HTTP2_MAX_PING_STRIKES, .value.integer = 0},
   };
-  grpc_channel_args cargs = {.num_args = 3, .args = args};
+  grpc_channel_args cargs = {.num_args = sizeof args / sizeof args[0], .args = args};
   s->server = grpc_server_create(&cargs, NULL);
   s->slots = calloc((size_t)s->n_slots, sizeof *s->slots);
   if (!s->server || !s->slots) return ra_errorf(err, RA_ENOMEM, "out of memory");
@@ -408,10 +556,22 @@ int ra_rpc_server_start(ra_rpc_server *s, ra_error *err) {
     s->slots[i].cq = grpc_completion_queue_create_for_next(NULL);
     grpc_server_register_completion_queue(s->server, s->slots[i].cq, NULL);
   }
-  grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+  grpc_server_credentials *creds;
+  if (s->cert_pem) {
+    grpc_ssl_pem_key_cert_pair pair = {.private_key = s->key_pem, .cert_chain = s->cert_pem};
+    creds = grpc_ssl_server_credentials_create_ex(
+        s->ca_pem, &pair, 1,
+        s->ca_pem ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+        NULL);
+    if (!creds) return ra_errorf(err, RA_EINVAL, "the TLS certificate, key or CA is not valid PEM");
+  } else {
+    creds = grpc_insecure_server_credentials_create();
+  }
   s->port = grpc_server_add_http2_port(s->server, s->listen, creds);
   grpc_server_credentials_release(creds);
-  if (s->port <= 0) return ra_errorf(err, RA_EIO, "cannot listen on %s (address in use or invalid)", s->listen);
+  if (s->port <= 0)
+    return ra_errorf(err, RA_EIO, "cannot listen on %s (address in use or invalid%s)", s->listen,
+                     s->cert_pem ? ", or the TLS certificate and key do not load" : "");
   grpc_server_start(s->server);
   s->running = true;
   for (int i = 0; i < s->n_slots; i++) {
@@ -427,6 +587,7 @@ int ra_rpc_server_start(ra_rpc_server *s, ra_error *err) {
 int ra_rpc_server_port(const ra_rpc_server *s) { return s->port; }
 
 const char *ra_rpc_call_peer(const ra_rpc_call *c) { return c->peer ? c->peer : ""; }
+const char *ra_rpc_call_principal(const ra_rpc_call *c) { return c->principal; }
 
 void ra_rpc_server_shutdown(ra_rpc_server *s, int grace_ms) {
   if (!s->running) return;
@@ -461,8 +622,7 @@ void ra_rpc_server_destroy(ra_rpc_server *s) {
   for (size_t i = 0; i < s->n_methods; i++) free(s->methods[i].path);
   free(s->methods);
   free(s->slots);
-  free(s->listen);
-  free(s);
+  server_free_config(s);
   grpc_shutdown();
 }
 
@@ -471,34 +631,69 @@ void ra_rpc_server_destroy(ra_rpc_server *s) {
 struct ra_rpc_channel {
   grpc_channel *channel;
   char *target;
+  grpc_metadata auth; /* "authorization: Bearer TOKEN", sent with every call */
+  size_t n_auth;
 };
 
-int ra_rpc_channel_open(const char *target, size_t max_message_bytes, ra_rpc_channel **out,
+int ra_rpc_channel_open(const char *target, const ra_rpc_channel_config *cfg, ra_rpc_channel **out,
                         ra_error *err) {
   *out = NULL;
+  ra_rpc_channel_config d = {0};
+  if (cfg) d = *cfg;
   if (!target || !strchr(target, ':'))
     return ra_errorf(err, RA_EINVAL, "store address '%s' is not HOST:PORT", target ? target : "");
+  if (d.tls && (!d.tls->cert_pem) != (!d.tls->key_pem))
+    return ra_errorf(err, RA_EINVAL, "a client certificate needs its key, and a key its certificate");
   ra_rpc_channel *ch = calloc(1, sizeof *ch);
   if (!ch || !(ch->target = strdup(target))) {
     free(ch);
     return ra_errorf(err, RA_ENOMEM, "out of memory");
   }
-  size_t mm = max_message_bytes ? max_message_bytes : RA_RPC_DEFAULT_MAX_MESSAGE;
+  size_t mm = d.max_message_bytes ? d.max_message_bytes : RA_RPC_DEFAULT_MAX_MESSAGE;
   int max = mm > INT32_MAX ? INT32_MAX : (int)mm;
-  grpc_arg args[2] = {
+  /* Pings every keepalive_ms, even while a call only waits (a long BuildIndex), and fails the
+   * connection's calls when an ack does not come within as long: a frozen store is noticed
+   * within about twice keepalive_ms whatever the calls' deadlines. */
+  int ka = d.keepalive_ms > 0 ? d.keepalive_ms : INT32_MAX;
+  grpc_arg args[] = {
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, .value.integer = max},
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, .value.integer = max},
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIME_MS, .value.integer = ka},
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIMEOUT_MS, .value.integer = d.keepalive_ms > 0 ? ka : 20000},
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, .value.integer = d.keepalive_ms > 0},
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, .value.integer = 0},
   };
-  grpc_channel_args cargs = {.num_args = 2, .args = args};
+  grpc_channel_args cargs = {.num_args = sizeof args / sizeof args[0], .args = args};
   grpc_init();
-  grpc_channel_credentials *creds = grpc_insecure_credentials_create();
-  ch->channel = grpc_channel_create(target, creds, &cargs);
-  grpc_channel_credentials_release(creds);
+  grpc_channel_credentials *creds;
+  if (d.tls) {
+    grpc_ssl_pem_key_cert_pair pair = {.private_key = d.tls->key_pem, .cert_chain = d.tls->cert_pem};
+    creds = grpc_ssl_credentials_create(d.tls->ca_pem, d.tls->cert_pem ? &pair : NULL, NULL, NULL);
+  } else {
+    creds = grpc_insecure_credentials_create();
+  }
+  ch->channel = creds ? grpc_channel_create(target, creds, &cargs) : NULL;
+  if (creds) grpc_channel_credentials_release(creds);
   if (!ch->channel) {
     free(ch->target);
     free(ch);
     grpc_shutdown();
-    return ra_errorf(err, RA_EINVAL, "cannot create a channel to '%s'", target);
+    return ra_errorf(err, RA_EINVAL, "cannot create a channel to '%s'%s", target, d.tls ? " (TLS settings)" : "");
+  }
+  if (d.token) {
+    size_t n = strlen(d.token);
+    char *v = malloc(n + 8);
+    if (v) {
+      memcpy(v, "Bearer ", 7);
+      memcpy(v + 7, d.token, n + 1);
+      ch->auth.key = grpc_slice_from_static_string("authorization");
+      ch->auth.value = grpc_slice_from_copied_string(v);
+      ch->n_auth = 1;
+      free(v);
+    } else {
+      ra_rpc_channel_close(ch);
+      return ra_errorf(err, RA_ENOMEM, "out of memory");
+    }
   }
   *out = ch;
   return RA_OK;
@@ -509,6 +704,7 @@ const char *ra_rpc_channel_target(const ra_rpc_channel *ch) { return ch->target;
 void ra_rpc_channel_close(ra_rpc_channel *ch) {
   if (!ch) return;
   grpc_channel_destroy(ch->channel);
+  if (ch->n_auth) grpc_slice_unref(ch->auth.value);
   free(ch->target);
   free(ch);
   grpc_shutdown();
@@ -520,6 +716,8 @@ int ra_rpc_call_start(ra_rpc_channel *ch, const char *method, int64_t deadline_m
   ra_rpc_call *c = call_new(true);
   if (!c) return ra_errorf(err, RA_ENOMEM, "out of memory");
   c->target = ch->target;
+  c->md_out = ch->n_auth ? &ch->auth : NULL;
+  c->n_md_out = ch->n_auth;
   c->cq = grpc_completion_queue_create_for_next(NULL);
   grpc_slice path = grpc_slice_from_copied_string(method);
   c->call = grpc_channel_create_call(ch->channel, NULL, GRPC_PROPAGATE_DEFAULTS, c->cq, path, NULL,
@@ -549,7 +747,7 @@ int ra_rpc_call_close_send(ra_rpc_call *c, ra_error *err) {
   grpc_op ops[2];
   memset(ops, 0, sizeof ops);
   size_t n = 0;
-  if (!c->md_sent) ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+  if (!c->md_sent) op_send_md(c, &ops[n++]);
   ops[n++].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
   if (grpc_call_start_batch(c->call, ops, n, TAG(TAG_OP), NULL) != GRPC_CALL_OK)
     return ra_errorf(err, RA_EINTERNAL, "%s: cannot half-close", c->target);
@@ -605,7 +803,7 @@ int ra_rpc_unary(ra_rpc_channel *ch, const char *method, const void *req, size_t
   grpc_byte_buffer *out_bb = buffer_from(req, req_len), *in_bb = NULL;
   grpc_op ops[5];
   memset(ops, 0, sizeof ops);
-  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  op_send_md(c, &ops[0]);
   ops[1].op = GRPC_OP_SEND_MESSAGE;
   ops[1].data.send_message.send_message = out_bb;
   ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;

@@ -20,7 +20,22 @@
  *   RA_EINVAL/RA_EFORMAT -> INVALID_ARGUMENT, RA_ENOTFOUND -> NOT_FOUND,
  *   RA_ENOMEM -> RESOURCE_EXHAUSTED, RA_EEXIST -> ALREADY_EXISTS, RA_ESTATE -> FAILED_PRECONDITION,
  *   RA_EUNSUPPORTED -> UNIMPLEMENTED, RA_ETIMEDOUT -> DEADLINE_EXCEEDED,
- *   RA_EUNAVAIL -> UNAVAILABLE, RA_ECANCELED -> CANCELLED, others -> INTERNAL; and back. */
+ *   RA_EUNAVAIL -> UNAVAILABLE, RA_ECANCELED -> CANCELLED, RA_EAUTH -> UNAUTHENTICATED,
+ *   RA_EPERM -> PERMISSION_DENIED, others -> INTERNAL; and back.
+ *
+ * Liveness and admission (server): a call first waits for its first message in one of
+ * max_waiting slots (first_message_ms at most: a stream that opens and says nothing loses its
+ * slot with DEADLINE_EXCEEDED), then takes one of max_calls service places or is refused at
+ * once with RESOURCE_EXHAUSTED; a handler's recv (timeout -1) waits idle_ms at most for each
+ * next message. HTTP/2 keepalive pings every connection (keepalive_ms): a peer that does not
+ * answer within as long (frozen, its host gone) loses its calls. Clients ping the same way, so
+ * a frozen server fails their calls within their keepalive instead of their deadline.
+ *
+ * Security: TLS on both sides from PEM text (gRPC core's SSL credentials; a server given a CA
+ * requires and verifies client certificates: mutual TLS), and bearer tokens: a client sends
+ * "authorization: Bearer TOKEN" with every call, a server given tokens refuses a call without
+ * one of them with UNAUTHENTICATED before any handler runs. ra_rpc_call_principal names the
+ * credential a call came with, for handlers that bind state to it. */
 #ifndef RA_RPC_H
 #define RA_RPC_H
 
@@ -40,10 +55,25 @@ typedef struct ra_rpc_call ra_rpc_call;
  * when not RA_OK) becomes the call's status. `ctx` is the pointer given at registration. */
 typedef int (*ra_rpc_handler)(ra_rpc_call *call, void *ctx, ra_error *err);
 
+/* PEM text (not file names). Server: cert + key required, ca set: mutual TLS. Client: ca (NULL:
+ * gRPC's default roots), cert + key optional (a client certificate for mutual TLS). */
+typedef struct ra_rpc_tls {
+  const char *cert_pem;
+  const char *key_pem;
+  const char *ca_pem;
+} ra_rpc_tls;
+
 typedef struct ra_rpc_server_config {
   const char *listen;       /* "HOST:PORT"; port 0 picks a free port */
-  int max_calls;            /* calls served at once (slot threads); default 64 */
+  int max_calls;            /* calls in service at once; more: RESOURCE_EXHAUSTED; default 64 */
+  int max_waiting;          /* calls waiting for their first message; default 256 */
   size_t max_message_bytes; /* receive limit per message; default 64 MiB */
+  int first_message_ms;     /* a new call's wait for its first message; default 10 s */
+  int idle_ms;              /* a handler's wait for each next message (recv timeout -1); default 10 min */
+  int keepalive_ms;         /* ping period and ack deadline; default 10 s */
+  const ra_rpc_tls *tls;    /* NULL: plaintext */
+  const char *const *tokens; /* [n_tokens] bearer tokens accepted; none: no authentication */
+  size_t n_tokens;
 } ra_rpc_server_config;
 
 int ra_rpc_server_create(const ra_rpc_server_config *cfg, ra_rpc_server **out, ra_error *err);
@@ -60,12 +90,23 @@ void ra_rpc_server_destroy(ra_rpc_server *s);
 
 /* The peer's address of a server call, e.g. "ipv4:127.0.0.1:53412" (for logs). */
 const char *ra_rpc_call_peer(const ra_rpc_call *call);
+/* The credential of a server call: "token N" (the N-th accepted token, from 1) when the server
+ * checks tokens, else "cert CN" (its client certificate's identity) under mutual TLS, else ""
+ * (anyone). Handlers compare it to bind state (sessions) to the credential that made it. */
+const char *ra_rpc_call_principal(const ra_rpc_call *call);
 
 /* ---- client ---- */
 
-/* Opens a channel to "HOST:PORT". Connection is lazy: an unreachable peer shows up as
- * RA_EUNAVAIL on the first call. */
-int ra_rpc_channel_open(const char *target, size_t max_message_bytes, ra_rpc_channel **out,
+typedef struct ra_rpc_channel_config {
+  size_t max_message_bytes; /* 0: 64 MiB */
+  int keepalive_ms;         /* ping period and ack deadline; 0: no pings */
+  const ra_rpc_tls *tls;    /* NULL: plaintext */
+  const char *token;        /* bearer token sent with every call; NULL: none */
+} ra_rpc_channel_config;
+
+/* Opens a channel to "HOST:PORT" (cfg NULL: the defaults). Connection is lazy: an unreachable
+ * peer, or a TLS handshake that fails, shows up as RA_EUNAVAIL on the first call. */
+int ra_rpc_channel_open(const char *target, const ra_rpc_channel_config *cfg, ra_rpc_channel **out,
                         ra_error *err);
 const char *ra_rpc_channel_target(const ra_rpc_channel *ch);
 void ra_rpc_channel_close(ra_rpc_channel *ch);

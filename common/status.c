@@ -23,6 +23,8 @@ static const struct {
     {RA_EUNSUPPORTED, "RA_EUNSUPPORTED", "not supported"},
     {RA_ESTATE, "RA_ESTATE", "invalid state"},
     {RA_EINTERNAL, "RA_EINTERNAL", "internal error"},
+    {RA_EAUTH, "RA_EAUTH", "unauthenticated"},
+    {RA_EPERM, "RA_EPERM", "permission denied"},
 };
 
 static int ra_code_index(int code) {

@@ -23,6 +23,8 @@ enum {
   RA_EUNSUPPORTED = -10, /* valid but not implemented for this case */
   RA_ESTATE = -11,       /* not valid in the current state (e.g. index not built) */
   RA_EINTERNAL = -12,    /* a bug: an invariant did not hold */
+  RA_EAUTH = -13,        /* no valid credential came with the request */
+  RA_EPERM = -14,        /* the credential does not allow this (another's session) */
 };
 
 #define RA_ERROR_MSG_MAX 320

@@ -420,3 +420,34 @@ void ra_vec_axpy(float *acc, float w, const void *row, ra_dtype t, int dim) {
 #endif
   axpy_portable(acc, w, row, t, dim);
 }
+
+/* One pass of OR-reduced exponent tests per 64-element block (vectorized: no branch inside);
+ * a block that has one is searched for its first. Elements are read by memcpy: K/V come from
+ * protobuf bytes fields, which have no alignment. */
+#define FIRST_NONFINITE_(type, mask)                                        \
+  do {                                                                      \
+    const unsigned char *v = x;                                             \
+    for (size_t b = 0; b < n; b += 64) {                                    \
+      size_t e = n - b < 64 ? n : b + 64;                                   \
+      type bad = 0, w;                                                      \
+      for (size_t i = b; i < e; i++) {                                      \
+        memcpy(&w, v + i * sizeof w, sizeof w);                             \
+        bad |= (type)((w & mask) == mask);                                  \
+      }                                                                     \
+      for (size_t i = b; bad && i < e; i++) {                               \
+        memcpy(&w, v + i * sizeof w, sizeof w);                             \
+        if ((w & mask) == mask) return i;                                   \
+      }                                                                     \
+    }                                                                       \
+    return n;                                                               \
+  } while (0)
+
+size_t ra_vec_first_nonfinite(const void *x, ra_dtype t, size_t n) {
+  switch (t) {
+    case RA_DTYPE_F32: FIRST_NONFINITE_(uint32_t, 0x7f800000u);
+    case RA_DTYPE_F16: FIRST_NONFINITE_(uint16_t, 0x7c00u);
+    case RA_DTYPE_BF16: FIRST_NONFINITE_(uint16_t, 0x7f80u);
+    case RA_DTYPE_I8: return n; /* int8 values are finite: their rows' scales are ra_dtype_rows_check's */
+  }
+  return 0;
+}

@@ -44,6 +44,11 @@ void ra_vec_axpy(float *acc, float w, const void *row, ra_dtype t, int dim);
  * degree-5 polynomial after reduction by ln 2, eight lanes at a time). */
 float ra_vec_exp_sum(float *x, size_t n, float shift);
 
+/* The index of the first element of x ([n], dtype t) that is NaN or infinite, or n when all are
+ * finite: what a store checks before it keeps K/V (one NaN key empties a full-mode partial).
+ * Reads the bit patterns (all-ones exponent), in blocks the compiler vectorizes. */
+size_t ra_vec_first_nonfinite(const void *x, ra_dtype t, size_t n);
+
 /* Issues a prefetch of one row (all its cache lines). */
 void ra_vec_prefetch_row(const void *rows, ra_dtype t, int dim, uint32_t id);
 

@@ -18,7 +18,7 @@ done
 
 PACKAGES=(build-essential cmake pkg-config clang libclang-rt-14-dev
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libuv1-dev libcmocka-dev
-  libopenblas-dev libomp-dev libmicrohttpd-dev libjansson-dev prometheus curl python3 python3-pip python3-numpy gnuplot-nox iproute2 unzip)
+  libopenblas-dev libomp-dev libmicrohttpd-dev libjansson-dev prometheus curl python3 python3-pip python3-numpy gnuplot-nox iproute2 unzip openssl)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -32,9 +32,9 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # Python packages of the gpu-worker reference test (tests/gpu-worker/ref_smollm2.py) and of the
-# serve tests' OpenAI client, pinned.
-PY_PACKAGES=(numpy==2.3.5 gguf==0.17.1 tokenizers==0.21.1 openai==3.57.0)
-if ! python3 -c 'import numpy, gguf, tokenizers, openai' 2>/dev/null; then
+# serve tests' OpenAI client, and the adversarial store client (tests/integration/test_trust.py), pinned.
+PY_PACKAGES=(numpy==2.3.5 gguf==0.17.1 tokenizers==0.21.1 openai==3.57.0 grpcio==1.67.1 grpcio-tools==1.67.1)
+if ! python3 -c 'import numpy, gguf, tokenizers, openai, grpc, grpc_tools' 2>/dev/null; then
   echo "setup: pip installing ${PY_PACKAGES[*]}"
   python3 -m pip install --quiet "${PY_PACKAGES[@]}" ||
     python3 -m pip install --quiet --break-system-packages "${PY_PACKAGES[@]}"

@@ -51,6 +51,7 @@ typedef struct opts {
   int max_seqs, max_cached, max_conns, drain_ms;
   uint64_t max_body;
   double cache_ttl;
+  const char *store_tls_ca, *store_tls_cert, *store_tls_key, *auth_token_file;
   ra_offload_config off; /* mode == RA_MODE_FULL: no offload */
   int tp; /* tensor-parallel ranks */
   int help, chat, threads, max_new, decode_tokens, no_stop, top_k, synthetic, replicas;
@@ -175,16 +176,26 @@ static const ra_opt rows[] = {
      .help = "first tokens kept on the device", .scope = RUNS},
     {"window", RA_OPT_INT, AT(off.n_window), .lo = 1, .hi = 1L << 20, .meta = "N",
      .help = "latest tokens kept on the device", .scope = RUNS},
-    {"attn-top-k", RA_OPT_INT, AT(off.top_k), .lo = 1, .hi = 1L << 24, .meta = "K",
+    {"attn-top-k", RA_OPT_INT, AT(off.top_k), .lo = 1, .hi = RA_ATTEND_MAX_TOP_K, .meta = "K",
      .help = "keys per head the stores attend to", .scope = RUNS},
-    {"ef", RA_OPT_INT, AT(off.ef), .lo = 1, .hi = 1L << 20, .meta = "N", .help = "index search: candidates kept",
+    {"ef", RA_OPT_INT, AT(off.ef), .lo = 1, .hi = RA_INDEX_MAX_EF, .meta = "N", .help = "index search: candidates kept",
      .dflt = "set by the store", .scope = RUNS},
-    {"nprobe", RA_OPT_INT, AT(off.nprobe), .lo = 1, .hi = 1L << 20, .meta = "N",
+    {"nprobe", RA_OPT_INT, AT(off.nprobe), .lo = 1, .hi = RA_INDEX_MAX_LISTS, .meta = "N",
      .help = "index search: clusters scanned", .dflt = "set by the store", .scope = RUNS},
     {"store-dtype", RA_OPT_ENUM, AT(off.store_dtype), .lo = RA_DTYPE_F32, .hi = RA_DTYPE_I8,
      .name_of = dtype_name, .help = "KV dtype at the stores (int8: per-row scale, quantized here)", .scope = RUNS},
     {"store-timeout-ms", RA_OPT_INT, AT(off.timeout_ms), .lo = 1, .hi = 3600000, .meta = "MS",
-     .help = "deadline of every store reply", .scope = RUNS},
+     .help = "deadline of every store call (an index build's grows with its keys); a store that stops answering "
+             "pings fails the generation within about as long",
+     .scope = RUNS},
+    {"store-tls-ca", RA_OPT_STRING, AT(store_tls_ca), .meta = "FILE",
+     .help = "talk TLS to the stores, whose certificates this PEM CA signed", .scope = GEN},
+    {"store-tls-cert", RA_OPT_STRING, AT(store_tls_cert), .meta = "FILE",
+     .help = "mutual TLS: the worker's PEM certificate (with --store-tls-key)", .scope = GEN},
+    {"store-tls-key", RA_OPT_STRING, AT(store_tls_key), .meta = "FILE", .help = "the PEM key of --store-tls-cert",
+     .scope = GEN},
+    {"auth-token-file", RA_OPT_STRING, AT(auth_token_file), .meta = "FILE",
+     .help = "send the token on this file's first line to the stores with every call", .scope = GEN},
     {"index-per-kv-head", RA_OPT_FLAG, AT(off.roar_per_kv_head),
      .help = "roar: one graph per kv head from its group's queries", .scope = RUNS},
     {"key-top-queries", RA_OPT_INT, AT(off.key_top_queries), .lo = 0, .hi = RA_KVCLIENT_KEY_TOP_MAX, .meta = "T",
@@ -291,6 +302,10 @@ static int opts_check(opts *o, const ra_opts_set *s) {
     return usage_error(s->scope, "--tp takes no --replicas, --spare-stores, --save-context or --context yet");
   if (ra_opts_given(s, "replicas") && !o->stores)
     return usage_error(s->scope, "--replicas is for --stores (a --shard-map names each rule's owners)");
+  if ((!o->store_tls_cert) != (!o->store_tls_key))
+    return usage_error(s->scope, "--store-tls-cert and --store-tls-key go together");
+  if (!distributed && (o->store_tls_ca || o->store_tls_cert || o->auth_token_file))
+    return usage_error(s->scope, "--store-tls-* / --auth-token-file are for a --mode that uses stores, not %s", mode);
   if (o->off.roar_per_kv_head && o->off.mode != RA_MODE_ROAR)
     return usage_error(s->scope, "--index-per-kv-head is for --mode roar, not %s", mode);
   if (o->synthetic && o->off.mode == RA_MODE_FULL)
@@ -508,11 +523,19 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
   ra_offload *off = NULL;
   ra_offload_config oc = o->off;
   spare_set spares = {0};
+  ra_kvclient_secrets secrets = {0};
   if (o->off.mode == RA_MODE_FULL) {
     rc = ra_state_new(m, ctx, o->batch < ctx ? o->batch : ctx, o->kv_dtype, &st, err);
   } else {
     oc = o->off;
     oc.kv_dtype = o->kv_dtype;
+    rc = ra_kvclient_options_load(&oc.store_client, o->store_tls_ca, o->store_tls_cert, o->store_tls_key,
+                                  o->auth_token_file, &secrets, err);
+    if (rc) {
+      ra_context_free(&saved);
+      free(ids);
+      return rc;
+    }
     oc.max_ctx = ctx;
     oc.max_prompt = (int64_t)n; /* the prefill runs layer by layer over the whole prompt */
     if (root && !o->json && isatty(STDERR_FILENO)) oc.progress = print_progress;
@@ -533,6 +556,7 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
     ra_offload_plan_free(&plan);
     ra_shard_map_free(&map);
     ra_context_free(&saved);
+    ra_kvclient_secrets_free(&secrets);
     free(ids);
     return rc;
   }
@@ -627,6 +651,7 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
   ra_offload_plan_free(&plan);
   ra_shard_map_free(&map);
   ra_context_free(&saved);
+  ra_kvclient_secrets_free(&secrets);
   free(ids);
   return rc;
 }

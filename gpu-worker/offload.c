@@ -204,6 +204,7 @@ int ra_offload_new(const ra_model *m, const ra_offload_plan *plan, const ra_offl
   if (rc == RA_OK && plan) {
     ra_remote_config rcfg = {.dtype = cfg->store_dtype, .mode = cfg->mode, .top_k = cfg->top_k,
                              .search = {.ef = cfg->ef, .nprobe = cfg->nprobe}, .timeout_ms = cfg->timeout_ms,
+                             .client = cfg->store_client,
                              .roar_per_kv_head = cfg->roar_per_kv_head, .client_name = "gpu-worker",
                              .retro_window = cfg->retro_window, .reconnect_ms = cfg->reconnect_ms,
                              .resume = cfg->resume, .spares = cfg->spares, .n_spares = cfg->n_spares};

@@ -68,6 +68,7 @@ typedef struct ra_offload_config {
                              open new ones */
   const char *const *spares; /* spare stores restoring the replicas of a down one (remote.h) */
   size_t n_spares;
+  ra_kvclient_options store_client; /* TLS and token of the store connections (client.h) */
   int roar_per_kv_head;   /* roar: one graph per kv head from its group's queries (the build and
                              every decode step's insertion cost 1 / group of per-q-head graphs) */
   uint32_t key_top_queries; /* roar: send every offloaded key's best t queries of its build

@@ -37,6 +37,8 @@ typedef struct remote_store {
   int down;                    /* failed: its rules go on at their other owners */
   ra_error why;                /* what failed it */
   uint32_t reconnects;         /* times it came back (reattached) */
+  uint64_t *head_tokens;       /* [n_layers * n_kv_heads] tokens sent here: an index build's deadline */
+  int unreachable;             /* a call timed out or lost the connection: close skips the store */
 } remote_store;
 
 struct ra_remote {
@@ -99,7 +101,8 @@ static int store_reconnect(ra_remote *r, remote_store *s, ra_error *err) {
   if (s->client) ra_kvclient_close(s->client);
   s->client = NULL;
   uint64_t t0 = uv_hrtime(), limit = (uint64_t)r->cfg.reconnect_ms * 1000000u;
-  ra_kvclient_options opt = {.timeout_ms = r->cfg.timeout_ms};
+  ra_kvclient_options opt = r->cfg.client;
+  opt.timeout_ms = r->cfg.timeout_ms;
   int rc;
   do {
     int serving = 0;
@@ -110,6 +113,7 @@ static int store_reconnect(ra_remote *r, remote_store *s, ra_error *err) {
     if (rc == RA_OK) rc = ra_kvclient_attend_open(s->client, &s->session, &s->stream, err);
     if (rc == RA_OK) {
       s->reconnects++;
+      s->unreachable = 0;
       ra_log_warn("store %s back after %.0f ms: session reattached with %llu rows", s->addr,
                   (double)(uv_hrtime() - t0) / 1e6, (unsigned long long)s->held);
       return RA_OK;
@@ -134,6 +138,8 @@ static int store_failed(ra_remote *r, size_t i, const ra_error *e, int *back, ra
   ra_error why = *e;
   if (back) *back = 0;
   s->pending = 0;
+  /* one that stopped answering is not waited for again at close */
+  if (e->code == RA_ETIMEDOUT || e->code == RA_EUNAVAIL || e->code == RA_ECANCELED) s->unreachable = 1;
   r->down[i] = 1;
   ra_error cover;
   if (r->plan->max_owners > 1 && ra_offload_plan_covered(r->plan, r->down, &cover) == RA_OK) {
@@ -191,9 +197,10 @@ static int store_open(ra_remote *r, remote_store *s, const ra_remote_session *re
   s->rq = calloc(nr * hd + 1, sizeof *s->rq);
   s->ro = calloc(nr * hd + 1, sizeof *s->ro);
   s->rparts = calloc(nr + 1, sizeof *s->rparts);
+  s->head_tokens = calloc((size_t)p->n_layers * p->n_kv_heads, sizeof *s->head_tokens);
   ra_kvclient_shard *shards = calloc(s->plan->n_shards + 1, sizeof *shards);
   if (!s->heads || !s->q || !s->o || !s->parts || !s->rows || !s->slot || !s->rq || !s->ro || !s->rparts ||
-      !shards) {
+      !s->head_tokens || !shards) {
     free(shards);
     return ra_errorf(err, RA_ENOMEM, "remote: out of memory");
   }
@@ -203,7 +210,8 @@ static int store_open(ra_remote *r, remote_store *s, const ra_remote_session *re
   }
   ra_kvclient_geometry geo = {p->n_layers, p->n_q_heads, p->n_kv_heads, r->head_dim, r->cfg.dtype};
   int serving = 0;
-  ra_kvclient_options opt = {.timeout_ms = r->cfg.timeout_ms};
+  ra_kvclient_options opt = r->cfg.client;
+  opt.timeout_ms = r->cfg.timeout_ms;
   int rc = ra_kvclient_connect(s->addr, &opt, &s->client, err);
   if (rc == RA_OK) rc = ra_kvclient_health(s->client, &serving, err);
   if (rc == RA_OK && !serving) rc = ra_errorf(err, RA_EUNAVAIL, "%s: store is not serving", s->addr);
@@ -224,9 +232,11 @@ static int store_open(ra_remote *r, remote_store *s, const ra_remote_session *re
 
 static void store_close(remote_store *s, int keep_session) {
   ra_error err;
-  if (s->stream) ra_kvclient_attend_close(s->stream);
-  /* a down store is not waited for */
-  if (s->session_open && !s->down && !keep_session) ra_kvclient_close_session(s->client, &s->session, NULL, &err);
+  if (s->stream && !s->unreachable) ra_kvclient_attend_close(s->stream);
+  else if (s->stream) ra_kvclient_attend_abort(s->stream);
+  /* a down or unreachable store is not waited for (its lease expires the session) */
+  if (s->session_open && !s->down && !s->unreachable && !keep_session)
+    ra_kvclient_close_session(s->client, &s->session, NULL, &err);
   if (s->client) ra_kvclient_close(s->client);
   free(s->heads);
   free(s->q);
@@ -237,6 +247,7 @@ static void store_close(remote_store *s, int keep_session) {
   free(s->rq);
   free(s->ro);
   free(s->rparts);
+  free(s->head_tokens);
 }
 
 void ra_remote_close(ra_remote *r) {
@@ -363,8 +374,10 @@ static void put_store(void *arg) {
     s->rows[s->n_rows++] = (ra_kvclient_rows){p->layer, sh->kv_head, b, e - b, kd, vd};
   }
   p->rc = s->n_rows ? ra_kvclient_put_kv(s->client, &s->session, s->rows, s->n_rows, NULL, &p->err) : RA_OK;
-  if (p->rc == RA_OK)
-    for (size_t j = 0; j < s->n_rows; j++) s->tokens += s->rows[j].n_tokens;
+  for (size_t j = 0; p->rc == RA_OK && j < s->n_rows; j++) {
+    s->tokens += s->rows[j].n_tokens;
+    s->head_tokens[(size_t)p->layer * r->plan->n_kv_heads + s->rows[j].kv_head] += s->rows[j].n_tokens;
+  }
 }
 
 /* Bytes of store s's shards of `layer` within [pos0, end), K and V. */
@@ -479,8 +492,11 @@ int ra_remote_build_index_start(ra_remote *r, uint32_t layer, uint32_t q_head, c
       if (!nb || !ns) return ra_errorf(err, RA_ENOMEM, "remote: out of memory for %zu index builds", cap);
       r->cap_builds = cap;
     }
+    /* the keys it covers here size its deadline (client.h) */
+    ra_kvclient_build_input bi = in ? *in : (ra_kvclient_build_input){0};
+    bi.n_keys = s->head_tokens[(size_t)layer * r->plan->n_kv_heads + q_head / (r->plan->n_q_heads / r->plan->n_kv_heads)];
     ra_error e;
-    if (ra_kvclient_build_index_start(s->client, &s->session, layer, q_head, &params, in, &r->builds[r->n_builds],
+    if (ra_kvclient_build_index_start(s->client, &s->session, layer, q_head, &params, &bi, &r->builds[r->n_builds],
                                       &e) == RA_OK)
       r->build_store[r->n_builds++] = i;
     else
@@ -527,7 +543,8 @@ static int store_restore(ra_remote *r, size_t i, const char *addr, ra_error *err
   remote_store *s = &r->stores[i];
   const ra_offload_plan *p = r->plan;
   ra_kvclient_geometry geo = s->session.geo;
-  ra_kvclient_options opt = {.timeout_ms = r->cfg.timeout_ms};
+  ra_kvclient_options opt = r->cfg.client;
+  opt.timeout_ms = r->cfg.timeout_ms;
   ra_kvclient *c = NULL;
   ra_kvclient_session sess;
   ra_kvclient_stream *stream = NULL;
@@ -596,6 +613,8 @@ static int store_restore(ra_remote *r, size_t i, const char *addr, ra_error *err
   s->stream = stream;
   s->tokens = copied;
   s->down = 0;
+  s->unreachable = 0;
+  memset(s->head_tokens, 0, (size_t)p->n_layers * p->n_kv_heads * sizeof *s->head_tokens);
   r->down[i] = 0;
   return RA_OK;
 }
@@ -622,6 +641,8 @@ static int append_store(ra_remote *r, size_t i, ra_error *err) {
     ra_error e;
     if (ra_kvclient_append(s->client, &s->session, s->rows, s->n_rows, &e) == RA_OK) {
       s->tokens += n;
+      for (size_t j = 0; j < s->n_rows; j++)
+        s->head_tokens[(size_t)s->rows[j].layer * r->plan->n_kv_heads + s->rows[j].kv_head] += s->rows[j].n_tokens;
       return RA_OK;
     }
     int back, landed, rc = store_failed(r, i, &e, &back, err);

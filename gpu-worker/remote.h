@@ -50,7 +50,8 @@ typedef struct ra_remote_config {
   ra_mode mode;            /* how stores choose keys: a mode with a wire value (common/modes.h) */
   uint32_t top_k;          /* keys per q head for every mode but full */
   ra_search_spec search;   /* index search parameters; 0: store defaults */
-  int timeout_ms;          /* deadline of each attend reply; 0: 10 s */
+  int timeout_ms;          /* every store call's deadline (client.h: the policy); 0: 10 s */
+  ra_kvclient_options client; /* the connections' security (TLS, token); its timeout_ms is the above */
   int roar_per_kv_head;    /* roar: one graph per kv head, built from its whole group's queries */
   const char *client_name; /* for the stores' logs */
   uint32_t retro_window;   /* retrospective correction: past steps corrected (0: off) */

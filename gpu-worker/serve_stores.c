@@ -36,7 +36,7 @@ void ra_serve_stores_free(ra_serve_stores *s) {
 /* Store i's client (connected now if need be); NULL with err set. Under mu. */
 static ra_kvclient *client(ra_serve_stores *s, size_t i, ra_error *err) {
   if (!s->clients[i]) {
-    ra_kvclient_options opt = {0, 0, 2000, 0};
+    ra_kvclient_options opt = {.timeout_ms = 2000};
     if (ra_kvclient_connect(s->plan->stores[i].addr, &opt, &s->clients[i], err) != RA_OK) s->clients[i] = NULL;
   }
   return s->clients[i];

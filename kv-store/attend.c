@@ -69,6 +69,8 @@ static int check_args(const kvs_session *s, const kvs_attend_args *a, ra_error *
     return ra_errorf(err, RA_EINVAL, "mode %s is not one a kv-store answers", ra_mode_name(a->mode));
   if (ra_mode_takes_top_k(a->mode) && a->top_k == 0)
     return ra_errorf(err, RA_EINVAL, "mode %s needs top_k > 0", ra_mode_name(a->mode));
+  if (ra_mode_takes_top_k(a->mode) && a->top_k > RA_ATTEND_MAX_TOP_K)
+    return ra_errorf(err, RA_EINVAL, "top_k %u out of range [1, %u]", a->top_k, RA_ATTEND_MAX_TOP_K);
   if (a->retro_window > 0 && !ra_mode_takes_top_k(a->mode))
     return ra_errorf(err, RA_EINVAL, "retro: mode %s keeps no retrieved sets at the store (flat, ivf, kgraph, roar do)",
                      ra_mode_name(a->mode));
@@ -747,6 +749,24 @@ static int run_retro(const plan *p, kvs_attend_result *out, ra_error *err) {
   return rc;
 }
 
+/* A bound of the bytes an attend allocates besides the shared search scratches: the top-k heaps
+ * or candidate lists per task slot and per head, the per-thread score strips, the result's
+ * partials and ids. Above KVS_ATTEND_UNCHARGED_BYTES it is charged to the store's budget for the
+ * attend's duration, so a huge top_k over many heads and shards is RESOURCE_EXHAUSTED rather
+ * than memory the budget never saw; below it (every decode step's attend: top_k 100 x 32 heads
+ * is ~60 KB) it is not, so a store filled to its budget still serves its sessions. */
+#define KVS_ATTEND_UNCHARGED_BYTES (1u << 20)
+static uint64_t attend_work_bytes(const plan *p, int nt) {
+  uint64_t most = 0;
+  for (size_t gi = 0; gi < p->n_groups; gi++)
+    if (p->groups[gi].n_keys > most) most = p->groups[gi].n_keys;
+  uint64_t k = p->a->mode == RA_MODE_FULL ? 0 : (p->a->top_k < most ? p->a->top_k : most);
+  uint64_t heads = p->a->n_heads, dim = (uint64_t)p->dim;
+  uint64_t ids = p->a->want_ids ? heads * (p->a->mode == RA_MODE_FULL ? most : k) * sizeof(uint64_t) : 0;
+  return ((uint64_t)p->n_slots + 2 * heads) * k * (sizeof(float) + sizeof(uint32_t)) +
+         (uint64_t)nt * p->max_block * p->max_group * sizeof(float) + heads * dim * sizeof(float) * 2 + ids;
+}
+
 int kvs_attend(kvs_session *s, const kvs_attend_args *a, kvs_attend_result *out, ra_error *err) {
   memset(out, 0, sizeof *out);
   int nt = a->n_threads > 0 ? a->n_threads : omp_get_max_threads();
@@ -763,6 +783,12 @@ int kvs_attend(kvs_session *s, const kvs_attend_args *a, kvs_attend_result *out,
     pthread_rwlock_unlock(&s->lock);
     return rc;
   }
+  const uint64_t bound = attend_work_bytes(&p, nt), work = bound > KVS_ATTEND_UNCHARGED_BYTES ? bound : 0;
+  if (work && (rc = kvs_store_charge(s->store, work, err)) != RA_OK) {
+    pthread_rwlock_unlock(&s->lock);
+    plan_free(&p);
+    return ra_error_wrap(err, "attend working memory (%zu heads, top_k %u)", a->n_heads, a->top_k);
+  }
   if (result_alloc(&p, out) != RA_OK) {
     rc = ra_errorf(err, RA_ENOMEM, "out of memory for the attend result");
   } else if (a->mode == RA_MODE_FULL) {
@@ -777,6 +803,7 @@ int kvs_attend(kvs_session *s, const kvs_attend_args *a, kvs_attend_result *out,
     for (size_t i = 0; i < out->n_heads; i++) out->heads[i].n_ids = out->heads[i].ids_cap = 0;
   pthread_rwlock_unlock(&s->lock);
   plan_free(&p);
+  kvs_store_uncharge(s->store, work);
   if (rc) {
     kvs_attend_result_free(out);
     return rc;

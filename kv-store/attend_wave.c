@@ -114,7 +114,9 @@ static int plan_groups(wplan *p, ra_error *err) {
                        kv, a->layer);
     if (p->groups[gi].sel)
       return ra_errorf(err, RA_EINVAL, "clusters of kv head %u selected twice", kv);
-    p->groups[gi].sel = w->ids + off;
+    static const uint32_t no_ids[1];
+    /* sel also marks the kv head as named: never NULL, and no arithmetic on a NULL ids */
+    p->groups[gi].sel = w->ids ? w->ids + off : no_ids;
     p->groups[gi].n_sel = w->counts[i];
     off += w->counts[i];
   }

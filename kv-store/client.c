@@ -3,6 +3,7 @@
 #include "buf.h"
 #include "kvstore.pb-c.h"
 #include "rpc.h"
+#include "textfile.h"
 #include "wire.h"
 
 #include <stdlib.h>
@@ -10,12 +11,12 @@
 
 #define KVC_DEFAULT_CHUNK (4u << 20)
 #define KVC_DEFAULT_TIMEOUT_MS 30000
-#define KVC_DEFAULT_BUILD_TIMEOUT_MS (30 * 60 * 1000)
 
 struct ra_kvclient {
   ra_rpc_channel *ch;
   size_t chunk_bytes;
-  int timeout_ms, build_timeout_ms;
+  int timeout_ms;
+  size_t builds_in_flight; /* started, not yet waited for */
   ra_buf tx, rx;
 };
 
@@ -53,16 +54,64 @@ int ra_kvclient_connect(const char *addr, const ra_kvclient_options *opt, ra_kvc
   if (opt) o = *opt;
   ra_kvclient *c = calloc(1, sizeof *c);
   if (!c) return ra_errorf(err, RA_ENOMEM, "out of memory");
-  int rc = ra_rpc_channel_open(addr, o.max_message_bytes, &c->ch, err);
+  c->chunk_bytes = o.chunk_bytes ? o.chunk_bytes : KVC_DEFAULT_CHUNK;
+  c->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : KVC_DEFAULT_TIMEOUT_MS;
+  ra_rpc_tls tls = {.cert_pem = o.tls_cert_pem, .key_pem = o.tls_key_pem, .ca_pem = o.tls_ca_pem};
+  ra_rpc_channel_config cc = {.max_message_bytes = o.max_message_bytes,
+                              .keepalive_ms = c->timeout_ms / 2 > 0 ? c->timeout_ms / 2 : 1,
+                              .tls = o.tls ? &tls : NULL,
+                              .token = o.auth_token};
+  int rc = ra_rpc_channel_open(addr, &cc, &c->ch, err);
   if (rc) {
     free(c);
     return rc;
   }
-  c->chunk_bytes = o.chunk_bytes ? o.chunk_bytes : KVC_DEFAULT_CHUNK;
-  c->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : KVC_DEFAULT_TIMEOUT_MS;
-  c->build_timeout_ms = o.build_timeout_ms > 0 ? o.build_timeout_ms : KVC_DEFAULT_BUILD_TIMEOUT_MS;
   *out = c;
   return RA_OK;
+}
+
+int ra_kvclient_options_load(ra_kvclient_options *o, const char *ca_file, const char *cert_file,
+                             const char *key_file, const char *token_file, ra_kvclient_secrets *t,
+                             ra_error *err) {
+  memset(t, 0, sizeof *t);
+  const struct {
+    const char *path;
+    char **text;
+  } files[] = {{ca_file, &t->ca}, {cert_file, &t->cert}, {key_file, &t->key}, {token_file, &t->token}};
+  for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+    if (!files[i].path) continue;
+    size_t len;
+    int rc = ra_textfile_read(files[i].path, 1u << 20, files[i].text, &len, err);
+    if (rc) {
+      ra_kvclient_secrets_free(t);
+      return rc;
+    }
+  }
+  if (t->token) {
+    t->token[strcspn(t->token, "\r\n")] = '\0';
+    if (!t->token[0]) {
+      ra_kvclient_secrets_free(t);
+      return ra_errorf(err, RA_EINVAL, "%s: the first line holds no token", token_file);
+    }
+  }
+  if ((!cert_file) != (!key_file)) {
+    ra_kvclient_secrets_free(t);
+    return ra_errorf(err, RA_EINVAL, "a client certificate needs its key, and a key its certificate");
+  }
+  o->tls = o->tls || ca_file || cert_file;
+  o->tls_ca_pem = t->ca;
+  o->tls_cert_pem = t->cert;
+  o->tls_key_pem = t->key;
+  o->auth_token = t->token;
+  return RA_OK;
+}
+
+void ra_kvclient_secrets_free(ra_kvclient_secrets *t) {
+  free(t->ca);
+  free(t->cert);
+  free(t->key);
+  free(t->token);
+  memset(t, 0, sizeof *t);
 }
 
 void ra_kvclient_close(ra_kvclient *c) {
@@ -75,10 +124,17 @@ void ra_kvclient_close(ra_kvclient *c) {
 
 const char *ra_kvclient_addr(const ra_kvclient *c) { return ra_rpc_channel_target(c->ch); }
 
+/* The method's name in an error ("Append: 10.0.0.7:7001: DEADLINE_EXCEEDED: ..."). */
+static int named(const char *method, int rc, ra_error *err) {
+  if (rc == RA_OK) return rc;
+  const char *slash = strrchr(method, '/');
+  return ra_error_wrap(err, "%s", slash ? slash + 1 : method);
+}
+
 static int unary(ra_kvclient *c, const char *method, const ProtobufCMessage *req, ra_error *err) {
   int rc = pack(req, &c->tx, err);
   if (rc) return rc;
-  return ra_rpc_unary(c->ch, method, c->tx.data, c->tx.len, &c->rx, c->timeout_ms, err);
+  return named(method, ra_rpc_unary(c->ch, method, c->tx.data, c->tx.len, &c->rx, c->timeout_ms, err), err);
 }
 
 int ra_kvclient_health(ra_kvclient *c, int *serving, ra_error *err) {
@@ -236,6 +292,8 @@ int ra_kvclient_close_session(ra_kvclient *c, const ra_kvclient_session *s,
 struct ra_kvclient_build {
   ra_kvclient *c;
   ra_rpc_call *call;
+  uint32_t layer, q_head; /* for its error */
+  int deadline_ms;
 };
 
 int ra_kvclient_build_index_start(ra_kvclient *c, const ra_kvclient_session *s, uint32_t layer,
@@ -272,16 +330,23 @@ int ra_kvclient_build_index_start(ra_kvclient *c, const ra_kvclient_session *s, 
   }
   ra_kvclient_build *b = calloc(1, sizeof *b);
   if (!b) return ra_errorf(err, RA_ENOMEM, "out of memory starting a BuildIndex call");
+  /* The deadline from the build's size, times the builds queued before it (client.h). */
+  uint64_t keys = in && in->n_keys ? in->n_keys : in ? in->n_key_rows : 0;
+  uint64_t ms = (uint64_t)c->timeout_ms + keys * RA_KVCLIENT_BUILD_US_PER_KEY / 1000 * (c->builds_in_flight + 1);
+  if (ms > INT32_MAX) ms = INT32_MAX;
   /* the request is packed into the client's buffer only for the send, which copies it */
   int rc = pack(&req.base, &c->tx, err);
   if (rc == RA_OK)
-    rc = ra_rpc_unary_start(c->ch, "/rakv.KvStore/BuildIndex", c->tx.data, c->tx.len, c->build_timeout_ms, &b->call,
-                            err);
+    rc = ra_rpc_unary_start(c->ch, "/rakv.KvStore/BuildIndex", c->tx.data, c->tx.len, (int)ms, &b->call, err);
   if (rc) {
     free(b);
     return rc;
   }
   b->c = c;
+  b->layer = layer;
+  b->q_head = q_head;
+  b->deadline_ms = (int)ms;
+  c->builds_in_flight++;
   *out = b;
   return RA_OK;
 }
@@ -290,6 +355,8 @@ int ra_kvclient_build_index_wait(ra_kvclient_build *b, ra_kvclient_build_result 
   ra_kvclient *c = b->c;
   ra_buf rx = {0};
   int rc = ra_rpc_unary_wait(b->call, &rx, err);
+  if (rc) ra_error_wrap(err, "BuildIndex of layer %u q head %u (deadline %d ms)", b->layer, b->q_head, b->deadline_ms);
+  c->builds_in_flight--;
   free(b);
   Rakv__BuildIndexReply *r = NULL;
   if (rc == RA_OK && !(r = rakv__build_index_reply__unpack(NULL, rx.len, rx.data))) rc = bad_reply(c, "BuildIndexReply", err);
@@ -563,11 +630,6 @@ int ra_kvclient_attend_open(ra_kvclient *c, const ra_kvclient_session *s,
                             ra_kvclient_stream **out, ra_error *err) {
   ra_kvclient_stream *st = calloc(1, sizeof *st);
   if (!st) return ra_errorf(err, RA_ENOMEM, "out of memory");
-  int rc = ra_rpc_call_start(c->ch, "/rakv.KvStore/Attend", 0, &st->call, err);
-  if (rc) {
-    free(st);
-    return rc;
-  }
   st->c = c;
   st->s = *s;
   *out = st;
@@ -582,8 +644,13 @@ void ra_kvclient_attend_close(ra_kvclient_stream *st) {
     if (ra_rpc_call_close_send(st->call, &ignored) == RA_OK &&
         ra_rpc_call_recv(st->call, &st->rx, 1000, &ignored) == RA_EOF)
       ra_rpc_call_finish(st->call, &ignored);
-    ra_rpc_call_destroy(st->call);
   }
+  ra_kvclient_attend_abort(st);
+}
+
+void ra_kvclient_attend_abort(ra_kvclient_stream *st) {
+  if (!st) return;
+  ra_rpc_call_destroy(st->call);
   ra_buf_free(&st->tx);
   ra_buf_free(&st->rx);
   free(st);

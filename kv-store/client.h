@@ -32,12 +32,37 @@ typedef struct ra_kvclient ra_kvclient;
 typedef struct ra_kvclient_put ra_kvclient_put;
 typedef struct ra_kvclient_stream ra_kvclient_stream;
 
+/* The deadline policy, from one value T (timeout_ms): every unary call has T; a PutKv stream's
+ * reply T after its last chunk; a BuildIndex T plus RA_KVCLIENT_BUILD_US_PER_KEY for each key it
+ * covers (ra_kvclient_build_input.n_keys) times the builds this client has in flight before it
+ * (they queue at the store's threads); attends the timeout their caller gives. Besides, the
+ * connection is pinged every T / 2: a store that stops answering (frozen, its host gone) fails
+ * every call in flight within about T, a long build's or a stream's send included. */
+/* Ten times the slowest build measured (roar without key lists, 2 cores: 97 us a key): a shared
+ * or loaded store must not fail a healthy build, and a frozen one is caught by the pings. */
+#define RA_KVCLIENT_BUILD_US_PER_KEY 1000
 typedef struct ra_kvclient_options {
   size_t max_message_bytes; /* channel limit; 0: 64 MiB (the store's default) */
   size_t chunk_bytes;       /* PutKv chunk size, keys + values; 0: 4 MiB */
-  int timeout_ms;           /* unary calls; 0: 30 s */
-  int build_timeout_ms;     /* BuildIndex, which takes seconds to minutes per head; 0: 30 min */
+  int timeout_ms;           /* T above; 0: 30 s */
+  /* TLS (PEM text; NULL: plaintext unless tls is set): the CA that signed the store's
+   * certificate (NULL with tls: gRPC's default roots), a client certificate and key for mutual
+   * TLS (both or neither) */
+  int tls;
+  const char *tls_ca_pem, *tls_cert_pem, *tls_key_pem;
+  const char *auth_token;   /* bearer token sent with every call (the store's --auth-token-file) */
 } ra_kvclient_options;
+
+/* Fills the security fields of o from files (any NULL: not used): the CA, the client certificate
+ * and key, and the token (the file's first line). Turns TLS on when any TLS file is given.
+ * *texts gets what must outlive o (free with ra_kvclient_options_free). */
+typedef struct ra_kvclient_secrets {
+  char *ca, *cert, *key, *token;
+} ra_kvclient_secrets;
+int ra_kvclient_options_load(ra_kvclient_options *o, const char *ca_file, const char *cert_file,
+                             const char *key_file, const char *token_file, ra_kvclient_secrets *texts,
+                             ra_error *err);
+void ra_kvclient_secrets_free(ra_kvclient_secrets *texts);
 
 typedef struct ra_kvclient_geometry {
   uint32_t n_layers;
@@ -147,6 +172,7 @@ typedef struct ra_kvclient_build_input {
   const uint32_t *key_top_queries;
   uint32_t key_top_k;
   uint64_t key_pos_begin, n_key_rows;
+  uint64_t n_keys; /* keys the build covers at this store, for its deadline (0: n_key_rows) */
 } ra_kvclient_build_input;
 
 /* Builds the index of (layer, q_head) on every shard of its kv head this store holds, replacing
@@ -253,14 +279,18 @@ void ra_kvclient_fetch_free(ra_kvclient_fetch *f);
 /* A long-lived Attend stream. attend sends one request and waits up to timeout_ms (< 0: no
  * limit) for its reply; out: [n_heads] in request order, each with part.o room for head_dim
  * floats and ids room for ids_cap positions (or NULL), both the caller's (common/merge.h).
- * When the store ends the stream with an error (a bad request, a timeout, a restart) that error
- * is returned and the next attend opens a fresh stream. *compute_us (optional) gets the store's compute time. */
+ * The stream's call starts with the first attend (a stream opened long before its first request
+ * would sit idle at the store, which takes idle calls' slots back). When the store ends the
+ * stream with an error (a bad request, a timeout, a restart) that error is returned and the next
+ * attend opens a fresh stream. *compute_us (optional) gets the store's compute time. */
 int ra_kvclient_attend_open(ra_kvclient *c, const ra_kvclient_session *s,
                             ra_kvclient_stream **out, ra_error *err);
 int ra_kvclient_attend(ra_kvclient_stream *st, const ra_kvclient_attend_req *req,
                        ra_head_partial *out, int timeout_ms, uint64_t *compute_us,
                        ra_error *err);
 void ra_kvclient_attend_close(ra_kvclient_stream *st);
+/* Frees a stream without the polite end (a store that stopped answering): cancels its call. */
+void ra_kvclient_attend_abort(ra_kvclient_stream *st);
 
 /* attend in two halves, so that one thread can have a request in flight at every store of a
  * layer before it waits for any reply: send, then recv with the same req (for its q heads).

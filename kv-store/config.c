@@ -16,7 +16,11 @@ static uint64_t default_budget(void) {
 static void config_default(kvs_config *c) {
   *c = (kvs_config){
       .memory_budget = default_budget(),
-      .max_calls = 64,
+      .max_calls = 256,
+      .max_waiting = 256,
+      .first_message_ms = 10000,
+      .call_idle_ms = 600000,
+      .keepalive_ms = 10000,
       .max_message_bytes = 64u << 20,
       .grace_ms = 2000,
       .session_idle_s = 600,
@@ -46,7 +50,24 @@ static const ra_opt rows[] = {
      .dflt = "one per core"},
     {"index-threads", RA_OPT_INT, AT(index_threads), .lo = 1, .hi = 1024, .meta = "N",
      .help = "threads inserting decoded rows into indexes", .dflt = "--threads"},
-    {"max-calls", RA_OPT_INT, AT(max_calls), .lo = 1, .hi = 4096, .meta = "N", .help = "calls served at once"},
+    {"max-calls", RA_OPT_INT, AT(max_calls), .lo = 1, .hi = 4096, .meta = "N",
+     .help = "calls served at once (a worker keeps its index builds in flight: n_q_heads x --build-layers); more are "
+             "refused with RESOURCE_EXHAUSTED"},
+    {"max-waiting", RA_OPT_INT, AT(max_waiting), .lo = 1, .hi = 65536, .meta = "N",
+     .help = "calls accepted and waiting for their first message (a thread each)"},
+    {"first-message-ms", RA_OPT_INT, AT(first_message_ms), .lo = 1, .hi = 3600000, .meta = "MS",
+     .help = "a new call that sends no message within MS loses its slot (DEADLINE_EXCEEDED)"},
+    {"call-idle-ms", RA_OPT_INT, AT(call_idle_ms), .lo = 1, .hi = 86400000, .meta = "MS",
+     .help = "a call waiting longer than MS for its next message (an idle Attend stream, a stalled PutKv) loses its "
+             "slot"},
+    {"keepalive-ms", RA_OPT_INT, AT(keepalive_ms), .lo = 100, .hi = 3600000, .meta = "MS",
+     .help = "ping every connection this often; one whose ack does not come within as long loses its calls"},
+    {"tls-cert", RA_OPT_STRING, AT(tls_cert), .meta = "FILE", .help = "serve TLS with this PEM certificate chain"},
+    {"tls-key", RA_OPT_STRING, AT(tls_key), .meta = "FILE", .help = "the PEM private key of --tls-cert"},
+    {"tls-ca", RA_OPT_STRING, AT(tls_ca), .meta = "FILE",
+     .help = "mutual TLS: require client certificates signed by this PEM CA"},
+    {"auth-token-file", RA_OPT_STRING, AT(auth_token_file), .meta = "FILE",
+     .help = "accept only calls bearing one of these tokens (one a line, '#' comments); others: UNAUTHENTICATED"},
     {"max-message", RA_OPT_SIZE, AT(max_message_bytes), .ulo = 1024, .uhi = INT_MAX, .meta = "SIZE",
      .help = "largest request message accepted"},
     {"grace-ms", RA_OPT_INT, AT(grace_ms), .lo = 0, .hi = 3600000, .meta = "MS",
@@ -101,6 +122,10 @@ int kvs_config_parse(int argc, char **argv, kvs_config *out, ra_error *err) {
     if (rc == RA_OK) rc = ra_opts_parse_args(&s, argc - 1, argv + 1, err);
   }
   if (rc == RA_OK && !out->listen) rc = ra_errorf(err, RA_EINVAL, "--listen HOST:PORT is required");
+  if (rc == RA_OK && (!out->tls_cert) != (!out->tls_key))
+    rc = ra_errorf(err, RA_EINVAL, "--tls-cert and --tls-key go together");
+  if (rc == RA_OK && out->tls_ca && !out->tls_cert)
+    rc = ra_errorf(err, RA_EINVAL, "--tls-ca (mutual TLS) needs --tls-cert and --tls-key");
   if (rc != RA_OK) kvs_config_free(out);
   return rc;
 }

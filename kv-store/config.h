@@ -2,7 +2,8 @@
  *   kv-store --listen HOST:PORT [--config FILE] [--memory-budget SIZE] [--threads N]
  *            [--index-threads N] [--max-calls N] [--max-message SIZE] [--grace-ms MS]
  *            [--session-idle-timeout S] [--data-dir DIR] [--fsync-ms MS] [--ready-file PATH]
- *            [--log-level LEVEL]
+ *            [--log-level LEVEL] [--max-waiting N] [--first-message-ms MS] [--call-idle-ms MS]
+ *            [--keepalive-ms MS] [--tls-cert FILE --tls-key FILE [--tls-ca FILE]] [--auth-token-file FILE]
  * SIZE is bytes with an optional binary suffix: 4096, 512K, 512M, 64G, 1T. --config FILE reads
  * the same options from FILE, one "name value" per line; the command line overrides it. */
 #ifndef KVS_CONFIG_H
@@ -20,7 +21,13 @@ typedef struct kvs_config {
   uint64_t memory_budget;     /* default: 80% of physical memory */
   int threads;                /* OpenMP threads per attend; 0: one per core */
   int index_threads;          /* threads inserting written rows into indexes; 0: as threads */
-  int max_calls;              /* calls served at once */
+  int max_calls;              /* calls served at once; more are refused (RESOURCE_EXHAUSTED) */
+  int max_waiting;            /* calls accepted and waiting for their first message */
+  int first_message_ms;       /* a new call's wait for its first message */
+  int call_idle_ms;           /* a call's wait for each next message */
+  int keepalive_ms;           /* HTTP/2 ping period and ack deadline */
+  const char *tls_cert, *tls_key, *tls_ca; /* PEM files; cert + key: TLS, ca too: mutual TLS */
+  const char *auth_token_file; /* accepted bearer tokens, one a line; NULL: no authentication */
   size_t max_message_bytes;   /* largest request accepted */
   int grace_ms;               /* how long shutdown lets running calls finish */
   int session_idle_s;         /* a session no request touched this long is closed; 0: never */

@@ -3,7 +3,8 @@
  *
  *   kvstore-demo --stores HOST:PORT[,HOST:PORT...] [--layers 4] [--q-heads 8] [--kv-heads 2]
  *                [--head-dim 64] [--tokens 4096] [--sink 128] [--window 512] [--dtype f16]
- *                [--top-k 100] [--seed 1]
+ *                [--top-k 100] [--seed 1] [--store-tls-ca FILE [--store-tls-cert FILE --store-tls-key FILE]]
+ *                [--auth-token-file FILE]
  *
  * For every (layer, kv head) the tokens [S, n - W) go to the stores (kv heads dealt round-robin
  * over them); the demo keeps the sink [0, S) and window [n - W, n) itself, as the worker does on
@@ -24,6 +25,7 @@
 
 typedef struct demo_opts {
   char *stores;
+  const char *tls_ca, *tls_cert, *tls_key, *token_file; /* the worker's flags of the same names */
   uint32_t n_layers, n_q_heads, n_kv_heads, head_dim, n_tokens, n_sink, n_window, top_k;
   ra_dtype dtype;
   uint64_t seed;
@@ -34,7 +36,9 @@ static int usage(const char *msg) {
   fprintf(stderr,
           "usage: kvstore-demo --stores HOST:PORT[,HOST:PORT...] [--layers N] [--q-heads N]\n"
           "                    [--kv-heads N] [--head-dim N] [--tokens N] [--sink N] [--window N]\n"
-          "                    [--dtype f32|f16|bf16|int8] [--top-k N] [--seed N]\n");
+          "                    [--dtype f32|f16|bf16|int8] [--top-k N] [--seed N]\n"
+          "                    [--store-tls-ca FILE [--store-tls-cert FILE --store-tls-key FILE]]\n"
+          "                    [--auth-token-file FILE]\n");
   return 2;
 }
 
@@ -81,6 +85,14 @@ static int parse_args(int argc, char **argv, demo_opts *o) {
       if (ra_dtype_parse(argv[++i], &o->dtype)) return usage("--dtype wants f32, f16, bf16 or int8"), -1;
     } else if (!strcmp(a, "--seed") && v) {
       o->seed = strtoull(argv[++i], NULL, 10);
+    } else if (!strcmp(a, "--store-tls-ca") && v) {
+      o->tls_ca = argv[++i];
+    } else if (!strcmp(a, "--store-tls-cert") && v) {
+      o->tls_cert = argv[++i];
+    } else if (!strcmp(a, "--store-tls-key") && v) {
+      o->tls_key = argv[++i];
+    } else if (!strcmp(a, "--auth-token-file") && v) {
+      o->token_file = argv[++i];
     } else {
       char msg[160];
       snprintf(msg, sizeof msg, "unknown or incomplete argument '%s'", a);
@@ -159,11 +171,19 @@ static int demo_connect_and_fill(demo *d, ra_error *err) {
   size_t n_stores = d->plan.n_stores;
   uint64_t off_begin, off_end;
   ra_offload_plan_range(&d->plan, o->n_tokens, &off_begin, &off_end);
+  ra_kvclient_options copt = {0};
+  ra_kvclient_secrets secrets;
+  int lrc = ra_kvclient_options_load(&copt, o->tls_ca, o->tls_cert, o->tls_key, o->token_file, &secrets, err);
+  if (lrc) return lrc;
+  /* the channels copy what they need of the secrets */
+  for (size_t s = 0; s < n_stores && lrc == RA_OK; s++)
+    lrc = ra_kvclient_connect(d->plan.stores[s].addr, &copt, &d->clients[s], err);
+  ra_kvclient_secrets_free(&secrets);
+  if (lrc) return lrc;
   for (size_t s = 0; s < n_stores; s++) {
     const ra_plan_store *ps = &d->plan.stores[s];
-    int rc = ra_kvclient_connect(ps->addr, NULL, &d->clients[s], err);
     int serving = 0;
-    if (rc == RA_OK) rc = ra_kvclient_health(d->clients[s], &serving, err);
+    int rc = ra_kvclient_health(d->clients[s], &serving, err);
     if (rc != RA_OK) return rc;
     ra_kvclient_shard *shards = calloc(ps->n_shards ? ps->n_shards : 1, sizeof *shards);
     ra_kvclient_rows *rows = calloc(ps->n_shards ? ps->n_shards : 1, sizeof *rows);

@@ -8,6 +8,7 @@
 #include "server.h"
 #include "service.h"
 #include "store.h"
+#include "textfile.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,20 +70,75 @@ static void bound_address(const char *listen, int port, char *out, size_t len) {
   snprintf(out, len, "%.*s:%d", (int)(colon - listen), listen, port);
 }
 
+/* What the server's security is read from: PEM texts and the accepted tokens. */
+typedef struct secrets {
+  char *cert, *key, *ca, *tokens_text;
+  const char **tokens;
+  size_t n_tokens;
+} secrets;
+
+static void secrets_free(secrets *x) {
+  free(x->cert);
+  free(x->key);
+  free(x->ca);
+  free(x->tokens_text);
+  free(x->tokens);
+}
+
+/* Reads the TLS files and the token file: one token a line, blank lines and '#' comments
+ * skipped, surrounding blanks trimmed. */
+static int secrets_load(const kvs_config *cfg, secrets *x, ra_error *err) {
+  memset(x, 0, sizeof *x);
+  const size_t max = 1u << 20;
+  int rc = RA_OK;
+  if (cfg->tls_cert) rc = ra_textfile_read(cfg->tls_cert, max, &x->cert, NULL, err);
+  if (rc == RA_OK && cfg->tls_key) rc = ra_textfile_read(cfg->tls_key, max, &x->key, NULL, err);
+  if (rc == RA_OK && cfg->tls_ca) rc = ra_textfile_read(cfg->tls_ca, max, &x->ca, NULL, err);
+  if (rc == RA_OK && cfg->auth_token_file) rc = ra_textfile_read(cfg->auth_token_file, max, &x->tokens_text, NULL, err);
+  if (rc == RA_OK && x->tokens_text) {
+    size_t lines = 1;
+    for (const char *p = x->tokens_text; *p; p++) lines += *p == '\n';
+    if (!(x->tokens = calloc(lines, sizeof *x->tokens))) rc = ra_errorf(err, RA_ENOMEM, "out of memory");
+    for (char *line = x->tokens_text, *next; rc == RA_OK && line; line = next) {
+      next = strchr(line, '\n');
+      if (next) *next++ = '\0';
+      line += strspn(line, " \t\r");
+      size_t n = strlen(line);
+      while (n && strchr(" \t\r", line[n - 1])) line[--n] = '\0';
+      if (n && line[0] != '#') x->tokens[x->n_tokens++] = line;
+    }
+    if (rc == RA_OK && x->n_tokens == 0)
+      rc = ra_errorf(err, RA_EINVAL, "%s holds no token", cfg->auth_token_file);
+  }
+  if (rc) secrets_free(x);
+  return rc;
+}
+
 static int serve(const kvs_config *cfg, ra_error *err) {
   kvs_service *svc = NULL;
   ra_rpc_server *srv = NULL;
   uv_loop_t loop;
   app a = {0};
   int loop_ok = 0;
+  secrets sec;
+  int rc_sec = secrets_load(cfg, &sec, err);
+  if (rc_sec) return rc_sec;
   kvs_service_config scfg = {.memory_budget = cfg->memory_budget, .attend_threads = cfg->threads,
                                .index_threads = cfg->index_threads, .data_dir = cfg->data_dir,
                                .fsync_ms = cfg->fsync_ms};
   int rc = kvs_service_create(&scfg, &svc, err);
   if (rc) goto out;
+  ra_rpc_tls tls = {.cert_pem = sec.cert, .key_pem = sec.key, .ca_pem = sec.ca};
   ra_rpc_server_config rcfg = {.listen = cfg->listen,
                                .max_calls = cfg->max_calls,
-                               .max_message_bytes = cfg->max_message_bytes};
+                               .max_waiting = cfg->max_waiting,
+                               .max_message_bytes = cfg->max_message_bytes,
+                               .first_message_ms = cfg->first_message_ms,
+                               .idle_ms = cfg->call_idle_ms,
+                               .keepalive_ms = cfg->keepalive_ms,
+                               .tls = sec.cert ? &tls : NULL,
+                               .tokens = sec.tokens,
+                               .n_tokens = sec.n_tokens};
   if ((rc = ra_rpc_server_create(&rcfg, &srv, err))) goto out;
   if ((rc = kvs_server_register(srv, svc, err))) goto out;
   if (uv_loop_init(&loop) != 0) {
@@ -114,8 +170,10 @@ static int serve(const kvs_config *cfg, ra_error *err) {
   }
   char addr[RA_ADDR_MAX + 16];
   bound_address(cfg->listen, ra_rpc_server_port(srv), addr, sizeof addr);
-  ra_log_info("listening on %s (memory budget %llu bytes, max message %zu bytes, %d calls)", addr,
-              (unsigned long long)cfg->memory_budget, cfg->max_message_bytes, cfg->max_calls);
+  ra_log_info("listening on %s (%s%s; memory budget %llu bytes, max message %zu bytes, %d calls)", addr,
+              sec.ca ? "mutual TLS" : sec.cert ? "TLS" : "plaintext",
+              sec.n_tokens ? ", bearer tokens" : "", (unsigned long long)cfg->memory_budget, cfg->max_message_bytes,
+              cfg->max_calls);
   if (cfg->ready_file && (rc = write_ready_file(cfg->ready_file, addr, err))) {
     on_signal(&a.sigterm, 0);
     uv_run(&loop, UV_RUN_DEFAULT);
@@ -128,6 +186,7 @@ static int serve(const kvs_config *cfg, ra_error *err) {
 out:
   ra_rpc_server_destroy(srv);
   kvs_service_destroy(svc);
+  secrets_free(&sec);
   if (loop_ok) uv_loop_close(&loop);
   if (rc == RA_OK) ra_log_info("stopped");
   return rc;

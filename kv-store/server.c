@@ -2,7 +2,12 @@
 
 #include <stdlib.h>
 
-typedef int (*unary_fn)(kvs_service *, const uint8_t *, size_t, ra_buf *, ra_error *);
+typedef int (*unary_fn)(kvs_service *, const kvs_caller *, const uint8_t *, size_t, ra_buf *, ra_error *);
+
+/* The service's view of who made the call. */
+static kvs_caller caller_of(const ra_rpc_call *call) {
+  return (kvs_caller){.principal = ra_rpc_call_principal(call), .peer = ra_rpc_call_peer(call)};
+}
 
 /* Counts transport failures (a peer that went away mid-call) as errors, like bad requests. */
 static int transport_failed(kvs_service *svc, int rc) {
@@ -19,7 +24,8 @@ static int serve_unary(ra_rpc_call *call, kvs_service *svc, unary_fn fn, ra_erro
   } else if (rc != RA_OK) {
     transport_failed(svc, rc);
   } else {
-    rc = fn(svc, in.data, in.len, &out, err);
+    kvs_caller who = caller_of(call);
+    rc = fn(svc, &who, in.data, in.len, &out, err);
     if (rc == RA_OK) {
       rc = ra_rpc_call_send(call, out.data, out.len, err);
       if (rc) transport_failed(svc, rc);
@@ -62,7 +68,8 @@ static int handle_put_kv(ra_rpc_call *call, void *ctx, ra_error *err) {
   kvs_service *svc = ctx;
   kvs_put_state st;
   ra_buf in = {0}, out = {0};
-  kvs_service_put_begin(svc, &st);
+  kvs_caller who = caller_of(call);
+  kvs_service_put_begin(svc, &who, &st);
   int rc, chunk_failed = 0;
   while ((rc = ra_rpc_call_recv(call, &in, -1, err)) == RA_OK) {
     rc = kvs_service_put_chunk(svc, &st, in.data, in.len, err);
@@ -78,6 +85,8 @@ static int handle_put_kv(ra_rpc_call *call, void *ctx, ra_error *err) {
       if (rc) transport_failed(svc, rc);
     }
   } else if (!chunk_failed) {
+    /* cancelled, timed out or the peer gone: the stream's chunks are dropped (service.h) */
+    kvs_service_put_abort(svc, &st);
     transport_failed(svc, rc);
   }
   ra_buf_free(&in);
@@ -88,9 +97,10 @@ static int handle_put_kv(ra_rpc_call *call, void *ctx, ra_error *err) {
 static int handle_attend(ra_rpc_call *call, void *ctx, ra_error *err) {
   kvs_service *svc = ctx;
   ra_buf in = {0}, out = {0};
+  kvs_caller who = caller_of(call);
   int rc;
   while ((rc = ra_rpc_call_recv(call, &in, -1, err)) == RA_OK) {
-    rc = kvs_service_attend(svc, in.data, in.len, &out, err);
+    rc = kvs_service_attend(svc, &who, in.data, in.len, &out, err);
     if (rc) break;
     rc = ra_rpc_call_send(call, out.data, out.len, err);
     if (rc) {

@@ -7,6 +7,7 @@
 #include "journal.h"
 #include "kvstore.pb-c.h"
 #include "log.h"
+#include "vec.h"
 #include "wire.h"
 
 #include <omp.h>
@@ -137,8 +138,17 @@ static int pack_reply(const ProtobufCMessage *m, ra_buf *out, ra_error *err) {
   return RA_OK;
 }
 
-static void id_hex(const uint8_t *id, char out[2 * KVS_SESSION_ID_BYTES + 1]) {
-  for (int i = 0; i < KVS_SESSION_ID_BYTES; i++) snprintf(out + 2 * i, 3, "%02x", id[i]);
+static const char *principal_of(const kvs_caller *who) { return who && who->principal ? who->principal : ""; }
+
+/* A session for a request: looked up by id, and refused (RA_EPERM) to a caller whose credential
+ * is not the one that opened it; a NULL caller (in-process use) may use any. */
+static int session_get(kvs_service *svc, const kvs_caller *who, const ProtobufCBinaryData *id, kvs_session **out,
+                       ra_error *err) {
+  int rc = kvs_store_get(svc->store, id->data, id->len, out, err);
+  if (rc || !who || strcmp((*out)->owner, principal_of(who)) == 0) return rc;
+  kvs_session_release(*out);
+  *out = NULL;
+  return ra_errorf(err, RA_EPERM, "the session was opened with another credential");
 }
 
 /* ---- OpenSession ---- */
@@ -150,10 +160,19 @@ static int index_spec(const Rakv__IndexParams *m, ra_index_spec *out, ra_error *
 }
 
 /* OpenSession with resume_session_id: the session as it is, its id and rows. */
-static int resume_session(kvs_service *svc, const Rakv__OpenSessionRequest *r, ra_buf *reply, ra_error *err) {
+static int resume_session(kvs_service *svc, const kvs_caller *who, const Rakv__OpenSessionRequest *r, ra_buf *reply,
+                          ra_error *err) {
   kvs_session *s;
-  int rc = kvs_store_get(svc->store, r->resume_session_id.data, r->resume_session_id.len, &s, err);
+  ProtobufCBinaryData id = r->resume_session_id;
+  int rc = kvs_store_get(svc->store, id.data, id.len, &s, err);
   if (rc) return rc;
+  /* A session restored from --data-dir has no owner (the journal keeps requests, not
+   * credentials): the first caller that names its id claims it. */
+  if (who && !s->owner[0]) snprintf(s->owner, sizeof s->owner, "%s", principal_of(who));
+  if (who && strcmp(s->owner, principal_of(who)) != 0) {
+    kvs_session_release(s);
+    return ra_errorf(err, RA_EPERM, "the session was opened with another credential");
+  }
   const Rakv__Geometry *g = r->geometry;
   if (g && (g->n_layers != s->geo.n_layers || g->n_q_heads != s->geo.n_q_heads || g->n_kv_heads != s->geo.n_kv_heads ||
             g->head_dim != s->geo.head_dim || (ra_dtype)g->dtype != s->geo.dtype))
@@ -167,16 +186,19 @@ static int resume_session(kvs_service *svc, const Rakv__OpenSessionRequest *r, r
     out.tokens = atomic_load(&s->tokens);
     rc = pack_reply(&out.base, reply, err);
   }
-  if (rc == RA_OK) ra_log_info("session %02x%02x%02x%02x... resumed: %llu rows", s->id[0], s->id[1], s->id[2], s->id[3],
-                               (unsigned long long)atomic_load(&s->tokens));
+  if (rc == RA_OK) {
+    char tag[KVS_SESSION_TAG_LEN];
+    kvs_session_tag(s->id, tag);
+    ra_log_info("session %s resumed: %llu rows", tag, (unsigned long long)atomic_load(&s->tokens));
+  }
   kvs_session_release(s);
   return rc;
 }
 
 /* id: NULL for a new session, else the id it had (a replay). raw: the request, for the journal. */
-static int open_session(kvs_service *svc, const Rakv__OpenSessionRequest *r, const uint8_t *id, const uint8_t *raw,
-                        size_t raw_len, ra_buf *reply, ra_error *err) {
-  if (r->resume_session_id.len) return resume_session(svc, r, reply, err);
+static int open_session(kvs_service *svc, const kvs_caller *who, const Rakv__OpenSessionRequest *r, const uint8_t *id,
+                        const uint8_t *raw, size_t raw_len, ra_buf *reply, ra_error *err) {
+  if (r->resume_session_id.len) return resume_session(svc, who, r, reply, err);
   if (!r->geometry) return ra_errorf(err, RA_EINVAL, "geometry missing");
   kvs_geometry g = {
       .n_layers = r->geometry->n_layers,
@@ -205,6 +227,8 @@ static int open_session(kvs_service *svc, const Rakv__OpenSessionRequest *r, con
   rc = kvs_store_open_as(svc->store, id, &g, specs, r->n_shards, &ix, r->client, &s, err);
   free(specs);
   if (rc) return rc;
+  /* before the id leaves the store: until then no request can name the session */
+  snprintf(s->owner, sizeof s->owner, "%s", principal_of(who));
   if (svc->data && !svc->replaying) {
     kvs_journal *j = NULL;
     rc = kvs_journal_create(svc->data, s->id, &j, err);
@@ -220,32 +244,45 @@ static int open_session(kvs_service *svc, const Rakv__OpenSessionRequest *r, con
   out.session_id.data = s->id;
   out.session_id.len = KVS_SESSION_ID_BYTES;
   rc = pack_reply(&out.base, reply, err);
-  char hex[2 * KVS_SESSION_ID_BYTES + 1];
-  id_hex(s->id, hex);
+  char tag[KVS_SESSION_TAG_LEN], name[sizeof s->client * 4], owner[sizeof s->owner * 4];
+  kvs_session_tag(s->id, tag);
   if (rc) {
     kvs_store_close(svc->store, s->id, KVS_SESSION_ID_BYTES, NULL, NULL);
   } else {
-    ra_log_info("session %s opened by '%s': %u layers, %u/%u q/kv heads, head_dim %u, %s, %zu "
+    ra_log_info("session %s opened by '%s' (%s) from %s: %u layers, %u/%u q/kv heads, head_dim %u, %s, %zu "
                 "shards",
-                hex, s->client, g.n_layers, g.n_q_heads, g.n_kv_heads, g.head_dim,
+                tag, ra_log_escape(s->client, strlen(s->client), name, sizeof name),
+                s->owner[0] ? ra_log_escape(s->owner, strlen(s->owner), owner, sizeof owner) : "no credential",
+                who && who->peer ? who->peer : "in-process", g.n_layers, g.n_q_heads, g.n_kv_heads, g.head_dim,
                 ra_dtype_name(g.dtype), r->n_shards);
   }
   kvs_session_release(s);
   return rc;
 }
 
-int kvs_service_open_session(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
-                             ra_error *err) {
+int kvs_service_open_session(kvs_service *svc, const kvs_caller *who, const uint8_t *req, size_t len,
+                             ra_buf *reply, ra_error *err) {
   Rakv__OpenSessionRequest *r = rakv__open_session_request__unpack(NULL, len, req);
   if (!r) return counted(svc, malformed(err, "OpenSessionRequest", len));
-  int rc = open_session(svc, r, NULL, req, len, reply, err);
+  int rc = open_session(svc, who, r, NULL, req, len, reply, err);
   rakv__open_session_request__free_unpacked(r, NULL);
   return counted(svc, rc);
 }
 
 /* ---- PutKv and Append ---- */
 
-/* Checks a chunk's sizes against the session and describes it as a row block. */
+/* Refuses rows [n, head_dim] (geometry's dtype) holding a NaN or an infinity: one such key turns
+ * a full-mode partial into the empty one (m = -inf) without an error. */
+static int finite_check(const void *x, const kvs_geometry *g, uint64_t n, const char *what, size_t i,
+                        const char *field, ra_error *err) {
+  if (g->dtype == RA_DTYPE_I8) return RA_OK; /* the store checks int8 rows' scales (ra_dtype_rows_check) */
+  size_t total = (size_t)n * g->head_dim, bad = ra_vec_first_nonfinite(x, g->dtype, total);
+  if (bad == total) return RA_OK;
+  return ra_errorf(err, RA_EINVAL, "%s %zu: %s[%zu][%zu] is not finite (NaN or infinity); nothing stored", what,
+                   i, field, bad / g->head_dim, bad % g->head_dim);
+}
+
+/* Checks a chunk's sizes and values against the session and describes it as a row block. */
 static int chunk_rows(const kvs_session *s, const Rakv__KvChunk *c, size_t i, kvs_rows *out,
                       ra_error *err) {
   uint64_t want = (uint64_t)c->n_tokens * kvs_row_bytes(&s->geo);
@@ -260,6 +297,9 @@ static int chunk_rows(const kvs_session *s, const Rakv__KvChunk *c, size_t i, kv
                      "chunk %zu: values are %zu bytes, want %llu (%u tokens x head_dim %u x %s)",
                      i, c->values.len, (unsigned long long)want, c->n_tokens, s->geo.head_dim,
                      ra_dtype_name(s->geo.dtype));
+  int rc = finite_check(c->keys.data, &s->geo, c->n_tokens, "chunk", i, "keys", err);
+  if (rc == RA_OK) rc = finite_check(c->values.data, &s->geo, c->n_tokens, "chunk", i, "values", err);
+  if (rc) return rc;
   *out = (kvs_rows){
       .layer = c->layer,
       .kv_head = c->kv_head,
@@ -271,23 +311,59 @@ static int chunk_rows(const kvs_session *s, const Rakv__KvChunk *c, size_t i, kv
   return RA_OK;
 }
 
-void kvs_service_put_begin(kvs_service *svc, kvs_put_state *st) {
+void kvs_service_put_begin(kvs_service *svc, const kvs_caller *who, kvs_put_state *st) {
   (void)svc;
   memset(st, 0, sizeof *st);
+  st->who = who;
+}
+
+static void put_raw_free(kvs_put_state *st) {
+  for (size_t i = 0; i < st->n_raw; i++) free(st->raw[i]);
+  free(st->raw);
+  free(st->raw_len);
+  st->raw = NULL;
+  st->raw_len = NULL;
+  st->n_raw = st->cap_raw = 0;
+}
+
+void kvs_service_put_abort(kvs_service *svc, kvs_put_state *st) {
+  (void)svc;
+  kvs_stage_abort(&st->stage);
+  put_raw_free(st);
+  st->tokens_stored = st->bytes_stored = 0;
+}
+
+/* Keeps a staged chunk's bytes for the journal (finish records them with the commit). */
+static int put_keep_raw(kvs_service *svc, const kvs_session *s, kvs_put_state *st, const uint8_t *raw, size_t len,
+                        ra_error *err) {
+  if (!s->journal || svc->replaying) return RA_OK;
+  if (st->n_raw == st->cap_raw) {
+    size_t cap = st->cap_raw ? 2 * st->cap_raw : 16;
+    uint8_t **r = realloc(st->raw, cap * sizeof *r);
+    if (r) st->raw = r;
+    size_t *l = r ? realloc(st->raw_len, cap * sizeof *l) : NULL;
+    if (l) st->raw_len = l;
+    if (!l) return ra_errorf(err, RA_ENOMEM, "out of memory keeping %zu chunks for the journal", cap);
+    st->cap_raw = cap;
+  }
+  uint8_t *copy = malloc(len ? len : 1);
+  if (!copy) return ra_errorf(err, RA_ENOMEM, "out of memory keeping a chunk of %zu bytes for the journal", len);
+  if (len) memcpy(copy, raw, len);
+  st->raw[st->n_raw] = copy;
+  st->raw_len[st->n_raw++] = len;
+  return RA_OK;
 }
 
 static int put_chunk(kvs_service *svc, kvs_put_state *st, const Rakv__KvChunk *c, const uint8_t *raw,
                      size_t raw_len, ra_error *err) {
   kvs_session *s;
-  int rc = kvs_store_get(svc->store, c->session_id.data, c->session_id.len, &s, err);
+  int rc = session_get(svc, st->who, &c->session_id, &s, err);
   if (rc) return rc;
   kvs_rows rows;
   uint64_t bytes = 0;
   rc = chunk_rows(s, c, (size_t)st->chunks, &rows, err);
-  journal_order_lock(s);
-  if (rc == RA_OK) rc = kvs_session_write(s, &rows, 1, &bytes, err);
-  if (rc == RA_OK) rc = journal_record(svc, s, KVS_REC_PUT, raw, raw_len, err);
-  journal_order_unlock(s);
+  if (rc == RA_OK) rc = kvs_session_stage(s, &st->stage, &rows, 1, &bytes, err);
+  if (rc == RA_OK) rc = put_keep_raw(svc, s, st, raw, raw_len, err);
   kvs_session_release(s);
   if (rc) return rc;
   st->tokens_stored += rows.n;
@@ -307,7 +383,13 @@ int kvs_service_put_chunk(kvs_service *svc, kvs_put_state *st, const uint8_t *ch
     rakv__kv_chunk__free_unpacked(c, NULL);
   }
   st->chunks++;
-  if (rc) counted(svc, rc);
+  if (rc) {
+    if (st->stage.tokens)
+      ra_error_wrap(err, "PutKv dropped, its %llu earlier tokens too (nothing of the stream is stored)",
+                    (unsigned long long)st->stage.tokens);
+    kvs_service_put_abort(svc, st);
+    counted(svc, rc);
+  }
   return rc;
 }
 
@@ -315,13 +397,29 @@ int kvs_service_put_finish(kvs_service *svc, kvs_put_state *st, ra_buf *reply, r
   Rakv__PutKvReply out = RAKV__PUT_KV_REPLY__INIT;
   out.tokens_stored = st->tokens_stored;
   out.bytes_stored = st->bytes_stored;
-  return counted(svc, pack_reply(&out.base, reply, err));
+  int rc = pack_reply(&out.base, reply, err);
+  kvs_session *s = st->stage.s;
+  if (rc == RA_OK && s && st->n_raw) {
+    /* recorded and published under the journal's order lock: replay applies them in this place */
+    atomic_fetch_add(&s->refs, 1);
+    journal_order_lock(s);
+    for (size_t i = 0; i < st->n_raw && rc == RA_OK; i++)
+      rc = journal_record(svc, s, KVS_REC_PUT, st->raw[i], st->raw_len[i], err);
+    if (rc == RA_OK) kvs_stage_commit(&st->stage);
+    journal_order_unlock(s);
+    kvs_session_release(s);
+  } else if (rc == RA_OK) {
+    kvs_stage_commit(&st->stage);
+  }
+  if (rc) kvs_service_put_abort(svc, st);
+  put_raw_free(st);
+  return counted(svc, rc);
 }
 
-static int append(kvs_service *svc, const Rakv__AppendRequest *r, const uint8_t *raw, size_t raw_len, ra_buf *reply,
-                  ra_error *err) {
+static int append(kvs_service *svc, const kvs_caller *who, const Rakv__AppendRequest *r, const uint8_t *raw,
+                  size_t raw_len, ra_buf *reply, ra_error *err) {
   kvs_session *s;
-  int rc = kvs_store_get(svc->store, r->session_id.data, r->session_id.len, &s, err);
+  int rc = session_get(svc, who, &r->session_id, &s, err);
   if (rc) return rc;
   kvs_rows *rows = NULL;
   if (r->n_chunks == 0) {
@@ -361,11 +459,11 @@ out:
   return rc;
 }
 
-int kvs_service_append(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
+int kvs_service_append(kvs_service *svc, const kvs_caller *who, const uint8_t *req, size_t len, ra_buf *reply,
                        ra_error *err) {
   Rakv__AppendRequest *r = rakv__append_request__unpack(NULL, len, req);
   if (!r) return counted(svc, malformed(err, "AppendRequest", len));
-  int rc = append(svc, r, req, len, reply, err);
+  int rc = append(svc, who, r, req, len, reply, err);
   rakv__append_request__free_unpacked(r, NULL);
   return counted(svc, rc);
 }
@@ -402,9 +500,10 @@ out:
   return rc;
 }
 
-static int attend(kvs_service *svc, const Rakv__AttendRequest *r, ra_buf *reply, ra_error *err) {
+static int attend(kvs_service *svc, const kvs_caller *who, const Rakv__AttendRequest *r, ra_buf *reply,
+                  ra_error *err) {
   kvs_session *s;
-  int rc = kvs_store_get(svc->store, r->session_id.data, r->session_id.len, &s, err);
+  int rc = session_get(svc, who, &r->session_id, &s, err);
   if (rc) return rc;
   float *q = NULL, *retro_q = NULL;
   kvs_attend_result res = {0};
@@ -427,6 +526,12 @@ static int attend(kvs_service *svc, const Rakv__AttendRequest *r, ra_buf *reply,
     goto out;
   }
   if (want) memcpy(q, r->q.data, want);
+  size_t bad = ra_vec_first_nonfinite(q, RA_DTYPE_F32, want / sizeof(float));
+  if (bad < want / sizeof(float)) {
+    rc = ra_errorf(err, RA_EINVAL, "q[%zu][%zu] is not finite (NaN or infinity)", bad / s->geo.head_dim,
+                   bad % s->geo.head_dim);
+    goto out;
+  }
   if (r->retro_q.len != (size_t)r->n_retro * want) {
     rc = ra_errorf(err, RA_EINVAL, "retro_q is %zu bytes, want %zu (%u past queries x %zu heads x head_dim %u x 4)",
                    r->retro_q.len, (size_t)r->n_retro * want, r->n_retro, r->n_q_heads, s->geo.head_dim);
@@ -474,22 +579,22 @@ out:
   return rc;
 }
 
-int kvs_service_attend(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
+int kvs_service_attend(kvs_service *svc, const kvs_caller *who, const uint8_t *req, size_t len, ra_buf *reply,
                        ra_error *err) {
   atomic_fetch_add(&svc->attend_requests, 1);
   Rakv__AttendRequest *r = rakv__attend_request__unpack(NULL, len, req);
   if (!r) return counted(svc, malformed(err, "AttendRequest", len));
-  int rc = attend(svc, r, reply, err);
+  int rc = attend(svc, who, r, reply, err);
   rakv__attend_request__free_unpacked(r, NULL);
   return counted(svc, rc);
 }
 
 /* ---- PutClusters ---- */
 
-static int put_clusters(kvs_service *svc, const Rakv__PutClustersRequest *r, const uint8_t *raw, size_t raw_len,
-                        ra_buf *reply, ra_error *err) {
+static int put_clusters(kvs_service *svc, const kvs_caller *who, const Rakv__PutClustersRequest *r, const uint8_t *raw,
+                        size_t raw_len, ra_buf *reply, ra_error *err) {
   kvs_session *s;
-  int rc = kvs_store_get(svc->store, r->session_id.data, r->session_id.len, &s, err);
+  int rc = session_get(svc, who, &r->session_id, &s, err);
   if (rc) return rc;
   kvs_cluster_put p = {.layer = r->layer, .kv_head = r->kv_head,
                        .first_cluster = r->first_cluster, .row_begin = r->row_begin,
@@ -512,23 +617,23 @@ static int put_clusters(kvs_service *svc, const Rakv__PutClustersRequest *r, con
   return rc;
 }
 
-int kvs_service_put_clusters(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
-                             ra_error *err) {
+int kvs_service_put_clusters(kvs_service *svc, const kvs_caller *who, const uint8_t *req, size_t len,
+                             ra_buf *reply, ra_error *err) {
   Rakv__PutClustersRequest *r = rakv__put_clusters_request__unpack(NULL, len, req);
   if (!r) return counted(svc, malformed(err, "PutClustersRequest", len));
-  int rc = put_clusters(svc, r, req, len, reply, err);
+  int rc = put_clusters(svc, who, r, req, len, reply, err);
   rakv__put_clusters_request__free_unpacked(r, NULL);
   return counted(svc, rc);
 }
 
 /* ---- FetchClusters ---- */
 
-static int fetch_clusters(kvs_service *svc, const Rakv__FetchClustersRequest *r, ra_buf *reply,
+static int fetch_clusters(kvs_service *svc, const kvs_caller *who, const Rakv__FetchClustersRequest *r, ra_buf *reply,
                           ra_error *err) {
   if (r->n_counts != r->n_kv_heads)
     return ra_errorf(err, RA_EINVAL, "%zu counts for %zu kv_heads", r->n_counts, r->n_kv_heads);
   kvs_session *s;
-  int rc = kvs_store_get(svc->store, r->session_id.data, r->session_id.len, &s, err);
+  int rc = session_get(svc, who, &r->session_id, &s, err);
   if (rc) return rc;
   kvs_cluster_fetch f = {.layer = r->layer, .kv_heads = r->kv_heads, .counts = r->counts,
                          .n_heads = r->n_kv_heads, .ids = r->clusters, .n_ids = r->n_clusters,
@@ -549,21 +654,21 @@ static int fetch_clusters(kvs_service *svc, const Rakv__FetchClustersRequest *r,
   return rc;
 }
 
-int kvs_service_fetch_clusters(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
+int kvs_service_fetch_clusters(kvs_service *svc, const kvs_caller *who, const uint8_t *req, size_t len, ra_buf *reply,
                                ra_error *err) {
   Rakv__FetchClustersRequest *r = rakv__fetch_clusters_request__unpack(NULL, len, req);
   if (!r) return counted(svc, malformed(err, "FetchClustersRequest", len));
-  int rc = fetch_clusters(svc, r, reply, err);
+  int rc = fetch_clusters(svc, who, r, reply, err);
   rakv__fetch_clusters_request__free_unpacked(r, NULL);
   return counted(svc, rc);
 }
 
 /* ---- BuildIndex ---- */
 
-static int build_index(kvs_service *svc, const Rakv__BuildIndexRequest *r, const uint8_t *raw, size_t raw_len,
-                       ra_buf *reply, ra_error *err) {
+static int build_index(kvs_service *svc, const kvs_caller *who, const Rakv__BuildIndexRequest *r, const uint8_t *raw,
+                       size_t raw_len, ra_buf *reply, ra_error *err) {
   kvs_session *s;
-  int rc = kvs_store_get(svc->store, r->session_id.data, r->session_id.len, &s, err);
+  int rc = session_get(svc, who, &r->session_id, &s, err);
   if (rc) return rc;
   float *q = NULL;
   uint64_t t0 = ra_clock_now_us();
@@ -588,6 +693,11 @@ static int build_index(kvs_service *svc, const Rakv__BuildIndexRequest *r, const
       goto out;
     }
     memcpy(q, r->queries.data, want);
+    size_t bad = ra_vec_first_nonfinite(q, RA_DTYPE_F32, want / sizeof(float));
+    if (bad < want / sizeof(float)) {
+      rc = ra_errorf(err, RA_EINVAL, "queries[%zu][%zu] is not finite (NaN or infinity)", bad / dim, bad % dim);
+      goto out;
+    }
     a.queries = q;
   }
   if (r->n_knn_ids > 0) {
@@ -639,8 +749,8 @@ static int build_index(kvs_service *svc, const Rakv__BuildIndexRequest *r, const
   m.build_us = us;
   m.n_repaired = res.n_repaired;
   rc = pack_reply(&m.base, reply, err);
-  char hex[2 * KVS_SESSION_ID_BYTES + 1];
-  id_hex(s->id, hex);
+  char hex[KVS_SESSION_TAG_LEN];
+  kvs_session_tag(s->id, hex);
   ra_log_info("session %s: %s index of layer %u %s %u: %llu keys in %u shards, %llu bytes, "
               "%llu repaired, %.1f ms",
               hex, ra_mode_name(a.params.kind), a.layer, a.per_kv_head ? "kv head" : "q head",
@@ -653,20 +763,20 @@ out:
   return rc;
 }
 
-int kvs_service_build_index(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
-                            ra_error *err) {
+int kvs_service_build_index(kvs_service *svc, const kvs_caller *who, const uint8_t *req, size_t len,
+                            ra_buf *reply, ra_error *err) {
   Rakv__BuildIndexRequest *r = rakv__build_index_request__unpack(NULL, len, req);
   if (!r) return counted(svc, malformed(err, "BuildIndexRequest", len));
-  int rc = build_index(svc, r, req, len, reply, err);
+  int rc = build_index(svc, who, r, req, len, reply, err);
   rakv__build_index_request__free_unpacked(r, NULL);
   return counted(svc, rc);
 }
 
 /* ---- ReadKv ---- */
 
-static int read_kv(kvs_service *svc, const Rakv__ReadKvRequest *r, ra_buf *reply, ra_error *err) {
+static int read_kv(kvs_service *svc, const kvs_caller *who, const Rakv__ReadKvRequest *r, ra_buf *reply, ra_error *err) {
   kvs_session *s;
-  int rc = kvs_store_get(svc->store, r->session_id.data, r->session_id.len, &s, err);
+  int rc = session_get(svc, who, &r->session_id, &s, err);
   if (rc) return rc;
   size_t bytes = (size_t)r->n_tokens * kvs_row_bytes(&s->geo);
   uint8_t *kv = malloc(2 * bytes + 1);
@@ -687,25 +797,29 @@ static int read_kv(kvs_service *svc, const Rakv__ReadKvRequest *r, ra_buf *reply
   return rc;
 }
 
-int kvs_service_read_kv(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply, ra_error *err) {
+int kvs_service_read_kv(kvs_service *svc, const kvs_caller *who, const uint8_t *req, size_t len, ra_buf *reply,
+                        ra_error *err) {
   Rakv__ReadKvRequest *r = rakv__read_kv_request__unpack(NULL, len, req);
   if (!r) return counted(svc, malformed(err, "ReadKvRequest", len));
-  int rc = read_kv(svc, r, reply, err);
+  int rc = read_kv(svc, who, r, reply, err);
   rakv__read_kv_request__free_unpacked(r, NULL);
   return counted(svc, rc);
 }
 
 /* ---- CloseSession, Stats, Health ---- */
 
-int kvs_service_close_session(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
-                              ra_error *err) {
+int kvs_service_close_session(kvs_service *svc, const kvs_caller *who, const uint8_t *req, size_t len,
+                              ra_buf *reply, ra_error *err) {
   Rakv__CloseSessionRequest *r = rakv__close_session_request__unpack(NULL, len, req);
   if (!r) return counted(svc, malformed(err, "CloseSessionRequest", len));
   uint64_t freed = 0;
-  int rc = kvs_store_close(svc->store, r->session_id.data, r->session_id.len, &freed, err);
+  kvs_session *s = NULL;
+  int rc = session_get(svc, who, &r->session_id, &s, err);
+  kvs_session_release(s);
+  if (rc == RA_OK) rc = kvs_store_close(svc->store, r->session_id.data, r->session_id.len, &freed, err);
   if (rc == RA_OK) {
-    char hex[2 * KVS_SESSION_ID_BYTES + 1];
-    id_hex(r->session_id.data, hex);
+    char hex[KVS_SESSION_TAG_LEN];
+    kvs_session_tag(r->session_id.data, hex);
     ra_log_info("session %s closed: %llu bytes freed", hex, (unsigned long long)freed);
     Rakv__CloseSessionReply out = RAKV__CLOSE_SESSION_REPLY__INIT;
     out.bytes_freed = freed;
@@ -715,7 +829,7 @@ int kvs_service_close_session(kvs_service *svc, const uint8_t *req, size_t len, 
   return counted(svc, rc);
 }
 
-int kvs_service_stats(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
+int kvs_service_stats(kvs_service *svc, const kvs_caller *who, const uint8_t *req, size_t len, ra_buf *reply,
                       ra_error *err) {
   Rakv__StatsRequest *r = rakv__stats_request__unpack(NULL, len, req);
   if (!r) return counted(svc, malformed(err, "StatsRequest", len));
@@ -723,9 +837,14 @@ int kvs_service_stats(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *
   /* This request counts itself, so a client sees its own Stats call. */
   atomic_fetch_add(&svc->requests, 1);
   Rakv__StatsReply out = RAKV__STATS_REPLY__INIT;
-  out.sessions = kvs_store_sessions(svc->store);
-  out.tokens = kvs_store_tokens(svc->store);
-  out.bytes_used = kvs_store_bytes_used(svc->store);
+  if (principal_of(who)[0]) {
+    /* a tenant sees its own sessions only */
+    kvs_store_owner_totals(svc->store, principal_of(who), &out.sessions, &out.tokens, &out.bytes_used);
+  } else {
+    out.sessions = kvs_store_sessions(svc->store);
+    out.tokens = kvs_store_tokens(svc->store);
+    out.bytes_used = kvs_store_bytes_used(svc->store);
+  }
   out.bytes_budget = kvs_store_budget(svc->store);
   out.requests = atomic_load(&svc->requests);
   out.errors = atomic_load(&svc->errors);
@@ -735,8 +854,9 @@ int kvs_service_stats(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *
   return rc;
 }
 
-int kvs_service_health(kvs_service *svc, const uint8_t *req, size_t len, ra_buf *reply,
+int kvs_service_health(kvs_service *svc, const kvs_caller *who, const uint8_t *req, size_t len, ra_buf *reply,
                        ra_error *err) {
+  (void)who;
   Rakv__HealthRequest *r = rakv__health_request__unpack(NULL, len, req);
   if (!r) return counted(svc, malformed(err, "HealthRequest", len));
   rakv__health_request__free_unpacked(r, NULL);
@@ -762,20 +882,21 @@ static int replay_record(void *ctx, const uint8_t id[KVS_JOURNAL_ID_BYTES], int 
     if (!r || memcmp(data, id, KVS_JOURNAL_ID_BYTES) != 0) {
       rc = ra_errorf(err, RA_EFORMAT, "a malformed OpenSession record");
     } else {
-      rc = open_session(svc, r, id, NULL, 0, &reply, err);
+      rc = open_session(svc, NULL, r, id, NULL, 0, &reply, err);
     }
     if (r) rakv__open_session_request__free_unpacked(r, NULL);
     break;
   }
   case KVS_REC_PUT: {
     kvs_put_state st;
-    kvs_service_put_begin(svc, &st);
+    kvs_service_put_begin(svc, NULL, &st);
     rc = kvs_service_put_chunk(svc, &st, data, len, err);
+    if (rc == RA_OK) kvs_stage_commit(&st.stage);
     break;
   }
-  case KVS_REC_APPEND: rc = kvs_service_append(svc, data, len, &reply, err); break;
-  case KVS_REC_BUILD: rc = kvs_service_build_index(svc, data, len, &reply, err); break;
-  case KVS_REC_CLUSTERS: rc = kvs_service_put_clusters(svc, data, len, &reply, err); break;
+  case KVS_REC_APPEND: rc = kvs_service_append(svc, NULL, data, len, &reply, err); break;
+  case KVS_REC_BUILD: rc = kvs_service_build_index(svc, NULL, data, len, &reply, err); break;
+  case KVS_REC_CLUSTERS: rc = kvs_service_put_clusters(svc, NULL, data, len, &reply, err); break;
   default: rc = ra_errorf(err, RA_EFORMAT, "a record of unknown type %d", type);
   }
   ra_buf_free(&reply);
@@ -792,9 +913,10 @@ static void replay_attach(void *ctx, const uint8_t id[KVS_JOURNAL_ID_BYTES], kvs
     return;
   }
   s->journal = j;
-  char hex[2 * KVS_SESSION_ID_BYTES + 1];
-  id_hex(s->id, hex);
-  ra_log_info("session %.8s... of '%s' restored: %llu rows", hex, s->client, (unsigned long long)atomic_load(&s->tokens));
+  char tag[KVS_SESSION_TAG_LEN], name[sizeof s->client * 4];
+  kvs_session_tag(s->id, tag);
+  ra_log_info("session %s of '%s' restored: %llu rows", tag, ra_log_escape(s->client, strlen(s->client), name, sizeof name),
+              (unsigned long long)atomic_load(&s->tokens));
   kvs_session_release(s);
 }
 

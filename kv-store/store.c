@@ -64,11 +64,13 @@ int kvs_store_create(uint64_t budget_bytes, kvs_store **out, ra_error *err) {
 static void session_free(kvs_session *s) {
   kvs_store *st = s->store;
   uint64_t n_search = atomic_load(&s->n_searches), n_ins = atomic_load(&s->n_inserted);
+  char name[sizeof s->client * 4];
   if (n_search || n_ins)
     ra_log_info("session by '%s' ends: %llu index searches (%llu scanned exactly, the index busy; "
                 "%.0f us wall, %.0f us CPU each), %.1f ms waiting for index locks; %llu rows "
                 "inserted in %.1f ms (%.0f us wall, %.0f us CPU each)",
-                s->client, (unsigned long long)n_search, (unsigned long long)atomic_load(&s->n_searches_exact),
+                ra_log_escape(s->client, strlen(s->client), name, sizeof name), (unsigned long long)n_search,
+                (unsigned long long)atomic_load(&s->n_searches_exact),
                 n_search ? (double)atomic_load(&s->search_us) / (double)n_search : 0.0,
                 n_search ? (double)atomic_load(&s->search_cpu_us) / (double)n_search : 0.0,
                 (double)atomic_load(&s->lock_wait_us) / 1e3, (unsigned long long)n_ins,
@@ -125,6 +127,24 @@ uint64_t kvs_store_sessions(kvs_store *st) {
   uint64_t n = st->n_sessions;
   pthread_mutex_unlock(&st->mu);
   return n;
+}
+
+void kvs_store_owner_totals(kvs_store *st, const char *owner, uint64_t *sessions, uint64_t *tokens,
+                            uint64_t *bytes) {
+  *sessions = *tokens = *bytes = 0;
+  pthread_mutex_lock(&st->mu);
+  for (size_t i = 0; i < st->n_sessions; i++) {
+    const kvs_session *s = st->sessions[i];
+    if (strcmp(s->owner, owner) != 0) continue;
+    (*sessions)++;
+    *tokens += atomic_load(&s->tokens);
+    *bytes += atomic_load(&s->bytes);
+  }
+  pthread_mutex_unlock(&st->mu);
+}
+
+void kvs_session_tag(const uint8_t *id, char out[KVS_SESSION_TAG_LEN]) {
+  snprintf(out, KVS_SESSION_TAG_LEN, "%02x%02x%02x%02x..", id[0], id[1], id[2], id[3]);
 }
 
 int kvs_store_charge(kvs_store *st, uint64_t n, ra_error *err) {
@@ -466,8 +486,10 @@ size_t kvs_store_expire(kvs_store *st, uint64_t idle_ms) {
   for (size_t i = 0; i < n_expired; i++) {
     kvs_session *s = expired[i];
     atomic_store(&s->journal_discard, 1);
-    ra_log_info("session %02x%02x%02x%02x... of '%s' expired after %llu ms idle: %llu bytes freed", s->id[0],
-                s->id[1], s->id[2], s->id[3], s->client, (unsigned long long)idle_ms,
+    char tag[KVS_SESSION_TAG_LEN], name[sizeof s->client * 4];
+    kvs_session_tag(s->id, tag);
+    ra_log_info("session %s of '%s' expired after %llu ms idle: %llu bytes freed", tag,
+                ra_log_escape(s->client, strlen(s->client), name, sizeof name), (unsigned long long)idle_ms,
                 (unsigned long long)atomic_load(&s->bytes));
     session_unregistered(st, s);
   }
@@ -546,13 +568,13 @@ static uint64_t head_rows(kvs_session *s, uint32_t layer, uint32_t kv_head) {
   size_t count;
   const kvs_shard *sh = kvs_session_head(s, layer, kv_head, &count);
   uint64_t total = 0;
-  for (size_t i = 0; i < count; i++) total += sh[i].n + sh[i].pending;
+  for (size_t i = 0; i < count; i++) total += sh[i].n + sh[i].staged + sh[i].pending;
   return total;
 }
 
 /* Checks one block against the session as it will be after the blocks before it. */
-static int rows_check(kvs_session *s, const kvs_rows *r, size_t i, kvs_shard **out,
-                      ra_error *err) {
+static int rows_check(kvs_session *s, const kvs_rows *r, size_t i, const kvs_stage *stage,
+                      kvs_shard **out, ra_error *err) {
   const kvs_geometry *g = &s->geo;
   if (r->layer >= g->n_layers)
     return ra_errorf(err, RA_EINVAL, "chunk %zu: layer %u out of range [0, %u)", i, r->layer,
@@ -575,7 +597,12 @@ static int rows_check(kvs_session *s, const kvs_rows *r, size_t i, kvs_shard **o
                      "chunk %zu: tokens [%llu, %llu) of layer %u kv head %u are not in a shard of "
                      "this session",
                      i, (unsigned long long)b, (unsigned long long)e, r->layer, r->kv_head);
-  uint64_t filled = sh->spec.token_begin + sh->n + sh->pending;
+  if (sh->stager && sh->stager != stage)
+    return ra_errorf(err, RA_ESTATE,
+                     "chunk %zu: layer %u kv head %u tokens from %llu are being written by an unfinished "
+                     "PutKv stream",
+                     i, r->layer, r->kv_head, (unsigned long long)(sh->spec.token_begin + sh->n));
+  uint64_t filled = sh->spec.token_begin + sh->n + sh->staged + sh->pending;
   if (b < filled)
     return ra_errorf(err, RA_EINVAL,
                      "chunk %zu: overlap: tokens [%llu, %llu) of layer %u kv head %u overlap "
@@ -614,7 +641,7 @@ static int rows_check(kvs_session *s, const kvs_rows *r, size_t i, kvs_shard **o
 
 /* Makes room for sh->n + sh->pending rows, charging the budget first. */
 static int shard_reserve(kvs_session *s, kvs_shard *sh, ra_error *err) {
-  uint64_t need = sh->n + sh->pending;
+  uint64_t need = sh->n + sh->staged + sh->pending;
   if (need <= sh->cap) return RA_OK;
   uint64_t cap = sh->cap + sh->cap / 8;
   if (cap < sh->cap + KVS_GROW_MIN_ROWS) cap = sh->cap + KVS_GROW_MIN_ROWS;
@@ -667,9 +694,35 @@ static int shard_reserve(kvs_session *s, kvs_shard *sh, ra_error *err) {
   return RA_OK;
 }
 
-int kvs_session_write(kvs_session *s, const kvs_rows *rows, size_t n_rows, uint64_t *bytes_stored,
-                      ra_error *err) {
+/* Rows of a shard become visible: to attends (n, under the write lock), to the indexer
+ * (n_stored, after the copy) and to the session's counts. */
+static void shard_publish(kvs_session *s, kvs_shard *sh, uint64_t rows) {
+  sh->n += rows;
+  atomic_store_explicit(&sh->n_stored, sh->n, memory_order_release);
+  atomic_fetch_add(&s->tokens, rows);
+  atomic_fetch_add(&s->store->tokens, rows);
+}
+
+static int stage_add_shard(kvs_stage *st, kvs_shard *sh) {
+  for (size_t i = 0; i < st->n; i++)
+    if (st->shards[i] == sh) return RA_OK;
+  if (st->n == st->cap) {
+    size_t cap = st->cap ? 2 * st->cap : 16;
+    kvs_shard **p = realloc(st->shards, cap * sizeof *p);
+    if (!p) return RA_ENOMEM;
+    st->shards = p;
+    st->cap = cap;
+  }
+  st->shards[st->n++] = sh;
+  return RA_OK;
+}
+
+/* kvs_session_write (stage NULL: published at once) and kvs_session_stage. */
+static int session_write(kvs_session *s, kvs_stage *stage, const kvs_rows *rows, size_t n_rows,
+                         uint64_t *bytes_stored, ra_error *err) {
   if (n_rows == 0) return ra_errorf(err, RA_EINVAL, "no chunks to store");
+  if (stage && stage->s && stage->s != s)
+    return ra_errorf(err, RA_EINVAL, "a PutKv stream writes one session; this chunk names another");
   kvs_shard **target = malloc(n_rows * sizeof *target);
   if (!target) return ra_errorf(err, RA_ENOMEM, "out of memory planning %zu chunks", n_rows);
   size_t rb = kvs_row_bytes(&s->geo);
@@ -678,11 +731,13 @@ int kvs_session_write(kvs_session *s, const kvs_rows *rows, size_t n_rows, uint6
 
   pthread_rwlock_wrlock(&s->lock);
   for (; checked < n_rows; checked++) {
-    rc = rows_check(s, &rows[checked], checked, &target[checked], err);
+    rc = rows_check(s, &rows[checked], checked, stage, &target[checked], err);
     if (rc) break;
     target[checked]->pending += rows[checked].n;
   }
   for (size_t i = 0; rc == RA_OK && i < n_rows; i++) rc = shard_reserve(s, target[i], err);
+  for (size_t i = 0; rc == RA_OK && stage && i < n_rows; i++)
+    if (stage_add_shard(stage, target[i]) != RA_OK) rc = ra_errorf(err, RA_ENOMEM, "out of memory staging chunks");
   if (rc) {
     for (size_t i = 0; i < checked; i++) target[i]->pending = 0;
     pthread_rwlock_unlock(&s->lock);
@@ -692,25 +747,69 @@ int kvs_session_write(kvs_session *s, const kvs_rows *rows, size_t n_rows, uint6
   uint64_t total = 0;
   for (size_t i = 0; i < n_rows; i++) {
     kvs_shard *sh = target[i];
-    size_t bytes = rows[i].n * rb;
-    memcpy((char *)sh->keys + sh->n * rb, rows[i].keys, bytes);
-    memcpy((char *)sh->values + sh->n * rb, rows[i].values, bytes);
-    sh->n += rows[i].n;
+    size_t bytes = rows[i].n * rb, at = (size_t)(sh->n + sh->staged) * rb;
+    memcpy((char *)sh->keys + at, rows[i].keys, bytes);
+    memcpy((char *)sh->values + at, rows[i].values, bytes);
     sh->pending -= rows[i].n;
     total += rows[i].n;
-    /* After the copy: the indexer may read every row below n_stored. */
-    atomic_store_explicit(&sh->n_stored, sh->n, memory_order_release);
+    if (stage) {
+      sh->staged += rows[i].n;
+      sh->stager = stage;
+    } else {
+      shard_publish(s, sh, rows[i].n);
+    }
   }
-  /* Insertion is the indexer's (store.h): until it gets there attends scan the new rows exactly,
-   * so the write returns now and never fails half done. A shard named twice is queued once. */
-  size_t n_ix = 0;
-  for (size_t i = 0; i < n_rows; i++)
-    if (target[i]->ix) target[n_ix++] = target[i];
-  kvs_indexer_enqueue(s->store->indexer, target, n_ix);
-  atomic_fetch_add(&s->tokens, total);
-  atomic_fetch_add(&s->store->tokens, total);
+  if (stage) {
+    if (!stage->s) {
+      stage->s = s;
+      atomic_fetch_add(&s->refs, 1);
+    }
+    stage->tokens += total;
+  } else {
+    /* Insertion is the indexer's (store.h): until it gets there attends scan the new rows
+     * exactly, so the write returns now and never fails half done. A shard named twice is
+     * queued once. */
+    size_t n_ix = 0;
+    for (size_t i = 0; i < n_rows; i++)
+      if (target[i]->ix) target[n_ix++] = target[i];
+    kvs_indexer_enqueue(s->store->indexer, target, n_ix);
+  }
   pthread_rwlock_unlock(&s->lock);
   free(target);
   if (bytes_stored) *bytes_stored = total * rb * 2;
   return RA_OK;
 }
+
+int kvs_session_write(kvs_session *s, const kvs_rows *rows, size_t n_rows, uint64_t *bytes_stored,
+                      ra_error *err) {
+  return session_write(s, NULL, rows, n_rows, bytes_stored, err);
+}
+
+int kvs_session_stage(kvs_session *s, kvs_stage *st, const kvs_rows *rows, size_t n_rows,
+                      uint64_t *bytes_staged, ra_error *err) {
+  return session_write(s, st, rows, n_rows, bytes_staged, err);
+}
+
+/* Ends a stage: publish 1 makes its rows visible, 0 drops them. */
+static void stage_end(kvs_stage *st, int publish) {
+  kvs_session *s = st->s;
+  if (s) {
+    pthread_rwlock_wrlock(&s->lock);
+    size_t n_ix = 0;
+    for (size_t i = 0; i < st->n; i++) {
+      kvs_shard *sh = st->shards[i];
+      if (publish) shard_publish(s, sh, sh->staged);
+      sh->staged = 0;
+      sh->stager = NULL;
+      if (publish && sh->ix) st->shards[n_ix++] = sh;
+    }
+    kvs_indexer_enqueue(s->store->indexer, st->shards, n_ix);
+    pthread_rwlock_unlock(&s->lock);
+    kvs_session_release(s);
+  }
+  free(st->shards);
+  memset(st, 0, sizeof *st);
+}
+
+void kvs_stage_commit(kvs_stage *st) { stage_end(st, 1); }
+void kvs_stage_abort(kvs_stage *st) { stage_end(st, 0); }

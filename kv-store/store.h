@@ -92,6 +92,10 @@ typedef struct kvs_shard {
   void *keys;      /* [cap, head_dim] session dtype */
   void *values;    /* [cap, head_dim] session dtype */
   uint64_t pending; /* rows a write in progress will add (write lock held) */
+  /* Rows [n, n + staged) copied by an unfinished PutKv stream (stager): invisible to attends,
+   * builds and the indexer until it commits; other writers of the shard are refused meanwhile. */
+  uint64_t staged;
+  const struct kvs_stage *stager;
   /* NULL until the first index of this shard is installed; then
    * [RA_MODE_N_INDEXED][group_size + 1] (by ra_mode_index_slot): slot j < group_size is the index of the group's j-th q
    * head, slot group_size the kv head's shared one (kvs_shard_index). Set, and its slots
@@ -134,6 +138,7 @@ typedef struct kvs_session {
    * set (the session was closed or expired, not the store shut down). */
   struct kvs_journal *journal;
   atomic_int journal_discard;
+  char owner[96]; /* the credential that opened it (service.h kvs_caller); "": none */
   /* Indexer bookkeeping (indexer mutex): shards of this session queued or being indexed, and
    * whether it was closed (no more queuing). */
   size_t ix_busy;
@@ -165,6 +170,14 @@ uint64_t kvs_store_budget(const kvs_store *st);
 uint64_t kvs_store_bytes_used(const kvs_store *st);
 uint64_t kvs_store_sessions(kvs_store *st);
 uint64_t kvs_store_tokens(const kvs_store *st);
+/* Sessions, tokens and bytes of the sessions opened by `owner` (kvs_session.owner). */
+void kvs_store_owner_totals(kvs_store *st, const char *owner, uint64_t *sessions, uint64_t *tokens,
+                            uint64_t *bytes);
+
+/* A session's name in logs: the first 4 bytes of its id in hex and "..": enough to follow one
+ * session through a log, too little to use it (the id is its capability). */
+#define KVS_SESSION_TAG_LEN 11
+void kvs_session_tag(const uint8_t *id, char out[KVS_SESSION_TAG_LEN]);
 
 /* Charges n bytes to the budget or fails with RA_ENOMEM ("would use X of budget Y"). */
 int kvs_store_charge(kvs_store *st, uint64_t n, ra_error *err);
@@ -221,6 +234,22 @@ int kvs_session_write(kvs_session *s, const kvs_rows *rows, size_t n_rows, uint6
  * stored rows, into keys / values ([n, head_dim] session dtype each). Takes the read lock. */
 int kvs_session_read(kvs_session *s, uint32_t layer, uint32_t kv_head, uint64_t token_begin, uint64_t n, void *keys,
                      void *values, ra_error *err);
+/* A PutKv stream's writes, all or nothing: stage copies row blocks into their shards as
+ * kvs_session_write does (same checks, same budget charge) but leaves them invisible; commit
+ * publishes every staged row at once, abort drops them (the shards' capacity stays charged to
+ * the session, like any growth). The stage holds a reference to its session; every stage ends
+ * with commit or abort. */
+typedef struct kvs_stage {
+  kvs_session *s;        /* NULL until the first stage */
+  kvs_shard **shards;    /* [n] the shards with staged rows */
+  size_t n, cap;
+  uint64_t tokens;       /* staged rows */
+} kvs_stage;
+
+int kvs_session_stage(kvs_session *s, kvs_stage *st, const kvs_rows *rows, size_t n_rows,
+                      uint64_t *bytes_staged, ra_error *err);
+void kvs_stage_commit(kvs_stage *st);
+void kvs_stage_abort(kvs_stage *st);
 
 /* ---- the background indexer (indexer.c) ---- */
 

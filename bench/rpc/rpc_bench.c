@@ -63,7 +63,7 @@ int main(int argc, char **argv) {
   snprintf(target, sizeof target, "127.0.0.1:%d", ra_rpc_server_port(srv));
   ra_rpc_channel *ch;
   ra_rpc_call *stream;
-  if (ra_rpc_channel_open(target, 0, &ch, &err) || ra_rpc_call_start(ch, "/b.B/Echo", 0, &stream, &err)) {
+  if (ra_rpc_channel_open(target, NULL, &ch, &err) || ra_rpc_call_start(ch, "/b.B/Echo", 0, &stream, &err)) {
     fprintf(stderr, "rpc-bench: client: %s\n", err.msg);
     return 1;
   }

@@ -91,7 +91,8 @@ static int setup(void **state) {
   assert_true(ra_rpc_server_port(server) > 0);
   char target[64];
   snprintf(target, sizeof target, "127.0.0.1:%d", ra_rpc_server_port(server));
-  assert_int_equal(ra_rpc_channel_open(target, MAX_MSG, &channel, &err), RA_OK);
+  ra_rpc_channel_config cc = {.max_message_bytes = MAX_MSG};
+  assert_int_equal(ra_rpc_channel_open(target, &cc, &channel, &err), RA_OK);
   return 0;
 }
 
@@ -200,11 +201,11 @@ static void test_unreachable_peer_is_unavailable(void **state) {
   ra_error err;
   ra_buf reply = {0};
   /* Port 1 on loopback: nothing listens there. */
-  assert_int_equal(ra_rpc_channel_open("127.0.0.1:1", 0, &ch, &err), RA_OK);
+  assert_int_equal(ra_rpc_channel_open("127.0.0.1:1", NULL, &ch, &err), RA_OK);
   assert_int_equal(ra_rpc_unary(ch, "/t.T/Echo", "x", 1, &reply, 5000, &err), RA_EUNAVAIL);
   assert_non_null(strstr(err.msg, "127.0.0.1:1"));
   ra_rpc_channel_close(ch);
-  assert_int_equal(ra_rpc_channel_open("no-port", 0, &ch, &err), RA_EINVAL);
+  assert_int_equal(ra_rpc_channel_open("no-port", NULL, &ch, &err), RA_EINVAL);
   ra_buf_free(&reply);
 }
 
@@ -238,7 +239,7 @@ static void test_shutdown_with_open_stream(void **state) {
   assert_int_equal(ra_rpc_server_start(s, &err), RA_OK);
   char target[64];
   snprintf(target, sizeof target, "127.0.0.1:%d", ra_rpc_server_port(s));
-  assert_int_equal(ra_rpc_channel_open(target, 0, &ch, &err), RA_OK);
+  assert_int_equal(ra_rpc_channel_open(target, NULL, &ch, &err), RA_OK);
   assert_int_equal(ra_rpc_call_start(ch, "/t.T/Bidi", 0, &call, &err), RA_OK);
   assert_int_equal(ra_rpc_call_send(call, "abc", 3, &err), RA_OK);
   assert_int_equal(ra_rpc_call_recv(call, &reply, 5000, &err), RA_OK);

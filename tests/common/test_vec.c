@@ -115,6 +115,37 @@ static void test_int8_dot_vs_fp32(void **state) {
 
 /* x A against a double-precision loop, for column counts with and without 64- and 8-wide tails
  * and row counts other than the column count. */
+/* Every dtype: the first NaN / infinity found wherever it sits (block edges, the tail), and
+ * none in finite data with large and subnormal values. */
+static void test_first_nonfinite(void **state) {
+  (void)state;
+  enum { N = 200 };
+  float x[N];
+  for (int i = 0; i < N; i++) x[i] = (float)(i - 100) * 500.0f; /* within f16 range */
+  x[7] = 1e-40f; /* subnormal f32 */
+  for (ra_dtype t = RA_DTYPE_F32; t <= RA_DTYPE_BF16; t++) {
+    float conv[N];
+    uint8_t buf[N * 4 + 1];
+    uint8_t *row = buf + 1; /* unaligned, as in a protobuf bytes field */
+    const size_t es = ra_dtype_size(t);
+    ra_dtype_from_fp32_n(t, x, conv, N);
+    memcpy(row, conv, N * es);
+    assert_int_equal(ra_vec_first_nonfinite(row, t, N), N);
+    const size_t at[] = {0, 63, 64, 130, N - 1};
+    const float bad[] = {NAN, INFINITY, -INFINITY};
+    for (size_t i = 0; i < sizeof at / sizeof at[0]; i++)
+      for (size_t b = 0; b < 3; b++) {
+        uint8_t save[4];
+        memcpy(save, row + at[i] * es, es);
+        float one;
+        ra_dtype_from_fp32_n(t, &bad[b], &one, 1);
+        memcpy(row + at[i] * es, &one, es);
+        assert_int_equal(ra_vec_first_nonfinite(row, t, N), at[i]);
+        memcpy(row + at[i] * es, save, es);
+      }
+  }
+}
+
 static void test_vecmat(void **state) {
   (void)state;
   const int shapes[][2] = {{1, 1}, {3, 7}, {16, 8}, {64, 64}, {128, 128}, {100, 72}, {7, 137}};
@@ -174,6 +205,7 @@ int main(void) {
       cmocka_unit_test(test_all_dtypes_and_dims),
       cmocka_unit_test(test_int8_dot_vs_fp32),
       cmocka_unit_test(test_vecmat),
+      cmocka_unit_test(test_first_nonfinite),
       cmocka_unit_test(test_exp_sum),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

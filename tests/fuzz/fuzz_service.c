@@ -16,6 +16,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 /* Small budget: a request that asks for more must be refused, not served. */
 #define FUZZ_BUDGET (32u << 20)
 
+/* Every request comes from one credential, so the owner checks and the per-owner Stats run. */
+static const kvs_caller who = {.principal = "token 1", .peer = "fuzz"};
+
 static kvs_service *svc;
 static uint8_t live_id[16];
 static ra_buf reply;
@@ -48,7 +51,7 @@ static int open_live(void) {
   req.shards = sp;
   ra_buf b = {0};
   int rc = pack_into(&req.base, &b);
-  if (rc == RA_OK) rc = kvs_service_open_session(svc, b.data, b.len, &reply, &err);
+  if (rc == RA_OK) rc = kvs_service_open_session(svc, &who, b.data, b.len, &reply, &err);
   Rakv__OpenSessionReply *r =
       rc == RA_OK ? rakv__open_session_reply__unpack(NULL, reply.len, reply.data) : NULL;
   if (!r || r->session_id.len != 16) rc = RA_EINTERNAL;
@@ -65,7 +68,7 @@ static int open_live(void) {
   c.keys.data = c.values.data = (uint8_t *)kv;
   c.keys.len = c.values.len = sizeof kv;
   kvs_put_state st;
-  kvs_service_put_begin(svc, &st);
+  kvs_service_put_begin(svc, &who, &st);
   if (rc == RA_OK) rc = pack_into(&c.base, &b);
   if (rc == RA_OK) rc = kvs_service_put_chunk(svc, &st, b.data, b.len, &err);
   if (rc == RA_OK) rc = kvs_service_put_finish(svc, &st, &reply, &err);
@@ -79,7 +82,7 @@ static int open_live(void) {
   pc.n_perm = 8;
   pc.perm = perm;
   if (rc == RA_OK) rc = pack_into(&pc.base, &b);
-  if (rc == RA_OK) rc = kvs_service_put_clusters(svc, b.data, b.len, &reply, &err);
+  if (rc == RA_OK) rc = kvs_service_put_clusters(svc, &who, b.data, b.len, &reply, &err);
 
   float q[2 * FUZZ_DIM];
   for (int i = 0; i < 2 * FUZZ_DIM; i++) q[i] = 0.5f - 0.125f * (float)(i % 9);
@@ -93,7 +96,7 @@ static int open_live(void) {
   bi.queries.len = sizeof q;
   bi.n_queries = 2;
   if (rc == RA_OK) rc = pack_into(&bi.base, &b);
-  if (rc == RA_OK) rc = kvs_service_build_index(svc, b.data, b.len, &reply, &err);
+  if (rc == RA_OK) rc = kvs_service_build_index(svc, &who, b.data, b.len, &reply, &err);
   ip.kind = RAKV__ATTEND_MODE__MODE_KGRAPH;
   ip.per_kv_head = 1;
   bi.layer = 1;
@@ -101,7 +104,7 @@ static int open_live(void) {
   bi.queries.len = 0;
   bi.n_queries = 0;
   if (rc == RA_OK) rc = pack_into(&bi.base, &b);
-  if (rc == RA_OK) rc = kvs_service_build_index(svc, b.data, b.len, &reply, &err);
+  if (rc == RA_OK) rc = kvs_service_build_index(svc, &who, b.data, b.len, &reply, &err);
   ra_buf_free(&b);
   return rc;
 }
@@ -133,7 +136,7 @@ static void put_stream(const uint8_t *req, size_t len) {
   size_t cut[4] = {0, a, b, len};
   kvs_put_state st;
   ra_error err;
-  kvs_service_put_begin(svc, &st);
+  kvs_service_put_begin(svc, &who, &st);
   for (int i = 0; i < 3; i++) {
     if (cut[i + 1] == cut[i] && i > 0) continue;
     if (kvs_service_put_chunk(svc, &st, req + cut[i], cut[i + 1] - cut[i], &err) != RA_OK) return;
@@ -156,16 +159,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   ra_error err;
   switch (data[0] % FUZZ_N_CALLS) {
-    case FUZZ_OPEN: kvs_service_open_session(svc, req, len, &reply, &err); break;
+    case FUZZ_OPEN: kvs_service_open_session(svc, &who, req, len, &reply, &err); break;
     case FUZZ_PUT: put_stream(req, len); break;
-    case FUZZ_APPEND: kvs_service_append(svc, req, len, &reply, &err); break;
-    case FUZZ_ATTEND: kvs_service_attend(svc, req, len, &reply, &err); break;
-    case FUZZ_CLOSE: kvs_service_close_session(svc, req, len, &reply, &err); break;
-    case FUZZ_STATS: kvs_service_stats(svc, req, len, &reply, &err); break;
-    case FUZZ_HEALTH: kvs_service_health(svc, req, len, &reply, &err); break;
-    case FUZZ_BUILD: kvs_service_build_index(svc, req, len, &reply, &err); break;
-    case FUZZ_PUT_CLUSTERS: kvs_service_put_clusters(svc, req, len, &reply, &err); break;
-    case FUZZ_FETCH_CLUSTERS: kvs_service_fetch_clusters(svc, req, len, &reply, &err); break;
+    case FUZZ_APPEND: kvs_service_append(svc, &who, req, len, &reply, &err); break;
+    case FUZZ_ATTEND: kvs_service_attend(svc, &who, req, len, &reply, &err); break;
+    case FUZZ_CLOSE: kvs_service_close_session(svc, &who, req, len, &reply, &err); break;
+    case FUZZ_STATS: kvs_service_stats(svc, &who, req, len, &reply, &err); break;
+    case FUZZ_HEALTH: kvs_service_health(svc, &who, req, len, &reply, &err); break;
+    case FUZZ_BUILD: kvs_service_build_index(svc, &who, req, len, &reply, &err); break;
+    case FUZZ_PUT_CLUSTERS: kvs_service_put_clusters(svc, &who, req, len, &reply, &err); break;
+    case FUZZ_FETCH_CLUSTERS: kvs_service_fetch_clusters(svc, &who, req, len, &reply, &err); break;
   }
   free(req);
   kvs_session *s;

@@ -122,7 +122,7 @@ static void test_unknown_session(void **state) {
   cr.session_id.len = 3;
   size_t n = rakv__close_session_request__pack(&cr, buf);
   ra_rpc_channel *ch;
-  ok(ra_rpc_channel_open(f->st.addr, 0, &ch, &f->err), &f->err);
+  ok(ra_rpc_channel_open(f->st.addr, NULL, &ch, &f->err), &f->err);
   ra_buf reply = {0};
   expect(f, ra_rpc_unary(ch, "/rakv.KvStore/CloseSession", buf, n, &reply, 10000, &f->err),
          RA_EINVAL, "INVALID_ARGUMENT", "session id is 3 bytes, want 16");
@@ -184,7 +184,7 @@ static void test_overlap_and_hole(void **state) {
 static void test_garbage_and_truncated(void **state) {
   fx *f = *state;
   ra_rpc_channel *ch;
-  ok(ra_rpc_channel_open(f->st.addr, 0, &ch, &f->err), &f->err);
+  ok(ra_rpc_channel_open(f->st.addr, NULL, &ch, &f->err), &f->err);
   ra_buf reply = {0};
   static const uint8_t garbage[] = {0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f, 0x12};
   const char *methods[] = {"/rakv.KvStore/OpenSession", "/rakv.KvStore/Append",

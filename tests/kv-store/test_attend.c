@@ -321,8 +321,10 @@ static void test_flat_exact_topk(void **state) {
   }
   kvs_attend_result_free(&res);
 
-  /* top_k above the key count is full attention. */
-  a.top_k = 100000;
+  /* top_k above its bound is refused; above the key count it is full attention. */
+  a.top_k = RA_ATTEND_MAX_TOP_K + 1;
+  assert_int_equal(kvs_attend(f.s, &a, &res, &err), RA_EINVAL);
+  a.top_k = RA_ATTEND_MAX_TOP_K;
   a.want_ids = 0;
   assert_int_equal(kvs_attend(f.s, &a, &res, &err), RA_OK);
   ref_attention(q, f.heads[1].k, f.heads[1].v, NULL, n, dim, want);

@@ -161,12 +161,14 @@ static void test_damage_before_the_end_is_refused(void **state) {
 
 /* ---- the service over a data dir ---- */
 
-static int call(kvs_service *svc, int (*fn)(kvs_service *, const uint8_t *, size_t, ra_buf *, ra_error *),
+/* Calls fn as an in-process caller (no credential). */
+static int call(kvs_service *svc,
+                int (*fn)(kvs_service *, const kvs_caller *, const uint8_t *, size_t, ra_buf *, ra_error *),
                 const ProtobufCMessage *m, ra_buf *reply, ra_error *err) {
   size_t n = protobuf_c_message_get_packed_size(m);
   uint8_t *b = malloc(n ? n : 1);
   protobuf_c_message_pack(m, b);
-  int rc = fn(svc, b, n, reply, err);
+  int rc = fn(svc, NULL, b, n, reply, err);
   free(b);
   return rc;
 }
@@ -199,7 +201,7 @@ static void test_service_restores_sessions(void **state) {
   uint8_t *b = malloc(n);
   rakv__kv_chunk__pack(&c, b);
   kvs_put_state ps;
-  kvs_service_put_begin(svc, &ps);
+  kvs_service_put_begin(svc, NULL, &ps);
   assert_int_equal(kvs_service_put_chunk(svc, &ps, b, n, &err), RA_OK);
   assert_int_equal(kvs_service_put_finish(svc, &ps, &reply, &err), RA_OK);
   free(b);

@@ -24,8 +24,14 @@ _Static_assert(RA_KVCLIENT_NO_QUERY == RA_INDEX_NO_QUERY && RA_KVCLIENT_KEY_TOP_
 
 #define DIM 16
 
+/* Two credentials, as the server names them (service.h kvs_caller): the fixture's session is
+ * tenant A's. */
+static const kvs_caller tenant_a = {.principal = "token 1", .peer = "ipv4:127.0.0.1:1"};
+static const kvs_caller tenant_b = {.principal = "token 2", .peer = "ipv4:127.0.0.1:2"};
+
 typedef struct fx {
   kvs_service *svc;
+  const kvs_caller *who; /* the caller of call() */
   uint8_t id[16];
   ra_buf reply;
   ra_error err;
@@ -37,13 +43,13 @@ static size_t pack(const ProtobufCMessage *m, uint8_t **out) {
   return protobuf_c_message_pack(m, *out);
 }
 
-typedef int (*unary_fn)(kvs_service *, const uint8_t *, size_t, ra_buf *, ra_error *);
+typedef int (*unary_fn)(kvs_service *, const kvs_caller *, const uint8_t *, size_t, ra_buf *, ra_error *);
 
 static int call(fx *f, unary_fn fn, const ProtobufCMessage *m) {
   uint8_t *b;
   size_t n = pack(m, &b);
   ra_error_clear(&f->err);
-  int rc = fn(f->svc, b, n, &f->reply, &f->err);
+  int rc = fn(f->svc, f->who, b, n, &f->reply, &f->err);
   free(b);
   return rc;
 }
@@ -56,6 +62,7 @@ static void expect_msg(const fx *f, const char *text) {
  * tokens [0, open). */
 static int fx_open(void **state, uint64_t budget) {
   fx *f = calloc(1, sizeof *f);
+  f->who = &tenant_a;
   kvs_service_config cfg = {.memory_budget = budget, .attend_threads = 1};
   if (kvs_service_create(&cfg, &f->svc, &f->err) != RA_OK) return -1;
   Rakv__Geometry g = RAKV__GEOMETRY__INIT;
@@ -82,6 +89,8 @@ static int fx_open(void **state, uint64_t budget) {
 }
 
 static int fx_setup(void **state) { return fx_open(state, 1 << 20); }
+/* 50000 rows of 16 f32 (6.4 MB, its growth slack included) leave well under 1 MB free. */
+static int fx_setup_8m(void **state) { return fx_open(state, 8u << 20); }
 /* Room for indexes: a build's estimate includes fixed-size blocks of several MiB. */
 static int fx_setup_big(void **state) { return fx_open(state, 64u << 20); }
 
@@ -117,6 +126,24 @@ static int put(fx *f, kvs_put_state *st, const Rakv__KvChunk *c) {
   return rc;
 }
 
+/* An Append of one chunk. */
+static void append_init(Rakv__AppendRequest *ar, const uint8_t *id, Rakv__KvChunk **chunk) {
+  rakv__append_request__init(ar);
+  ar->session_id.data = (uint8_t *)id;
+  ar->session_id.len = 16;
+  ar->n_chunks = 1;
+  ar->chunks = chunk;
+}
+
+/* A whole PutKv stream of one chunk: begin, the chunk, finish. */
+static int put_stream(fx *f, const Rakv__KvChunk *c) {
+  kvs_put_state st;
+  kvs_service_put_begin(f->svc, f->who, &st);
+  int rc = put(f, &st, c);
+  if (rc == RA_OK) rc = kvs_service_put_finish(f->svc, &st, &f->reply, &f->err);
+  return rc;
+}
+
 static void attend_init(Rakv__AttendRequest *a, const uint8_t *id, uint32_t *heads, size_t n,
                         float *q) {
   rakv__attend_request__init(a);
@@ -141,7 +168,7 @@ static void test_round_trip(void **state) {
   fx *f = *state;
   float buf[100 * DIM];
   kvs_put_state st;
-  kvs_service_put_begin(f->svc, &st);
+  kvs_service_put_begin(f->svc, f->who, &st);
   Rakv__KvChunk c;
   chunk_init(&c, f->id, 1, 0, 0, 60, buf, 0.25f);
   assert_int_equal(put(f, &st, &c), RA_OK);
@@ -154,13 +181,10 @@ static void test_round_trip(void **state) {
   rakv__put_kv_reply__free_unpacked(pr, NULL);
 
   /* Append one token whose value stands out, then attend: it must be seen. */
-  Rakv__AppendRequest ar = RAKV__APPEND_REQUEST__INIT;
-  Rakv__KvChunk *cp = &c;
   chunk_init(&c, f->id, 1, 0, 100, 1, buf, 4.0f);
-  ar.session_id.data = f->id;
-  ar.session_id.len = 16;
-  ar.n_chunks = 1;
-  ar.chunks = &cp;
+  Rakv__AppendRequest ar;
+  Rakv__KvChunk *cp = &c;
+  append_init(&ar, f->id, &cp);
   assert_int_equal(call(f, kvs_service_append, &ar.base), RA_OK);
 
   uint32_t heads[2] = {1, 0};
@@ -224,7 +248,7 @@ static void test_garbage_and_truncated(void **state) {
                     kvs_service_build_index, kvs_service_close_session, kvs_service_stats,
                     kvs_service_health};
   for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
-    assert_int_equal(fns[i](f->svc, garbage, sizeof garbage, &f->reply, &f->err), RA_EFORMAT);
+    assert_int_equal(fns[i](f->svc, f->who, garbage, sizeof garbage, &f->reply, &f->err), RA_EFORMAT);
     expect_msg(f, "malformed protobuf (7 bytes)");
   }
   /* A valid attend request cut short in the middle of its q bytes. */
@@ -234,10 +258,10 @@ static void test_garbage_and_truncated(void **state) {
   attend_init(&a, f->id, &head, 1, q);
   uint8_t *b;
   size_t n = pack(&a.base, &b);
-  assert_int_equal(kvs_service_attend(f->svc, b, n - 5, &f->reply, &f->err), RA_EFORMAT);
+  assert_int_equal(kvs_service_attend(f->svc, f->who, b, n - 5, &f->reply, &f->err), RA_EFORMAT);
   free(b);
   kvs_put_state st;
-  kvs_service_put_begin(f->svc, &st);
+  kvs_service_put_begin(f->svc, f->who, &st);
   assert_int_equal(kvs_service_put_chunk(f->svc, &st, garbage, sizeof garbage, &f->err),
                    RA_EFORMAT);
   expect_msg(f, "chunk 0: KvChunk: malformed");
@@ -262,15 +286,12 @@ static void test_bad_session_ids(void **state) {
   Rakv__KvChunk c;
   chunk_init(&c, other, 1, 0, 0, 1, buf, 1.0f);
   kvs_put_state st;
-  kvs_service_put_begin(f->svc, &st);
+  kvs_service_put_begin(f->svc, f->who, &st);
   assert_int_equal(put(f, &st, &c), RA_ENOTFOUND);
   /* An append's chunk naming another session. */
-  Rakv__AppendRequest ar = RAKV__APPEND_REQUEST__INIT;
+  Rakv__AppendRequest ar;
   Rakv__KvChunk *cp = &c;
-  ar.session_id.data = f->id;
-  ar.session_id.len = 16;
-  ar.n_chunks = 1;
-  ar.chunks = &cp;
+  append_init(&ar, f->id, &cp);
   assert_int_equal(call(f, kvs_service_append, &ar.base), RA_EINVAL);
   expect_msg(f, "differs");
 }
@@ -279,7 +300,7 @@ static void test_bad_chunks(void **state) {
   fx *f = *state;
   float buf[8 * DIM];
   kvs_put_state st;
-  kvs_service_put_begin(f->svc, &st);
+  kvs_service_put_begin(f->svc, f->who, &st);
   Rakv__KvChunk c;
   chunk_init(&c, f->id, 2, 0, 0, 4, buf, 1.0f);
   assert_int_equal(put(f, &st, &c), RA_EINVAL);
@@ -302,16 +323,109 @@ static void test_bad_chunks(void **state) {
   assert_int_equal(put(f, &st, &c), RA_EINVAL);
   expect_msg(f, "n_tokens is 0");
   chunk_init(&c, f->id, 1, 0, 0, 4, buf, 1.0f);
-  assert_int_equal(put(f, &st, &c), RA_OK);
-  assert_int_equal(put(f, &st, &c), RA_EINVAL);
+  assert_int_equal(put_stream(f, &c), RA_OK);
+  assert_int_equal(put_stream(f, &c), RA_EINVAL);
   expect_msg(f, "overlap: tokens [0, 4)");
   chunk_init(&c, f->id, 1, 0, 8, 4, buf, 1.0f);
-  assert_int_equal(put(f, &st, &c), RA_EINVAL);
+  assert_int_equal(put_stream(f, &c), RA_EINVAL);
   expect_msg(f, "hole: tokens [8, 12)");
   chunk_init(&c, f->id, 1, 0, UINT64_MAX - 2, 4, buf, 1.0f);
-  assert_int_equal(put(f, &st, &c), RA_EINVAL);
+  assert_int_equal(put_stream(f, &c), RA_EINVAL);
   expect_msg(f, "overflows");
-  assert_int_equal(st.tokens_stored, 4);
+}
+
+/* Non-finite K or V: INVALID_ARGUMENT naming the element, nothing stored (PutKv and Append). */
+static void test_nonfinite_refused(void **state) {
+  fx *f = *state;
+  float buf[4 * DIM];
+  Rakv__KvChunk c;
+  chunk_init(&c, f->id, 1, 0, 0, 4, buf, 1.0f);
+  float keys[4 * DIM];
+  memcpy(keys, buf, sizeof keys);
+  keys[2 * DIM + 5] = NAN;
+  c.keys.data = (uint8_t *)keys;
+  assert_int_equal(put_stream(f, &c), RA_EINVAL);
+  expect_msg(f, "keys[2][5] is not finite");
+  keys[2 * DIM + 5] = 0.0f;
+  float vals[4 * DIM];
+  memcpy(vals, buf, sizeof vals);
+  vals[3 * DIM] = -INFINITY;
+  c.values.data = (uint8_t *)vals;
+  assert_int_equal(put_stream(f, &c), RA_EINVAL);
+  expect_msg(f, "values[3][0] is not finite");
+  Rakv__AppendRequest ar;
+  Rakv__KvChunk *cp = &c;
+  append_init(&ar, f->id, &cp);
+  assert_int_equal(call(f, kvs_service_append, &ar.base), RA_EINVAL);
+  expect_msg(f, "values[3][0] is not finite");
+  Rakv__StatsReply *s = stats(f);
+  assert_int_equal(s->tokens, 0);
+  rakv__stats_reply__free_unpacked(s, NULL);
+  /* A NaN query is refused too (its partial would be NaN). */
+  uint32_t head = 0;
+  float q[DIM] = {0};
+  q[3] = NAN;
+  Rakv__AttendRequest a;
+  attend_init(&a, f->id, &head, 1, q);
+  assert_int_equal(call(f, kvs_service_attend, &a.base), RA_EINVAL);
+  expect_msg(f, "q[0][3] is not finite");
+}
+
+/* A PutKv stream is all or nothing: a failing chunk drops the earlier ones, an abort (the stream
+ * cancelled) drops everything, the shard is closed to other writers meanwhile, and a retry from
+ * the start succeeds. */
+static void test_put_all_or_nothing(void **state) {
+  fx *f = *state;
+  float buf[8 * DIM];
+  Rakv__KvChunk c;
+  kvs_put_state st;
+  kvs_service_put_begin(f->svc, f->who, &st);
+  chunk_init(&c, f->id, 1, 0, 0, 4, buf, 1.0f);
+  assert_int_equal(put(f, &st, &c), RA_OK);
+  chunk_init(&c, f->id, 1, 0, 8, 4, buf, 1.0f);
+  assert_int_equal(put(f, &st, &c), RA_EINVAL);
+  expect_msg(f, "PutKv dropped, its 4 earlier tokens too");
+  Rakv__StatsReply *s = stats(f);
+  assert_int_equal(s->tokens, 0);
+  rakv__stats_reply__free_unpacked(s, NULL);
+
+  kvs_service_put_begin(f->svc, f->who, &st);
+  chunk_init(&c, f->id, 1, 0, 0, 4, buf, 1.0f);
+  assert_int_equal(put(f, &st, &c), RA_OK);
+  /* staged rows are invisible, and the shard is the stream's until it ends */
+  uint32_t head = 0;
+  float q[DIM] = {1};
+  Rakv__AttendRequest a;
+  attend_init(&a, f->id, &head, 1, q);
+  assert_int_equal(call(f, kvs_service_attend, &a.base), RA_OK);
+  Rakv__AttendReply *rep = rakv__attend_reply__unpack(NULL, f->reply.len, f->reply.data);
+  assert_int_equal(rep->heads[0]->n_keys, 0);
+  rakv__attend_reply__free_unpacked(rep, NULL);
+  chunk_init(&c, f->id, 1, 0, 0, 1, buf, 1.0f);
+  Rakv__AppendRequest ar;
+  Rakv__KvChunk *cp = &c;
+  append_init(&ar, f->id, &cp);
+  assert_int_equal(call(f, kvs_service_append, &ar.base), RA_ESTATE);
+  expect_msg(f, "unfinished PutKv stream");
+  kvs_service_put_abort(f->svc, &st);
+  s = stats(f);
+  assert_int_equal(s->tokens, 0);
+  rakv__stats_reply__free_unpacked(s, NULL);
+
+  /* the retry from the start, in two chunks, and then the rows are there */
+  kvs_service_put_begin(f->svc, f->who, &st);
+  chunk_init(&c, f->id, 1, 0, 0, 4, buf, 1.0f);
+  assert_int_equal(put(f, &st, &c), RA_OK);
+  chunk_init(&c, f->id, 1, 0, 4, 4, buf, 1.0f);
+  assert_int_equal(put(f, &st, &c), RA_OK);
+  assert_int_equal(kvs_service_put_finish(f->svc, &st, &f->reply, &f->err), RA_OK);
+  s = stats(f);
+  assert_int_equal(s->tokens, 8);
+  rakv__stats_reply__free_unpacked(s, NULL);
+  assert_int_equal(call(f, kvs_service_attend, &a.base), RA_OK);
+  rep = rakv__attend_reply__unpack(NULL, f->reply.len, f->reply.data);
+  assert_int_equal(rep->heads[0]->n_keys, 8);
+  rakv__attend_reply__free_unpacked(rep, NULL);
 }
 
 static void test_bad_attends(void **state) {
@@ -339,6 +453,11 @@ static void test_bad_attends(void **state) {
   a.top_k = 10;
   assert_int_equal(call(f, kvs_service_attend, &a.base), RA_ESTATE);
   expect_msg(f, "mode kgraph needs an index: none built for layer 1 q head 0 (shard tokens 0-open)");
+  a.mode = RAKV__ATTEND_MODE__MODE_FLAT;
+  a.top_k = 4000000000u;
+  assert_int_equal(call(f, kvs_service_attend, &a.base), RA_EINVAL);
+  expect_msg(f, "top_k 4000000000 out of range [1, 65536]");
+  a.top_k = 10;
   a.mode = (Rakv__AttendMode)17;
   assert_int_equal(call(f, kvs_service_attend, &a.base), RA_EINVAL);
   expect_msg(f, "attend mode 17 is unknown");
@@ -383,16 +502,17 @@ static void test_budget_exhausted(void **state) {
   /* 1 MiB budget: 5000 tokens x 16 x 4 x 2 = 640 KB fits, another 5000 does not. */
   static float buf[5000 * DIM];
   kvs_put_state st;
-  kvs_service_put_begin(f->svc, &st);
+  kvs_service_put_begin(f->svc, f->who, &st);
   Rakv__KvChunk c;
   chunk_init(&c, f->id, 1, 0, 0, 5000, buf, 0.5f);
   assert_int_equal(put(f, &st, &c), RA_OK);
+  assert_int_equal(kvs_service_put_finish(f->svc, &st, &f->reply, &f->err), RA_OK);
   chunk_init(&c, f->id, 1, 0, 5000, 5000, buf, 0.5f);
-  assert_int_equal(put(f, &st, &c), RA_ENOMEM);
+  assert_int_equal(put_stream(f, &c), RA_ENOMEM);
   expect_msg(f, "of budget 1048576");
   /* The session still works: attend sees the 5000 tokens, a small append fits. */
   chunk_init(&c, f->id, 1, 0, 5000, 10, buf, 0.5f);
-  assert_int_equal(put(f, &st, &c), RA_OK);
+  assert_int_equal(put_stream(f, &c), RA_OK);
   uint32_t head = 1;
   float q[DIM] = {1};
   Rakv__AttendRequest a;
@@ -416,9 +536,7 @@ static void put_rows(fx *f, uint64_t begin, uint32_t n, const float *keys) {
   c.n_tokens = n;
   c.keys.data = c.values.data = (uint8_t *)keys;
   c.keys.len = c.values.len = (size_t)n * DIM * 4;
-  kvs_put_state st;
-  kvs_service_put_begin(f->svc, &st);
-  assert_int_equal(put(f, &st, &c), RA_OK);
+  assert_int_equal(put_stream(f, &c), RA_OK);
 }
 
 /* Deterministic spread-out rows: x[i] in [-1, 1). */
@@ -823,10 +941,11 @@ static void test_put_clusters_and_wave(void **state) {
   fx *f = *state;
   float buf[64 * DIM];
   kvs_put_state st;
-  kvs_service_put_begin(f->svc, &st);
+  kvs_service_put_begin(f->svc, f->who, &st);
   Rakv__KvChunk c;
   chunk_init(&c, f->id, 1, 0, 0, 64, buf, 0.5f);
   assert_int_equal(put(f, &st, &c), RA_OK);
+  assert_int_equal(kvs_service_put_finish(f->svc, &st, &f->reply, &f->err), RA_OK);
   uint32_t counts[4] = {8, 8, 8, 8};
   assert_int_equal(put_clusters(f, 1, 0, 10, 0, counts, 4, NULL, 0), RA_OK);
   Rakv__PutClustersReply *pr = rakv__put_clusters_reply__unpack(NULL, f->reply.len, f->reply.data);
@@ -880,7 +999,7 @@ static void test_put_clusters_and_wave(void **state) {
   }
   uint8_t junk[3] = {0xff, 0xff, 0xff};
   ra_error_clear(&f->err);
-  assert_int_equal(kvs_service_put_clusters(f->svc, junk, 3, &f->reply, &f->err), RA_EFORMAT);
+  assert_int_equal(kvs_service_put_clusters(f->svc, f->who, junk, 3, &f->reply, &f->err), RA_EFORMAT);
   f->id[0] ^= 1;
   assert_int_equal(put_clusters(f, 1, 0, 14, 32, counts, 1, NULL, 0), RA_ENOTFOUND);
   f->id[0] ^= 1;
@@ -1014,7 +1133,7 @@ static void test_fetch_clusters(void **state) {
   }
   uint8_t junk[3] = {0xff, 0xff, 0xff};
   ra_error_clear(&f->err);
-  assert_int_equal(kvs_service_fetch_clusters(f->svc, junk, 3, &f->reply, &f->err), RA_EFORMAT);
+  assert_int_equal(kvs_service_fetch_clusters(f->svc, f->who, junk, 3, &f->reply, &f->err), RA_EFORMAT);
   f->id[0] ^= 1;
   assert_int_equal(fetch(f, 1, kv, cc, 1, 1, ids, 3), RA_ENOTFOUND);
   f->id[0] ^= 1;
@@ -1034,6 +1153,73 @@ static void test_fetch_clusters(void **state) {
   assert_int_equal(rows.n_rows, 24);
   kvs_cluster_rows_free(&rows);
   kvs_session_release(s);
+}
+
+/* A session is usable only with the credential that opened it; Stats show a caller its own
+ * sessions; an in-process caller (NULL) may use any. */
+static void test_sessions_bound_to_credential(void **state) {
+  fx *f = *state;
+  float buf[4 * DIM];
+  Rakv__KvChunk c;
+  chunk_init(&c, f->id, 1, 0, 0, 4, buf, 1.0f);
+  assert_int_equal(put_stream(f, &c), RA_OK);
+  f->who = &tenant_b;
+  assert_int_equal(put_stream(f, &c), RA_EPERM);
+  expect_msg(f, "another credential");
+  uint32_t head = 0;
+  float q[DIM] = {1};
+  Rakv__AttendRequest a;
+  attend_init(&a, f->id, &head, 1, q);
+  assert_int_equal(call(f, kvs_service_attend, &a.base), RA_EPERM);
+  chunk_init(&c, f->id, 1, 0, 4, 1, buf, 1.0f);
+  Rakv__AppendRequest ar;
+  Rakv__KvChunk *cp = &c;
+  append_init(&ar, f->id, &cp);
+  assert_int_equal(call(f, kvs_service_append, &ar.base), RA_EPERM);
+  Rakv__CloseSessionRequest cr = RAKV__CLOSE_SESSION_REQUEST__INIT;
+  cr.session_id.data = f->id;
+  cr.session_id.len = 16;
+  assert_int_equal(call(f, kvs_service_close_session, &cr.base), RA_EPERM);
+  Rakv__StatsReply *s = stats(f);
+  assert_int_equal(s->sessions, 0);
+  assert_int_equal(s->tokens, 0);
+  assert_int_equal(s->bytes_used, 0);
+  rakv__stats_reply__free_unpacked(s, NULL);
+  f->who = &tenant_a;
+  s = stats(f);
+  assert_int_equal(s->sessions, 1);
+  assert_int_equal(s->tokens, 4);
+  assert_true(s->bytes_used > 0);
+  rakv__stats_reply__free_unpacked(s, NULL);
+  assert_int_equal(call(f, kvs_service_attend, &a.base), RA_OK);
+  f->who = NULL;
+  assert_int_equal(call(f, kvs_service_append, &ar.base), RA_OK);
+  f->who = &tenant_a;
+  assert_int_equal(call(f, kvs_service_close_session, &cr.base), RA_OK);
+}
+
+/* An attend whose working memory (top_k candidates per head and task, ids) does not fit what
+ * the budget has left is RESOURCE_EXHAUSTED; a decode-sized one still runs on the full store. */
+static void test_attend_memory_charged(void **state) {
+  fx *f = *state;
+  enum { N = 50000 };
+  float *buf = calloc((size_t)N * DIM, sizeof *buf);
+  Rakv__KvChunk c;
+  chunk_init(&c, f->id, 1, 0, 0, N, buf, 0.0f);
+  fill_rows(buf, (size_t)N * DIM, 3);
+  assert_int_equal(put_stream(f, &c), RA_OK);
+  free(buf);
+  uint32_t heads[2] = {0, 1};
+  float q[2 * DIM] = {1, 2, 3};
+  Rakv__AttendRequest a;
+  attend_init(&a, f->id, heads, 2, q);
+  a.mode = RAKV__ATTEND_MODE__MODE_FLAT;
+  a.top_k = N;
+  a.return_ids = 1;
+  assert_int_equal(call(f, kvs_service_attend, &a.base), RA_ENOMEM);
+  expect_msg(f, "attend working memory (2 heads, top_k 50000)");
+  a.top_k = 10;
+  assert_int_equal(call(f, kvs_service_attend, &a.base), RA_OK);
 }
 
 static void test_health(void **state) {
@@ -1058,6 +1244,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_bad_session_ids, fx_setup, fx_teardown),
       cmocka_unit_test_setup_teardown(test_bad_chunks, fx_setup, fx_teardown),
       cmocka_unit_test_setup_teardown(test_bad_attends, fx_setup, fx_teardown),
+      cmocka_unit_test_setup_teardown(test_nonfinite_refused, fx_setup, fx_teardown),
+      cmocka_unit_test_setup_teardown(test_put_all_or_nothing, fx_setup, fx_teardown),
       cmocka_unit_test_setup_teardown(test_bad_open, fx_setup, fx_teardown),
       cmocka_unit_test_setup_teardown(test_budget_exhausted, fx_setup, fx_teardown),
       cmocka_unit_test_setup_teardown(test_build_index_validation, fx_setup, fx_teardown),
@@ -1066,6 +1254,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_index_insert_rebuild_close, fx_setup_big, fx_teardown),
       cmocka_unit_test_setup_teardown(test_put_clusters_and_wave, fx_setup, fx_teardown),
       cmocka_unit_test_setup_teardown(test_fetch_clusters, fx_setup, fx_teardown),
+      cmocka_unit_test_setup_teardown(test_sessions_bound_to_credential, fx_setup, fx_teardown),
+      cmocka_unit_test_setup_teardown(test_attend_memory_charged, fx_setup_8m, fx_teardown),
       cmocka_unit_test_setup_teardown(test_health, fx_setup, fx_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
