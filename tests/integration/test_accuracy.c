@@ -207,7 +207,7 @@ static void test_fidelity_streaming_worse_than_flat(void **state) {
   ok(ra_tok_encode(F.tok, buf, len, 1, 0, &ids, &n, &err), &err);
   assert_true(n >= P + FORCED);
   ra_acc_fidelity fid[2];
-  ok(ra_acc_fidelity_run(F.m, &cfg, ids, P, FORCED, fid, &err), &err);
+  ok(ra_acc_fidelity_run(F.m, &cfg, ids, P, FORCED, 0, fid, &err), &err);
   for (int i = 0; i < 2; i++)
     print_message("%-9s top-1 = full %.1f %%, KL %.3e, attention rel. error layer 0 / last %.3f / %.3f\n",
                   ra_mode_name(fid[i].mode), 100 * fid[i].top1, fid[i].kl_mean, fid[i].att_rel[0],
