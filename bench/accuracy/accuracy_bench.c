@@ -162,7 +162,8 @@ int main(int argc, char **argv) {
     else if (strcmp(a, "--report-from") == 0) report_from = v;
     else if (strcmp(a, "--fidelity-from") == 0) fidelity_from = v;
     else if (strcmp(a, "--fidelity-text") == 0) {
-      if (strcmp(v, "corpus") != 0 && strcmp(v, "generated") != 0) return bad("--fidelity-text: corpus or generated: %s", v);
+      if (strcmp(v, "corpus") != 0 && strcmp(v, "generated") != 0)
+        return bad("--fidelity-text: corpus or generated: %s", v);
       fid_generated = strcmp(v, "generated") == 0;
     }
     else if (strcmp(a, "--seed") == 0) {
@@ -179,7 +180,8 @@ int main(int argc, char **argv) {
       if ((cfg.n_depths = split(v, RA_ACC_MAX_AXIS, parse_depth, cfg.depths)) < 1)
         return bad("--depths: want up to %d values in [0, 1]: %s", RA_ACC_MAX_AXIS, v);
     } else if (strcmp(a, "--modes") == 0) {
-      if ((cfg.n_modes = split(v, RA_ACC_MAX_MODES, parse_mode, &cfg)) < 1) return bad("--modes: unknown mode in %s", v);
+      if ((cfg.n_modes = split(v, RA_ACC_MAX_MODES, parse_mode, &cfg)) < 1)
+        return bad("--modes: unknown mode in %s", v);
     } else {
       return bad("unknown option %s", a);
     }

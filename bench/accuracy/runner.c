@@ -40,17 +40,20 @@ const char *ra_acc_mode_label(ra_mode mode, uint32_t retro, char out[RA_ACC_LABE
 int ra_acc_config_check(const ra_acc_config *cfg, ra_error *err) {
   char label[RA_ACC_LABEL_MAX];
   if (cfg->n_modes < 1 || cfg->modes[0] != RA_MODE_FULL || cfg->retro[0])
-    return ra_errorf(err, RA_EINVAL, "accuracy: full attention (without retro) must be the first mode (it is the reference)");
+    return ra_errorf(err, RA_EINVAL,
+                     "accuracy: full attention (without retro) must be the first mode (it is the reference)");
   for (int i = 1; i < cfg->n_modes; i++) {
     if (cfg->modes[i] == RA_MODE_FULL) return ra_errorf(err, RA_EINVAL, "accuracy: full given twice");
     if (ra_mode_uses_stores(cfg->modes[i]) && !cfg->plan)
       return ra_errorf(err, RA_EINVAL, "accuracy: mode %s needs kv-stores", ra_mode_name(cfg->modes[i]));
     /* the worker-only modes never open a runtime that could refuse it */
     if (cfg->retro[i] && !ra_mode_uses_stores(cfg->modes[i]))
-      return ra_errorf(err, RA_EINVAL, "accuracy: %s has no retrieval to correct", ra_acc_mode_label(cfg->modes[i], cfg->retro[i], label));
+      return ra_errorf(err, RA_EINVAL, "accuracy: %s has no retrieval to correct",
+                       ra_acc_mode_label(cfg->modes[i], cfg->retro[i], label));
     for (int j = 1; j < i; j++)
       if (cfg->modes[j] == cfg->modes[i] && cfg->retro[j] == cfg->retro[i])
-        return ra_errorf(err, RA_EINVAL, "accuracy: %s given twice", ra_acc_mode_label(cfg->modes[i], cfg->retro[i], label));
+        return ra_errorf(err, RA_EINVAL, "accuracy: %s given twice",
+                         ra_acc_mode_label(cfg->modes[i], cfg->retro[i], label));
   }
   if (cfg->plan && (cfg->plan->n_sink != cfg->off.n_sink || cfg->plan->n_window != cfg->off.n_window))
     return ra_errorf(err, RA_EINVAL, "accuracy: the store plan's sink/window differ from the config's");
@@ -156,8 +159,8 @@ static void write_jsonl(FILE *f, const ra_acc_config *cfg, const ra_acc_sample *
     char label[RA_ACC_LABEL_MAX];
     fprintf(f, "%s\"%s\": {\"score\": %.4f, \"seed_s\": %.3f, \"decode_s\": %.3f, \"tokens\": %d, \"retro\": %u, "
                "\"retro_rows\": %llu, \"items\": [",
-            i ? ", " : "", ra_acc_mode_label(cfg->modes[i], cfg->retro[i], label), r->score, r->seed_s, r->decode_s, r->n_generated,
-            cfg->retro[i], (unsigned long long)r->retro_rows);
+            i ? ", " : "", ra_acc_mode_label(cfg->modes[i], cfg->retro[i], label), r->score, r->seed_s, r->decode_s,
+            r->n_generated, cfg->retro[i], (unsigned long long)r->retro_rows);
     for (int k = 0; k < r->n_items; k++) fprintf(f, "%s%d", k ? ", " : "", r->items[k]);
     fputs("], \"output\": ", f);
     ra_json_write_str(f, r->output);
@@ -324,7 +327,8 @@ int ra_acc_run(const ra_model *m, const ra_tokenizer *tok, const ra_acc_corpus *
                       rec.depth, k, rec.prefill_s);
               char label[RA_ACC_LABEL_MAX];
               for (int i = 0; i < cfg->n_modes; i++)
-                fprintf(cfg->log, " %s=%.2f", ra_acc_mode_label(cfg->modes[i], cfg->retro[i], label), rec.modes[i].score);
+                fprintf(cfg->log, " %s=%.2f", ra_acc_mode_label(cfg->modes[i], cfg->retro[i], label),
+                        rec.modes[i].score);
               fprintf(cfg->log, "  (full: \"%.40s\")\n", rec.modes[0].output);
               fflush(cfg->log);
             }
@@ -512,8 +516,8 @@ int ra_acc_fidelity_read(const char *path, const ra_acc_config *cfg, int n_layer
       break;
     }
     ra_acc_fidelity *fd = &out[i - 1];
-    *fd = (ra_acc_fidelity){.mode = cfg->modes[i], .retro = cfg->retro[i], .positions = (int)fo, .top1 = t1, .kl_mean = kl,
-                            .n_layers = n_layers};
+    *fd = (ra_acc_fidelity){.mode = cfg->modes[i], .retro = cfg->retro[i], .positions = (int)fo, .top1 = t1,
+                            .kl_mean = kl, .n_layers = n_layers};
     if (!(fd->att_rel = malloc((size_t)n_layers * sizeof(double)))) {
       rc = ra_errorf(err, RA_ENOMEM, "out of memory");
       break;
