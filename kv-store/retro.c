@@ -15,10 +15,18 @@ struct kvs_retro {
   pthread_mutex_t mu;
   uint32_t n_q_heads;
   size_t n_slots;
+  kvs_retro_charge_fn charge;
+  void *charge_ctx;
+  uint64_t bytes; /* charged: the slots' position capacity */
   record *rec; /* [n_layers * n_q_heads * KVS_RETRO_MAX_WINDOW], record of step s at s % W */
 };
 
-int kvs_retro_new(uint32_t n_layers, uint32_t n_q_heads, kvs_retro **out, ra_error *err) {
+size_t kvs_retro_table_bytes(uint32_t n_layers, uint32_t n_q_heads) {
+  return sizeof(kvs_retro) + (size_t)n_layers * n_q_heads * KVS_RETRO_MAX_WINDOW * sizeof(record);
+}
+
+int kvs_retro_new(uint32_t n_layers, uint32_t n_q_heads, kvs_retro_charge_fn charge, void *charge_ctx,
+                  kvs_retro **out, ra_error *err) {
   *out = NULL;
   kvs_retro *r = calloc(1, sizeof *r);
   size_t n = (size_t)n_layers * n_q_heads * KVS_RETRO_MAX_WINDOW;
@@ -30,16 +38,26 @@ int kvs_retro_new(uint32_t n_layers, uint32_t n_q_heads, kvs_retro **out, ra_err
   }
   r->n_q_heads = n_q_heads;
   r->n_slots = n;
+  r->charge = charge;
+  r->charge_ctx = charge_ctx;
   *out = r;
   return RA_OK;
 }
 
 void kvs_retro_free(kvs_retro *r) {
   if (!r) return;
+  if (r->charge && r->bytes) r->charge(r->charge_ctx, -(int64_t)r->bytes, NULL);
   for (size_t i = 0; i < r->n_slots; i++) free(r->rec[i].pos);
   pthread_mutex_destroy(&r->mu);
   free(r->rec);
   free(r);
+}
+
+uint64_t kvs_retro_bytes(kvs_retro *r) {
+  pthread_mutex_lock(&r->mu);
+  uint64_t b = r->bytes;
+  pthread_mutex_unlock(&r->mu);
+  return b;
 }
 
 static record *slot(kvs_retro *r, uint32_t layer, uint32_t q_head, uint64_t step) {
@@ -92,11 +110,16 @@ int kvs_retro_record(kvs_retro *r, uint32_t layer, uint32_t q_head, uint64_t ste
   record *c = slot(r, layer, q_head, step);
   int rc = RA_OK;
   if (n > c->cap) {
-    uint64_t *grown = realloc(c->pos, n * sizeof *grown);
+    const int64_t delta = (int64_t)((n - c->cap) * sizeof *c->pos);
+    if (r->charge && (rc = r->charge(r->charge_ctx, delta, err)) != RA_OK)
+      ra_error_wrap(err, "a retro record of %zu positions", n);
+    uint64_t *grown = rc == RA_OK ? realloc(c->pos, n * sizeof *grown) : NULL;
     if (grown) {
       c->pos = grown;
       c->cap = n;
-    } else {
+      r->bytes += (uint64_t)delta;
+    } else if (rc == RA_OK) {
+      if (r->charge) r->charge(r->charge_ctx, -delta, NULL);
       rc = ra_errorf(err, RA_ENOMEM, "out of memory for a retro record of %zu positions", n);
     }
   }

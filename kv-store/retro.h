@@ -22,8 +22,21 @@
 
 typedef struct kvs_retro kvs_retro;
 
-int kvs_retro_new(uint32_t n_layers, uint32_t n_q_heads, kvs_retro **out, ra_error *err);
+/* Charges delta bytes of record growth to the owner's budget before they are allocated (0, or an
+ * error filled in err: the growth is refused); a negative delta gives bytes back and never fails. */
+typedef int (*kvs_retro_charge_fn)(void *ctx, int64_t delta, ra_error *err);
+
+/* The fixed table of record slots (allocated by kvs_retro_new, not charged through charge: the
+ * owner counts it with its own metadata). */
+size_t kvs_retro_table_bytes(uint32_t n_layers, uint32_t n_q_heads);
+
+/* charge: NULL leaves the records uncounted. */
+int kvs_retro_new(uint32_t n_layers, uint32_t n_q_heads, kvs_retro_charge_fn charge, void *charge_ctx,
+                  kvs_retro **out, ra_error *err);
+/* Gives the records' charged bytes back through charge, then frees. */
 void kvs_retro_free(kvs_retro *r);
+/* The records' positions' bytes charged so far (capacity: a slot's buffer is reused, never shrunk). */
+uint64_t kvs_retro_bytes(kvs_retro *r);
 
 /* Of pos [n] (distinct token positions step `step` attends over for (layer, q_head)), writes to
  * out (room for n) those that past step `past` < step has not seen, in pos order, and returns
@@ -33,7 +46,9 @@ long kvs_retro_unseen(kvs_retro *r, uint32_t layer, uint32_t q_head, uint64_t st
                       const uint64_t *pos, size_t n, uint64_t *out);
 
 /* Records that `step` (>= 1) attended over pos [n] for (layer, q_head) while the store held
- * positions below `horizon`; the record of step - KVS_RETRO_MAX_WINDOW is dropped. */
+ * positions below `horizon`; the record of step - KVS_RETRO_MAX_WINDOW is dropped. A slot's
+ * growth is charged first: refused, the slot records no step (later partials of the steps it
+ * would have covered stay empty) and the error is returned. */
 int kvs_retro_record(kvs_retro *r, uint32_t layer, uint32_t q_head, uint64_t step, uint64_t horizon,
                      const uint64_t *pos, size_t n, ra_error *err);
 

@@ -359,6 +359,20 @@ static int shard_locks_init(kvs_shard *sh, size_t n, size_t *done) {
   return i == n ? RA_OK : RA_EINTERNAL;
 }
 
+/* The retro records' growth, charged to the session like its shards (given back by
+ * kvs_retro_free before the session's bytes are). */
+static int retro_charge(void *ctx, int64_t delta, ra_error *err) {
+  kvs_session *s = ctx;
+  if (delta < 0) {
+    kvs_store_uncharge(s->store, (uint64_t)-delta);
+    atomic_fetch_sub(&s->bytes, (uint64_t)-delta);
+    return RA_OK;
+  }
+  int rc = kvs_store_charge(s->store, (uint64_t)delta, err);
+  if (rc == RA_OK) atomic_fetch_add(&s->bytes, (uint64_t)delta);
+  return rc;
+}
+
 int kvs_store_open(kvs_store *st, const kvs_geometry *g, const kvs_shard_spec *shards, size_t n,
                    const ra_index_spec *index, const char *client, kvs_session **out,
                    ra_error *err) {
@@ -373,14 +387,15 @@ int kvs_store_open_as(kvs_store *st, const uint8_t *id, const kvs_geometry *g, c
   if (rc) return rc;
 
   size_t n_heads = (size_t)g->n_layers * g->n_kv_heads;
-  uint64_t meta = sizeof(kvs_session) + n * sizeof(kvs_shard) + n_heads * sizeof(kvs_head_shards);
+  uint64_t meta = sizeof(kvs_session) + n * sizeof(kvs_shard) + n_heads * sizeof(kvs_head_shards) +
+                  kvs_retro_table_bytes(g->n_layers, g->n_q_heads);
   rc = kvs_store_charge(st, meta, err);
   if (rc) return ra_error_wrap(err, "opening a session");
 
   kvs_session *s = calloc(1, sizeof *s);
   kvs_shard *sh = calloc(n, sizeof *sh);
   kvs_head_shards *heads = calloc(n_heads, sizeof *heads);
-  if (s && kvs_retro_new(g->n_layers, g->n_q_heads, &s->retro, err) != RA_OK) s->retro = NULL;
+  if (s && kvs_retro_new(g->n_layers, g->n_q_heads, retro_charge, s, &s->retro, err) != RA_OK) s->retro = NULL;
   if (!s || !sh || !heads || !s->retro) {
     if (s) kvs_retro_free(s->retro);
     free(s);

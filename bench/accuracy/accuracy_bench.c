@@ -20,13 +20,16 @@ static void usage(FILE *f) {
              "  --stores HOST:PORT,... | --shard-map FILE   (needed by %s)\n", store_modes);
   fputs("  --tasks all|none|NAME,...  (none: text fidelity only) niah_single_number niah_single_word niah_single_uuid niah_multikey\n"
         "                             niah_multivalue niah_multiquery passkey kv_retrieval variable_tracking\n"
-        "                             common_words (default all)\n"
+        "                             common_words longgen_needles (default all)\n"
         "  --lengths N,... (1024,2048,4096,8192)   --depths D,... in [0,1] (0,0.25,0.5,0.75,1)\n"
         "  --samples N per (task, length, depth) (1)   --seed S (1)\n"
-        "  --modes full,... (of the modes listed last; all by default; full first)\n"
+        "  --modes full,... (of the modes listed last; all by default; full first); MODE+retroW: MODE with\n"
+        "                             --retro W (flat, ivf, kgraph, roar), e.g. full,flat,flat+retro2\n"
         "  --sink N (128) --window N (512) --top-k K (100) --ef N --nprobe N (store defaults)\n"
         "  --knn-nq N (100) --build-queries N (1024)\n"
         "  --fidelity-prompt N (2048; 0: skip) --fidelity-tokens N (64)\n"
+        "  --fidelity-text corpus|generated (corpus: the license text after the prompt; generated: full\n"
+        "                             attention's own greedy continuation, forced in every mode)\n"
         "  --corpus DIR (/usr/share/common-licenses)\n"
         "  --print-prompts 1          print every sample's prompt and expected values, run nothing\n"
         "  --report-from FILE.jsonl   only the reports, from the samples.jsonl of an earlier or interrupted run\n"
@@ -76,7 +79,11 @@ static int parse_depth(const char *s, void *out, int i) {
 }
 
 static int parse_task(const char *s, void *out, int i) { return ra_acc_task_parse(s, &((ra_acc_task *)out)[i]); }
-static int parse_mode(const char *s, void *out, int i) { return ra_mode_parse(s, &((ra_mode *)out)[i]); }
+/* --modes entries into cfg's modes and retro windows */
+static int parse_mode(const char *s, void *out, int i) {
+  ra_acc_config *cfg = out;
+  return ra_acc_mode_parse(s, &cfg->modes[i], &cfg->retro[i]);
+}
 
 static int parse_u32(const char *s, uint32_t *out) {
   int64_t v;
@@ -113,6 +120,7 @@ int main(int argc, char **argv) {
   const char *corpus_dir = "/usr/share/common-licenses", *report_from = NULL, *fidelity_from = NULL;
   uint32_t threads = 0, fid_prompt = 2048, fid_forced = 64, samples = 1, print_prompts = 0;
   uint64_t seed = 1;
+  int fid_generated = 0;
   ra_acc_config cfg = {0};
   ra_offload_config_default(&cfg.off);
   cfg.samples = 1;
@@ -121,7 +129,7 @@ int main(int argc, char **argv) {
   for (int i = 0; i < 4; i++) cfg.lengths[cfg.n_lengths++] = def_len[i];
   const double def_depth[] = {0, 0.25, 0.5, 0.75, 1};
   for (int i = 0; i < 5; i++) cfg.depths[cfg.n_depths++] = def_depth[i];
-  for (int i = 0; i < RA_ACC_MAX_MODES; i++) cfg.modes[cfg.n_modes++] = (ra_mode)i;
+  for (int i = 0; i < RA_MODE_COUNT; i++) cfg.modes[cfg.n_modes++] = (ra_mode)i;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -153,6 +161,11 @@ int main(int argc, char **argv) {
     else if (strcmp(a, "--corpus") == 0) corpus_dir = v;
     else if (strcmp(a, "--report-from") == 0) report_from = v;
     else if (strcmp(a, "--fidelity-from") == 0) fidelity_from = v;
+    else if (strcmp(a, "--fidelity-text") == 0) {
+      if (strcmp(v, "corpus") != 0 && strcmp(v, "generated") != 0)
+        return bad("--fidelity-text: corpus or generated: %s", v);
+      fid_generated = strcmp(v, "generated") == 0;
+    }
     else if (strcmp(a, "--seed") == 0) {
       if (ra_opts_parse_u64(v, 0, 0, UINT64_MAX, &seed, NULL) != RA_OK)
         return bad("--seed: not a non-negative integer: %s", v);
@@ -167,14 +180,16 @@ int main(int argc, char **argv) {
       if ((cfg.n_depths = split(v, RA_ACC_MAX_AXIS, parse_depth, cfg.depths)) < 1)
         return bad("--depths: want up to %d values in [0, 1]: %s", RA_ACC_MAX_AXIS, v);
     } else if (strcmp(a, "--modes") == 0) {
-      if ((cfg.n_modes = split(v, RA_ACC_MAX_MODES, parse_mode, cfg.modes)) < 1) return bad("--modes: unknown mode in %s", v);
+      if ((cfg.n_modes = split(v, RA_ACC_MAX_MODES, parse_mode, &cfg)) < 1)
+        return bad("--modes: unknown mode in %s", v);
     } else {
       return bad("unknown option %s", a);
     }
   }
   if (!model || !out) return bad("--model and --out are required");
   if (samples < 1) return bad("--samples must be >= 1");
-  if (cfg.n_modes < 1 || cfg.modes[0] != RA_MODE_FULL) return bad("--modes must start with full (the reference)");
+  if (cfg.n_modes < 1 || cfg.modes[0] != RA_MODE_FULL || cfg.retro[0])
+    return bad("--modes must start with full (the reference)");
   int need_stores = 0;
   for (int i = 1; i < cfg.n_modes; i++) need_stores |= ra_mode_uses_stores(cfg.modes[i]);
   if (report_from) need_stores = 0;
@@ -251,8 +266,9 @@ int main(int argc, char **argv) {
     if (rc == RA_OK && n < (size_t)fid_prompt + fid_forced)
       rc = ra_errorf(&err, RA_EINVAL, "the corpus has %zu tokens, fewer than --fidelity-prompt + --fidelity-tokens", n);
     if (rc == RA_OK) {
-      fprintf(stderr, "text fidelity: %u forced tokens after %u\n", fid_forced, fid_prompt);
-      rc = ra_acc_fidelity_run(m, &cfg, ids, (int)fid_prompt, (int)fid_forced, fid, &err);
+      fprintf(stderr, "text fidelity: %u forced tokens (%s) after %u\n", fid_forced,
+              fid_generated ? "full's greedy continuation" : "corpus", fid_prompt);
+      rc = ra_acc_fidelity_run(m, &cfg, ids, (int)fid_prompt, (int)fid_forced, fid_generated, fid, &err);
       n_fid = cfg.n_modes - 1;
     }
     free(ids);
@@ -262,9 +278,11 @@ int main(int argc, char **argv) {
     FILE *f = fopen(path, "w");
     if (!f) rc = ra_errorf(&err, RA_EIO, "cannot write %s", path);
     for (int i = 0; f && i < n_fid; i++) {
-      fprintf(f, "%s{\"mode\": \"%s\", \"prompt\": %u, \"forced\": %d, \"top1\": %.4f, \"kl_mean\": %.6e, \"att_rel\": [",
-              i ? ",\n " : "[", ra_mode_name(fid[i].mode), fid_prompt, fid[i].positions, fid[i].top1,
-              fid[i].kl_mean);
+      char label[RA_ACC_LABEL_MAX];
+      fprintf(f, "%s{\"mode\": \"%s\", \"retro\": %u, \"prompt\": %u, \"forced\": %d, \"text\": \"%s\", "
+                 "\"top1\": %.4f, \"kl_mean\": %.6e, \"att_rel\": [",
+              i ? ",\n " : "[", ra_acc_mode_label(fid[i].mode, fid[i].retro, label), fid[i].retro, fid_prompt,
+              fid[i].positions, fid_generated ? "generated" : "corpus", fid[i].top1, fid[i].kl_mean);
       for (int l = 0; l < fid[i].n_layers; l++) fprintf(f, "%s%.4e", l ? ", " : "", fid[i].att_rel[l]);
       fputs("]}", f);
     }
@@ -276,7 +294,8 @@ int main(int argc, char **argv) {
   if (rc == RA_OK && cfg.n_tasks > 0) {
     ra_acc_report_info info = {.model = model, .backend = backend, .trained_ctx = m->cfg.max_ctx,
                                .fidelity = n_fid ? fid : NULL, .n_fidelity = n_fid,
-                               .fidelity_prompt = (int)fid_prompt, .fidelity_forced = (int)fid_forced};
+                               .fidelity_prompt = (int)fid_prompt, .fidelity_forced = (int)fid_forced,
+                               .fidelity_generated = fid_generated};
     rc = ra_acc_report_write(out, &cfg, &res, &info, &err);
     if (rc == RA_OK) fprintf(stderr, "wrote %s/summary.md\n", out);
   }

@@ -26,10 +26,46 @@ static void cell(FILE *f, double v) {
   else fprintf(f, " %.0f |", 100 * v);
 }
 
+/* The modes as table columns. */
+static void mode_header(FILE *f, const ra_acc_config *cfg) {
+  char label[RA_ACC_LABEL_MAX];
+  for (int i = 0; i < cfg->n_modes; i++) fprintf(f, " %s |", ra_acc_mode_label(cfg->modes[i], cfg->retro[i], label));
+}
+
+/* Sequential tasks: per answer position, the fraction of samples answering it right, per mode
+ * (sparse attention's error accumulating over the generation shows as falling rows). */
+static void sequential_table(FILE *f, const ra_acc_config *cfg, const ra_acc_results *r) {
+  int k_max = 0;
+  for (size_t j = 0; j < r->n; j++)
+    if (r->recs[j].task == RA_ACC_LONGGEN_NEEDLES && r->recs[j].modes[0].n_items > k_max)
+      k_max = r->recs[j].modes[0].n_items;
+  if (k_max == 0) return;
+  fprintf(f, "## %s: per answer, in the order generated\n\n| answer |", ra_acc_task_name(RA_ACC_LONGGEN_NEEDLES));
+  mode_header(f, cfg);
+  fputs("\n|---|", f);
+  for (int i = 0; i < cfg->n_modes; i++) fputs("---|", f);
+  fputc('\n', f);
+  for (int k = 0; k < k_max; k++) {
+    fprintf(f, "| %d |", k + 1);
+    for (int i = 0; i < cfg->n_modes; i++) {
+      int n = 0, hit = 0;
+      for (size_t j = 0; j < r->n; j++) {
+        const ra_acc_mode_result *m = &r->recs[j].modes[i];
+        if (r->recs[j].task != RA_ACC_LONGGEN_NEEDLES || k >= m->n_items) continue;
+        n++;
+        hit += m->items[k];
+      }
+      cell(f, n ? (double)hit / n : NAN);
+    }
+    fputc('\n', f);
+  }
+  fputc('\n', f);
+}
+
 /* Task x mode table over lengths [lo, hi]. */
 static void task_table(FILE *f, const ra_acc_config *cfg, const ra_acc_results *r, int lo, int hi, int trained_ctx) {
   fputs("| task | counts |", f);
-  for (int i = 0; i < cfg->n_modes; i++) fprintf(f, " %s |", ra_mode_name(cfg->modes[i]));
+  mode_header(f, cfg);
   fputs("\n|---|---|", f);
   for (int i = 0; i < cfg->n_modes; i++) fputs("---|", f);
   fputc('\n', f);
@@ -76,7 +112,8 @@ static double counted_mean(const ra_acc_config *cfg, const ra_acc_results *r, in
 /* *drawn: 0 when no cell has data (no counted needle task): nothing to plot. */
 static int heatmap(const char *dir, const ra_acc_config *cfg, const ra_acc_results *r, int mi, int trained_ctx,
                    int *drawn, ra_error *err) {
-  const char *mode = ra_mode_name(cfg->modes[mi]);
+  char mode[RA_ACC_LABEL_MAX];
+  ra_acc_mode_label(cfg->modes[mi], cfg->retro[mi], mode);
   char dat[1024], gp[1024], png[1024];
   snprintf(dat, sizeof dat, "%s/heatmap_%s.dat", dir, mode);
   snprintf(gp, sizeof gp, "%s/heatmap_%s.gp", dir, mode);
@@ -136,7 +173,7 @@ int ra_acc_report_write(const char *dir, const ra_acc_config *cfg, const ra_acc_
   fprintf(f, "## Lengths up to %d (trained context)\n\n", tc);
   task_table(f, cfg, r, 0, tc, tc);
   fputs("### Per length, counted tasks\n\n| length |", f);
-  for (int i = 0; i < cfg->n_modes; i++) fprintf(f, " %s |", ra_mode_name(cfg->modes[i]));
+  mode_header(f, cfg);
   fputs("\n|---|", f);
   for (int i = 0; i < cfg->n_modes; i++) fputs("---|", f);
   fputc('\n', f);
@@ -152,18 +189,23 @@ int ra_acc_report_write(const char *dir, const ra_acc_config *cfg, const ra_acc_
     fprintf(f, "## Extrapolation: lengths above %d (beyond the trained context)\n\n", tc);
     task_table(f, cfg, r, tc + 1, 1 << 30, tc);
   }
+  sequential_table(f, cfg, r);
   if (info->fidelity && info->n_fidelity > 0) {
-    fprintf(f, "## Text fidelity\n\nTeacher-forced: %d tokens of license text after a %d-token prompt, every "
+    fprintf(f, "## Text fidelity\n\nTeacher-forced: %d tokens of %s after a %d-token prompt, every "
                "mode against full attention at every step. Attention error: ||att_mode - att_full|| / ||att_full|| "
                "of a layer's output, mean over steps (earlier layers' errors propagate into it).\n\n"
                "| mode | top-1 = full | mean KL(full ‖ mode) | att. rel. error: mean | layer 0 | middle | last |\n"
                "|---|---|---|---|---|---|---|\n",
-            info->fidelity_forced, info->fidelity_prompt);
+            info->fidelity_forced,
+            info->fidelity_generated ? "full attention's own greedy continuation" : "license text",
+            info->fidelity_prompt);
     for (int i = 0; i < info->n_fidelity; i++) {
       const ra_acc_fidelity *x = &info->fidelity[i];
       double mean = 0;
       for (int l = 0; l < x->n_layers; l++) mean += x->att_rel[l] / x->n_layers;
-      fprintf(f, "| %s | %.1f %% | %.3e | %.3e | %.3e | %.3e | %.3e |\n", ra_mode_name(x->mode), 100 * x->top1,
+      char label[RA_ACC_LABEL_MAX];
+      fprintf(f, "| %s | %.1f %% | %.3e | %.3e | %.3e | %.3e | %.3e |\n", ra_acc_mode_label(x->mode, x->retro, label),
+              100 * x->top1,
               x->kl_mean, mean, x->att_rel[0], x->att_rel[x->n_layers / 2], x->att_rel[x->n_layers - 1]);
     }
     fputc('\n', f);

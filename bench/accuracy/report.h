@@ -22,6 +22,7 @@ typedef struct ra_acc_report_info {
   int trained_ctx;       /* lengths above it are reported as extrapolation */
   const ra_acc_fidelity *fidelity; /* [n_fidelity] or NULL */
   int n_fidelity, fidelity_prompt, fidelity_forced;
+  int fidelity_generated; /* forced along full attention's own continuation, not the corpus */
 } ra_acc_report_info;
 
 /* dir/summary.md, and dir/heatmap_<mode>.png (+ .dat, .gp) for every mode when gnuplot runs

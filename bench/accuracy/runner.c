@@ -4,19 +4,56 @@
 #include "generate.h"
 #include "json.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#define RETRO_SUFFIX "+retro"
+
+int ra_acc_mode_parse(const char *spec, ra_mode *mode, uint32_t *retro) {
+  char name[RA_ACC_LABEL_MAX];
+  const char *plus = strstr(spec, RETRO_SUFFIX);
+  size_t n = plus ? (size_t)(plus - spec) : strlen(spec);
+  if (n >= sizeof name) return RA_EINVAL;
+  memcpy(name, spec, n);
+  name[n] = 0;
+  *retro = 0;
+  if (plus) {
+    char *e;
+    const char *w = plus + strlen(RETRO_SUFFIX);
+    unsigned long v = strtoul(w, &e, 10);
+    if (!isdigit((unsigned char)*w) || *e || v < 1 || v > RA_OFFLOAD_MAX_RETRO) return RA_EINVAL;
+    *retro = (uint32_t)v;
+  }
+  return ra_mode_parse(name, mode);
+}
+
+const char *ra_acc_mode_label(ra_mode mode, uint32_t retro, char out[RA_ACC_LABEL_MAX]) {
+  if (retro) snprintf(out, RA_ACC_LABEL_MAX, "%s" RETRO_SUFFIX "%u", ra_mode_name(mode), retro);
+  else snprintf(out, RA_ACC_LABEL_MAX, "%s", ra_mode_name(mode));
+  return out;
+}
+
 int ra_acc_config_check(const ra_acc_config *cfg, ra_error *err) {
-  if (cfg->n_modes < 1 || cfg->modes[0] != RA_MODE_FULL)
-    return ra_errorf(err, RA_EINVAL, "accuracy: full attention must be the first mode (it is the reference)");
+  char label[RA_ACC_LABEL_MAX];
+  if (cfg->n_modes < 1 || cfg->modes[0] != RA_MODE_FULL || cfg->retro[0])
+    return ra_errorf(err, RA_EINVAL,
+                     "accuracy: full attention (without retro) must be the first mode (it is the reference)");
   for (int i = 1; i < cfg->n_modes; i++) {
     if (cfg->modes[i] == RA_MODE_FULL) return ra_errorf(err, RA_EINVAL, "accuracy: full given twice");
     if (ra_mode_uses_stores(cfg->modes[i]) && !cfg->plan)
       return ra_errorf(err, RA_EINVAL, "accuracy: mode %s needs kv-stores", ra_mode_name(cfg->modes[i]));
+    /* the worker-only modes never open a runtime that could refuse it */
+    if (cfg->retro[i] && !ra_mode_uses_stores(cfg->modes[i]))
+      return ra_errorf(err, RA_EINVAL, "accuracy: %s has no retrieval to correct",
+                       ra_acc_mode_label(cfg->modes[i], cfg->retro[i], label));
+    for (int j = 1; j < i; j++)
+      if (cfg->modes[j] == cfg->modes[i] && cfg->retro[j] == cfg->retro[i])
+        return ra_errorf(err, RA_EINVAL, "accuracy: %s given twice",
+                         ra_acc_mode_label(cfg->modes[i], cfg->retro[i], label));
   }
   if (cfg->plan && (cfg->plan->n_sink != cfg->off.n_sink || cfg->plan->n_window != cfg->off.n_window))
     return ra_errorf(err, RA_EINVAL, "accuracy: the store plan's sink/window differ from the config's");
@@ -36,17 +73,35 @@ static int sweep_check(const ra_acc_config *cfg, ra_error *err) {
 typedef int (*step_fn)(void *ctx, int32_t token, ra_error *err);
 
 static int full_step(void *ctx, int32_t token, ra_error *err) { return ra_model_forward(ctx, &token, 1, 0, NULL, err); }
-static int offload_step(void *ctx, int32_t token, ra_error *err) { return ra_offload_decode(ctx, token, NULL, err); }
+
+/* A mode's decode, summing the supplementary work retro does. */
+typedef struct offload_ctx {
+  ra_offload *o;
+  uint64_t retro_rows;
+} offload_ctx;
+
+static int offload_step(void *ctx, int32_t token, ra_error *err) {
+  offload_ctx *c = ctx;
+  ra_offload_stats st;
+  int rc = ra_offload_decode(c->o, token, &st, err);
+  if (rc == RA_OK) c->retro_rows += st.retro_rows;
+  return rc;
+}
+
+/* The argmax of st's last logits row: the greedy next token. */
+static int argmax_last(ra_state *st, int32_t *id, ra_error *err) {
+  ra_tensor row = ra_tensor_rows(&st->logits, st->n_logits - 1, 1);
+  float val;
+  return st->be->ops->topk_rows(st->be, &row, 1, id, &val, err);
+}
 
 /* Greedy tokens from st's current logits until a stop token or max_new. */
 static int greedy(ra_state *st, const ra_tokenizer *tok, step_fn step, void *ctx, int max_new, int32_t *out, int *n_out,
                   ra_error *err) {
   *n_out = 0;
   for (int i = 0; i < max_new; i++) {
-    ra_tensor row = ra_tensor_rows(&st->logits, st->n_logits - 1, 1);
     int32_t id;
-    float val;
-    int rc = st->be->ops->topk_rows(st->be, &row, 1, &id, &val, err);
+    int rc = argmax_last(st, &id, err);
     if (rc) return rc;
     if (ra_tok_is_stop(tok, id)) break;
     out[(*n_out)++] = id;
@@ -56,11 +111,13 @@ static int greedy(ra_state *st, const ra_tokenizer *tok, step_fn step, void *ctx
   return RA_OK;
 }
 
-/* A runtime of `mode` seeded from the capture, with room for max_new more tokens. */
-static int mode_open(const ra_model *m, const ra_acc_config *cfg, ra_mode mode, const ra_prefill_capture *cap,
+/* A runtime of cfg's mode mi seeded from the capture, with room for max_new more tokens. */
+static int mode_open(const ra_model *m, const ra_acc_config *cfg, int mi, const ra_prefill_capture *cap,
                      int max_new, ra_offload_config *oc, ra_offload **o, ra_error *err) {
+  ra_mode mode = cfg->modes[mi];
   *oc = cfg->off;
   oc->mode = mode;
+  oc->retro_window = cfg->retro[mi];
   oc->max_prompt = cap->n;
   oc->max_ctx = cap->n + max_new + 1;
   oc->progress = NULL;
@@ -81,6 +138,8 @@ static void record_output(const ra_tokenizer *tok, const ra_acc_sample *s, const
   if (ra_tok_decode(tok, ids, (size_t)n, &text, &len, NULL) == RA_OK) {
     snprintf(r->output, sizeof r->output, "%s", text);
     r->score = ra_acc_score(s, text);
+    r->n_items = s->n_values;
+    ra_acc_score_items(s, text, r->items);
     free(text);
   }
 }
@@ -94,11 +153,16 @@ static void write_jsonl(FILE *f, const ra_acc_config *cfg, const ra_acc_sample *
     if (i) fputs(", ", f);
     ra_json_write_str(f, s->values[i]);
   }
-  fputs("], \"modes\": {", f);
+  fprintf(f, "], \"sequential\": %s, \"modes\": {", s->sequential ? "true" : "false");
   for (int i = 0; i < cfg->n_modes; i++) {
     const ra_acc_mode_result *r = &rec->modes[i];
-    fprintf(f, "%s\"%s\": {\"score\": %.4f, \"seed_s\": %.3f, \"decode_s\": %.3f, \"tokens\": %d, \"output\": ",
-            i ? ", " : "", ra_mode_name(cfg->modes[i]), r->score, r->seed_s, r->decode_s, r->n_generated);
+    char label[RA_ACC_LABEL_MAX];
+    fprintf(f, "%s\"%s\": {\"score\": %.4f, \"seed_s\": %.3f, \"decode_s\": %.3f, \"tokens\": %d, \"retro\": %u, "
+               "\"retro_rows\": %llu, \"items\": [",
+            i ? ", " : "", ra_acc_mode_label(cfg->modes[i], cfg->retro[i], label), r->score, r->seed_s, r->decode_s,
+            r->n_generated, cfg->retro[i], (unsigned long long)r->retro_rows);
+    for (int k = 0; k < r->n_items; k++) fprintf(f, "%s%d", k ? ", " : "", r->items[k]);
+    fputs("], \"output\": ", f);
     ra_json_write_str(f, r->output);
     fputc('}', f);
   }
@@ -133,17 +197,19 @@ int ra_acc_run_sample(const ra_model *m, const ra_tokenizer *tok, const ra_acc_c
     if (cfg->modes[i] == RA_MODE_FULL) {
       rc = greedy(st, tok, full_step, st, max_new, out, &n_out, err);
     } else {
-      ra_offload *o;
+      offload_ctx oc_run = {0};
       ra_offload_config oc;
-      rc = mode_open(m, cfg, cfg->modes[i], cap, max_new, &oc, &o, err);
+      rc = mode_open(m, cfg, i, cap, max_new, &oc, &oc_run.o, err);
       r->seed_s = ra_clock_now_s() - td;
       td = ra_clock_now_s();
       if (rc == RA_OK) {
-        rc = greedy(ra_offload_state(o), tok, offload_step, o, max_new, out, &n_out, err);
-        ra_offload_free(o);
+        rc = greedy(ra_offload_state(oc_run.o), tok, offload_step, &oc_run, max_new, out, &n_out, err);
+        ra_offload_free(oc_run.o);
+        r->retro_rows = oc_run.retro_rows;
       }
     }
-    if (rc != RA_OK) ra_error_wrap(err, "mode %s", ra_mode_name(cfg->modes[i]));
+    char label[RA_ACC_LABEL_MAX];
+    if (rc != RA_OK) ra_error_wrap(err, "mode %s", ra_acc_mode_label(cfg->modes[i], cfg->retro[i], label));
     r->decode_s = ra_clock_now_s() - td;
     record_output(tok, s, out, n_out, r);
   }
@@ -192,7 +258,9 @@ static int read_record(const ra_json *o, const ra_acc_config *cfg, ra_acc_record
   ra_json_get_num(o, "prefill_s", &rec->prefill_s);
   const ra_json *modes = ra_json_get(o, "modes");
   for (int i = 0; i < cfg->n_modes; i++) {
-    const char *name = ra_mode_name(cfg->modes[i]), *outp = "";
+    char name[RA_ACC_LABEL_MAX];
+    const char *outp = "";
+    ra_acc_mode_label(cfg->modes[i], cfg->retro[i], name);
     const ra_json *mr = modes ? ra_json_get(modes, name) : NULL;
     ra_acc_mode_result *r = &rec->modes[i];
     if (!mr || ra_json_get_num(mr, "score", &r->score))
@@ -202,6 +270,10 @@ static int read_record(const ra_json *o, const ra_acc_config *cfg, ra_acc_record
     if (!ra_json_get_num(mr, "tokens", &v)) r->n_generated = (int)v;
     ra_json_get_str(mr, "output", &outp);
     snprintf(r->output, sizeof r->output, "%s", outp);
+    if (!ra_json_get_num(mr, "retro_rows", &v)) r->retro_rows = (uint64_t)v;
+    const ra_json *items = ra_json_get(mr, "items");
+    for (size_t k = 0; items && items->type == RA_JSON_ARRAY && k < items->n && k < RA_ACC_MAX_VALUES; k++)
+      r->items[r->n_items++] = items->items[k].num != 0;
   }
   return RA_OK;
 }
@@ -253,8 +325,10 @@ int ra_acc_run(const ra_model *m, const ra_tokenizer *tok, const ra_acc_corpus *
             if (cfg->log) {
               fprintf(cfg->log, "%-20s %5d tok depth %5.2f #%d  prefill %.1f s ", ra_acc_task_name(task), rec.n_tokens,
                       rec.depth, k, rec.prefill_s);
+              char label[RA_ACC_LABEL_MAX];
               for (int i = 0; i < cfg->n_modes; i++)
-                fprintf(cfg->log, " %s=%.2f", ra_mode_name(cfg->modes[i]), rec.modes[i].score);
+                fprintf(cfg->log, " %s=%.2f", ra_acc_mode_label(cfg->modes[i], cfg->retro[i], label),
+                        rec.modes[i].score);
               fprintf(cfg->log, "  (full: \"%.40s\")\n", rec.modes[0].output);
               fflush(cfg->log);
             }
@@ -317,15 +391,16 @@ void ra_acc_fidelity_free(ra_acc_fidelity *f) {
   f->att_rel = NULL;
 }
 
-int ra_acc_fidelity_run(const ra_model *m, const ra_acc_config *cfg, const int32_t *ids, int n_prompt, int n_forced,
-                        ra_acc_fidelity *out, ra_error *err) {
+int ra_acc_fidelity_run(const ra_model *m, const ra_acc_config *cfg, int32_t *ids, int n_prompt, int n_forced,
+                        int self_forced, ra_acc_fidelity *out, ra_error *err) {
   const ra_model_config *c = &m->cfg;
   ra_backend *be = m->be;
   size_t hq = (size_t)c->n_heads * (size_t)c->head_dim, vocab = (size_t)c->vocab, L = (size_t)c->n_layers;
   int rc = ra_acc_config_check(cfg, err);
   if (rc == RA_OK && (n_prompt < 1 || n_forced < 1))
     rc = ra_errorf(err, RA_EINVAL, "accuracy: fidelity over %d + %d tokens", n_prompt, n_forced);
-  for (int i = 1; i < cfg->n_modes; i++) out[i - 1] = (ra_acc_fidelity){.mode = cfg->modes[i], .n_layers = c->n_layers};
+  for (int i = 1; i < cfg->n_modes; i++)
+    out[i - 1] = (ra_acc_fidelity){.mode = cfg->modes[i], .retro = cfg->retro[i], .n_layers = c->n_layers};
   if (rc) return rc;
   float *full_att = malloc((size_t)n_forced * L * hq * sizeof(float));
   float *full_lg = malloc((size_t)n_forced * vocab * sizeof(float)), *lg = malloc(vocab * sizeof(float));
@@ -336,6 +411,7 @@ int ra_acc_fidelity_run(const ra_model *m, const ra_acc_config *cfg, const int32
   if (rc == RA_OK) rc = ra_prefill_capture_new(m, n_prompt, cfg->off.build_queries, &cap, err);
   if (rc == RA_OK) rc = ra_state_new(m, n_prompt + n_forced + 1, n_prompt, cfg->off.kv_dtype, &st, err);
   if (rc == RA_OK) rc = ra_prefill_capture_run(cap, st, ids, err);
+  if (rc == RA_OK && self_forced) rc = argmax_last(st, &ids[n_prompt], err);
   /* full attention, one forced token per step, keeping every layer's attention output */
   for (int t = 0; rc == RA_OK && t < n_forced; t++) {
     rc = ra_step_begin(st, &ids[n_prompt + t], 1, err);
@@ -347,6 +423,7 @@ int ra_acc_fidelity_run(const ra_model *m, const ra_acc_config *cfg, const int32
     }
     if (rc == RA_OK) rc = ra_step_end(st, 0, err);
     if (rc == RA_OK) rc = be->ops->download(be, &st->logits, 0, full_lg + (size_t)t * vocab, vocab, err);
+    if (rc == RA_OK && self_forced && t + 1 < n_forced) rc = argmax_last(st, &ids[n_prompt + t + 1], err);
   }
   for (int i = 1; rc == RA_OK && i < cfg->n_modes; i++) {
     ra_acc_fidelity *f = &out[i - 1];
@@ -361,7 +438,7 @@ int ra_acc_fidelity_run(const ra_model *m, const ra_acc_config *cfg, const int32
     mc.off.attn_ctx = &a;
     ra_offload *o;
     ra_offload_config oc;
-    rc = mode_open(m, &mc, cfg->modes[i], cap, n_forced, &oc, &o, err);
+    rc = mode_open(m, &mc, i, cap, n_forced, &oc, &o, err);
     if (rc) break;
     ra_state *ms = ra_offload_state(o);
     int same = 0;
@@ -418,7 +495,8 @@ int ra_acc_fidelity_read(const char *path, const ra_acc_config *cfg, int n_layer
   free(text);
   if (rc == RA_OK && root->type != RA_JSON_ARRAY) rc = ra_errorf(err, RA_EFORMAT, "not a JSON array");
   for (int i = 1; rc == RA_OK && i < cfg->n_modes; i++) {
-    const char *name = ra_mode_name(cfg->modes[i]);
+    char name[RA_ACC_LABEL_MAX];
+    ra_acc_mode_label(cfg->modes[i], cfg->retro[i], name);
     const ra_json *e = NULL;
     for (size_t j = 0; j < root->n && !e; j++) {
       const char *m;
@@ -438,8 +516,8 @@ int ra_acc_fidelity_read(const char *path, const ra_acc_config *cfg, int n_layer
       break;
     }
     ra_acc_fidelity *fd = &out[i - 1];
-    *fd = (ra_acc_fidelity){.mode = cfg->modes[i], .positions = (int)fo, .top1 = t1, .kl_mean = kl,
-                            .n_layers = n_layers};
+    *fd = (ra_acc_fidelity){.mode = cfg->modes[i], .retro = cfg->retro[i], .positions = (int)fo, .top1 = t1,
+                            .kl_mean = kl, .n_layers = n_layers};
     if (!(fd->att_rel = malloc((size_t)n_layers * sizeof(double)))) {
       rc = ra_errorf(err, RA_ENOMEM, "out of memory");
       break;

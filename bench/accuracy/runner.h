@@ -14,8 +14,10 @@
 
 #include <stdio.h>
 
-#define RA_ACC_MAX_MODES RA_MODE_COUNT
+/* A run's modes: each attention mode, with and without --retro */
+#define RA_ACC_MAX_MODES (2 * RA_MODE_COUNT)
 #define RA_ACC_MAX_AXIS 16
+#define RA_ACC_LABEL_MAX 32
 
 typedef struct ra_acc_config {
   ra_acc_task tasks[RA_ACC_N_TASKS];
@@ -27,6 +29,7 @@ typedef struct ra_acc_config {
   int samples;                  /* per (task, length, depth) */
   uint64_t seed;
   ra_mode modes[RA_ACC_MAX_MODES]; /* full must be first: it is the reference */
+  uint32_t retro[RA_ACC_MAX_MODES]; /* per mode: its retrospective correction window (0: off) */
   int n_modes;
   ra_offload_config off;        /* sink, window, top_k, ef, nprobe, knn_nq, build_queries, dtypes */
   const ra_offload_plan *plan;  /* the stores; NULL when only full / streaming run */
@@ -35,8 +38,11 @@ typedef struct ra_acc_config {
 } ra_acc_config;
 
 typedef struct ra_acc_mode_result {
-  char output[256]; /* the decoded answer (truncated) */
+  char output[512]; /* the decoded answer (truncated) */
   double score;     /* fraction of expected values found */
+  int items[RA_ACC_MAX_VALUES]; /* per expected value: found (in its own answer, if sequential) */
+  int n_items;
+  uint64_t retro_rows; /* retro: supplementary rows over the decode, all layers */
   double seed_s;    /* seeding the mode's runtime from the capture: K/V puts, kNN, index build */
   double decode_s;  /* the greedy decode */
   int n_generated;
@@ -59,8 +65,13 @@ typedef struct ra_acc_results {
   size_t n, cap;
 } ra_acc_results;
 
-/* Validates the modes (full first, stores for the store modes); ra_acc_run also wants non-empty
- * axes. */
+/* A --modes entry: NAME or NAME+retroW (the mode with --retro W). 0 or RA_EINVAL. */
+int ra_acc_mode_parse(const char *spec, ra_mode *mode, uint32_t *retro);
+/* A mode as its --modes entry is written ("flat", "flat+retro2"): the key in the reports. */
+const char *ra_acc_mode_label(ra_mode mode, uint32_t retro, char out[RA_ACC_LABEL_MAX]);
+
+/* Validates the modes (full first and once, stores for the store modes, retro only for the
+ * modes that take it, no entry twice); ra_acc_run also wants non-empty axes. */
 int ra_acc_config_check(const ra_acc_config *cfg, ra_error *err);
 
 /* One sample in every mode of cfg; rec->modes follow cfg->modes. */
@@ -79,6 +90,7 @@ int ra_acc_results_read(const char *path, const ra_acc_config *cfg, ra_acc_resul
  * prompt of n_prompt tokens (one captured prefill), against full attention at every step. */
 typedef struct ra_acc_fidelity {
   ra_mode mode;
+  uint32_t retro;     /* the mode's --retro window */
   int positions;
   double top1;        /* fraction of steps whose argmax equals full's */
   double kl_mean;     /* mean KL(full || mode) of the next-token distributions */
@@ -87,9 +99,11 @@ typedef struct ra_acc_fidelity {
   int n_layers;
 } ra_acc_fidelity;
 
-/* out: [cfg->n_modes - 1], the modes after full. ids: at least n_prompt + n_forced tokens. */
-int ra_acc_fidelity_run(const ra_model *m, const ra_acc_config *cfg, const int32_t *ids, int n_prompt, int n_forced,
-                        ra_acc_fidelity *out, ra_error *err);
+/* out: [cfg->n_modes - 1], the modes after full. ids: at least n_prompt + n_forced tokens. With
+ * self_forced, ids[n_prompt ..] are overwritten with full attention's own greedy continuation
+ * (no stop token), which every mode is then forced along: fidelity over generated text. */
+int ra_acc_fidelity_run(const ra_model *m, const ra_acc_config *cfg, int32_t *ids, int n_prompt, int n_forced,
+                        int self_forced, ra_acc_fidelity *out, ra_error *err);
 void ra_acc_fidelity_free(ra_acc_fidelity *f);
 /* Reads a fidelity.json (as accuracy-bench writes it) into out [cfg->n_modes - 1], in cfg's mode
  * order after full; *prompt and *forced from its entries. A mode of cfg missing from the file,

@@ -9,7 +9,7 @@
 
 static const char *const task_names[RA_ACC_N_TASKS] = {
     "niah_single_number", "niah_single_word", "niah_single_uuid", "niah_multikey", "niah_multivalue",
-    "niah_multiquery", "passkey", "kv_retrieval", "variable_tracking", "common_words"};
+    "niah_multiquery", "passkey", "kv_retrieval", "variable_tracking", "common_words", "longgen_needles"};
 
 const char *ra_acc_task_name(ra_acc_task t) { return (unsigned)t < RA_ACC_N_TASKS ? task_names[t] : "?"; }
 
@@ -22,7 +22,16 @@ int ra_acc_task_parse(const char *name, ra_acc_task *out) {
   return RA_EINVAL;
 }
 
-int ra_acc_task_has_depth(ra_acc_task t) { return t != RA_ACC_VARIABLE_TRACKING && t != RA_ACC_COMMON_WORDS; }
+int ra_acc_task_has_depth(ra_acc_task t) {
+  return t != RA_ACC_VARIABLE_TRACKING && t != RA_ACC_COMMON_WORDS && t != RA_ACC_LONGGEN_NEEDLES;
+}
+
+int ra_acc_longgen_items(int target_len) {
+  int k = target_len / 256;
+  return k < 4 ? 4 : k > RA_ACC_MAX_VALUES ? RA_ACC_MAX_VALUES : k;
+}
+
+void ra_acc_item_label(int i, char *out, size_t cap) { snprintf(out, cap, "Item %d", i + 1); }
 
 /* ---------- randomness: splitmix64, a pure function of the seed ---------- */
 
@@ -225,7 +234,7 @@ static void draw_uuid(uint64_t *r, char *out) {
            (unsigned)a & 0xfff, (unsigned)(0x8000 | ((b >> 48) & 0x3fff)), (unsigned long long)(b & 0xffffffffffffull));
 }
 
-#define MAX_NEEDLES 8
+#define MAX_NEEDLES RA_ACC_MAX_VALUES
 
 typedef enum hay_kind { HAY_NOISE, HAY_PROSE, HAY_JSON, HAY_WORDS } hay_kind;
 
@@ -289,7 +298,7 @@ static int spec_init(spec *s, const ra_acc_corpus *corpus, ra_acc_task task, int
   uint64_t r = seed;
   s->line0 = corpus->n_lines ? (size_t)rng_below(&r, corpus->n_lines) : 0;
   s->depths[0] = depth;
-  char keys[MAX_NEEDLES][64];
+  char keys[4][64]; /* the niah tasks: at most 4 keys */
   switch (task) {
     case RA_ACC_NIAH_SINGLE_NUMBER:
     case RA_ACC_NIAH_SINGLE_WORD:
@@ -407,6 +416,27 @@ static int spec_init(spec *s, const ra_acc_corpus *corpus, ra_acc_task task, int
                         "Memorize the ones that appear most often.\n");
       sb_add(&s->question, "\nQuestion: What are the 10 most common words in the above list?");
       sb_add(&s->answer_prefix, "Answer: The top 10 words that appear most often in the list are:");
+      break;
+    }
+    case RA_ACC_LONGGEN_NEEDLES: {
+      /* the items at independent random depths, so the order asked is not the order written */
+      s->hay = HAY_PROSE;
+      s->n_needles = s->n_values = ra_acc_longgen_items(target_len);
+      for (int i = 0; i < s->n_needles; i++) {
+        int dup;
+        do {
+          number_value(&r, s->values[i], 7);
+          dup = 0;
+          for (int j = 0; j < i; j++) dup |= strcmp(s->values[j], s->values[i]) == 0;
+        } while (dup);
+        s->depths[i] = rng_unit(&r);
+        snprintf(s->needles[i], sizeof s->needles[i], "The code of item %d is %s.", i + 1, s->values[i]);
+      }
+      sb_addf(&s->intro, "The following text hides the codes of %d numbered items. Memorize them. I will ask you "
+                         "for every code afterwards.\n", s->n_needles);
+      sb_addf(&s->question, "\nList the code of item 1, then the code of item 2, and so on up to item %d, one item "
+                            "per line, as \"Item N: CODE\".", s->n_needles);
+      sb_add(&s->answer_prefix, "Item 1:");
       break;
     }
     default:
@@ -610,16 +640,24 @@ int ra_acc_generate(const ra_tokenizer *tok, const ra_acc_corpus *corpus, ra_acc
     out->values[i] = strdup(s.values[i]);
     if (!out->values[i]) rc = ra_errorf(err, RA_ENOMEM, "accuracy: out of memory");
     out->n_values = i + 1;
-    sb_add(&ans, i ? ", " : " ");
+    if (task == RA_ACC_LONGGEN_NEEDLES && i > 0) {
+      char label[32];
+      ra_acc_item_label(i, label, sizeof label);
+      sb_addf(&ans, "\n%s: ", label);
+    } else {
+      sb_add(&ans, i ? ", " : " ");
+    }
     sb_add(&ans, s.values[i]);
   }
+  out->sequential = task == RA_ACC_LONGGEN_NEEDLES;
   if (rc == RA_OK) {
     int32_t *ids;
     size_t na;
     rc = ans.oom ? ra_errorf(err, RA_ENOMEM, "accuracy: out of memory") : ra_tok_encode(tok, ans.s, ans.len, 0, 0, &ids, &na, err);
     if (rc == RA_OK) {
       free(ids);
-      out->answer_tokens = (int)na + 4;
+      /* sequential answers: a few more for the model's own separators between them */
+      out->answer_tokens = (int)na + 4 + (out->sequential ? 2 * out->n_values : 0);
     }
   }
   free(ans.s);
@@ -631,21 +669,44 @@ int ra_acc_generate(const ra_tokenizer *tok, const ra_acc_corpus *corpus, ra_acc
 
 /* ---------- scoring ---------- */
 
-static int found_whole(const char *hay, const char *needle) {
+/* The first whole-token, case-insensitive occurrence of needle in hay[0, len), or NULL. */
+static const char *find_whole(const char *hay, size_t len, const char *needle) {
   size_t n = strlen(needle);
-  if (!n) return 0;
-  for (const char *p = hay; *p; p++) {
+  if (!n) return NULL;
+  for (const char *p = hay; p + n <= hay + len; p++) {
     if (strncasecmp(p, needle, n) != 0) continue;
     int before = p > hay && isalnum((unsigned char)p[-1]);
-    int after = isalnum((unsigned char)p[n]);
-    if (!before && !after) return 1;
+    int after = p + n < hay + len && isalnum((unsigned char)p[n]);
+    if (!before && !after) return p;
   }
-  return 0;
+  return NULL;
+}
+
+int ra_acc_score_items(const ra_acc_sample *s, const char *output, int *hit) {
+  size_t len = strlen(output);
+  int hits = 0;
+  if (!s->sequential) {
+    for (int i = 0; i < s->n_values; i++) hits += hit[i] = find_whole(output, len, s->values[i]) != NULL;
+    return hits;
+  }
+  /* answer i is output[begin, end): from after label i to the first label i + 1 after it */
+  const char *begin = output;
+  for (int i = 0; i < s->n_values; i++) {
+    hit[i] = 0;
+    char label[32];
+    const char *end = output + len, *next = NULL;
+    if (begin && i + 1 < s->n_values) {
+      ra_acc_item_label(i + 1, label, sizeof label);
+      if ((next = find_whole(begin, (size_t)(end - begin), label))) end = next;
+    }
+    if (begin) hits += hit[i] = find_whole(begin, (size_t)(end - begin), s->values[i]) != NULL;
+    begin = next ? next + strlen(label) : NULL;
+  }
+  return hits;
 }
 
 double ra_acc_score(const ra_acc_sample *s, const char *output) {
   if (s->n_values == 0) return 0;
-  int hit = 0;
-  for (int i = 0; i < s->n_values; i++) hit += found_whole(output, s->values[i]);
-  return (double)hit / (double)s->n_values;
+  int hit[RA_ACC_MAX_VALUES];
+  return (double)ra_acc_score_items(s, output, hit) / (double)s->n_values;
 }

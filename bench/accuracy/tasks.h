@@ -27,6 +27,8 @@ typedef enum ra_acc_task {
   RA_ACC_KV_RETRIEVAL,           /* InfiniteBench kv_retrieval: JSON of UUID pairs, one key asked */
   RA_ACC_VARIABLE_TRACKING,      /* RULER vt: a chain of 4 assignments in noise; all 5 names asked */
   RA_ACC_COMMON_WORDS,           /* RULER cwe: numbered word list; the 10 most frequent asked */
+  RA_ACC_LONGGEN_NEEDLES,        /* LongGenBench-style: k coded items in prose, all k asked in sequence in
+                                    one generation ("Item 1: CODE / Item 2: CODE ..."), each scored alone */
   RA_ACC_N_TASKS
 } ra_acc_task;
 
@@ -66,7 +68,14 @@ typedef struct ra_acc_sample {
   int64_t needle_token;  /* token index where the needle starts; -1 without one */
   int64_t hay_begin, hay_end; /* token range of the haystack (needles included) */
   int answer_tokens;     /* tokens of the values written as a list, plus slack: a decode budget */
+  int sequential;        /* the values are answers asked in order, value i after the label
+                            ra_acc_item_label(i) (the answer prefix holds label 0) */
 } ra_acc_sample;
+
+/* Items of longgen_needles at a target length: target_len / 256, from 4 to RA_ACC_MAX_VALUES. */
+int ra_acc_longgen_items(int target_len);
+/* "Item <i + 1>": the label of sequential answer i, as the question asks for it. */
+void ra_acc_item_label(int i, char *out, size_t cap);
 
 /* Generates one sample. Lengths below ~200 tokens are refused (the instruction alone is ~100). */
 int ra_acc_generate(const ra_tokenizer *tok, const ra_acc_corpus *corpus, ra_acc_task task, int target_len,
@@ -74,8 +83,15 @@ int ra_acc_generate(const ra_tokenizer *tok, const ra_acc_corpus *corpus, ra_acc
 void ra_acc_sample_free(ra_acc_sample *s);
 
 /* The fraction of the expected values found in `output` (case-insensitive, each as a whole token:
- * not preceded or followed by a letter or digit). 1 is an exact match; RULER's string_match_all. */
+ * not preceded or followed by a letter or digit). 1 is an exact match; RULER's string_match_all.
+ * A sequential sample scores each answer alone (ra_acc_score_items). */
 double ra_acc_score(const ra_acc_sample *s, const char *output);
+
+/* Per answer of a sequential sample: hit[i] = 1 when value i is in answer i's own segment of the
+ * output, from label i (the output's start for i = 0) to the first label i + 1 after it (or the
+ * end); a label the output never writes leaves its answer unscored (0). Other samples: hit[i] =
+ * value i found anywhere. Returns the hits; hit has n_values entries. */
+int ra_acc_score_items(const ra_acc_sample *s, const char *output, int *hit);
 
 /* A deterministic seed per (base, task, length, depth index, sample index). */
 uint64_t ra_acc_sample_seed(uint64_t base, ra_acc_task task, int length, int depth_index, int sample_index);

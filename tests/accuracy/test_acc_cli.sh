@@ -11,6 +11,9 @@ expect "must start with full" --model m --out o --modes roar,full
 expect "need --stores" --model m --out o --modes full,roar
 expect "modes flat, ivf, kgraph, roar, wave need --stores" --model m --out o --modes full,wave
 expect "not a non-negative integer" --model m --out o --top-k -3
+expect "unknown mode in full,flat+retro0" --model m --out o --modes full,flat+retro0
+expect "must start with full" --model m --out o --modes full+retro2,flat
+expect "--fidelity-text: corpus or generated" --model m --out o --fidelity-text prose
 expect "unknown option" --model m --out o --bogus 1
 expect "needs a value" --model m --out o --sink
 expect "goes with --report-from" --model m --out o --fidelity-from f.json

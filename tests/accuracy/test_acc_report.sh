@@ -48,4 +48,21 @@ case "$msg" in
   *"not one of --depths"*) ;;
   *) echo "FAIL: '$msg'"; fail=1 ;;
 esac
+# a sequential task in a mode with and without retro: the per-answer table, one column per entry
+cat > "$dir/seq.jsonl" <<'JSONL'
+{"task": "longgen_needles", "length": 1024, "n_tokens": 1010, "depth": -1.0000, "sample": 0, "seed": 1, "needle_token": -1, "prefill_s": 0.1, "expected": ["1111111", "2222222", "3333333", "4444444"], "sequential": true, "modes": {"full": {"score": 1.0, "items": [1, 1, 1, 1], "output": "x"}, "flat": {"score": 0.5, "items": [1, 0, 1, 0], "output": "x"}, "flat+retro2": {"score": 0.75, "retro": 2, "retro_rows": 900, "items": [1, 1, 1, 0], "output": "x"}}}
+{"task": "longgen_needles", "length": 1024, "n_tokens": 1012, "depth": -1.0000, "sample": 1, "seed": 2, "needle_token": -1, "prefill_s": 0.1, "expected": ["5555555", "6666666", "7777777", "8888888"], "sequential": true, "modes": {"full": {"score": 0.75, "items": [1, 1, 1, 0], "output": "x"}, "flat": {"score": 0.25, "items": [1, 0, 0, 0], "output": "x"}, "flat+retro2": {"score": 0.75, "retro": 2, "retro_rows": 800, "items": [1, 1, 0, 1], "output": "x"}}}
+JSONL
+"$bin" --model "$model" --out "$dir/r7" --report-from "$dir/seq.jsonl" --tasks longgen_needles --lengths 1024 \
+  --modes full,flat,flat+retro2 > "$dir/log7" 2>&1 || { echo "FAIL: sequential report"; cat "$dir/log7"; fail=1; }
+grep -q "| answer | full | flat | flat+retro2 |" "$dir/r7/summary.md" &&
+  grep -q "| 2 | 100 | 0 | 100 |" "$dir/r7/summary.md" && grep -q "| 4 | 50 | 0 | 50 |" "$dir/r7/summary.md" &&
+  grep -q "| longgen_needles | yes | 88 | 38 | 75 |" "$dir/r7/summary.md" ||
+  { echo "FAIL: per-answer table"; cat "$dir/r7/summary.md"; fail=1; }
+msg=$("$bin" --model "$model" --out "$dir/r8" --report-from "$dir/seq.jsonl" --tasks longgen_needles --lengths 1024 \
+  --modes full,flat+retro8 2>&1)
+case "$msg" in
+  *"no result of mode flat+retro8"*) ;;
+  *) echo "FAIL: '$msg'"; fail=1 ;;
+esac
 exit $fail

@@ -161,6 +161,71 @@ static void test_score_exact_match(void **state) {
   ra_acc_sample_free(&s);
 }
 
+static void test_longgen_plants_every_item_once_and_asks_them_in_order(void **state) {
+  static const int lens[] = {1024, 2048, 8192};
+  for (int li = 0; li < 3; li++) {
+    ra_acc_sample s;
+    gen(RA_ACC_LONGGEN_NEEDLES, lens[li], 0.5, 21, &s);
+    int k = ra_acc_longgen_items(lens[li]);
+    assert_int_equal(s.n_values, k);
+    assert_true(s.sequential);
+    assert_int_equal(s.needle_token, -1); /* no single target depth */
+    for (int i = 0; i < k; i++) {
+      char needle[64];
+      snprintf(needle, sizeof needle, "The code of item %d is %s.", i + 1, s.values[i]);
+      if (count_whole(s.text, needle) != 1) fail_msg("item %d at %d: \"%s\" not once", i + 1, lens[li], needle);
+      for (int j = 0; j < i; j++) assert_string_not_equal(s.values[i], s.values[j]);
+    }
+    char q[64];
+    snprintf(q, sizeof q, "and so on up to item %d,", k);
+    assert_non_null(strstr(s.text, q));
+    /* the answer prefix opens answer 0; the decode budget covers k labelled 7-digit codes */
+    assert_non_null(strstr(s.text, "<|im_start|>assistant\nItem 1:"));
+    assert_true(s.answer_tokens >= k * 10);
+    ra_acc_sample_free(&s);
+  }
+  assert_int_equal(ra_acc_longgen_items(256), 4);
+  assert_int_equal(ra_acc_longgen_items(2048), 8);
+  assert_int_equal(ra_acc_longgen_items(1 << 20), RA_ACC_MAX_VALUES);
+}
+
+static void test_sequential_answers_scored_each_in_its_segment(void **state) {
+  ra_acc_sample s;
+  gen(RA_ACC_LONGGEN_NEEDLES, 1024, 0.5, 4, &s);
+  assert_int_equal(s.n_values, 4);
+  const char *const *v = (const char *const *)s.values;
+  char out[512];
+  int hit[RA_ACC_MAX_VALUES];
+  /* all right, in the model's own wording of the labels */
+  snprintf(out, sizeof out, " %s\nThe code of item 2 is %s.\nitem 3: %s\nITEM 4: %s", v[0], v[1], v[2], v[3]);
+  assert_int_equal(ra_acc_score_items(&s, out, hit), 4);
+  assert_true(ra_acc_score(&s, out) == 1.0);
+  /* answers 2 and 3 swapped: every value is in the output, only 1 and 4 are right */
+  snprintf(out, sizeof out, " %s\nItem 2: %s\nItem 3: %s\nItem 4: %s", v[0], v[2], v[1], v[3]);
+  assert_int_equal(ra_acc_score_items(&s, out, hit), 2);
+  assert_int_equal(hit[0], 1);
+  assert_int_equal(hit[1], 0);
+  assert_int_equal(hit[2], 0);
+  assert_int_equal(hit[3], 1);
+  assert_true(ra_acc_score(&s, out) == 0.5);
+  /* the generation stops writing labels after item 2: the rest is unanswered, even if the codes follow */
+  snprintf(out, sizeof out, " %s\nItem 2: %s %s %s", v[0], v[1], v[2], v[3]);
+  assert_int_equal(ra_acc_score_items(&s, out, hit), 2);
+  assert_int_equal(hit[2] + hit[3], 0);
+  /* "Item 10" is not the label of item 1; a longer number is not the code */
+  snprintf(out, sizeof out, " %s7\nItem 2: %s\nItem 30: %s", v[0], v[1], v[2]);
+  assert_int_equal(ra_acc_score_items(&s, out, hit), 1);
+  assert_int_equal(hit[1], 1);
+  assert_int_equal(ra_acc_score_items(&s, "", hit), 0);
+  ra_acc_sample_free(&s);
+  /* a non-sequential sample: each value anywhere */
+  gen(RA_ACC_NIAH_MULTIVALUE, 1024, 0.5, 9, &s);
+  snprintf(out, sizeof out, " %s and %s", s.values[3], s.values[1]);
+  assert_int_equal(ra_acc_score_items(&s, out, hit), 2);
+  assert_int_equal(hit[1] + hit[3], 2);
+  ra_acc_sample_free(&s);
+}
+
 static void test_refuses_bad_input(void **state) {
   ra_acc_sample s;
   ra_error err;
@@ -180,6 +245,8 @@ int main(void) {
       cmocka_unit_test(test_deterministic_under_seed),      cmocka_unit_test(test_length_within_tolerance),
       cmocka_unit_test(test_needle_at_requested_depth),     cmocka_unit_test(test_values_present_as_constructed),
       cmocka_unit_test(test_multi_needle_tasks_ask_what_they_should), cmocka_unit_test(test_score_exact_match),
+      cmocka_unit_test(test_longgen_plants_every_item_once_and_asks_them_in_order),
+      cmocka_unit_test(test_sequential_answers_scored_each_in_its_segment),
       cmocka_unit_test(test_refuses_bad_input),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

@@ -6,7 +6,10 @@
  *     right wherever full does, and streaming fails every needle outside its sink + window that
  *     full finds (the suite can show a bad mode as bad); the reports (Markdown, PNG) are written;
  *   - text fidelity: flat (exact top-k; the cheapest store mode, roar's index builds are the
- *     test's main cost) is closer to full than streaming: smaller KL and attention error. */
+ *     test's main cost) is closer to full than streaming: smaller KL and attention error;
+ *   - the long-generation task with retro: with every key retrieved, flat+retro2 generates full's
+ *     answers token for token with no supplementary rows (nothing is unseen) and its fidelity
+ *     along full's own continuation is exact; at top-k 8 its supplementary work shows. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -207,7 +210,7 @@ static void test_fidelity_streaming_worse_than_flat(void **state) {
   ok(ra_tok_encode(F.tok, buf, len, 1, 0, &ids, &n, &err), &err);
   assert_true(n >= P + FORCED);
   ra_acc_fidelity fid[2];
-  ok(ra_acc_fidelity_run(F.m, &cfg, ids, P, FORCED, fid, &err), &err);
+  ok(ra_acc_fidelity_run(F.m, &cfg, ids, P, FORCED, 0, fid, &err), &err);
   for (int i = 0; i < 2; i++)
     print_message("%-9s top-1 = full %.1f %%, KL %.3e, attention rel. error layer 0 / last %.3f / %.3f\n",
                   ra_mode_name(fid[i].mode), 100 * fid[i].top1, fid[i].kl_mean, fid[i].att_rel[0],
@@ -225,11 +228,53 @@ static void test_fidelity_streaming_worse_than_flat(void **state) {
   free(ids);
 }
 
+static void test_longgen_retro_exact_with_every_key_then_corrects(void **state) {
+  ra_acc_config cfg;
+  base_config(&cfg);
+  cfg.modes[cfg.n_modes++] = RA_MODE_FULL;
+  cfg.modes[cfg.n_modes] = RA_MODE_FLAT;
+  cfg.retro[cfg.n_modes++] = 2;
+  cfg.off.top_k = 4096; /* more than the stores hold: every key */
+  ra_acc_sample s;
+  ra_error err;
+  ok(ra_acc_generate(F.tok, &F.corpus, RA_ACC_LONGGEN_NEEDLES, 448, 0.5, 3, &s, &err), &err);
+  ra_acc_record rec;
+  ok(ra_acc_run_sample(F.m, F.tok, &cfg, &s, &rec, &err), &err);
+  print_message("full: %.2f \"%.60s\"; flat+retro2, every key: %.2f, %llu supplementary rows\n", rec.modes[0].score,
+                rec.modes[0].output, rec.modes[1].score, (unsigned long long)rec.modes[1].retro_rows);
+  assert_true(rec.modes[0].n_generated > 3 * s.n_values); /* one generation of every answer */
+  assert_int_equal(rec.modes[1].n_generated, rec.modes[0].n_generated);
+  assert_string_equal(rec.modes[1].output, rec.modes[0].output);
+  assert_true(rec.modes[1].score == rec.modes[0].score);
+  assert_int_equal(rec.modes[1].retro_rows, 0);
+  /* fidelity along full's own continuation (self-forced), every key: exact */
+  int32_t *ids = calloc(s.n_tokens + 16, sizeof *ids);
+  memcpy(ids, s.tokens, s.n_tokens * sizeof *ids);
+  ra_acc_fidelity fid;
+  ok(ra_acc_fidelity_run(F.m, &cfg, ids, (int)s.n_tokens, 16, 1, &fid, &err), &err);
+  assert_int_equal(fid.positions, 16);
+  assert_true(fid.top1 == 1.0);
+  assert_true(fid.kl_mean < 1e-3);
+  ra_acc_fidelity_free(&fid);
+  free(ids);
+  /* a small budget: the past queries get supplementary partials */
+  cfg.off.top_k = 8;
+  ok(ra_acc_run_sample(F.m, F.tok, &cfg, &s, &rec, &err), &err);
+  print_message("flat+retro2 top-8: %.2f, %llu supplementary rows over %d tokens\n", rec.modes[1].score,
+                (unsigned long long)rec.modes[1].retro_rows, rec.modes[1].n_generated);
+  assert_true(rec.modes[1].retro_rows > 0);
+  assert_int_equal(rec.modes[1].n_items, s.n_values);
+  ra_acc_sample_free(&s);
+}
+
 int main(void) {
+  /* RA_TEST_FILTER: only the tests whose names match (cmocka's pattern), e.g. "*longgen*" */
+  if (getenv("RA_TEST_FILTER")) cmocka_set_test_filter(getenv("RA_TEST_FILTER"));
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_seeded_runtime_decodes_like_direct_prefill),
       cmocka_unit_test(test_passkey_subset_roar_matches_full_streaming_fails),
       cmocka_unit_test(test_fidelity_streaming_worse_than_flat),
+      cmocka_unit_test(test_longgen_retro_exact_with_every_key_then_corrects),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -212,11 +212,61 @@ static void test_bad_args(void **state) {
   fixture_free(&f);
 }
 
+/* The records are charged to the session (and the store's budget) before they grow: a step's
+ * record costs its positions, a reused slot nothing more; closing the session gives all back; a
+ * record that would pass the budget is refused with the budget's message and charges nothing. */
+static void test_records_charged_to_the_budget(void **state) {
+  kvs_geometry g = {.n_layers = 2, .n_q_heads = NQ, .n_kv_heads = NKV, .head_dim = DIM, .dtype = RA_DTYPE_F16};
+  kvs_shard_spec sh[NKV];
+  for (uint32_t h = 0; h < NKV; h++)
+    sh[h] = (kvs_shard_spec){.layer = LAYER, .kv_head = h, .token_begin = BEGIN, .token_end = RA_TOKEN_END_OPEN};
+  kvs_store *st;
+  kvs_session *s;
+  ra_error err;
+  assert_int_equal(kvs_store_create(1ull << 20, &st, &err), RA_OK);
+  assert_int_equal(kvs_store_open(st, &g, sh, NKV, NULL, "test", &s, &err), RA_OK);
+  const uint64_t opened = kvs_store_bytes_used(st), session0 = atomic_load(&s->bytes);
+  assert_true(session0 >= kvs_retro_table_bytes(g.n_layers, g.n_q_heads)); /* the slot table is metadata */
+  enum { N = 1000 };
+  uint64_t *pos = malloc(N * sizeof *pos);
+  for (size_t i = 0; i < N; i++) pos[i] = N - i;
+  assert_int_equal(kvs_retro_record(s->retro, LAYER, 0, 1, N, pos, N, &err), RA_OK);
+  assert_int_equal(kvs_retro_bytes(s->retro), N * sizeof(uint64_t));
+  assert_int_equal(kvs_store_bytes_used(st), opened + N * sizeof(uint64_t));
+  assert_int_equal(atomic_load(&s->bytes), session0 + N * sizeof(uint64_t));
+  /* step 1 + KVS_RETRO_MAX_WINDOW reuses step 1's slot: no growth for fewer positions */
+  assert_int_equal(kvs_retro_record(s->retro, LAYER, 0, 1 + KVS_RETRO_MAX_WINDOW, N, pos, N / 2, &err), RA_OK);
+  assert_int_equal(kvs_store_bytes_used(st), opened + N * sizeof(uint64_t));
+  /* another head's slot grows from nothing */
+  assert_int_equal(kvs_retro_record(s->retro, LAYER, 1, 2, N, pos, N / 4, &err), RA_OK);
+  assert_int_equal(kvs_store_bytes_used(st), opened + (N + N / 4) * sizeof(uint64_t));
+  /* past the 1 MiB budget: refused, nothing charged, the slot records no step */
+  const uint64_t before = kvs_store_bytes_used(st);
+  size_t big = (size_t)((1ull << 20) - before) / sizeof(uint64_t) + 1;
+  uint64_t *many = calloc(big, sizeof *many);
+  for (size_t i = 0; i < big; i++) many[i] = i;
+  assert_int_equal(kvs_retro_record(s->retro, LAYER, 2, 3, big, many, big, &err), RA_ENOMEM);
+  assert_non_null(strstr(err.msg, "memory budget exceeded"));
+  assert_int_equal(kvs_store_bytes_used(st), before);
+  uint64_t out[4];
+  assert_int_equal(kvs_retro_unseen(s->retro, LAYER, 2, 4, 3, many, 4, out), -1);
+  free(many);
+  free(pos);
+  /* closing the session gives the records back with everything else */
+  uint8_t id[KVS_SESSION_ID_BYTES];
+  memcpy(id, s->id, sizeof id);
+  kvs_session_release(s);
+  assert_int_equal(kvs_store_close(st, id, sizeof id, NULL, &err), RA_OK);
+  assert_int_equal(kvs_store_bytes_used(st), 0);
+  kvs_store_destroy(st);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_union_and_horizon),
       cmocka_unit_test(test_missing_record),
       cmocka_unit_test(test_bad_args),
+      cmocka_unit_test(test_records_charged_to_the_budget),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
