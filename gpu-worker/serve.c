@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 
 typedef struct server {
@@ -168,6 +169,17 @@ static void stream_free(void *cls) {
   free(st);
 }
 
+/* Whether the client of c has closed its end: a non-streaming request's handler blocks until the
+ * answer is ready, and libmicrohttpd notices a closed socket only when it writes, so the
+ * handler peeks at the socket between waits (0 bytes: end of stream). */
+static int client_gone(struct MHD_Connection *c) {
+  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+  if (!ci) return 0;
+  char b;
+  const ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0;
+}
+
 static enum MHD_Result handle_generate(server *s, struct MHD_Connection *c, ra_api_kind kind, const conn *cn) {
   ra_api_error e;
   ra_api_request rq;
@@ -221,8 +233,15 @@ static enum MHD_Result handle_generate(server *s, struct MHD_Connection *c, ra_a
   }
   ra_sched_view v;
   const char *text;
-  do text = ra_sched_wait(req, 0, 1000, &v);
-  while (!v.done);
+  do {
+    text = ra_sched_wait(req, 0, 200, &v);
+    if (!v.done && client_gone(c)) {
+      /* nobody to answer: the sequence stops and its KV is freed (as a stream's, stream_free) */
+      ra_log_info("serve: %s: the client closed its connection; the request is cancelled", id);
+      ra_sched_release(req);
+      return MHD_NO;
+    }
+  } while (!v.done);
   enum MHD_Result q;
   if (v.err_code) {
     sched_error(v.err_code, 0, v.err_msg, &e);

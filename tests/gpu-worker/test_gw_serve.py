@@ -202,6 +202,28 @@ check(metric("flat", "ra_serve_live_sequences") == 0, "the disconnected sequence
 check(store_used() == used0, f"the stores did not free the KV: {store_used()} vs {used0}")
 gen = metric("flat", "ra_serve_generated_tokens_total")
 check(gen < 500, f"the sequence ran on after the disconnect ({gen} tokens)")
+# the same for a request without streaming: the server notices the closed socket while it waits
+body = json.dumps({"model": MODEL, "prompt": "The capital of France is Paris. " * 4 + "Tell me a long story:",
+                   "max_tokens": 500, "temperature": 0}).encode()
+gen0 = metric("flat", "ra_serve_generated_tokens_total")
+sk = socket.create_connection((host, int(port)))
+sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+           % len(body) + body)
+deadline = time.time() + 30
+while metric("flat", "ra_serve_live_sequences") == 0 and time.time() < deadline:
+    time.sleep(0.05)
+check(metric("flat", "ra_serve_live_sequences") == 1, "the plain request is live")
+sk.close()
+deadline = time.time() + 30
+while (metric("flat", "ra_serve_live_sequences") or store_used() != used0) and time.time() < deadline:
+    time.sleep(0.2)
+check(metric("flat", "ra_serve_live_sequences") == 0, "the disconnected plain request is still live")
+check(store_used() == used0, f"the stores did not free the plain request's KV: {store_used()} vs {used0}")
+gen = metric("flat", "ra_serve_generated_tokens_total") - gen0
+check(gen < 500, f"the plain request ran on after the disconnect ({gen} tokens)")
+with open(f"{RUN}/flat.log") as f:
+    check("the client closed its connection; the request is cancelled" in f.read(),
+          "the server did not notice the plain request's client leave (it ran to its end)")
 r = client("flat").completions.create(model=MODEL, prompt="The capital of France is Paris. The capital of Italy is",
                                       max_tokens=4, temperature=0)
 check("Rome" in r.choices[0].text, f"flat after a disconnect: {r.choices[0].text!r}")
