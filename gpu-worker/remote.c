@@ -92,6 +92,13 @@ static int remote_check(const ra_remote *r, ra_error *err) {
 
 static void sleep_ms(unsigned ms) { uv_sleep(ms); }
 
+/* The options of every connection to a store: the caller's security, the remote's deadline. */
+static ra_kvclient_options store_options(const ra_remote *r) {
+  ra_kvclient_options o = r->cfg.client;
+  o.timeout_ms = r->cfg.timeout_ms;
+  return o;
+}
+
 /* Connects to store s and reattaches its session (a store restarted from --data-dir, or a
  * connection that broke), retrying for up to cfg.reconnect_ms. s->held gets the rows the store
  * reports. */
@@ -101,8 +108,7 @@ static int store_reconnect(ra_remote *r, remote_store *s, ra_error *err) {
   if (s->client) ra_kvclient_close(s->client);
   s->client = NULL;
   uint64_t t0 = uv_hrtime(), limit = (uint64_t)r->cfg.reconnect_ms * 1000000u;
-  ra_kvclient_options opt = r->cfg.client;
-  opt.timeout_ms = r->cfg.timeout_ms;
+  ra_kvclient_options opt = store_options(r);
   int rc;
   do {
     int serving = 0;
@@ -210,8 +216,7 @@ static int store_open(ra_remote *r, remote_store *s, const ra_remote_session *re
   }
   ra_kvclient_geometry geo = {p->n_layers, p->n_q_heads, p->n_kv_heads, r->head_dim, r->cfg.dtype};
   int serving = 0;
-  ra_kvclient_options opt = r->cfg.client;
-  opt.timeout_ms = r->cfg.timeout_ms;
+  ra_kvclient_options opt = store_options(r);
   int rc = ra_kvclient_connect(s->addr, &opt, &s->client, err);
   if (rc == RA_OK) rc = ra_kvclient_health(s->client, &serving, err);
   if (rc == RA_OK && !serving) rc = ra_errorf(err, RA_EUNAVAIL, "%s: store is not serving", s->addr);
@@ -543,8 +548,7 @@ static int store_restore(ra_remote *r, size_t i, const char *addr, ra_error *err
   remote_store *s = &r->stores[i];
   const ra_offload_plan *p = r->plan;
   ra_kvclient_geometry geo = s->session.geo;
-  ra_kvclient_options opt = r->cfg.client;
-  opt.timeout_ms = r->cfg.timeout_ms;
+  ra_kvclient_options opt = store_options(r);
   ra_kvclient *c = NULL;
   ra_kvclient_session sess;
   ra_kvclient_stream *stream = NULL;
