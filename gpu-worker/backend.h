@@ -59,6 +59,14 @@ typedef struct ra_token_range {
   int64_t begin, end;
 } ra_token_range;
 
+/* One sequence of attn_decode_batch: q [1, n_q_heads, head_dim] or [n_q_heads, head_dim] over
+ * cache rows [0, n) (n >= 1); o: [n_q_heads, head_dim], ml: [n_q_heads, 2]. */
+typedef struct ra_attn_decode_item {
+  const ra_tensor *q, *k_cache, *v_cache;
+  int64_t n;
+  ra_tensor *o, *ml;
+} ra_attn_decode_item;
+
 /* Wave index (RetroInfer): the offloaded keys of each (layer, kv head) are clustered, and a
  * decode step splits the clusters into a retrieval zone (exact attention over the clusters'
  * rows, at the kv-stores) and an estimation zone (approximated on the device, no KV read).
@@ -140,6 +148,11 @@ typedef struct ra_backend_ops {
   int (*attn_decode)(ra_backend *be, const ra_tensor *q, const ra_tensor *k_cache, const ra_tensor *v_cache,
                      const ra_token_range *ranges, int n_ranges, float scale, ra_tensor *o, ra_tensor *ml,
                      ra_error *err);
+  /* attn_decode of several sequences at once, item i one query over its cache rows [0, n_i),
+   * all of one geometry and dtype (a batched decode step: one launch on a GPU, not one per
+   * sequence). items: host [n_items] */
+  int (*attn_decode_batch)(ra_backend *be, const ra_attn_decode_item *items, int n_items, float scale,
+                           ra_error *err);
   /* Exact merge of partials, per head: (o_acc, ml_acc) <- merge((o_acc, ml_acc), (o, ml)).
    * o_acc, o: [n_heads, head_dim], ml_acc, ml: [n_heads, 2] */
   int (*attn_merge)(ra_backend *be, ra_tensor *o_acc, ra_tensor *ml_acc, const ra_tensor *o, const ra_tensor *ml,

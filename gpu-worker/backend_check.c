@@ -91,6 +91,28 @@ int ra_backend_check_attn_decode(const char *be_name, const ra_tensor *q, const 
   return RA_OK;
 }
 
+int ra_backend_check_attn_decode_batch(const char *be_name, const ra_attn_decode_item *items, int n_items,
+                                       ra_error *err) {
+  const char *op = "attn_decode_batch";
+  if (n_items < 1 || !items) return ra_errorf(err, RA_EINVAL, "%s %s: no sequences", be_name, op);
+  for (int i = 0; i < n_items; i++) {
+    const ra_attn_decode_item *it = &items[i], *i0 = &items[0];
+    if (!it->q || !it->k_cache || !it->v_cache || !it->o || !it->ml)
+      return ra_errorf(err, RA_EINVAL, "%s %s: sequence %d has a missing tensor", be_name, op, i);
+    if (it->k_cache->ndim != 3 || it->n < 1 || it->n > it->k_cache->shape[0])
+      return ra_errorf(err, RA_EINVAL, "%s %s: sequence %d: %lld rows of a cache that is not [n_ctx >= them, "
+                       "n_kv_heads, head_dim]", be_name, op, i, (long long)it->n);
+    if (i > 0 && (nelem(it->q) != nelem(i0->q) || it->k_cache->dtype != i0->k_cache->dtype ||
+                  it->k_cache->shape[1] != i0->k_cache->shape[1] || it->k_cache->shape[2] != i0->k_cache->shape[2]))
+      return ra_errorf(err, RA_EINVAL, "%s %s: sequence %d's geometry or cache dtype differs from sequence 0's",
+                       be_name, op, i);
+    ra_token_range all = {0, it->n};
+    int rc = ra_backend_check_attn_decode(be_name, it->q, it->k_cache, it->v_cache, &all, 1, it->o, it->ml, err);
+    if (rc) return rc;
+  }
+  return RA_OK;
+}
+
 int ra_backend_check_attn_merge(const char *be_name, const ra_tensor *o_acc, const ra_tensor *ml_acc,
                                 const ra_tensor *o, const ra_tensor *ml, ra_error *err) {
   const char *op = "attn_merge";

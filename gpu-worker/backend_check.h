@@ -24,6 +24,10 @@ int ra_backend_check_attn_prefill(const char *be_name, const ra_tensor *q, const
 int ra_backend_check_attn_decode(const char *be_name, const ra_tensor *q, const ra_tensor *kc,
                                  const ra_tensor *vc, const ra_token_range *ranges, int n_ranges,
                                  const ra_tensor *o, const ra_tensor *ml, ra_error *err);
+/* attn_decode_batch: at least one item, each a valid attn_decode over [0, n), all with item 0's
+ * geometry and cache dtype. */
+int ra_backend_check_attn_decode_batch(const char *be_name, const ra_attn_decode_item *items, int n_items,
+                                       ra_error *err);
 
 /* o_acc, ml_acc, o, ml all F32; ml and ml_acc [n_heads, 2]; o and o_acc as many elements, a
  * whole number per head. */

@@ -556,6 +556,17 @@ static int cpu_attn_decode(ra_backend *be, const ra_tensor *q, const ra_tensor *
   return RA_OK;
 }
 
+static int cpu_attn_decode_batch(ra_backend *be, const ra_attn_decode_item *items, int n_items, float scale,
+                                 ra_error *err) {
+  int rc = ra_backend_check_attn_decode_batch("cpu", items, n_items, err);
+  for (int i = 0; rc == RA_OK && i < n_items; i++) {
+    ra_token_range all = {0, items[i].n};
+    rc = cpu_attn_decode(be, items[i].q, items[i].k_cache, items[i].v_cache, &all, 1, scale, items[i].o, items[i].ml,
+                         err);
+  }
+  return rc;
+}
+
 static int cpu_attn_merge(ra_backend *be, ra_tensor *o_acc, ra_tensor *ml_acc, const ra_tensor *o, const ra_tensor *ml,
                           ra_error *err) {
   int rc = ra_backend_check_attn_merge("cpu", o_acc, ml_acc, o, ml, err);
@@ -644,6 +655,7 @@ static const ra_backend_ops cpu_ops = {
     .swiglu = cpu_swiglu,
     .attn_prefill = cpu_attn_prefill,
     .attn_decode = cpu_attn_decode,
+    .attn_decode_batch = cpu_attn_decode_batch,
     .attn_merge = cpu_attn_merge,
     .topk_rows = cpu_topk_rows,
     .cluster_keys = ra_cpu_cluster_keys,

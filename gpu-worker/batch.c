@@ -9,7 +9,9 @@ struct ra_batch {
   int64_t max_tokens;
   int max_items;
   ra_tensor x, xn, q, k, v, att, gate, up; /* [max_tokens, ...] */
-  ra_tensor ml;                            /* [n_heads, 2]: the decode kernel's (m, l), unused */
+  ra_tensor ml;                            /* [max_items * n_heads, 2]: the decode kernel's (m, l), unused */
+  ra_attn_decode_item *dec;                /* [max_items]: a layer's one-token items, attended together */
+  ra_tensor *dec_q, *dec_o, *dec_ml;       /* [max_items] each: their views of q, att and ml */
   ra_tensor last, last_n;                  /* [max_items, dim]: the items' last rows, normed */
   ra_tensor logits;                        /* [max_items, vocab] */
   int32_t *tokens;                         /* [max_tokens] host */
@@ -20,6 +22,8 @@ void ra_batch_free(ra_batch *b) {
   ra_tensor *all[] = {&b->x, &b->xn, &b->q, &b->k, &b->v, &b->att, &b->gate, &b->up, &b->ml, &b->last, &b->last_n, &b->logits};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) ra_tensor_free(all[i]);
   free(b->tokens);
+  free(b->dec);
+  free(b->dec_q);
   free(b);
 }
 
@@ -34,9 +38,11 @@ int ra_batch_new(const ra_model *m, int64_t max_tokens, int max_items, ra_batch 
   b->max_items = max_items;
   int64_t t = max_tokens;
   int64_t sx[2] = {t, c->dim}, sq[3] = {t, c->n_heads, c->head_dim}, skv[3] = {t, c->n_kv_heads, c->head_dim},
-          sf[2] = {t, c->ffn_dim}, sml[2] = {c->n_heads, 2}, sl[2] = {max_items, c->dim}, slg[2] = {max_items, c->vocab};
+          sf[2] = {t, c->ffn_dim}, sml[2] = {(int64_t)max_items * c->n_heads, 2}, sl[2] = {max_items, c->dim}, slg[2] = {max_items, c->vocab};
   int rc;
-  if (!(b->tokens = malloc(sizeof(int32_t) * (size_t)t))) rc = ra_errorf(err, RA_ENOMEM, "batch: out of memory");
+  if (!(b->tokens = malloc(sizeof(int32_t) * (size_t)t)) || !(b->dec = calloc((size_t)max_items, sizeof *b->dec)) ||
+      !(b->dec_q = calloc(3 * (size_t)max_items, sizeof *b->dec_q)))
+    rc = ra_errorf(err, RA_ENOMEM, "batch: out of memory");
   else if ((rc = ra_tensor_new(m->be, &b->x, RA_DTYPE_F32, 2, sx, err)) ||
            (rc = ra_tensor_new(m->be, &b->xn, RA_DTYPE_F32, 2, sx, err)) ||
            (rc = ra_tensor_new(m->be, &b->q, RA_DTYPE_F32, 3, sq, err)) ||
@@ -54,15 +60,18 @@ int ra_batch_new(const ra_model *m, int64_t max_tokens, int max_items, ra_batch 
     ra_batch_free(b);
     return rc;
   }
+  b->dec_o = b->dec_q + max_items;
+  b->dec_ml = b->dec_q + 2 * (size_t)max_items;
   *out = b;
   return RA_OK;
 }
 
 const ra_tensor *ra_batch_logits(const ra_batch *b) { return &b->logits; }
 
-/* Layer l's attention part for item it (rows [r0, r0 + n) of the step): RoPE, cache rows,
- * attention over the item's cache. */
-static int item_attend(ra_batch *b, const ra_batch_item *it, int64_t r0, int l, ra_error *err) {
+/* Layer l's attention part for item it (rows [r0, r0 + n) of the step): RoPE, cache rows, and
+ * for a prompt chunk its attention; a one-token item is queued in b->dec (n_dec of them so far)
+ * for the layer's one batched decode. */
+static int item_attend(ra_batch *b, const ra_batch_item *it, int64_t r0, int l, int *n_dec, ra_error *err) {
   const ra_model_config *c = &b->m->cfg;
   ra_backend *be = b->m->be;
   ra_state *st = it->st;
@@ -73,8 +82,13 @@ static int item_attend(ra_batch *b, const ra_batch_item *it, int64_t r0, int l, 
                                &st->v_cache[l], st->pos, err);
   if (rc) return rc;
   if (it->n == 1) {
-    ra_token_range all = {0, st->pos + 1};
-    return be->ops->attn_decode(be, &q, &st->k_cache[l], &st->v_cache[l], &all, 1, scale, &att, &b->ml, err);
+    b->dec_q[*n_dec] = q;
+    b->dec_o[*n_dec] = att;
+    b->dec_ml[*n_dec] = ra_tensor_rows(&b->ml, (int64_t)*n_dec * c->n_heads, c->n_heads);
+    b->dec[*n_dec] = (ra_attn_decode_item){&b->dec_q[*n_dec], &st->k_cache[l], &st->v_cache[l], st->pos + 1,
+                                           &b->dec_o[*n_dec], &b->dec_ml[*n_dec]};
+    (*n_dec)++;
+    return RA_OK;
   }
   return be->ops->attn_prefill(be, &q, &st->k_cache[l], &st->v_cache[l], st->pos, scale, &att, err);
 }
@@ -106,12 +120,14 @@ int ra_batch_forward(ra_batch *b, const ra_batch_item *items, int n_items, ra_er
     const ra_tensor *bs[3] = {c->qkv_bias ? &w->bq : NULL, c->qkv_bias ? &w->bk : NULL, c->qkv_bias ? &w->bv : NULL};
     ra_tensor *ys[3] = {&q, &k, &v};
     rc = op->norm_matmul(be, &x, &w->attn_norm, c->norm_eps, &xn, 3, ws, bs, ys, err);
+    int n_dec = 0;
     for (int64_t i = 0, r0 = 0; rc == RA_OK && i < n_items; r0 += items[i].n, i++) {
       const ra_batch_item *it = &items[i];
       ra_tensor qi = ra_tensor_rows(&b->q, r0, it->n), ki = ra_tensor_rows(&b->k, r0, it->n),
                 vi = ra_tensor_rows(&b->v, r0, it->n);
-      rc = it->attn ? it->attn->begin(it->attn->ctx, l, &qi, &ki, &vi, err) : item_attend(b, it, r0, l, err);
+      rc = it->attn ? it->attn->begin(it->attn->ctx, l, &qi, &ki, &vi, err) : item_attend(b, it, r0, l, &n_dec, err);
     }
+    if (rc == RA_OK && n_dec > 0) rc = op->attn_decode_batch(be, b->dec, n_dec, 1.0f / sqrtf((float)c->head_dim), err);
     for (int64_t i = 0, r0 = 0; rc == RA_OK && i < n_items; r0 += items[i].n, i++) {
       const ra_batch_item *it = &items[i];
       ra_tensor qi = ra_tensor_rows(&b->q, r0, it->n), atti = ra_tensor_rows(&b->att, r0, it->n);

@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """Aggregate decode throughput of a running `gpu-worker serve` against concurrent streams.
 
-For each concurrency C (--concurrency 1,4,16,32), C streaming /v1/completions requests start at
-once, each with a distinct prompt of about --prompt-tokens tokens (prefix reuse off: the prompts
-differ from their first word) and --max-tokens greedy tokens (stop ignored by asking for
-digits). Per level: aggregate decode tok/s = tokens streamed after each stream's first token /
-(last token time - first first-token time), TTFT and inter-token p50 / p99. JSON on stdout and
-in --json.
+Per concurrency C (--concurrency 1,4,16,32), two phases of C streaming /v1/completions requests
+started at once, each sequence with its own prompt of about --prompt-tokens tokens (distinct
+from their first word, and between levels):
+  prefill: each prompt with max_tokens 1: the time to first token of C prompts arriving together;
+  decode:  each prompt again plus a short suffix, --max-tokens greedy tokens: the server reuses the
+           context it just built (usage.cached_tokens), so all C sequences decode together.
+Reported per level: the decode phase's aggregate tok/s over the span where all C streams were
+decoding (from the last stream's first token to the first stream's last token) and over the
+whole phase, inter-token p50 / p99, and both phases' TTFT p50 / p99. JSON on stdout and --json.
   serve_bench.py --url http://127.0.0.1:8000 --model m [--concurrency 1,4,16,32]
-                 [--prompt-tokens 32768] [--max-tokens 128] [--json out.json]"""
+                 [--prompt-tokens 32768] [--max-tokens 128] [--label TEXT] [--json out.json]"""
 import argparse
 import http.client
 import json
@@ -16,6 +19,12 @@ import statistics
 import threading
 import time
 import urllib.parse
+
+WORDS = ("time year people way day man thing woman life child world school state family student "
+         "group country problem hand part place case week company system program question work "
+         "government number night point home water room mother area money story fact month lot "
+         "right study book eye job word business issue side kind head house service friend father "
+         "power hour game line end member law car city community name president team minute idea").split()
 
 
 def pct(xs, q):
@@ -25,10 +34,19 @@ def pct(xs, q):
     return xs[min(len(xs) - 1, int(q * (len(xs) - 1) + 0.5))]
 
 
-def stream(url, model, prompt, max_tokens, out):
+def prompt(tag, n_words):
+    x = sum(map(ord, tag)) * 2654435761 % 2**32
+    out = [tag + ":"]
+    for _ in range(n_words):
+        x = (x * 1103515245 + 12345) % 2**31
+        out.append(WORDS[x % len(WORDS)])
+    return " ".join(out)
+
+
+def stream(url, model, text, max_tokens, out):
     u = urllib.parse.urlparse(url)
     c = http.client.HTTPConnection(u.hostname, u.port, timeout=3600)
-    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+    body = json.dumps({"model": model, "prompt": text, "max_tokens": max_tokens, "temperature": 0,
                        "stream": True, "stream_options": {"include_usage": True}})
     t0 = time.perf_counter()
     c.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
@@ -49,28 +67,45 @@ def stream(url, model, prompt, max_tokens, out):
     out.update(t0=t0, times=times, usage=usage)
 
 
-def level(args, n):
-    words = max(1, args.prompt_tokens // 2)
-    prompts = [f"Sequence {i}: " + " ".join(str((i * 7919 + j) % 1000) for j in range(words)) + " Continue:"
-               for i in range(n)]
-    outs = [{} for _ in range(n)]
-    th = [threading.Thread(target=stream, args=(args.url, args.model, p, args.max_tokens, o)) for p, o in zip(prompts, outs)]
+def together(args, texts, max_tokens):
+    outs = [{} for _ in texts]
+    th = [threading.Thread(target=stream, args=(args.url, args.model, t, max_tokens, o)) for t, o in zip(texts, outs)]
     for t in th:
         t.start()
     for t in th:
         t.join()
-    errors = [o["error"] for o in outs if "error" in o]
+    return outs
+
+
+def ttft(outs):
+    return [o["times"][0] - o["t0"] for o in outs if o.get("times")]
+
+
+def level(args, n, words):
+    prompts = [prompt(f"L{n}S{i}", words) for i in range(n)]
+    warm = together(args, prompts, 1)
+    outs = together(args, [p + " Go on:" for p in prompts], args.max_tokens)
+    errors = [o["error"] for o in warm + outs if "error" in o]
     ok = [o for o in outs if o.get("times")]
-    ttft = [o["times"][0] - o["t0"] for o in ok]
     gaps = [b - a for o in ok for a, b in zip(o["times"], o["times"][1:])]
     decoded = sum(len(o["times"]) - 1 for o in ok)
     span = max(o["times"][-1] for o in ok) - min(o["times"][0] for o in ok) if ok else 0
+    # all C decoding: from the last first token to the first last token
+    a = max(o["times"][0] for o in ok) if ok else 0
+    b = min(o["times"][-1] for o in ok) if ok else 0
+    inside = sum(1 for o in ok for t in o["times"] if a < t <= b)
+    usage = [o["usage"] for o in ok if o.get("usage")]
+    ttft_w, ttft_d = ttft(warm), ttft(ok)
     return {"concurrency": n, "completed": len(ok), "errors": errors[:3],
-            "prompt_tokens": [o["usage"]["prompt_tokens"] for o in ok if o.get("usage")][:1],
-            "generated_tokens": decoded + len(ok), "decode_tok_s": decoded / span if span > 0 else None,
-            "ttft_p50_s": pct(ttft, 0.5), "ttft_p99_s": pct(ttft, 0.99),
+            "prompt_tokens": usage[0]["prompt_tokens"] if usage else None,
+            "cached_tokens": (usage[0].get("prompt_tokens_details") or {}).get("cached_tokens") if usage else None,
+            "generated_tokens": decoded + len(ok),
+            "decode_tok_s_all_running": inside / (b - a) if b > a and len(ok) == n else None,
+            "decode_tok_s": decoded / span if span > 0 else None,
             "inter_token_p50_s": pct(gaps, 0.5), "inter_token_p99_s": pct(gaps, 0.99),
-            "inter_token_mean_s": statistics.mean(gaps) if gaps else None}
+            "inter_token_mean_s": statistics.mean(gaps) if gaps else None,
+            "prefill_ttft_p50_s": pct(ttft_w, 0.5), "prefill_ttft_p99_s": pct(ttft_w, 0.99),
+            "reuse_ttft_p50_s": pct(ttft_d, 0.5), "reuse_ttft_p99_s": pct(ttft_d, 0.99)}
 
 
 def main():
@@ -83,8 +118,15 @@ def main():
     ap.add_argument("--label", default="", help="recorded as is (e.g. the host, mode and build)")
     ap.add_argument("--json")
     args = ap.parse_args()
+    # the tokenizer's tokens per word, from one short request (also the server's warm-up)
+    probe = together(args, [prompt("calibrate", 1000)], 1)[0]
+    if "error" in probe or not probe.get("usage"):
+        raise SystemExit(f"serve_bench: the calibration request failed: {probe.get('error', 'no usage')}")
+    per_word = probe["usage"]["prompt_tokens"] / 1001
+    words = max(1, int(args.prompt_tokens / per_word))
     res = {"label": args.label, "url": args.url, "model": args.model, "prompt_tokens_asked": args.prompt_tokens,
-           "max_tokens": args.max_tokens, "levels": [level(args, int(c)) for c in args.concurrency.split(",")]}
+           "max_tokens": args.max_tokens, "tokens_per_word": round(per_word, 3),
+           "levels": [level(args, int(c), words) for c in args.concurrency.split(",")]}
     text = json.dumps(res, indent=1)
     print(text)
     if args.json:

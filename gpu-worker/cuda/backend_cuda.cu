@@ -605,6 +605,66 @@ int cu_attn_decode(ra_backend *be, const ra_tensor *q, const ra_tensor *kc, cons
   return RA_OK;
 }
 
+/* One launch for the batch where the warp kernels apply (else one attn_decode per sequence). The
+ * sequences share the GPU, so each is planned with its share of about four waves of SMs: fewer,
+ * longer splits than alone, and less to reduce. */
+int cu_attn_decode_batch(ra_backend *be, const ra_attn_decode_item *items, int n_items, float scale,
+                         ra_error *err) {
+  int rc = ra_backend_check_attn_decode_batch("cuda", items, n_items, err);
+  if (rc) return rc;
+  const ra_tensor *q0 = items[0].q, *k0 = items[0].k_cache;
+  int64_t hd = last_dim(q0), hq = (int64_t)nelem(q0) / hd, hkv = k0->shape[1];
+  if ((rc = check_attn_geometry("attn_decode_batch", hq, hkv, hd, err))) return rc;
+  for (int i = 0; i < n_items; i++)
+    if ((rc = check_caches(items[i].k_cache, items[i].v_cache, "attn_decode_batch", err))) return rc;
+  if (n_items == 1 || !ra_cuda_decode_batch_ok((int)(hq / hkv), (int)hd, k0->dtype)) {
+    for (int i = 0; rc == RA_OK && i < n_items; i++) {
+      ra_token_range all = {0, items[i].n};
+      rc = cu_attn_decode(be, items[i].q, items[i].k_cache, items[i].v_cache, &all, 1, scale, items[i].o,
+                          items[i].ml, err);
+    }
+    return rc;
+  }
+  cuda_impl *im = impl_of(be);
+  ra_cuda_decode_item *it = (ra_cuda_decode_item *)calloc((size_t)n_items, sizeof *it);
+  if (!it) return ra_errorf(err, RA_ENOMEM, "cuda attn_decode_batch: no host memory for %d sequences", n_items);
+  int share = 4 * im->n_sm / (n_items < RA_CUDA_DECODE_BATCH ? n_items : RA_CUDA_DECODE_BATCH);
+  share = share < 1 ? 1 : share > im->n_sm ? im->n_sm : share;
+  size_t floats = 0;
+  for (int i = 0; i < n_items; i++) {
+    ra_cuda_decode_plan(items[i].n, (int)hkv, (int)(hq / hkv), (int)hd, k0->dtype, share, &it[i].n_splits,
+                        &it[i].chunk);
+    if (it[i].n_splits > 1) floats += (size_t)it[i].n_splits * (size_t)hq * (size_t)(hd + 2);
+  }
+  /* every sequence its own scratch: the launches of a long batch then need no ordering */
+  if ((rc = grow(&im->part, floats * sizeof(float), "attn_decode_batch", err))) {
+    free(it);
+    return rc;
+  }
+  float *part = (float *)im->part.p;
+  for (int i = 0; i < n_items; i++) {
+    it[i].q = (const float *)items[i].q->data;
+    it[i].kc = items[i].k_cache->data;
+    it[i].vc = items[i].v_cache->data;
+    it[i].o = (float *)items[i].o->data;
+    it[i].ml = (float *)items[i].ml->data;
+    it[i].total = items[i].n;
+    if (it[i].n_splits > 1) {
+      it[i].part_o = part;
+      it[i].part_ml = part + (size_t)it[i].n_splits * (size_t)hq * (size_t)hd;
+      part += (size_t)it[i].n_splits * (size_t)hq * (size_t)(hd + 2);
+    }
+  }
+  cudaError_t e = cudaSuccess;
+  for (int b = 0; b < n_items && e == cudaSuccess; b += RA_CUDA_DECODE_BATCH) {
+    int n = n_items - b < RA_CUDA_DECODE_BATCH ? n_items - b : RA_CUDA_DECODE_BATCH;
+    e = ra_cuda_attn_decode_batch(im->stream, k0->dtype, (int)hq, (int)hkv, (int)hd, scale, it + b, n);
+  }
+  free(it);
+  if (e != cudaSuccess) return cuda_fail(err, "attn_decode_batch", "ra_cuda_attn_decode_batch", e);
+  return RA_OK;
+}
+
 int cu_attn_merge(ra_backend *be, ra_tensor *o_acc, ra_tensor *ml_acc, const ra_tensor *o, const ra_tensor *ml,
                   ra_error *err) {
   int rc = ra_backend_check_attn_merge("cuda", o_acc, ml_acc, o, ml, err);
@@ -715,6 +775,7 @@ ra_backend_ops make_ops() {
   o.swiglu = cu_swiglu;
   o.attn_prefill = cu_attn_prefill;
   o.attn_decode = cu_attn_decode;
+  o.attn_decode_batch = cu_attn_decode_batch;
   o.attn_merge = cu_attn_merge;
   o.topk_rows = cu_topk_rows;
   o.cluster_keys = cu_cluster_keys;

@@ -177,10 +177,9 @@ __global__ void __launch_bounds__(kDecThreads) attn_split_kernel(split_args a) {
  * interleaved chains (one per warp) of 4 independent accumulators each, so that reads overlap. */
 constexpr int kRedThreads = 256;
 
-__global__ void __launch_bounds__(kRedThreads) attn_reduce_kernel(const float *__restrict__ part_o,
-                                                                  const float *__restrict__ part_ml, int n_splits,
-                                                                  int hq, int hd, float *__restrict__ o,
-                                                                  float *__restrict__ ml) {
+__device__ __forceinline__ void reduce_body(const float *__restrict__ part_o, const float *__restrict__ part_ml,
+                                            int n_splits, int hq, int hd, float *__restrict__ o,
+                                            float *__restrict__ ml) {
   __shared__ float w[RA_CUDA_MAX_SPLITS];
   __shared__ float red[kRedThreads];
   ra_cuda_pdl_entry();
@@ -235,6 +234,25 @@ __global__ void __launch_bounds__(kRedThreads) attn_reduce_kernel(const float *_
     ml[2 * h] = mx;
     ml[2 * h + 1] = l;
   }
+}
+
+__global__ void __launch_bounds__(kRedThreads) attn_reduce_kernel(const float *__restrict__ part_o,
+                                                                  const float *__restrict__ part_ml, int n_splits,
+                                                                  int hq, int hd, float *__restrict__ o,
+                                                                  float *__restrict__ ml) {
+  reduce_body(part_o, part_ml, n_splits, hq, hd, o, ml);
+}
+
+struct reduce_batch_args {
+  ra_cuda_decode_item it[RA_CUDA_DECODE_BATCH];
+};
+
+/* blockIdx.z: the item; items written whole by the decode kernel (one split) have no reduce */
+__global__ void __launch_bounds__(kRedThreads) attn_reduce_batch_kernel(const __grid_constant__ reduce_batch_args b,
+                                                                        int hq, int hd) {
+  const ra_cuda_decode_item &it = b.it[blockIdx.z];
+  if (it.n_splits <= 1) return;
+  reduce_body(it.part_o, it.part_ml, it.n_splits, hq, hd, it.o, it.ml);
 }
 
 /* The partial of an empty token set: m = -inf, l = 0, o = 0. */
@@ -312,6 +330,14 @@ cudaError_t ra_cuda_attn_reduce(cudaStream_t s, const float *part_o, const float
                                 float *o, float *ml) {
   return ra_cuda_launch(attn_reduce_kernel, dim3((unsigned)hq, (unsigned)((hd + 31) / 32)), kRedThreads, 0, s, part_o,
                         part_ml, n_splits, hq, hd, o, ml);
+}
+
+cudaError_t ra_cuda_attn_reduce_batch(cudaStream_t s, const ra_cuda_decode_item *items, int n, int hq, int hd) {
+  if (n < 1 || n > RA_CUDA_DECODE_BATCH) return cudaErrorInvalidValue;
+  reduce_batch_args b = {};
+  for (int i = 0; i < n; i++) b.it[i] = items[i];
+  return ra_cuda_launch(attn_reduce_batch_kernel, dim3((unsigned)hq, (unsigned)((hd + 31) / 32), (unsigned)n),
+                        kRedThreads, 0, s, b, hq, hd);
 }
 
 cudaError_t ra_cuda_attn_decode_split(cudaStream_t s, const float *q, const void *kc, const void *vc, int kv_dtype,

@@ -71,8 +71,7 @@ __device__ __forceinline__ void stage_ranges(const ra_cuda_ranges &r, range_tabl
 
 /* HD: head_dim; G: register capacity in q heads (group <= G). Warp w of block (x, split)
  * is kv head x * kWarps + w. */
-template <typename KT, int HD, int G>
-__global__ void __launch_bounds__(kWarps * 32, kMinBlocks) attn_decode_warp_kernel(warp_args a) {
+template <typename KT, int HD, int G> __device__ __forceinline__ void warp_body(const warp_args &a) {
   constexpr int LPT = HD / 8;       /* lanes per token: 16 bytes of the row each */
   constexpr int TPW = 32 / LPT;     /* tokens per warp and step */
   constexpr int U = G <= 4 ? 8 : 2; /* steps per round: U * 2 16-byte loads in flight per lane */
@@ -210,8 +209,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) attn_decode_warp_kern
  * [sub * HD / 8, (sub + 1) * HD / 8). (A variant that streamed K and V through a 4-deep
  * cp.async ring in shared memory, to overlap a round's loads with the previous round's math,
  * measured slower on the H200: bench/results/defaults/README.md.) */
-template <typename KT, int HD>
-__global__ void __launch_bounds__(kWarps * 32, kMinBlocksG4) attn_decode_g4_kernel(warp_args a) {
+template <typename KT, int HD> __device__ __forceinline__ void g4_body(const warp_args &a) {
   constexpr int DPL = HD / 8;             /* dims per lane */
   constexpr int NV = DPL / 8;             /* 16-byte loads per lane and row */
   constexpr int TPS = 4;                  /* tokens per warp and step */
@@ -379,6 +377,66 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksG4) attn_decode_g4_kern
   }
 }
 
+template <typename KT, int HD, int G>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks) attn_decode_warp_kernel(warp_args a) {
+  warp_body<KT, HD, G>(a);
+}
+
+template <typename KT, int HD>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocksG4) attn_decode_g4_kernel(warp_args a) {
+  g4_body<KT, HD>(a);
+}
+
+/* Batched decode: blockIdx.z is the sequence, each over its cache rows [0, total) with its own
+ * splits; blocks past a sequence's splits have nothing to do. One launch for a step's batch
+ * instead of one per sequence: at 32K tokens a sequence's layer is ~40 us of DRAM time, close
+ * to a launch's ramp-up and tail. */
+struct batch_args {
+  int hq, hkv, group;
+  float scale;
+  ra_cuda_decode_item it[RA_CUDA_DECODE_BATCH];
+};
+
+__device__ __forceinline__ warp_args batch_item_args(const batch_args &b) {
+  const ra_cuda_decode_item &it = b.it[blockIdx.z];
+  warp_args a = {};
+  a.q = it.q;
+  a.kc = it.kc;
+  a.vc = it.vc;
+  a.hq = b.hq;
+  a.hkv = b.hkv;
+  a.group = b.group;
+  a.scale = b.scale;
+  a.r.n = 1;
+  a.r.total = it.total;
+  a.r.start[1] = it.total;
+  a.chunk = it.chunk;
+  a.n_splits = it.n_splits;
+  a.part_o = it.part_o;
+  a.part_ml = it.part_ml;
+  a.o = it.o;
+  a.ml = it.ml;
+  return a;
+}
+
+template <typename KT, int HD, int G>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks) attn_decode_warp_batch_kernel(const __grid_constant__ batch_args b) {
+  if ((int)blockIdx.y >= b.it[blockIdx.z].n_splits) return;
+  warp_body<KT, HD, G>(batch_item_args(b));
+}
+
+template <typename KT, int HD>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocksG4) attn_decode_g4_batch_kernel(const __grid_constant__ batch_args b) {
+  if ((int)blockIdx.y >= b.it[blockIdx.z].n_splits) return;
+  g4_body<KT, HD>(batch_item_args(b));
+}
+
+template <typename KT, int HD>
+cudaError_t launch_batch_hd(cudaStream_t s, dim3 grid, const batch_args &b) {
+  if (b.group <= 4) return ra_cuda_launch(attn_decode_g4_batch_kernel<KT, HD>, grid, kWarps * 32, 0, s, b);
+  return ra_cuda_launch(attn_decode_warp_batch_kernel<KT, HD, 8>, grid, kWarps * 32, 0, s, b);
+}
+
 bool warp_kernel_fits(int group, int hd, int kv_dtype) {
   return (kv_dtype == RA_DTYPE_F16 || kv_dtype == RA_DTYPE_BF16) && (hd == 64 || hd == 128) && group >= 1 &&
          group <= 8;
@@ -446,4 +504,30 @@ cudaError_t ra_cuda_attn_decode(cudaStream_t s, const float *q, const void *kc, 
   cudaError_t e = kv_dtype == RA_DTYPE_F16 ? launch_kt<__half>(s, hd, grid, a) : launch_kt<__nv_bfloat16>(s, hd, grid, a);
   if (e != cudaSuccess || n_splits == 1) return e;
   return ra_cuda_attn_reduce(s, part_o, part_ml, n_splits, hq, hd, o, ml);
+}
+
+int ra_cuda_decode_batch_ok(int group, int hd, int kv_dtype) { return warp_kernel_fits(group, hd, kv_dtype); }
+
+cudaError_t ra_cuda_attn_decode_batch(cudaStream_t s, int kv_dtype, int hq, int hkv, int hd, float scale,
+                                      const ra_cuda_decode_item *items, int n) {
+  if (n < 1 || n > RA_CUDA_DECODE_BATCH || !warp_kernel_fits(hq / hkv, hd, kv_dtype)) return cudaErrorInvalidValue;
+  batch_args b = {};
+  b.hq = hq;
+  b.hkv = hkv;
+  b.group = hq / hkv;
+  b.scale = scale;
+  int max_splits = 0, reduce = 0;
+  for (int i = 0; i < n; i++) {
+    if (items[i].n_splits < 1) return cudaErrorInvalidValue;
+    b.it[i] = items[i];
+    max_splits = items[i].n_splits > max_splits ? items[i].n_splits : max_splits;
+    reduce |= items[i].n_splits > 1;
+  }
+  const dim3 grid((unsigned)((hkv + kWarps - 1) / kWarps), (unsigned)max_splits, (unsigned)n);
+  cudaError_t e = kv_dtype == RA_DTYPE_F16 ? (hd == 64 ? launch_batch_hd<__half, 64>(s, grid, b)
+                                                       : launch_batch_hd<__half, 128>(s, grid, b))
+                                           : (hd == 64 ? launch_batch_hd<__nv_bfloat16, 64>(s, grid, b)
+                                                       : launch_batch_hd<__nv_bfloat16, 128>(s, grid, b));
+  if (e != cudaSuccess || !reduce) return e;
+  return ra_cuda_attn_reduce_batch(s, items, n, hq, hd);
 }

@@ -252,6 +252,23 @@ cudaError_t ra_cuda_attn_decode_split(cudaStream_t s, const float *q, const void
 cudaError_t ra_cuda_attn_reduce(cudaStream_t s, const float *part_o, const float *part_ml, int n_splits, int hq, int hd,
                                 float *o, float *ml);
 cudaError_t ra_cuda_attn_empty(cudaStream_t s, int hq, int hd, float *o, float *ml);
+/* Batched decode: up to RA_CUDA_DECODE_BATCH sequences of one geometry in one launch, each one
+ * query over its cache rows [0, total) (total >= 1) with its own plan (n_splits >= 1, chunk)
+ * and scratch; for the geometries of the warp kernels (ra_cuda_decode_batch_ok). */
+#define RA_CUDA_DECODE_BATCH 32
+typedef struct ra_cuda_decode_item {
+  const float *q;          /* [hq, hd] */
+  const void *kc, *vc;     /* [n_ctx, hkv, hd] */
+  float *part_o, *part_ml; /* [n_splits, hq, hd], [n_splits, hq, 2] when n_splits > 1 */
+  float *o, *ml;           /* [hq, hd], [hq, 2] */
+  int64_t total, chunk;
+  int n_splits;
+} ra_cuda_decode_item;
+int ra_cuda_decode_batch_ok(int group, int hd, int kv_dtype);
+cudaError_t ra_cuda_attn_decode_batch(cudaStream_t s, int kv_dtype, int hq, int hkv, int hd, float scale,
+                                      const ra_cuda_decode_item *items, int n);
+/* The reduce of every item with n_splits > 1 (blockIdx.z the item). */
+cudaError_t ra_cuda_attn_reduce_batch(cudaStream_t s, const ra_cuda_decode_item *items, int n, int hq, int hd);
 
 /* Top-k of every row, descending, ties to the lower index.  x: [n, m] F32 (device),
  * idx, val: device [n, k]. k <= RA_CUDA_TOPK_MAX. */

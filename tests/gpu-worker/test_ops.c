@@ -374,6 +374,49 @@ static void test_attn_decode_partials_merge(void **state) {
   for (int i = 0; i < 4; i++) ra_tensor_free(outs[i]);
 }
 
+/* attn_decode_batch: each sequence's partial is its own attn_decode over [0, n); sequences of
+ * another geometry, or past their cache, are refused. */
+static void test_attn_decode_batch(void **state) {
+  (void)state;
+  int64_t hq = 8, hkv = 2, hd = 16, ctx = 300, lens[3] = {1, 77, 300};
+  float scale = 0.25f;
+  ra_tensor q[3], kc[3], vc[3], o[3], ml[3], o1, ml1;
+  float *host[9];
+  ra_attn_decode_item it[3];
+  for (int i = 0; i < 3; i++) {
+    host[3 * i] = rand_tensor(&q[i], RA_DTYPE_F32, 2, (int64_t[]){hq, hd}, 60 + (uint64_t)i);
+    host[3 * i + 1] = rand_tensor(&kc[i], RA_DTYPE_F16, 3, (int64_t[]){ctx, hkv, hd}, 70 + (uint64_t)i);
+    host[3 * i + 2] = rand_tensor(&vc[i], RA_DTYPE_F16, 3, (int64_t[]){ctx, hkv, hd}, 80 + (uint64_t)i);
+    assert_int_equal(ra_tensor_new(be, &o[i], RA_DTYPE_F32, 2, (int64_t[]){hq, hd}, NULL), RA_OK);
+    assert_int_equal(ra_tensor_new(be, &ml[i], RA_DTYPE_F32, 2, (int64_t[]){hq, 2}, NULL), RA_OK);
+    it[i] = (ra_attn_decode_item){&q[i], &kc[i], &vc[i], lens[i], &o[i], &ml[i]};
+  }
+  assert_int_equal(ra_tensor_new(be, &o1, RA_DTYPE_F32, 2, (int64_t[]){hq, hd}, NULL), RA_OK);
+  assert_int_equal(ra_tensor_new(be, &ml1, RA_DTYPE_F32, 2, (int64_t[]){hq, 2}, NULL), RA_OK);
+  assert_int_equal(be->ops->attn_decode_batch(be, it, 3, scale, NULL), RA_OK);
+  for (int i = 0; i < 3; i++) {
+    ra_token_range all = {0, lens[i]};
+    assert_int_equal(be->ops->attn_decode(be, &q[i], &kc[i], &vc[i], &all, 1, scale, &o1, &ml1, NULL), RA_OK);
+    float *a = fetch(&o[i]), *b = fetch(&o1), *am = fetch(&ml[i]), *bm = fetch(&ml1);
+    assert_memory_equal(a, b, sizeof(float) * (size_t)(hq * hd));
+    assert_memory_equal(am, bm, sizeof(float) * (size_t)(hq * 2));
+    free(a), free(b), free(am), free(bm);
+  }
+  ra_error err;
+  it[1].n = ctx + 1;
+  assert_int_equal(be->ops->attn_decode_batch(be, it, 3, scale, &err), RA_EINVAL);
+  it[1].n = lens[1];
+  it[2].k_cache = &q[0]; /* not a cache */
+  assert_int_equal(be->ops->attn_decode_batch(be, it, 3, scale, &err), RA_EINVAL);
+  assert_int_equal(be->ops->attn_decode_batch(be, it, 0, scale, &err), RA_EINVAL);
+  for (int i = 0; i < 9; i++) free(host[i]);
+  for (int i = 0; i < 3; i++) {
+    ra_tensor_free(&q[i]), ra_tensor_free(&kc[i]), ra_tensor_free(&vc[i]);
+    ra_tensor_free(&o[i]), ra_tensor_free(&ml[i]);
+  }
+  ra_tensor_free(&o1), ra_tensor_free(&ml1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_matmul),
@@ -385,6 +428,7 @@ int main(void) {
       cmocka_unit_test(test_topk_rows),
       cmocka_unit_test(test_attn_prefill_matches_naive),
       cmocka_unit_test(test_attn_decode_partials_merge),
+      cmocka_unit_test(test_attn_decode_batch),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -44,7 +44,7 @@ typedef struct result {
   int pass;
 } result;
 
-static result g_res[512];
+static result g_res[1024];
 static int g_nres, g_nfail;
 
 static void report(const char *op, const char *metric, double err, double tol, const char *fmt, ...)
@@ -965,6 +965,74 @@ static void test_attn_decode(void) {
   }
 }
 
+/* The batched decode against the CPU's: sequences of several lengths (one split, many, more
+ * than one launch holds), the g4 and g8 warp kernels, and a geometry that falls back to one
+ * decode per sequence. */
+static void test_attn_decode_batch(void) {
+  ra_error err;
+  static const int64_t lens_a[] = {1, 31, 33, 100, 4097, 32768};
+  static const int64_t lens_b[] = {2000, 5, 70000};
+  static const int64_t lens_c[] = {900, 100, 1};
+  static const int64_t lens_d[] = {50, 300};
+  int64_t lens_e[40];
+  for (int i = 0; i < 40; i++) lens_e[i] = 1 + 97 * i;
+  const struct {
+    int64_t hq, hkv, hd;
+    ra_dtype dt;
+    const int64_t *lens;
+    int n;
+  } cases[] = {
+      {32, 8, 128, RA_DTYPE_BF16, lens_a, 6}, {16, 2, 128, RA_DTYPE_F16, lens_b, 3},
+      {12, 4, 64, RA_DTYPE_BF16, lens_c, 3},  {6, 2, 80, RA_DTYPE_F32, lens_d, 2},
+      {4, 1, 64, RA_DTYPE_F16, lens_e, 40},
+  };
+  for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+    const int64_t hq = cases[ci].hq, hkv = cases[ci].hkv, hd = cases[ci].hd;
+    const int n = cases[ci].n;
+    pair *q = calloc((size_t)n, sizeof *q), *k = calloc((size_t)n, sizeof *k), *v = calloc((size_t)n, sizeof *v),
+         *o = calloc((size_t)n, sizeof *o), *ml = calloc((size_t)n, sizeof *ml);
+    ra_attn_decode_item *ic = calloc((size_t)n, sizeof *ic), *ig = calloc((size_t)n, sizeof *ig);
+    char desc[112];
+    snprintf(desc, sizeof desc, "%d sequences up to T=%lld heads %lld/%lld hd %lld %s", n,
+             (long long)cases[ci].lens[n - 1 > 5 ? 5 : n - 1], (long long)hq, (long long)hkv, (long long)hd,
+             dt_name(cases[ci].dt));
+    int64_t qs[2] = {hq, hd}, ms[2] = {hq, 2};
+    for (int i = 0; i < n; i++) {
+      float *hqv = rand_vec((size_t)(hq * hd), 4.0f);
+      int64_t T = cases[ci].lens[i];
+      int rc = make_caches(&k[i], &v[i], cases[ci].dt, T + 3, hkv, hd, &err);
+      if (rc == RA_OK) rc = pair_new(&q[i], RA_DTYPE_F32, 2, qs, hqv, &err);
+      if (rc == RA_OK) rc = pair_new(&o[i], RA_DTYPE_F32, 2, qs, NULL, &err);
+      if (rc == RA_OK) rc = pair_new(&ml[i], RA_DTYPE_F32, 2, ms, NULL, &err);
+      free(hqv);
+      if (rc) {
+        report_error("attn_decode_batch", desc, &err);
+        goto done;
+      }
+      ic[i] = (ra_attn_decode_item){&q[i].c, &k[i].c, &v[i].c, T, &o[i].c, &ml[i].c};
+      ig[i] = (ra_attn_decode_item){&q[i].g, &k[i].g, &v[i].g, T, &o[i].g, &ml[i].g};
+    }
+    float scale = 1.0f / sqrtf((float)hd);
+    TRY("attn_decode_batch", desc, g_cpu->ops->attn_decode_batch(g_cpu, ic, n, scale, &err));
+    TRY("attn_decode_batch", desc, g_gpu->ops->attn_decode_batch(g_gpu, ig, n, scale, &err));
+    for (int i = 0; i < n; i++) {
+      float *oc = NULL, *og = NULL, *mc = NULL, *mg = NULL;
+      char d2[160];
+      snprintf(d2, sizeof d2, "%s, sequence %d (T=%lld)", desc, i, (long long)cases[ci].lens[i]);
+      if (fetch_pair(&o[i], &oc, &og, &err) == RA_OK && fetch_pair(&ml[i], &mc, &mg, &err) == RA_OK)
+        report_partial("attn_decode_batch", d2, oc, og, mc, mg, hq, hd);
+      else
+        report_error("attn_decode_batch", d2, &err);
+      free(oc), free(og), free(mc), free(mg);
+    }
+  done:
+    for (int i = 0; i < n; i++) {
+      pair_free(&q[i]), pair_free(&k[i]), pair_free(&v[i]), pair_free(&o[i]), pair_free(&ml[i]);
+    }
+    free(q), free(k), free(v), free(o), free(ml), free(ic), free(ig);
+  }
+}
+
 static void test_attn_merge(void) {
   ra_error err;
   const int64_t heads = 12, hd = 64;
@@ -1445,6 +1513,7 @@ int main(int argc, char **argv) {
   test_rope_store();
   test_attn_prefill();
   test_attn_decode();
+  test_attn_decode_batch();
   test_attn_merge();
   test_topk();
   test_wave_cluster();
