@@ -203,7 +203,7 @@ static const ra_opt rows[] = {
     {"build-layers", RA_OPT_INT, AT(off.build_layers), .lo = 1, .hi = RA_OFFLOAD_MAX_BUILD_LAYERS, .meta = "N",
      .help = "index builds of up to N layers in flight at the stores during the prefill", .scope = RUNS},
     {"retro", RA_OPT_INT, AT(off.retro_window), .lo = 0, .hi = RA_OFFLOAD_MAX_RETRO, .meta = "W",
-     .help = "flat / index modes: correct the last W steps' outputs with the keys retrieved later "
+     .help = "flat / index modes / wave: correct the last W steps' outputs with the keys retrieved later "
              "(RetroAttention); 0: off",
      .scope = GEN},
     {"retrieve", RA_OPT_CUSTOM, AT(off.wave.retrieve), .parse = budget_parse, .show = budget_show, .meta = "X",
