@@ -71,6 +71,11 @@ int ra_mode_takes_top_k(ra_mode m) {
   return r && (r->flags & RA_MODE_F_TOP_K);
 }
 
+int ra_mode_takes_retro(ra_mode m) {
+  const mode_row *r = row_of(m);
+  return r && (r->flags & RA_MODE_F_RETRO);
+}
+
 int ra_mode_has_index(ra_mode m) { return ra_mode_index_slot(m) >= 0; }
 
 int ra_mode_index_slot(ra_mode m) {

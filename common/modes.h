@@ -11,6 +11,8 @@
  *            answers a full attend)
  *            RA_MODE_F_TOP_K: a store attends over the top_k keys it picks per q head (an attend
  *            request needs top_k > 0)
+ *            RA_MODE_F_RETRO: retrospective correction (--retro) can supplement past steps with
+ *            what later steps retrieve (docs/architecture.md, "Retrospective correction")
  *     slot   an indexed mode: its index slot in a shard's table, 0 .. RA_MODE_N_INDEXED - 1,
  *            consecutive in row order; -1: the mode needs no index
  *     help   one line for usage text
@@ -26,22 +28,23 @@
 #define RA_MODE_NO_WIRE (-1)
 #define RA_MODE_F_STORES 1u
 #define RA_MODE_F_TOP_K 2u
+#define RA_MODE_F_RETRO 4u
 
 /* clang-format off */
-#define RA_MODE_TABLE(X)                                                                          \
-  X(FULL,      "full",      0,               0,                                   -1,            \
-    "exact attention over every token")                                                           \
-  X(STREAMING, "streaming", RA_MODE_NO_WIRE, 0,                                   -1,            \
-    "sink + window only; evicted tokens are dropped (StreamingLLM)")                              \
-  X(FLAT,      "flat",      1,               RA_MODE_F_STORES | RA_MODE_F_TOP_K,  -1,            \
-    "stores attend over the exact top-k keys by inner product")                                   \
-  X(IVF,       "ivf",       2,               RA_MODE_F_STORES | RA_MODE_F_TOP_K,   0,            \
-    "top-k from k-means lists: the nprobe lists of nearest centroid")                             \
-  X(KGRAPH,    "kgraph",    3,               RA_MODE_F_STORES | RA_MODE_F_TOP_K,   1,            \
-    "top-k from a key-key proximity graph (HNSW-like baseline)")                                  \
-  X(ROAR,      "roar",      4,               RA_MODE_F_STORES | RA_MODE_F_TOP_K,   2,            \
-    "top-k from an attention-aware graph built from prefill queries (RoarGraph)")                 \
-  X(WAVE,      "wave",      5,               RA_MODE_F_STORES,                    -1,            \
+#define RA_MODE_TABLE(X)                                                                               \
+  X(FULL,      "full",      0,               0,                                                   -1, \
+    "exact attention over every token")                                                                \
+  X(STREAMING, "streaming", RA_MODE_NO_WIRE, 0,                                                   -1, \
+    "sink + window only; evicted tokens are dropped (StreamingLLM)")                                   \
+  X(FLAT,      "flat",      1,               RA_MODE_F_STORES | RA_MODE_F_TOP_K | RA_MODE_F_RETRO, -1, \
+    "stores attend over the exact top-k keys by inner product")                                        \
+  X(IVF,       "ivf",       2,               RA_MODE_F_STORES | RA_MODE_F_TOP_K | RA_MODE_F_RETRO,  0, \
+    "top-k from k-means lists: the nprobe lists of nearest centroid")                                  \
+  X(KGRAPH,    "kgraph",    3,               RA_MODE_F_STORES | RA_MODE_F_TOP_K | RA_MODE_F_RETRO,  1, \
+    "top-k from a key-key proximity graph (HNSW-like baseline)")                                       \
+  X(ROAR,      "roar",      4,               RA_MODE_F_STORES | RA_MODE_F_TOP_K | RA_MODE_F_RETRO,  2, \
+    "top-k from an attention-aware graph built from prefill queries (RoarGraph)")                      \
+  X(WAVE,      "wave",      5,               RA_MODE_F_STORES | RA_MODE_F_RETRO,                  -1, \
     "clusters picked on the worker from centroids: exact at the stores, estimated on the worker")
 /* clang-format on */
 
@@ -76,6 +79,7 @@ size_t ra_mode_list(char *buf, size_t cap, unsigned flags);
 
 int ra_mode_uses_stores(ra_mode m); /* RA_MODE_F_STORES */
 int ra_mode_takes_top_k(ra_mode m); /* RA_MODE_F_TOP_K */
+int ra_mode_takes_retro(ra_mode m); /* RA_MODE_F_RETRO */
 int ra_mode_has_index(ra_mode m);   /* slot >= 0 */
 int ra_mode_index_slot(ra_mode m);  /* 0 .. RA_MODE_N_INDEXED - 1; -1: none */
 

@@ -203,7 +203,7 @@ static const ra_opt rows[] = {
     {"build-layers", RA_OPT_INT, AT(off.build_layers), .lo = 1, .hi = RA_OFFLOAD_MAX_BUILD_LAYERS, .meta = "N",
      .help = "index builds of up to N layers in flight at the stores during the prefill", .scope = RUNS},
     {"retro", RA_OPT_INT, AT(off.retro_window), .lo = 0, .hi = RA_OFFLOAD_MAX_RETRO, .meta = "W",
-     .help = "flat / index modes: correct the last W steps' outputs with the keys retrieved later "
+     .help = "flat / index modes / wave: correct the last W steps' outputs with the keys retrieved later "
              "(RetroAttention); 0: off",
      .scope = GEN},
     {"retrieve", RA_OPT_CUSTOM, AT(off.wave.retrieve), .parse = budget_parse, .show = budget_show, .meta = "X",
@@ -312,8 +312,14 @@ static int opts_check(opts *o, const ra_opts_set *s) {
     return usage_error(s->scope, "--synthetic-prefill fills kv-stores: it needs a --mode other than full");
   if (ra_opts_given(s, "key-top-queries") && o->off.mode != RA_MODE_ROAR)
     return usage_error(s->scope, "--key-top-queries is for --mode roar, not %s", mode);
-  if (o->off.retro_window && !ra_mode_takes_top_k(o->off.mode))
-    return usage_error(s->scope, "--retro is for a retrieval mode with top-k (flat, ivf, kgraph, roar), not %s", mode);
+  if (o->off.retro_window && !ra_mode_takes_retro(o->off.mode)) {
+    char retro_modes[96];
+    ra_mode_list(retro_modes, sizeof retro_modes, RA_MODE_F_RETRO);
+    return usage_error(s->scope, "--retro is for a mode with retrieval (%s), not %s", retro_modes, mode);
+  }
+  if (o->off.retro_window && o->off.wave.buffer > 0)
+    return usage_error(s->scope, "--retro takes no --wave-buffer (the clusters the device attends from it would not be "
+                       "supplemented to past steps)");
   if (o->off.retro_window >= o->off.n_window)
     return usage_error(s->scope, "--retro %u must be below --window %u", o->off.retro_window, o->off.n_window);
   static const char *const wave_only[] = {"retrieve", "estimate", "wave-segment", "wave-cluster", "wave-iters",

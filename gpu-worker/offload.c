@@ -145,9 +145,8 @@ int ra_offload_new(const ra_model *m, const ra_offload_plan *plan, const ra_offl
   if (cfg->key_top_queries > RA_KVCLIENT_KEY_TOP_MAX)
     return ra_errorf(err, RA_EINVAL, "offload: key_top_queries %u (at most %d)", cfg->key_top_queries,
                      RA_KVCLIENT_KEY_TOP_MAX);
-  if (cfg->retro_window && !ra_mode_takes_top_k(cfg->mode))
-    return ra_errorf(err, RA_EINVAL, "offload: retro takes flat, ivf, kgraph or roar (mode %s keeps no retrieved sets "
-                     "at the stores)", ra_mode_name(cfg->mode));
+  if (cfg->retro_window && !ra_mode_takes_retro(cfg->mode))
+    return ra_errorf(err, RA_EINVAL, "offload: mode %s has no retrieval for retro to correct", ra_mode_name(cfg->mode));
   if (cfg->retro_window > RA_OFFLOAD_MAX_RETRO || (cfg->retro_window && cfg->retro_window >= cfg->n_window))
     return ra_errorf(err, RA_EINVAL, "offload: retro window %u (at most %d, and below the window %u: the corrected "
                      "tokens' K/V must still be on the device)", cfg->retro_window, RA_OFFLOAD_MAX_RETRO, cfg->n_window);
@@ -212,7 +211,7 @@ int ra_offload_new(const ra_model *m, const ra_offload_plan *plan, const ra_offl
   }
   if (rc == RA_OK && cfg->mode == RA_MODE_WAVE)
     rc = ra_wave_new(m->be, plan, o->remote, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, cfg->kv_dtype,
-                     &cfg->wave, &o->wave, err);
+                     &cfg->wave, cfg->retro_window, &o->wave, err);
   if (rc != RA_OK) {
     ra_offload_free(o);
     return rc;
@@ -905,16 +904,18 @@ static int decode_layer_send(ra_offload *o, decode_step *d, int l, const ra_tens
   d->est_o = d->est_ml = NULL;
   if (d->remote && o->wave) {
     uint64_t ts = uv_hrtime();
-    rc = ra_wave_select(o->wave, l, q1, d->scale, &d->sel, &d->est_o, &d->est_ml, err);
+    rc = ra_wave_select(o->wave, l, q1, d->scale, d->step, d->P, &d->sel, &d->est_o, &d->est_ml, err);
     d->s.select_us += (double)(uv_hrtime() - ts) / 1e3;
   }
   if (rc == RA_OK && (d->remote || d->retro)) rc = be->ops->download(be, q1, 0, o->q_host, hq, err);
-  if (rc == RA_OK && d->remote && d->retro) {
-    retro_gather_q(o, l, d->step, d->P);
+  if (rc == RA_OK && d->remote && d->retro) retro_gather_q(o, l, d->step, d->P);
+  if (rc == RA_OK && d->remote && d->sel) {
+    rc = ra_remote_attend_begin_wave(o->remote, (uint32_t)l, o->q_host, d->sel, d->step, d->retro ? d->P : 0, o->rq,
+                                     err);
+  } else if (rc == RA_OK && d->remote && d->retro) {
     rc = ra_remote_attend_begin_retro(o->remote, (uint32_t)l, o->q_host, d->step, d->P, o->rq, err);
   } else if (rc == RA_OK && d->remote) {
-    rc = d->sel ? ra_remote_attend_begin_wave(o->remote, (uint32_t)l, o->q_host, d->sel, err)
-                : ra_remote_attend_begin(o->remote, (uint32_t)l, o->q_host, err);
+    rc = ra_remote_attend_begin(o->remote, (uint32_t)l, o->q_host, err);
   }
   return rc;
 }

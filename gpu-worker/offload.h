@@ -82,8 +82,9 @@ typedef struct ra_offload_config {
                              with 3, 1.46x with 1, in one call) */
   ra_wave_config wave;    /* wave mode: budgets and clustering (gpu-worker/wave.h) */
   uint32_t retro_window;  /* retrospective correction of the last W decode steps (0: off; flat,
-                             ivf, kgraph, roar; W < n_window, <= RA_OFFLOAD_MAX_RETRO): see
-                             "Retrospective correction" in docs/architecture.md */
+                             ivf, kgraph, roar, wave without a buffer; W < n_window, <=
+                             RA_OFFLOAD_MAX_RETRO): see "Retrospective correction" in
+                             docs/architecture.md */
   int64_t synthetic_chunk; /* > 0: a generated-KV prefill (benchmarks at contexts whose real
                              prefill would take hours): every layer's q/k/v come from the token
                              embeddings alone, `synthetic_chunk` tokens per step, with no

@@ -735,6 +735,10 @@ static int send_pending(ra_remote *r, const float *q, int *resend, ra_error *err
       s->req.retro_window = r->cfg.retro_window;
       s->req.n_retro = r->n_past;
       s->req.retro_q = r->n_past ? s->rq : NULL;
+      if (r->sel && r->n_past) {
+        s->req.retro_cluster_counts = r->sel[i].retro_counts;
+        s->req.retro_clusters = r->sel[i].retro_clusters;
+      }
     }
     ra_error e;
     if (ra_kvclient_attend_send(s->stream, &s->req, &e) == RA_OK) {
@@ -800,19 +804,27 @@ int ra_remote_attend_begin(ra_remote *r, uint32_t layer, const float *q, ra_erro
   return attend_begin(r, layer, q, NULL, 0, 0, NULL, err);
 }
 
-int ra_remote_attend_begin_retro(ra_remote *r, uint32_t layer, const float *q, uint64_t step, uint32_t n_past,
-                                 const float *q_past, ra_error *err) {
+static int retro_check(const ra_remote *r, uint64_t step, uint32_t n_past, const float *q_past, ra_error *err) {
   if (r->cfg.retro_window == 0 || n_past > r->cfg.retro_window || step == 0 || (n_past && !q_past))
     return ra_errorf(err, RA_EINVAL, "remote: retro step %llu with %u past queries (window %u)",
                      (unsigned long long)step, n_past, r->cfg.retro_window);
+  return RA_OK;
+}
+
+int ra_remote_attend_begin_retro(ra_remote *r, uint32_t layer, const float *q, uint64_t step, uint32_t n_past,
+                                 const float *q_past, ra_error *err) {
+  int rc = retro_check(r, step, n_past, q_past, err);
+  if (rc) return rc;
   static const float none = 0.0f;
   return attend_begin(r, layer, q, NULL, step, n_past, q_past ? q_past : &none, err);
 }
 
 int ra_remote_attend_begin_wave(ra_remote *r, uint32_t layer, const float *q, const ra_remote_wave_sel *sel,
-                                ra_error *err) {
+                                uint64_t step, uint32_t n_past, const float *q_past, ra_error *err) {
   if (!sel) return ra_errorf(err, RA_EINVAL, "remote: a wave attend needs its selection");
-  return attend_begin(r, layer, q, sel, 0, 0, NULL, err);
+  if (n_past == 0) return attend_begin(r, layer, q, sel, 0, 0, NULL, err);
+  int rc = retro_check(r, step, n_past, q_past, err);
+  return rc ? rc : attend_begin(r, layer, q, sel, step, n_past, q_past, err);
 }
 
 int ra_remote_fetch_clusters_start(ra_remote *r, size_t store, uint32_t layer, const ra_remote_wave_sel *sel,

@@ -126,14 +126,20 @@ int ra_remote_attend(ra_remote *r, uint32_t layer, const float *q, float *o, flo
  * merges; the caller computes its own sink + window attention in between. */
 int ra_remote_attend_begin(ra_remote *r, uint32_t layer, const float *q, ra_error *err);
 /* Wave mode's selection for one store: kv head kv_heads[i] selects counts[i] cluster ids, the
- * next ones of clusters (the request fields of client.h ra_kvclient_attend_req). */
+ * next ones of clusters (the request fields of client.h ra_kvclient_attend_req). With retro,
+ * past step j's clusters for kv head kv_heads[i]: retro_counts[(j - 1) * n_heads + i] ids, the
+ * next ones of retro_clusters (NULL without retro). */
 typedef struct ra_remote_wave_sel {
   const uint32_t *kv_heads, *counts, *clusters;
   size_t n_heads;
+  const uint32_t *retro_counts, *retro_clusters;
 } ra_remote_wave_sel;
-/* attend_begin in wave mode: sel[i] is store i's selection (plan order). */
+/* attend_begin in wave mode: sel[i] is store i's selection (plan order). With retro (config
+ * retro_window > 0, n_past > 0) it is decode step `step` and q_past the n_past past queries as
+ * for attend_begin_retro, each getting its partial over the clusters sel names for it; collect
+ * them with attend_end_retro. n_past 0: q_past and step are ignored. */
 int ra_remote_attend_begin_wave(ra_remote *r, uint32_t layer, const float *q, const ra_remote_wave_sel *sel,
-                                ra_error *err);
+                                uint64_t step, uint32_t n_past, const float *q_past, ra_error *err);
 /* Wave mode's device buffer: starts fetching the K/V rows of the clusters sel names (their ids
  * at store `store`, of `layer`) from that store, off the decode's critical path (the stores
  * answer while the worker computes). wait takes the rows (client.h ra_kvclient_cluster_rows, in
@@ -148,7 +154,7 @@ ra_dtype ra_remote_dtype(const ra_remote *r);
 int ra_remote_attend_end(ra_remote *r, float *o, float *ml, ra_remote_stats *stats, ra_error *err);
 
 /* Retrospective correction (config retro_window W > 0; flat and the index modes: the stores keep
- * each step's attended positions, kv-store/retro.h). begin_retro is attend_begin as decode step
+ * each step's attended positions, kv-store/retro.h; wave: attend_begin_wave). begin_retro is attend_begin as decode step
  * `step` (>= 1, one more each step), with the queries of the n_past <= W previous steps q_past
  * [n_past, n_q_heads, head_dim] (step - j at row j - 1); end_retro is attend_end that also
  * merges their supplementary partials over the stores into o_past [n_past, n_q_heads, head_dim]

@@ -2,6 +2,7 @@
 
 #include "opts.h"
 #include "wave_buffer.h"
+#include "wave_retro.h"
 
 #include <math.h>
 #include <uv.h>
@@ -88,6 +89,16 @@ struct ra_wave {
   float *adm_k, *adm_v;         /* host fp32 scratch for one fetched cluster's rows */
   int64_t adm_cap;
   ra_wave_buffer_stats bstats;
+  /* retro (retro_w > 0): what each recent step has seen, and per store the clusters to
+   * supplement per past step j (1-based) and kv head of its selection: counts [ns, W, n_kv]
+   * and ids [ns, W, rt_max] while a selection is built, then compacted in place to the request's
+   * [n_past, n_heads] and past-step-major ids */
+  uint32_t retro_w;
+  ra_wave_retro *retro;
+  uint32_t *rt_counts, *rt_ids;
+  size_t *rt_fill;              /* [ns, W] */
+  int64_t rt_max;               /* ids per (store, past step) at most: n_kv x a full retrieval zone */
+  int32_t *rt_ret, *rt_miss;    /* [cap]: one kv head's retrieved clusters, and those a past step missed */
   int begun;
 };
 
@@ -121,6 +132,15 @@ static void meta_free(ra_wave *w) {
   free(w->adm_k);
   free(w->adm_v);
   free(w->rows);
+  ra_wave_retro_free(w->retro);
+  w->retro = NULL;
+  free(w->rt_counts);
+  free(w->rt_ids);
+  free(w->rt_fill);
+  free(w->rt_ret);
+  w->rt_counts = w->rt_ids = NULL;
+  w->rt_fill = NULL;
+  w->rt_ret = w->rt_miss = NULL;
   w->adm_k = w->adm_v = NULL;
   w->rows = NULL;
   for (int l = 0; w->centroid && l < w->n_layers; l++) {
@@ -165,16 +185,19 @@ void ra_wave_free(ra_wave *w) {
 }
 
 int ra_wave_new(ra_backend *be, const ra_offload_plan *plan, ra_remote *remote, int n_layers, int n_heads,
-                int n_kv_heads, int head_dim, ra_dtype kv_dtype, const ra_wave_config *cfg, ra_wave **out,
-                ra_error *err) {
+                int n_kv_heads, int head_dim, ra_dtype kv_dtype, const ra_wave_config *cfg, uint32_t retro_window,
+                ra_wave **out, ra_error *err) {
   *out = NULL;
   int rc = ra_wave_config_check(cfg, err);
   if (rc) return rc;
+  if (retro_window && cfg->buffer > 0)
+    return ra_errorf(err, RA_EINVAL, "wave: retro takes no device buffer (the clusters it attends would not be "
+                     "supplemented to past steps)");
   if (plan->n_stores > UINT16_MAX) return ra_errorf(err, RA_EINVAL, "wave: %zu stores", plan->n_stores);
   ra_wave *w = calloc(1, sizeof *w);
   if (!w) return ra_errorf(err, RA_ENOMEM, "wave: out of memory");
   *w = (ra_wave){.be = be, .plan = plan, .remote = remote, .cfg = *cfg, .n_layers = n_layers, .n_heads = n_heads,
-                 .n_kv = n_kv_heads, .hd = head_dim, .kv_dtype = kv_dtype};
+                 .n_kv = n_kv_heads, .hd = head_dim, .kv_dtype = kv_dtype, .retro_w = retro_window};
   w->centroid = calloc((size_t)n_layers, sizeof *w->centroid);
   w->vsum = calloc((size_t)n_layers, sizeof *w->vsum);
   w->size = calloc((size_t)n_layers, sizeof *w->size);
@@ -250,6 +273,22 @@ static int buffer_begin(ra_wave *w, ra_error *err) {
   return RA_OK;
 }
 
+/* Retro's records and request lists, once the meta-index's capacity is known. */
+static int retro_begin(ra_wave *w, ra_error *err) {
+  const size_t ns = w->plan->n_stores, nkv = (size_t)w->n_kv, W = w->retro_w;
+  int rc = ra_wave_retro_new(w->n_layers, w->n_kv, w->cap, w->retro_w, &w->retro, err);
+  if (rc) return rc;
+  w->rt_max = (int64_t)nkv * ra_wave_budget_clusters(w->cfg.retrieve, w->cap, w->cfg.cluster);
+  w->rt_counts = malloc(ns * W * nkv * sizeof *w->rt_counts);
+  w->rt_ids = malloc((ns * W * (size_t)w->rt_max + 1) * sizeof *w->rt_ids);
+  w->rt_fill = malloc(ns * W * sizeof *w->rt_fill);
+  w->rt_ret = malloc(2 * (size_t)w->cap * sizeof *w->rt_ret);
+  if (!w->rt_counts || !w->rt_ids || !w->rt_fill || !w->rt_ret)
+    return ra_errorf(err, RA_ENOMEM, "wave: out of memory for retro's lists");
+  w->rt_miss = w->rt_ret + w->cap;
+  return RA_OK;
+}
+
 int ra_wave_begin(ra_wave *w, int64_t b, int64_t e, int64_t max_end, ra_error *err) {
   if (w->begun) return ra_errorf(err, RA_ESTATE, "wave: the meta-index is set up already");
   const ra_wave_config *c = &w->cfg;
@@ -310,6 +349,7 @@ int ra_wave_begin(ra_wave *w, int64_t b, int64_t e, int64_t max_end, ra_error *e
   w->rows = calloc(tab, sizeof *w->rows);
   if (rc == RA_OK && !w->rows) rc = ra_errorf(err, RA_ENOMEM, "wave: out of memory");
   if (rc == RA_OK && c->buffer > 0) rc = buffer_begin(w, err);
+  if (rc == RA_OK && w->retro_w) rc = retro_begin(w, err);
   if (rc == RA_OK) w->begun = 1;
   else meta_free(w);
   return rc;
@@ -485,8 +525,44 @@ static void admit_queue(ra_wave *w, int l, int g, int32_t cl, size_t s, int64_t 
   *adm_rows += n;
 }
 
-int ra_wave_select(ra_wave *w, int l, const ra_tensor *q, float scale, const ra_remote_wave_sel **sel,
-                   const ra_tensor **est_o, const ra_tensor **est_ml, ra_error *err) {
+/* Retro, kv head g of layer l at decode step `step`, after its retrieved clusters rt_ret [n_ret]
+ * went into the stores' selections: for each past step j, the ones it has not seen go into
+ * their store's list of j (whose selection names g last); then the step's zones are recorded
+ * (zones [r + e] from wave_select; ids past n_clusters none). */
+static void retro_select_head(ra_wave *w, int l, int g, uint64_t step, uint32_t n_past, int64_t nc, size_t n_ret,
+                              const int32_t *zones, size_t n_zones) {
+  const size_t nkv = (size_t)w->n_kv, W = w->retro_w;
+  for (uint32_t j = 1; j <= n_past; j++) {
+    size_t m = ra_wave_retro_missing(w->retro, l, g, step - j, w->rt_ret, n_ret, w->rt_miss);
+    for (size_t i = 0; i < m; i++) {
+      const size_t a = at(w, l, g, w->rt_miss[i]), s = w->owner[a], sj = s * W + (j - 1);
+      w->rt_ids[sj * (size_t)w->rt_max + w->rt_fill[sj]++] = (uint32_t)w->sid[a];
+      w->rt_counts[sj * nkv + w->sel[s].n_heads - 1]++;
+    }
+  }
+  ra_wave_retro_record(w->retro, l, g, step, nc, zones, n_zones);
+}
+
+/* Retro: each store's past-step lists compacted into its selection's request shape. */
+static void retro_select_finish(ra_wave *w, uint32_t n_past) {
+  const size_t ns = w->plan->n_stores, nkv = (size_t)w->n_kv, W = w->retro_w;
+  for (size_t s = 0; s < ns; s++) {
+    ra_remote_wave_sel *x = &w->sel[s];
+    uint32_t *cnt = w->rt_counts + s * W * nkv, *ids = w->rt_ids + s * W * (size_t)w->rt_max;
+    size_t off = 0;
+    for (size_t j = 0; j < n_past; j++) {
+      for (size_t i = 0; i < x->n_heads; i++) cnt[j * x->n_heads + i] = cnt[j * nkv + i];
+      const size_t n = w->rt_fill[s * W + j];
+      memmove(ids + off, ids + j * (size_t)w->rt_max, n * sizeof *ids);
+      off += n;
+    }
+    x->retro_counts = cnt;
+    x->retro_clusters = ids;
+  }
+}
+
+int ra_wave_select(ra_wave *w, int l, const ra_tensor *q, float scale, uint64_t step, uint32_t n_past,
+                   const ra_remote_wave_sel **sel, const ra_tensor **est_o, const ra_tensor **est_ml, ra_error *err) {
   const size_t ns = w->plan->n_stores, nkv = (size_t)w->n_kv;
   if (w->buf) {
     int rc = admit_finish(w, l, err);
@@ -500,7 +576,15 @@ int ra_wave_select(ra_wave *w, int l, const ra_tensor *q, float scale, const ra_
   *est_o = *est_ml = NULL;
   for (size_t s = 0; s < ns; s++) w->sel[s] = (ra_remote_wave_sel){0};
   *sel = w->sel;
-  if (r + e < 1) return RA_OK;
+  const int retro = w->retro != NULL;
+  if (!retro) n_past = 0;
+  else if (step == 0 || n_past > w->retro_w || n_past >= step)
+    return ra_errorf(err, RA_EINVAL, "wave: retro step %llu with %u past steps (window %u)", (unsigned long long)step,
+                     n_past, w->retro_w);
+  if (r + e < 1) {
+    for (int g = 0; retro && g < w->n_kv; g++) ra_wave_retro_record(w->retro, l, g, step, nc, NULL, 0);
+    return RA_OK;
+  }
   ra_backend *be = w->be;
   int rc = be->ops->wave_select(be, q, &w->centroid[l], &w->size[l], nc, scale, (int)r, (int)e, w->idx,
                                 e ? &w->vsum[l] : NULL, e ? &w->est_o : NULL, e ? &w->est_ml : NULL, err);
@@ -512,14 +596,20 @@ int ra_wave_select(ra_wave *w, int l, const ra_tensor *q, float scale, const ra_
   /* per kv head, each store's retrieved ids, appended to its list in kv head order */
   size_t *fill = w->sel_fill, *start = w->sel_fill + ns;
   memset(fill, 0, ns * sizeof *fill);
+  if (retro) {
+    memset(w->rt_counts, 0, ns * w->retro_w * nkv * sizeof *w->rt_counts);
+    memset(w->rt_fill, 0, ns * w->retro_w * sizeof *w->rt_fill);
+  }
   for (size_t g = 0; g < nkv; g++) {
     memcpy(start, fill, ns * sizeof *fill);
     int64_t adm_rows = 0;
+    size_t n_ret = 0;
     for (int64_t j = 0; j < r; j++) {
       int32_t cl = w->idx[g * (size_t)(r + e) + (size_t)j];
       if (cl < 0) continue;
       size_t a = at(w, l, (int)g, cl);
       if (w->sid[a] < 0) continue;
+      if (retro) w->rt_ret[n_ret++] = cl;
       if (w->buf && ra_wave_buffer_hit(w->buf, l, (int)g, cl)) {
         w->bstats.hits++;
         continue;
@@ -538,7 +628,10 @@ int ra_wave_select(ra_wave *w, int l, const ra_tensor *q, float scale, const ra_
       w->sel_counts[s * nkv + x->n_heads] = (uint32_t)(fill[s] - start[s]);
       x->n_heads++;
     }
+    if (retro)
+      retro_select_head(w, l, (int)g, step, n_past, nc, n_ret, w->idx + g * (size_t)(r + e), (size_t)(r + e));
   }
+  if (n_past) retro_select_finish(w, n_past);
   for (size_t s = 0; s < ns; s++) {
     w->sel[s].kv_heads = w->sel_heads + s * nkv;
     w->sel[s].counts = w->sel_counts + s * nkv;

@@ -53,10 +53,11 @@ int64_t ra_wave_budget_clusters(double budget, int64_t n_clusters, int64_t clust
 typedef struct ra_wave ra_wave;
 
 /* Geometry of the model; the plan and the remote must outlive the state. kv_dtype: the device
- * caches' dtype (the growth blocks are kept in it). */
+ * caches' dtype (the growth blocks are kept in it). retro_window: retrospective correction of
+ * that many past steps (0: off; wave_retro.h), which takes no device buffer (cfg->buffer 0). */
 int ra_wave_new(ra_backend *be, const ra_offload_plan *plan, ra_remote *remote, int n_layers, int n_heads,
-                int n_kv_heads, int head_dim, ra_dtype kv_dtype, const ra_wave_config *cfg, ra_wave **out,
-                ra_error *err);
+                int n_kv_heads, int head_dim, ra_dtype kv_dtype, const ra_wave_config *cfg, uint32_t retro_window,
+                ra_wave **out, ra_error *err);
 void ra_wave_free(ra_wave *w);
 
 /* Before the prefill (or seed): the prefill offloads positions [b, e) and the decode evicts
@@ -81,9 +82,14 @@ int ra_wave_prefill_layer(ra_wave *w, int l, const ra_tensor *kc, const ra_tenso
 /* Decode, layer l, after q: ranks the clusters (q: [n_heads, head_dim] on the backend, RoPE
  * applied). *sel: per store of the plan, the retrieval zone's cluster ids it holds, for
  * ra_remote_attend_begin_wave. *est_o / *est_ml: the estimation zone's partial on the backend
- * ([n_heads, head_dim] / [n_heads, 2], attn_merge's layout), NULL when the zone is empty. */
-int ra_wave_select(ra_wave *w, int l, const ra_tensor *q, float scale, const ra_remote_wave_sel **sel,
-                   const ra_tensor **est_o, const ra_tensor **est_ml, ra_error *err);
+ * ([n_heads, head_dim] / [n_heads, 2], attn_merge's layout), NULL when the zone is empty.
+ * With retro, step is the decode step (>= 1, one more each step, every layer selected) and
+ * n_past (< step, <= the window) the past steps corrected: each store's selection also names,
+ * per past step and kv head, the clusters retrieved now that the step has not seen
+ * (ra_remote_wave_sel.retro_*; then they count as seen), and the step's zones are recorded.
+ * Without retro both are ignored. */
+int ra_wave_select(ra_wave *w, int l, const ra_tensor *q, float scale, uint64_t step, uint32_t n_past,
+                   const ra_remote_wave_sel **sel, const ra_tensor **est_o, const ra_tensor **est_ml, ra_error *err);
 
 /* Decode, layer l, after ra_wave_select (with the stores' requests in flight): the partial of
  * the retrieval zone's clusters the buffer holds, over their rows on the device (*o, *ml as

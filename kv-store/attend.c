@@ -71,8 +71,8 @@ static int check_args(const kvs_session *s, const kvs_attend_args *a, ra_error *
     return ra_errorf(err, RA_EINVAL, "mode %s needs top_k > 0", ra_mode_name(a->mode));
   if (ra_mode_takes_top_k(a->mode) && a->top_k > RA_ATTEND_MAX_TOP_K)
     return ra_errorf(err, RA_EINVAL, "top_k %u out of range [1, %u]", a->top_k, RA_ATTEND_MAX_TOP_K);
-  if (a->retro_window > 0 && !ra_mode_takes_top_k(a->mode))
-    return ra_errorf(err, RA_EINVAL, "retro: mode %s keeps no retrieved sets at the store (flat, ivf, kgraph, roar do)",
+  if (a->retro_window > 0 && !ra_mode_takes_retro(a->mode))
+    return ra_errorf(err, RA_EINVAL, "retro: mode %s has no retrieval to correct (flat, ivf, kgraph, roar and wave do)",
                      ra_mode_name(a->mode));
   if (a->retro_window > KVS_RETRO_MAX_WINDOW || a->n_retro > a->retro_window)
     return ra_errorf(err, RA_EINVAL, "retro: window %u with %u past queries (window at most %d, queries at most the window)",

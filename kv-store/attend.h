@@ -36,13 +36,19 @@
 #include <stdint.h>
 
 /* Wave mode's cluster selection (proto AttendRequest.cluster_*): kv head kv_heads[i] selects
- * counts[i] cluster ids, the next ones of ids ([n_ids], concatenated). */
+ * counts[i] cluster ids, the next ones of ids ([n_ids], concatenated). With retro, past step j
+ * (1-based) names for kv head kv_heads[i] retro_counts[(j - 1) * n_heads + i] ids, the next ones
+ * of retro_ids: the clusters it gets its exact partial over (AttendRequest.retro_clusters). */
 typedef struct kvs_wave_select {
   const uint32_t *kv_heads; /* [n_heads] */
   const uint32_t *counts;   /* [n_heads] */
   size_t n_heads;
   const uint32_t *ids;
   size_t n_ids;
+  const uint32_t *retro_counts; /* [n_retro_counts] = [n_retro, n_heads] */
+  size_t n_retro_counts;
+  const uint32_t *retro_ids;    /* [n_retro_ids] */
+  size_t n_retro_ids;
 } kvs_wave_select;
 
 typedef struct kvs_attend_args {
@@ -59,7 +65,8 @@ typedef struct kvs_attend_args {
   /* Retrospective correction (flat, index modes; retro.h): retro_window > 0 records the
    * positions each head attends over as step retro_step (>= 1), and each of the n_retro <=
    * retro_window past steps' queries retro_q [n_retro, n_heads, head_dim] (step retro_step - j
-   * at row j - 1) gets the exact partial over the positions attended now that it has not seen. */
+   * at row j - 1) gets the exact partial over the positions attended now that it has not seen.
+   * Wave: nothing is recorded; past step j's partial is over wave.retro_ids' clusters of it. */
   uint64_t retro_step;
   uint32_t retro_window;
   uint32_t n_retro;

@@ -1,5 +1,6 @@
 #include "attend_wave.h"
 
+#include "clock.h"
 #include "clusters.h"
 #include "merge.h"
 #include "vec.h"
@@ -18,7 +19,8 @@
 #define WAVE_TASK_MAX 16384
 
 int kvs_attend_is_wave(const kvs_attend_args *a) {
-  return a->mode == RA_MODE_WAVE || a->wave.n_heads > 0 || a->wave.n_ids > 0;
+  return a->mode == RA_MODE_WAVE || a->wave.n_heads > 0 || a->wave.n_ids > 0 || a->wave.n_retro_counts > 0 ||
+         a->wave.n_retro_ids > 0;
 }
 
 /* Consecutive rows [r0, r1) of one shard. */
@@ -44,9 +46,13 @@ typedef struct wtask {
   size_t slot;
 } wtask;
 
+/* One pass: the request's heads with queries q over sel's clusters (and the lag when lag). */
 typedef struct wplan {
   const kvs_session *s;
   const kvs_attend_args *a;
+  const float *q;              /* [n_heads, dim]: the request's q, or a past step's */
+  const kvs_wave_select *sel;  /* its clusters: the request's, or a past step's */
+  int lag, want_ids;
   int dim;
   size_t rb;
   size_t *members; /* [n_heads] request head indices, grouped by kv head */
@@ -71,7 +77,7 @@ static void plan_free(wplan *p) {
  * entry of the selection; checks the selection's shape. */
 static int plan_groups(wplan *p, ra_error *err) {
   const kvs_attend_args *a = p->a;
-  const kvs_wave_select *w = &a->wave;
+  const kvs_wave_select *w = p->sel;
   const kvs_geometry *g = &p->s->geo;
   const uint32_t group_size = g->n_q_heads / g->n_kv_heads;
   for (size_t i = 0; i < a->n_heads; i++) {
@@ -96,7 +102,7 @@ static int plan_groups(wplan *p, ra_error *err) {
     p->members[j] = i;
     const float scale = 1.0f / sqrtf((float)p->dim);
     for (int d = 0; d < p->dim; d++)
-      p->qs[j * (size_t)p->dim + d] = a->q[i * (size_t)p->dim + d] * scale;
+      p->qs[j * (size_t)p->dim + d] = p->q[i * (size_t)p->dim + d] * scale;
   }
   uint64_t total = 0;
   for (size_t i = 0; i < w->n_heads; i++) total += w->counts[i];
@@ -156,8 +162,8 @@ static int push_rows(wplan *p, size_t piece0, const kvs_shard *sh, uint64_t r0, 
   return RA_OK;
 }
 
-/* A group's rows as pieces, in row order per shard: its selected clusters, then the shard's
- * lag (rows no cluster covers). */
+/* A group's rows as pieces, in row order per shard: its selected clusters, then (p->lag) the
+ * shard's lag (rows no cluster covers). */
 static int plan_rows(wplan *p, wgroup *gr, ra_error *err) {
   const kvs_attend_args *a = p->a;
   size_t count;
@@ -188,7 +194,7 @@ static int plan_rows(wplan *p, wgroup *gr, ra_error *err) {
     gr->n_keys += sh[k].n;
     for (; i < gr->n_sel && c[i].span.shard == k && rc == RA_OK; i++)
       rc = push_rows(p, gr->piece0, &sh[k], c[i].span.row, (uint64_t)c[i].span.row + c[i].span.count);
-    if (rc == RA_OK) rc = push_rows(p, gr->piece0, &sh[k], kvs_cluster_dir_clustered(d, (uint32_t)k), sh[k].n);
+    if (rc == RA_OK && p->lag) rc = push_rows(p, gr->piece0, &sh[k], kvs_cluster_dir_clustered(d, (uint32_t)k), sh[k].n);
   }
   free(c);
   if (rc) return ra_errorf(err, RA_ENOMEM, "out of memory planning a wave attend");
@@ -358,9 +364,9 @@ static int result_fill(const wplan *p, const float *o, const float *ml, kvs_atte
   out->heads = calloc(a->n_heads, sizeof *out->heads);
   out->o = calloc(a->n_heads * (size_t)dim, sizeof *out->o);
   uint64_t n_ids = 0;
-  for (size_t gi = 0; a->want_ids && gi < p->n_groups; gi++) n_ids += p->groups[gi].n_rows;
-  if (a->want_ids) out->ids = malloc((size_t)(n_ids ? n_ids : 1) * sizeof *out->ids);
-  if (!out->heads || !out->o || (a->want_ids && !out->ids))
+  for (size_t gi = 0; p->want_ids && gi < p->n_groups; gi++) n_ids += p->groups[gi].n_rows;
+  if (p->want_ids) out->ids = malloc((size_t)(n_ids ? n_ids : 1) * sizeof *out->ids);
+  if (!out->heads || !out->o || (p->want_ids && !out->ids))
     return ra_errorf(err, RA_ENOMEM, "out of memory for the attend result");
   for (size_t i = 0; i < a->n_heads; i++) {
     out->heads[i] = (ra_head_partial){.q_head = a->q_heads[i],
@@ -398,13 +404,12 @@ static int result_fill(const wplan *p, const float *o, const float *ml, kvs_atte
   return RA_OK;
 }
 
-int kvs_attend_wave(const kvs_session *s, const kvs_attend_args *a, int n_threads,
-                    kvs_attend_result *out, ra_error *err) {
+/* The partials of queries q (the request's heads) over sel's clusters, plus the lag when lag. */
+static int wave_pass(const kvs_session *s, const kvs_attend_args *a, const float *q, const kvs_wave_select *sel,
+                     int lag, int want_ids, int n_threads, kvs_attend_result *out, ra_error *err) {
   memset(out, 0, sizeof *out);
-  if (a->mode != RA_MODE_WAVE)
-    return ra_errorf(err, RA_EINVAL, "clusters are selected in mode wave only, not in mode %s",
-                     ra_mode_name(a->mode));
-  wplan p = {.s = s, .a = a, .dim = (int)s->geo.head_dim, .rb = kvs_row_bytes(&s->geo)};
+  wplan p = {.s = s, .a = a, .q = q, .sel = sel, .lag = lag, .want_ids = want_ids, .dim = (int)s->geo.head_dim,
+             .rb = kvs_row_bytes(&s->geo)};
   p.members = malloc(a->n_heads * sizeof *p.members);
   p.qs = malloc(a->n_heads * (size_t)p.dim * sizeof *p.qs);
   p.groups = malloc(a->n_heads * sizeof *p.groups);
@@ -425,6 +430,74 @@ int kvs_attend_wave(const kvs_session *s, const kvs_attend_args *a, int n_thread
   free(o);
   free(ml);
   plan_free(&p);
+  if (rc) kvs_attend_result_free(out);
+  return rc;
+}
+
+/* The retro lists' shape: [n_retro, n_heads] counts summing to the ids, none without past
+ * queries. */
+static int retro_check(const kvs_attend_args *a, ra_error *err) {
+  const kvs_wave_select *w = &a->wave;
+  if (a->n_retro == 0 && (w->n_retro_counts || w->n_retro_ids))
+    return ra_errorf(err, RA_EINVAL, "retro clusters (%zu counts, %zu ids) without past queries (n_retro 0)",
+                     w->n_retro_counts, w->n_retro_ids);
+  if (w->n_retro_counts != (size_t)a->n_retro * w->n_heads)
+    return ra_errorf(err, RA_EINVAL, "retro_cluster_counts has %zu entries, want %u past steps x %zu cluster_kv_heads",
+                     w->n_retro_counts, a->n_retro, w->n_heads);
+  uint64_t total = 0;
+  for (size_t i = 0; i < w->n_retro_counts; i++) total += w->retro_counts[i];
+  if (total != w->n_retro_ids)
+    return ra_errorf(err, RA_EINVAL, "retro_cluster_counts sum to %llu, but %zu retro cluster ids came",
+                     (unsigned long long)total, w->n_retro_ids);
+  return RA_OK;
+}
+
+/* Each past step's partials over the clusters the request names for it (no lag: the past step
+ * saw those rows as lag or in the worker's window), laid out as attend.h's retro. */
+static int wave_retro(const kvs_session *s, const kvs_attend_args *a, int n_threads, kvs_attend_result *out,
+                      ra_error *err) {
+  const uint64_t t0 = ra_clock_now_us();
+  const size_t nh = a->n_heads, np = a->n_retro, dim = s->geo.head_dim, nsel = a->wave.n_heads;
+  out->retro = calloc(np * nh + 1, sizeof *out->retro);
+  out->retro_o = calloc(np * nh * dim + 1, sizeof *out->retro_o);
+  if (!out->retro || !out->retro_o) return ra_errorf(err, RA_ENOMEM, "out of memory for %zu retro partials", np * nh);
+  int rc = RA_OK;
+  size_t off = 0;
+  for (size_t j = 0; j < np && rc == RA_OK; j++) {
+    const uint32_t *counts = a->wave.retro_counts + j * nsel;
+    size_t n = 0;
+    for (size_t i = 0; i < nsel; i++) n += counts[i];
+    static const uint32_t no_ids[1];
+    kvs_wave_select sj = {.kv_heads = a->wave.kv_heads, .counts = counts, .n_heads = nsel,
+                          .ids = a->wave.retro_ids ? a->wave.retro_ids + off : no_ids, .n_ids = n};
+    off += n;
+    kvs_attend_result r;
+    rc = wave_pass(s, a, a->retro_q + j * nh * dim, &sj, 0, 0, n_threads, &r, err);
+    if (rc) {
+      ra_error_wrap(err, "retro clusters of past step %zu", j + 1);
+      break;
+    }
+    for (size_t i = 0; i < nh; i++) {
+      ra_head_partial *rp = &out->retro[j * nh + i];
+      *rp = r.heads[i];
+      rp->part.o = out->retro_o + (j * nh + i) * dim;
+      memcpy(rp->part.o, r.heads[i].part.o, dim * sizeof(float));
+    }
+    kvs_attend_result_free(&r);
+  }
+  out->retro_us = ra_clock_now_us() - t0;
+  return rc;
+}
+
+int kvs_attend_wave(const kvs_session *s, const kvs_attend_args *a, int n_threads,
+                    kvs_attend_result *out, ra_error *err) {
+  memset(out, 0, sizeof *out);
+  if (a->mode != RA_MODE_WAVE)
+    return ra_errorf(err, RA_EINVAL, "clusters are selected in mode wave only, not in mode %s",
+                     ra_mode_name(a->mode));
+  int rc = retro_check(a, err);
+  if (rc == RA_OK) rc = wave_pass(s, a, a->q, &a->wave, 1, a->want_ids, n_threads, out, err);
+  if (rc == RA_OK && a->n_retro) rc = wave_retro(s, a, n_threads, out, err);
   if (rc) kvs_attend_result_free(out);
   return rc;
 }

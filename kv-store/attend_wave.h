@@ -10,7 +10,11 @@
  * by an online softmax (ra_vec_exp_sum) and accumulated. Work is split into (kv head, row
  * chunk) tasks run by OpenMP, whose partials merge exactly per q head in task order (the same
  * result for the same request and thread count). n_scanned counts the rows attended; ids (when
- * asked) are their row positions, selected clusters in row order, then the lag. */
+ * asked) are their row positions, selected clusters in row order, then the lag.
+ *
+ * Retro (attend.h): each past step's queries get, by the same scan, the exact partial over the
+ * clusters the request names for that step, without the lag (the worker keeps what each past
+ * step has seen, so the store keeps no records in this mode). */
 #ifndef KVS_ATTEND_WAVE_H
 #define KVS_ATTEND_WAVE_H
 
@@ -23,7 +27,8 @@ int kvs_attend_is_wave(const kvs_attend_args *a);
 /* The attend of a request whose q heads check_args (attend.c) accepted; caller holds the
  * session's read lock. RA_EINVAL for a malformed selection (counts not summing to the ids, a kv
  * head named twice or of no asked q head, a cluster id not held here or named twice, a
- * selection outside mode wave). On failure `out` holds nothing. */
+ * selection outside mode wave, retro lists not shaped [n_retro, n_heads] or not summing to their
+ * ids). On failure `out` holds nothing. */
 int kvs_attend_wave(const kvs_session *s, const kvs_attend_args *a, int n_threads,
                     kvs_attend_result *out, ra_error *err);
 

@@ -730,6 +730,12 @@ int ra_kvclient_attend_send(ra_kvclient_stream *st, const ra_kvclient_attend_req
   m.n_retro = req->n_retro;
   m.retro_q.data = (uint8_t *)req->retro_q;
   m.retro_q.len = req->retro_q ? (size_t)req->n_retro * req->n_heads * st->s.geo.head_dim * sizeof(float) : 0;
+  if (req->retro_cluster_counts) {
+    m.n_retro_cluster_counts = (size_t)req->n_retro * req->n_cluster_heads;
+    m.retro_cluster_counts = (uint32_t *)req->retro_cluster_counts;
+    for (size_t i = 0; i < m.n_retro_cluster_counts; i++) m.n_retro_clusters += req->retro_cluster_counts[i];
+    m.retro_clusters = (uint32_t *)req->retro_clusters;
+  }
   rc = pack(&m.base, &st->tx, err);
   if (rc == RA_OK) rc = ra_rpc_call_send(st->call, st->tx.data, st->tx.len, err);
   if (rc) stream_break(st);

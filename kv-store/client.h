@@ -122,12 +122,16 @@ typedef struct ra_kvclient_attend_req {
   const uint32_t *cluster_counts;   /* [n_cluster_heads] */
   size_t n_cluster_heads;
   const uint32_t *clusters;         /* [sum(cluster_counts)] */
-  /* retrospective correction (flat, index modes; proto AttendRequest.retro_*): this request is
-   * step retro_step (>= 1) of a window of retro_window steps, and the n_retro past steps'
-   * queries retro_q [n_retro, n_heads, head_dim] get supplementary partials */
+  /* retrospective correction (flat, index modes, wave; proto AttendRequest.retro_*): this
+   * request is step retro_step (>= 1) of a window of retro_window steps, and the n_retro past
+   * steps' queries retro_q [n_retro, n_heads, head_dim] get supplementary partials. Wave: past
+   * step j's over the clusters it names for kv head cluster_kv_heads[i]: retro_cluster_counts
+   * [n_retro, n_cluster_heads] ids, the next ones of retro_clusters (NULL: none) */
   uint64_t retro_step;
   uint32_t retro_window, n_retro;
   const float *retro_q;
+  const uint32_t *retro_cluster_counts;
+  const uint32_t *retro_clusters;
 } ra_kvclient_attend_req;
 
 int ra_kvclient_connect(const char *addr, const ra_kvclient_options *opt, ra_kvclient **out,

@@ -24,7 +24,7 @@ static void usage(FILE *f) {
         "  --lengths N,... (1024,2048,4096,8192)   --depths D,... in [0,1] (0,0.25,0.5,0.75,1)\n"
         "  --samples N per (task, length, depth) (1)   --seed S (1)\n"
         "  --modes full,... (of the modes listed last; all by default; full first); MODE+retroW: MODE with\n"
-        "                             --retro W (flat, ivf, kgraph, roar), e.g. full,flat,flat+retro2\n"
+        "                             --retro W (flat, ivf, kgraph, roar, wave), e.g. full,flat,flat+retro2\n"
         "  --sink N (128) --window N (512) --top-k K (100) --ef N --nprobe N (store defaults)\n"
         "  --knn-nq N (100) --build-queries N (1024)\n"
         "  --fidelity-prompt N (2048; 0: skip) --fidelity-tokens N (64)\n"

@@ -47,7 +47,7 @@ int ra_acc_config_check(const ra_acc_config *cfg, ra_error *err) {
     if (ra_mode_uses_stores(cfg->modes[i]) && !cfg->plan)
       return ra_errorf(err, RA_EINVAL, "accuracy: mode %s needs kv-stores", ra_mode_name(cfg->modes[i]));
     /* the worker-only modes never open a runtime that could refuse it */
-    if (cfg->retro[i] && !ra_mode_uses_stores(cfg->modes[i]))
+    if (cfg->retro[i] && !ra_mode_takes_retro(cfg->modes[i]))
       return ra_errorf(err, RA_EINVAL, "accuracy: %s has no retrieval to correct",
                        ra_acc_mode_label(cfg->modes[i], cfg->retro[i], label));
     for (int j = 1; j < i; j++)

@@ -13,7 +13,7 @@
 #include "runner.h"
 
 static void test_entries_parse_and_print_back(void **state) {
-  static const char *const ok[] = {"full", "flat", "flat+retro2", "roar+retro16", "wave", "ivf+retro1"};
+  static const char *const ok[] = {"full", "flat", "flat+retro2", "roar+retro16", "wave", "ivf+retro1", "wave+retro2"};
   for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
     ra_mode m;
     uint32_t w = 99;
@@ -50,7 +50,7 @@ static int check(const char *csv, int with_plan, ra_error *err) {
 
 static void test_config_check(void **state) {
   ra_error err;
-  assert_int_equal(check("full,flat,flat+retro2,flat+retro8,roar+retro2", 1, &err), RA_OK);
+  assert_int_equal(check("full,flat,flat+retro2,flat+retro8,roar+retro2,wave,wave+retro2", 1, &err), RA_OK);
   assert_int_equal(check("full,streaming", 0, &err), RA_OK);
   assert_int_equal(check("flat,full", 1, &err), RA_EINVAL);
   assert_int_equal(check("full,flat+retro2,flat+retro2", 1, &err), RA_EINVAL);

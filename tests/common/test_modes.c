@@ -37,6 +37,8 @@ static void test_mode_list(void **state) {
   assert_string_equal(buf, "flat, ivf, kgraph, roar, wave");
   ra_mode_list(buf, sizeof buf, RA_MODE_F_TOP_K);
   assert_string_equal(buf, "flat, ivf, kgraph, roar");
+  ra_mode_list(buf, sizeof buf, RA_MODE_F_RETRO);
+  assert_string_equal(buf, "flat, ivf, kgraph, roar, wave");
   /* Truncated like snprintf: the length the whole list needs, the part that fits. */
   char small[8];
   assert_int_equal(ra_mode_list(small, sizeof small, 0), n);
@@ -50,12 +52,14 @@ static void test_mode_properties(void **state) {
   static const int slot[RA_MODE_COUNT] = {-1, -1, -1, 0, 1, 2, -1};
   static const int stores[RA_MODE_COUNT] = {0, 0, 1, 1, 1, 1, 1};
   static const int top_k[RA_MODE_COUNT] = {0, 0, 1, 1, 1, 1, 0};
+  static const int retro[RA_MODE_COUNT] = {0, 0, 1, 1, 1, 1, 1};
   static const int wire[RA_MODE_COUNT] = {0, RA_MODE_NO_WIRE, 1, 2, 3, 4, 5};
   for (int m = 0; m < RA_MODE_COUNT; m++) {
     assert_int_equal(ra_mode_index_slot((ra_mode)m), slot[m]);
     assert_int_equal(ra_mode_has_index((ra_mode)m), slot[m] >= 0);
     assert_int_equal(ra_mode_uses_stores((ra_mode)m), stores[m]);
     assert_int_equal(ra_mode_takes_top_k((ra_mode)m), top_k[m]);
+    assert_int_equal(ra_mode_takes_retro((ra_mode)m), retro[m]);
     assert_int_equal(ra_mode_to_wire((ra_mode)m), wire[m]);
     ra_mode back;
     if (wire[m] != RA_MODE_NO_WIRE) {

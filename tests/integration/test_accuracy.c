@@ -9,7 +9,8 @@
  *     test's main cost) is closer to full than streaming: smaller KL and attention error;
  *   - the long-generation task with retro: with every key retrieved, flat+retro2 generates full's
  *     answers token for token with no supplementary rows (nothing is unseen) and its fidelity
- *     along full's own continuation is exact; at top-k 8 its supplementary work shows. */
+ *     along full's own continuation is exact; at top-k 8 its supplementary work shows; wave+retro2
+ *     the same way, with every cluster in the retrieval zone, then with 5 % retrieved. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -267,6 +268,34 @@ static void test_longgen_retro_exact_with_every_key_then_corrects(void **state) 
   ra_acc_sample_free(&s);
 }
 
+static void test_longgen_wave_retro_exact_with_every_cluster_then_corrects(void **state) {
+  ra_acc_config cfg;
+  base_config(&cfg);
+  cfg.modes[cfg.n_modes++] = RA_MODE_FULL;
+  cfg.modes[cfg.n_modes] = RA_MODE_WAVE;
+  cfg.retro[cfg.n_modes++] = 2;
+  cfg.off.wave.retrieve = 1.0; /* every cluster, exact at the stores */
+  cfg.off.wave.estimate = 0.0;
+  ra_acc_sample s;
+  ra_error err;
+  ok(ra_acc_generate(F.tok, &F.corpus, RA_ACC_LONGGEN_NEEDLES, 448, 0.5, 3, &s, &err), &err);
+  ra_acc_record rec;
+  ok(ra_acc_run_sample(F.m, F.tok, &cfg, &s, &rec, &err), &err);
+  print_message("full: %.2f; wave+retro2, every cluster: %.2f, %llu supplementary rows\n", rec.modes[0].score,
+                rec.modes[1].score, (unsigned long long)rec.modes[1].retro_rows);
+  assert_int_equal(rec.modes[1].n_generated, rec.modes[0].n_generated);
+  assert_string_equal(rec.modes[1].output, rec.modes[0].output);
+  assert_int_equal(rec.modes[1].retro_rows, 0);
+  cfg.off.wave.retrieve = 0.05;
+  cfg.off.wave.estimate = 0.2;
+  ok(ra_acc_run_sample(F.m, F.tok, &cfg, &s, &rec, &err), &err);
+  print_message("wave+retro2 at 5 %% / 20 %%: %.2f, %llu supplementary rows over %d tokens\n", rec.modes[1].score,
+                (unsigned long long)rec.modes[1].retro_rows, rec.modes[1].n_generated);
+  assert_true(rec.modes[1].retro_rows > 0);
+  assert_int_equal(rec.modes[1].n_items, s.n_values);
+  ra_acc_sample_free(&s);
+}
+
 int main(void) {
   /* RA_TEST_FILTER: only the tests whose names match (cmocka's pattern), e.g. "*longgen*" */
   if (getenv("RA_TEST_FILTER")) cmocka_set_test_filter(getenv("RA_TEST_FILTER"));
@@ -275,6 +304,7 @@ int main(void) {
       cmocka_unit_test(test_passkey_subset_roar_matches_full_streaming_fails),
       cmocka_unit_test(test_fidelity_streaming_worse_than_flat),
       cmocka_unit_test(test_longgen_retro_exact_with_every_key_then_corrects),
+      cmocka_unit_test(test_longgen_wave_retro_exact_with_every_cluster_then_corrects),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -3,8 +3,8 @@
  * Store A gets its rows already permuted and clusters without a perm; store B gets rows in
  * token order and the perm with the clusters. A wave attend selecting every cluster equals mode
  * full; any selection equals the reference over its clusters' tokens plus the unclustered
- * (appended) rows, before and after those are clustered with a perm; bad requests get clear
- * statuses and leave the stores serving. */
+ * (appended) rows, before and after those are clustered with a perm; bad requests (retro's
+ * past-step cluster lists too) get clear statuses and leave the stores serving. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -340,6 +340,46 @@ static void test_wave_bad_requests(void **state) {
   req.n_cluster_heads = 0;
   ok(ra_kvclient_attend(f.stream[1], &req, &part, TIMEOUT_MS, NULL, &err), &err);
   assert_int_equal(part.n_scanned, 8); /* the appended rows alone */
+
+  /* Retro: a past step's partial over the cluster named for it (no lag rows), then malformed
+   * lists refused and the stream serving again. */
+  req.n_cluster_heads = 1;
+  uint32_t rcounts[3] = {1, 1, 1}, rids[3] = {0, 0, 0};
+  float rq[3 * DIM] = {0}, ro[3 * DIM];
+  ra_head_partial rparts[3];
+  for (int j = 0; j < 3; j++) rparts[j] = (ra_head_partial){.part = {.o = ro + j * DIM}};
+  req.retro_step = 5;
+  req.retro_window = 2;
+  req.n_retro = 1;
+  req.retro_q = rq;
+  req.retro_cluster_counts = rcounts;
+  req.retro_clusters = rids;
+  ok(ra_kvclient_attend_send(f.stream[0], &req, &err), &err);
+  ok(ra_kvclient_attend_recv_retro(f.stream[0], &req, &part, rparts, TIMEOUT_MS, NULL, NULL, &err), &err);
+  assert_int_equal(part.n_scanned, f.h[0].cl_cnt[0]);
+  assert_int_equal(rparts[0].n_scanned, f.h[0].cl_cnt[0]);
+  assert_int_equal(rparts[0].q_head, head);
+  for (int d = 0; d < DIM; d++) assert_true(fabsf(rparts[0].part.o[d] - part.part.o[d]) <= 1e-6f);
+  rcounts[0] = 2; /* cluster 0 named twice for past step 1 */
+  expect(ra_kvclient_attend(f.stream[0], &req, &part, TIMEOUT_MS, NULL, &err), RA_EINVAL, &err,
+         "retro clusters of past step 1: cluster 0 of layer 0 kv head 0 selected twice");
+  rcounts[0] = 1;
+  rids[0] = first_b; /* store B's */
+  expect(ra_kvclient_attend(f.stream[0], &req, &part, TIMEOUT_MS, NULL, &err), RA_EINVAL, &err,
+         "is not held by this store");
+  rids[0] = 0;
+  req.n_retro = 3; /* over the window */
+  expect(ra_kvclient_attend(f.stream[0], &req, &part, TIMEOUT_MS, NULL, &err), RA_EINVAL, &err,
+         "window 2 with 3 past queries");
+  req.n_retro = 1;
+  req.mode = RA_MODE_FULL;
+  req.n_cluster_heads = 0;
+  expect(ra_kvclient_attend(f.stream[0], &req, &part, TIMEOUT_MS, NULL, &err), RA_EINVAL, &err, "retro");
+  req.mode = RA_MODE_WAVE;
+  req.n_cluster_heads = 1;
+  ok(ra_kvclient_attend_send(f.stream[0], &req, &err), &err);
+  ok(ra_kvclient_attend_recv_retro(f.stream[0], &req, &part, rparts, TIMEOUT_MS, NULL, NULL, &err), &err);
+  assert_int_equal(rparts[0].n_scanned, f.h[0].cl_cnt[0]);
   fx_stop(&f);
 }
 

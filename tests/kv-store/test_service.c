@@ -1044,7 +1044,38 @@ static void test_put_clusters_and_wave(void **state) {
   assert_int_equal(call(f, kvs_service_attend, &a.base), RA_EINVAL);
   expect_msg(f, "kv head 1, which no asked q head");
   kv[0] = 0;
+  /* retro: past step 1 gets cluster 12's rows alone (no lag); its lists are checked */
+  uint32_t rc_[1] = {1}, rids[1] = {12};
+  float rq[2 * DIM] = {0};
+  a.return_ids = 0;
+  a.retro_step = 3;
+  a.retro_window = 2;
+  a.n_retro = 1;
+  a.retro_q.data = (uint8_t *)rq;
+  a.retro_q.len = sizeof rq;
+  a.n_retro_cluster_counts = a.n_retro_clusters = 1;
+  a.retro_cluster_counts = rc_;
+  a.retro_clusters = rids;
+  assert_int_equal(call(f, kvs_service_attend, &a.base), RA_OK);
+  rep = rakv__attend_reply__unpack(NULL, f->reply.len, f->reply.data);
+  assert_int_equal(rep->n_retro, 2);
+  assert_int_equal(rep->retro[0]->q_head, 1);
+  assert_int_equal(rep->retro[0]->n_scanned, 8);
+  assert_int_equal(rep->heads[0]->n_scanned, 8 + 24);
+  rakv__attend_reply__free_unpacked(rep, NULL);
+  a.n_retro_clusters = 0;
+  assert_int_equal(call(f, kvs_service_attend, &a.base), RA_EINVAL);
+  expect_msg(f, "retro_cluster_counts sum to 1, but 0 retro cluster ids came");
+  a.n_retro_clusters = 1;
+  a.n_retro_cluster_counts = 0;
+  assert_int_equal(call(f, kvs_service_attend, &a.base), RA_EINVAL);
+  expect_msg(f, "retro_cluster_counts has 0 entries, want 1 past steps x 1 cluster_kv_heads");
+  a.n_retro_cluster_counts = 1;
   a.mode = RAKV__ATTEND_MODE__MODE_FULL;
+  assert_int_equal(call(f, kvs_service_attend, &a.base), RA_EINVAL);
+  a.retro_window = a.n_retro = 0;
+  a.retro_q.len = 0;
+  a.n_retro_cluster_counts = a.n_retro_clusters = 0;
   assert_int_equal(call(f, kvs_service_attend, &a.base), RA_EINVAL);
   expect_msg(f, "mode wave only");
 }

@@ -1,7 +1,7 @@
 /* Wave mode at the store: the cluster directory (installs, lookups, runs, lag, memory), rows
  * permuted in place, and the wave attend against a double-precision reference over the selected
  * clusters' rows plus the unclustered ones, for every dtype, GQA groups, several shards per kv
- * head, and the selection's errors. */
+ * head, the selection's errors, and retro's past steps' partials over the clusters named for them. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -322,7 +322,7 @@ static void test_perm_refused_with_index(void **state) {
 static void ref_partial(const fixture *f, const head_data *h, const float *q, const uint64_t *pos,
                         size_t n, double *o, double *m, double *l) {
   const int dim = (int)f->g.head_dim;
-  uint32_t *ids = malloc((n ? n : 1) * sizeof *ids);
+  uint32_t *ids = calloc(n ? n : 1, sizeof *ids);
   for (size_t i = 0; i < n; i++) ids[i] = (uint32_t)(pos[i] - h->base);
   ref_attention(q, h->k, h->v, ids, n, dim, o);
   double mx = -INFINITY, sum = 0.0;
@@ -347,16 +347,23 @@ static int pos_cmp(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* The rows a wave attend of kv head kv with selection sel must read, sorted: the selected
- * clusters' and every row past each shard's clustered prefix. */
-static size_t expected_rows(const fixture *f, uint32_t kv, const uint32_t *sel, size_t n_sel,
-                            uint64_t *out) {
+/* The rows of kv head kv's clusters sel, in selection order. */
+static size_t cluster_rows(const fixture *f, uint32_t kv, const uint32_t *sel, size_t n_sel, uint64_t *out) {
   const head_data *h = &f->h[kv];
   size_t n = 0;
   for (size_t i = 0; i < n_sel; i++)
     for (uint32_t c = 0; c < h->n_cl; c++)
       if (h->id[c] == sel[i])
         for (uint64_t r = 0; r < h->cnt[c]; r++) out[n++] = h->pos[c] + r;
+  return n;
+}
+
+/* The rows a wave attend of kv head kv with selection sel must read, sorted: the selected
+ * clusters' and every row past each shard's clustered prefix. */
+static size_t expected_rows(const fixture *f, uint32_t kv, const uint32_t *sel, size_t n_sel,
+                            uint64_t *out) {
+  const head_data *h = &f->h[kv];
+  size_t n = cluster_rows(f, kv, sel, n_sel, out);
   size_t count;
   const kvs_shard *sh = kvs_session_head(f->s, LAYER, kv, &count);
   for (size_t k = 0; k < count; k++) {
@@ -497,6 +504,123 @@ static void test_wave_all_equals_full(void **state) {
   fixture_free(&f);
 }
 
+/* Retro: each past step's queries get the exact partial over the clusters named for it, no lag
+ * rows, by the same scan; the request's own partials are those of the attend without retro. */
+static void check_wave_retro(ra_dtype t, int dim, double tol) {
+  fixture f;
+  fixture_make(&f, t, dim, 1u << 26);
+  ra_error err;
+  uint32_t counts[400], perm[400];
+  size_t n = random_counts(&f.rng, 250, counts);
+  ok(put(&f, 0, 0, 0, counts, n, NULL, &err), &err);
+  ref_shuffle(&f.rng, perm, 300);
+  size_t n2 = random_counts(&f.rng, 300, counts);
+  ok(put(&f, 0, (uint32_t)n, 300, counts, n2, perm, &err), &err);
+  ref_shuffle(&f.rng, perm, 380);
+  n = random_counts(&f.rng, 380, counts);
+  ok(put(&f, 1, 1000, 50, counts, n, perm, &err), &err);
+  /* this step selects every 4th cluster of each kv head (kv head 1 named first) */
+  uint32_t sel[MAX_CLUSTERS], sel_heads[2] = {1, 0}, sel_counts[2];
+  size_t ns = 0;
+  for (uint32_t c = 0; c < f.h[1].n_cl; c += 4) sel[ns++] = f.h[1].id[c];
+  sel_counts[0] = (uint32_t)ns;
+  for (uint32_t c = 1; c < f.h[0].n_cl; c += 4) sel[ns++] = f.h[0].id[c];
+  sel_counts[1] = (uint32_t)(ns - sel_counts[0]);
+  /* past step 1: some of those of both kv heads; past step 2: none of kv head 1, others of 0;
+   * past step 3: nothing */
+  uint32_t rids[MAX_CLUSTERS], rcounts[3][2] = {{0}};
+  size_t nr = 0;
+  for (uint32_t i = 0; i < sel_counts[0]; i += 2, rcounts[0][0]++) rids[nr++] = sel[i];
+  for (uint32_t i = 0; i < sel_counts[1]; i += 3, rcounts[0][1]++) rids[nr++] = sel[sel_counts[0] + i];
+  for (uint32_t i = 1; i < sel_counts[1]; i += 2, rcounts[1][1]++) rids[nr++] = sel[sel_counts[0] + i];
+  uint32_t heads[5] = {6, 1, 4, 2, 7};
+  float *q = malloc(5 * dim * sizeof *q), *rq = malloc(3 * 5 * dim * sizeof *rq);
+  ref_fill_normal(&f.rng, q, 5 * (size_t)dim, 1.0f);
+  ref_fill_normal(&f.rng, rq, 3 * 5 * (size_t)dim, 1.0f);
+  kvs_attend_args a = {.layer = LAYER, .q_heads = heads, .n_heads = 5, .q = q,
+                       .mode = RA_MODE_WAVE, .n_threads = 3,
+                       .wave = {.kv_heads = sel_heads, .counts = sel_counts, .n_heads = 2, .ids = sel, .n_ids = ns}};
+  kvs_attend_result plain, res;
+  ok(kvs_attend(f.s, &a, &plain, &err), &err);
+  a.retro_step = 9;
+  a.retro_window = 4;
+  a.n_retro = 3;
+  a.retro_q = rq;
+  a.wave.retro_counts = &rcounts[0][0];
+  a.wave.n_retro_counts = 6;
+  a.wave.retro_ids = rids;
+  a.wave.n_retro_ids = nr;
+  ok(kvs_attend(f.s, &a, &res, &err), &err);
+  for (int i = 0; i < 5; i++) {
+    assert_memory_equal(res.heads[i].part.o, plain.heads[i].part.o, (size_t)dim * sizeof(float));
+    assert_int_equal(res.heads[i].n_scanned, plain.heads[i].n_scanned);
+  }
+  assert_non_null(res.retro);
+  uint64_t *pos = malloc(1200 * sizeof *pos);
+  double *o = malloc(dim * sizeof *o);
+  uint64_t total = 0;
+  for (int j = 0; j < 3; j++) {
+    size_t off = 0;
+    for (int k = 0; k < j; k++) off += rcounts[k][0] + rcounts[k][1];
+    for (int i = 0; i < 5; i++) {
+      const uint32_t kv = heads[i] / 4;
+      const uint32_t *ids = rids + off + (kv == 1 ? 0 : rcounts[j][0]);
+      size_t np = cluster_rows(&f, kv, ids, rcounts[j][kv == 1 ? 0 : 1], pos);
+      const ra_head_partial *h = &res.retro[j * 5 + i];
+      assert_int_equal(h->q_head, heads[i]);
+      assert_int_equal(h->n_scanned, np);
+      total += np;
+      if (np == 0) {
+        assert_true(isinf(h->part.m) && h->part.m < 0);
+        assert_true(h->part.l == 0.0f);
+        continue;
+      }
+      double m, l;
+      ref_partial(&f, &f.h[kv], rq + ((size_t)j * 5 + i) * dim, pos, np, o, &m, &l);
+      double e = ref_max_abs_diff(h->part.o, o, dim);
+      if (e > tol) fail_msg("%s past step %d head %u: max abs error %g > %g", ra_dtype_name(t), j + 1, heads[i], e, tol);
+      assert_true(fabs(h->part.m - m) <= 1e-5 * (1.0 + fabs(m)));
+      assert_true(fabs(h->part.l - l) <= 1e-5 * l);
+    }
+  }
+  assert_true(total > 0);
+  kvs_attend_result_free(&res);
+  kvs_attend_result_free(&plain);
+
+  /* malformed retro lists: refused, the session unchanged */
+  a.wave.n_retro_counts = 4;
+  expect(kvs_attend(f.s, &a, &res, &err), RA_EINVAL, &err, "retro_cluster_counts has 4 entries, want 3 past steps x 2");
+  a.wave.n_retro_counts = 6;
+  a.wave.n_retro_ids = nr - 1;
+  expect(kvs_attend(f.s, &a, &res, &err), RA_EINVAL, &err, "but");
+  a.wave.n_retro_ids = nr;
+  const uint32_t keep = rids[nr - 1];
+  rids[nr - 1] = 999; /* of no kv head here */
+  expect(kvs_attend(f.s, &a, &res, &err), RA_EINVAL, &err, "retro clusters of past step 2: cluster 999");
+  rids[nr - 1] = keep;
+  a.n_retro = 5; /* over the window */
+  expect(kvs_attend(f.s, &a, &res, &err), RA_EINVAL, &err, "window 4 with 5 past queries");
+  a.n_retro = 0;
+  expect(kvs_attend(f.s, &a, &res, &err), RA_EINVAL, &err, "without past queries");
+  a.n_retro = 3;
+  a.mode = RA_MODE_FULL;
+  expect(kvs_attend(f.s, &a, &res, &err), RA_EINVAL, &err, "retro");
+  a.mode = RA_MODE_WAVE;
+  ok(kvs_attend(f.s, &a, &res, &err), &err);
+  kvs_attend_result_free(&res);
+  free(pos);
+  free(o);
+  free(q);
+  free(rq);
+  fixture_free(&f);
+}
+
+static void test_wave_retro(void **state) {
+  (void)state;
+  check_wave_retro(RA_DTYPE_F32, 64, 1e-5);
+  check_wave_retro(RA_DTYPE_F16, 40, 1e-5);
+}
+
 static void test_wave_errors(void **state) {
   (void)state;
   fixture f;
@@ -553,6 +677,7 @@ int main(void) {
       cmocka_unit_test(test_wave_bf16),
       cmocka_unit_test(test_wave_int8),
       cmocka_unit_test(test_wave_all_equals_full),
+      cmocka_unit_test(test_wave_retro),
       cmocka_unit_test(test_wave_errors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
