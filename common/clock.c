@@ -13,9 +13,12 @@ static uint64_t to_us(struct timespec ts) {
   return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
+static uint64_t to_ns(struct timespec ts) { return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec; }
+
 static double to_s(struct timespec ts) { return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec; }
 
 uint64_t ra_clock_now_us(void) { return to_us(read_clock(CLOCK_MONOTONIC)); }
+uint64_t ra_clock_now_ns(void) { return to_ns(read_clock(CLOCK_MONOTONIC)); }
 double ra_clock_now_s(void) { return to_s(read_clock(CLOCK_MONOTONIC)); }
 uint64_t ra_clock_thread_cpu_us(void) { return to_us(read_clock(CLOCK_THREAD_CPUTIME_ID)); }
 double ra_clock_thread_cpu_s(void) { return to_s(read_clock(CLOCK_THREAD_CPUTIME_ID)); }

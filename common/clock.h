@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 uint64_t ra_clock_now_us(void); /* monotonic */
+uint64_t ra_clock_now_ns(void); /* monotonic, for spans of a few microseconds */
 double ra_clock_now_s(void);    /* monotonic */
 uint64_t ra_clock_thread_cpu_us(void);
 double ra_clock_thread_cpu_s(void);

@@ -3,6 +3,7 @@
 #include "clock.h"
 #include "clusters.h"
 #include "merge.h"
+#include "retro.h"
 #include "vec.h"
 
 #include <math.h>
@@ -17,46 +18,52 @@
 /* Rows per task: enough to amortize scheduling and the per-task merge of [G, head_dim]. */
 #define WAVE_TASK_MIN 256
 #define WAVE_TASK_MAX 16384
+/* Query sets of one pass: the request's queries (set 0), then each past step's (retro). */
+#define WAVE_MAX_SETS (KVS_RETRO_MAX_WINDOW + 1)
 
 int kvs_attend_is_wave(const kvs_attend_args *a) {
   return a->mode == RA_MODE_WAVE || a->wave.n_heads > 0 || a->wave.n_ids > 0 || a->wave.n_retro_counts > 0 ||
          a->wave.n_retro_ids > 0;
 }
 
-/* Consecutive rows [r0, r1) of one shard. */
+/* Consecutive rows [r0, r1) of one shard, attended by the query sets of mask (bit s: set s). */
 typedef struct piece {
   const kvs_shard *shard;
   uint64_t r0, r1;
+  uint32_t mask;
 } piece;
 
-/* The asked q heads of one kv head and the rows they attend. */
+/* The asked q heads of one kv head and the rows they attend: set s's over its clusters sel[s]
+ * (NULL: the kv head is not named for set s). */
 typedef struct wgroup {
   uint32_t kv_head;
   size_t first, count;  /* into members */
-  const uint32_t *sel;  /* the selected cluster ids */
-  size_t n_sel;
+  const uint32_t *sel[WAVE_MAX_SETS];
+  size_t n_sel[WAVE_MAX_SETS];
   size_t piece0, n_pieces;
-  uint64_t n_rows, n_keys;
+  uint64_t n_rows[WAVE_MAX_SETS]; /* rows set s attends */
+  uint64_t n_union;               /* rows any set attends: the rows loaded */
+  uint64_t n_keys;
 } wgroup;
 
-/* Pieces [piece0, piece0 + n_pieces) of one group; partial slots [slot, slot + G). */
+/* Pieces [piece0, piece0 + n_pieces) of one group; partial slots [slot, slot + n_sets * G),
+ * set s's at slot + s * G. */
 typedef struct wtask {
   uint32_t group;
   size_t piece0, n_pieces;
   size_t slot;
 } wtask;
 
-/* One pass: the request's heads with queries q over sel's clusters (and the lag when lag). */
+/* The request's pass: set 0 (the request's q over its selected clusters and the lag) and sets
+ * 1..n_retro (past step s's q over the clusters named for it), every row loaded once. */
 typedef struct wplan {
   const kvs_session *s;
   const kvs_attend_args *a;
-  const float *q;              /* [n_heads, dim]: the request's q, or a past step's */
-  const kvs_wave_select *sel;  /* its clusters: the request's, or a past step's */
-  int lag, want_ids;
+  size_t n_sets;
   int dim;
   size_t rb;
   size_t *members; /* [n_heads] request head indices, grouped by kv head */
-  float *qs;       /* [n_heads, dim] the members' queries times 1/sqrt(dim), in member order */
+  float *qs;       /* [n_sets, n_heads, dim] the members' queries times 1/sqrt(dim), in member order */
   wgroup *groups;
   size_t n_groups, max_group;
   piece *pieces;
@@ -73,14 +80,39 @@ static void plan_free(wplan *p) {
   free(p->tasks);
 }
 
-/* Groups the asked heads by kv head (in order of first appearance) and gives each group its
- * entry of the selection; checks the selection's shape. */
+/* Names set `set`'s clusters (selection w) to the groups. */
+static int plan_select(wplan *p, size_t set, const kvs_wave_select *w, ra_error *err) {
+  const kvs_attend_args *a = p->a;
+  size_t off = 0;
+  for (size_t i = 0; i < w->n_heads; i++) {
+    const uint32_t kv = w->kv_heads[i];
+    size_t gi = 0;
+    while (gi < p->n_groups && p->groups[gi].kv_head != kv) gi++;
+    if (gi == p->n_groups)
+      return ra_errorf(err, RA_EINVAL,
+                       "clusters selected for kv head %u, which no asked q head of layer %u reads",
+                       kv, a->layer);
+    if (p->groups[gi].sel[set])
+      return ra_errorf(err, RA_EINVAL, "clusters of kv head %u selected twice", kv);
+    static const uint32_t no_ids[1];
+    /* sel also marks the kv head as named: never NULL, and no arithmetic on a NULL ids */
+    p->groups[gi].sel[set] = w->ids ? w->ids + off : no_ids;
+    p->groups[gi].n_sel[set] = w->counts[i];
+    off += w->counts[i];
+  }
+  return RA_OK;
+}
+
+/* Groups the asked heads by kv head (in order of first appearance), scales every set's queries
+ * into member order, and gives each group its clusters of every set; checks the selection's
+ * shape (the retro lists' is retro_check's). */
 static int plan_groups(wplan *p, ra_error *err) {
   const kvs_attend_args *a = p->a;
-  const kvs_wave_select *w = p->sel;
+  const kvs_wave_select *w = &a->wave;
   const kvs_geometry *g = &p->s->geo;
   const uint32_t group_size = g->n_q_heads / g->n_kv_heads;
-  for (size_t i = 0; i < a->n_heads; i++) {
+  const size_t nh = a->n_heads, dim = (size_t)p->dim;
+  for (size_t i = 0; i < nh; i++) {
     uint32_t kv = a->q_heads[i] / group_size;
     size_t gi = 0;
     while (gi < p->n_groups && p->groups[gi].kv_head != kv) gi++;
@@ -94,44 +126,41 @@ static int plan_groups(wplan *p, ra_error *err) {
     if (p->groups[gi].count > p->max_group) p->max_group = p->groups[gi].count;
     p->groups[gi].count = 0;
   }
-  for (size_t i = 0; i < a->n_heads; i++) {
+  const float scale = 1.0f / sqrtf((float)p->dim);
+  for (size_t i = 0; i < nh; i++) {
     size_t gi = 0;
     while (p->groups[gi].kv_head != a->q_heads[i] / group_size) gi++;
     wgroup *gr = &p->groups[gi];
     size_t j = gr->first + gr->count++;
     p->members[j] = i;
-    const float scale = 1.0f / sqrtf((float)p->dim);
-    for (int d = 0; d < p->dim; d++)
-      p->qs[j * (size_t)p->dim + d] = p->q[i * (size_t)p->dim + d] * scale;
+    for (size_t set = 0; set < p->n_sets; set++) {
+      const float *q = set == 0 ? a->q + i * dim : a->retro_q + ((set - 1) * nh + i) * dim;
+      for (size_t d = 0; d < dim; d++) p->qs[(set * nh + j) * dim + d] = q[d] * scale;
+    }
   }
   uint64_t total = 0;
   for (size_t i = 0; i < w->n_heads; i++) total += w->counts[i];
   if (total != w->n_ids)
     return ra_errorf(err, RA_EINVAL, "cluster_counts sum to %llu, but %zu cluster ids came",
                      (unsigned long long)total, w->n_ids);
+  int rc = plan_select(p, 0, w, err);
   size_t off = 0;
-  for (size_t i = 0; i < w->n_heads; i++) {
-    const uint32_t kv = w->kv_heads[i];
-    size_t gi = 0;
-    while (gi < p->n_groups && p->groups[gi].kv_head != kv) gi++;
-    if (gi == p->n_groups)
-      return ra_errorf(err, RA_EINVAL,
-                       "clusters selected for kv head %u, which no asked q head of layer %u reads",
-                       kv, a->layer);
-    if (p->groups[gi].sel)
-      return ra_errorf(err, RA_EINVAL, "clusters of kv head %u selected twice", kv);
-    static const uint32_t no_ids[1];
-    /* sel also marks the kv head as named: never NULL, and no arithmetic on a NULL ids */
-    p->groups[gi].sel = w->ids ? w->ids + off : no_ids;
-    p->groups[gi].n_sel = w->counts[i];
-    off += w->counts[i];
+  for (size_t set = 1; rc == RA_OK && set < p->n_sets; set++) {
+    const uint32_t *counts = w->retro_counts + (set - 1) * w->n_heads;
+    size_t n = 0;
+    for (size_t i = 0; i < w->n_heads; i++) n += counts[i];
+    kvs_wave_select ws = {.kv_heads = w->kv_heads, .counts = counts, .n_heads = w->n_heads,
+                          .ids = w->retro_ids ? w->retro_ids + off : NULL, .n_ids = n};
+    off += n;
+    rc = plan_select(p, set, &ws, err);
   }
-  return RA_OK;
+  return rc;
 }
 
 typedef struct chosen {
   kvs_cluster_span span;
   uint32_t id;
+  uint32_t mask;
 } chosen;
 
 static int chosen_cmp(const void *x, const void *y) {
@@ -141,12 +170,13 @@ static int chosen_cmp(const void *x, const void *y) {
   return 0;
 }
 
-/* Appends rows [r0, r1) of sh, extending the last piece when it continues it. */
-static int push_rows(wplan *p, size_t piece0, const kvs_shard *sh, uint64_t r0, uint64_t r1) {
+/* Appends rows [r0, r1) of sh for the sets of mask, extending the last piece when it continues
+ * it for the same sets. */
+static int push_rows(wplan *p, size_t piece0, const kvs_shard *sh, uint64_t r0, uint64_t r1, uint32_t mask) {
   if (r0 == r1) return RA_OK;
   if (p->n_pieces > piece0) {
     piece *last = &p->pieces[p->n_pieces - 1];
-    if (last->shard == sh && last->r1 == r0) {
+    if (last->shard == sh && last->r1 == r0 && last->mask == mask) {
       last->r1 = r1;
       return RA_OK;
     }
@@ -158,48 +188,71 @@ static int push_rows(wplan *p, size_t piece0, const kvs_shard *sh, uint64_t r0, 
     p->pieces = np;
     p->cap_pieces = cap;
   }
-  p->pieces[p->n_pieces++] = (piece){.shard = sh, .r0 = r0, .r1 = r1};
+  p->pieces[p->n_pieces++] = (piece){.shard = sh, .r0 = r0, .r1 = r1, .mask = mask};
   return RA_OK;
 }
 
-/* A group's rows as pieces, in row order per shard: its selected clusters, then (p->lag) the
- * shard's lag (rows no cluster covers). */
+/* A group's rows as pieces, in row order per shard: the clusters any set names (each once, with
+ * the sets naming it), then the shard's lag (rows no cluster covers) for set 0. */
 static int plan_rows(wplan *p, wgroup *gr, ra_error *err) {
   const kvs_attend_args *a = p->a;
   size_t count;
   const kvs_shard *sh = kvs_session_head(p->s, a->layer, gr->kv_head, &count);
   const kvs_cluster_dir *d = kvs_session_clusters(p->s, a->layer, gr->kv_head);
-  chosen *c = malloc((gr->n_sel ? gr->n_sel : 1) * sizeof *c);
-  if (!c) return ra_errorf(err, RA_ENOMEM, "out of memory for %zu selected clusters", gr->n_sel);
-  for (size_t i = 0; i < gr->n_sel; i++) {
-    c[i].id = gr->sel[i];
-    if (!kvs_cluster_dir_find(d, gr->sel[i], &c[i].span)) {
-      free(c);
-      return ra_errorf(err, RA_EINVAL, "cluster %u of layer %u kv head %u is not held by this store",
-                       gr->sel[i], a->layer, gr->kv_head);
+  size_t n_all = 0;
+  for (size_t set = 0; set < p->n_sets; set++) n_all += gr->n_sel[set];
+  chosen *c = malloc((n_all ? n_all : 1) * sizeof *c);
+  if (!c) return ra_errorf(err, RA_ENOMEM, "out of memory for %zu selected clusters", n_all);
+  size_t n = 0;
+  for (size_t set = 0; set < p->n_sets; set++)
+    for (size_t i = 0; i < gr->n_sel[set]; i++, n++) {
+      c[n].id = gr->sel[set][i];
+      c[n].mask = 1u << set;
+      if (!kvs_cluster_dir_find(d, c[n].id, &c[n].span)) {
+        const uint32_t id = c[n].id;
+        free(c);
+        ra_errorf(err, RA_EINVAL, "cluster %u of layer %u kv head %u is not held by this store", id, a->layer,
+                  gr->kv_head);
+        if (set) ra_error_wrap(err, "retro clusters of past step %zu", set);
+        return RA_EINVAL;
+      }
+    }
+  qsort(c, n, sizeof *c, chosen_cmp);
+  /* one entry per cluster, with every set that names it */
+  size_t u = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (u > 0 && chosen_cmp(&c[u - 1], &c[i]) == 0) {
+      if (c[u - 1].mask & c[i].mask) {
+        const uint32_t id = c[i].id;
+        const int set = __builtin_ctz(c[u - 1].mask & c[i].mask);
+        free(c);
+        ra_errorf(err, RA_EINVAL, "cluster %u of layer %u kv head %u selected twice", id, a->layer, gr->kv_head);
+        if (set) ra_error_wrap(err, "retro clusters of past step %d", set);
+        return RA_EINVAL;
+      }
+      c[u - 1].mask |= c[i].mask;
+    } else {
+      c[u++] = c[i];
     }
   }
-  qsort(c, gr->n_sel, sizeof *c, chosen_cmp);
-  for (size_t i = 1; i < gr->n_sel; i++)
-    if (chosen_cmp(&c[i - 1], &c[i]) == 0) {
-      uint32_t id = c[i].id;
-      free(c);
-      return ra_errorf(err, RA_EINVAL, "cluster %u of layer %u kv head %u selected twice", id,
-                       a->layer, gr->kv_head);
-    }
   gr->piece0 = p->n_pieces;
   int rc = RA_OK;
   size_t i = 0;
   for (size_t k = 0; k < count && rc == RA_OK; k++) {
     gr->n_keys += sh[k].n;
-    for (; i < gr->n_sel && c[i].span.shard == k && rc == RA_OK; i++)
-      rc = push_rows(p, gr->piece0, &sh[k], c[i].span.row, (uint64_t)c[i].span.row + c[i].span.count);
-    if (rc == RA_OK && p->lag) rc = push_rows(p, gr->piece0, &sh[k], kvs_cluster_dir_clustered(d, (uint32_t)k), sh[k].n);
+    for (; i < u && c[i].span.shard == k && rc == RA_OK; i++)
+      rc = push_rows(p, gr->piece0, &sh[k], c[i].span.row, (uint64_t)c[i].span.row + c[i].span.count, c[i].mask);
+    if (rc == RA_OK) rc = push_rows(p, gr->piece0, &sh[k], kvs_cluster_dir_clustered(d, (uint32_t)k), sh[k].n, 1u);
   }
   free(c);
   if (rc) return ra_errorf(err, RA_ENOMEM, "out of memory planning a wave attend");
   gr->n_pieces = p->n_pieces - gr->piece0;
-  for (size_t j = gr->piece0; j < p->n_pieces; j++) gr->n_rows += p->pieces[j].r1 - p->pieces[j].r0;
+  for (size_t j = gr->piece0; j < p->n_pieces; j++) {
+    const uint64_t rows = p->pieces[j].r1 - p->pieces[j].r0;
+    gr->n_union += rows;
+    for (size_t set = 0; set < p->n_sets; set++)
+      if (p->pieces[j].mask >> set & 1u) gr->n_rows[set] += rows;
+  }
   return RA_OK;
 }
 
@@ -207,7 +260,7 @@ static int plan_rows(wplan *p, wgroup *gr, ra_error *err) {
  * was never clustered, is split). */
 static int plan_tasks(wplan *p, int n_threads, ra_error *err) {
   uint64_t total = 0;
-  for (size_t gi = 0; gi < p->n_groups; gi++) total += p->groups[gi].n_rows;
+  for (size_t gi = 0; gi < p->n_groups; gi++) total += p->groups[gi].n_union;
   uint64_t block = total / ((uint64_t)n_threads * 4 + 1);
   if (block < WAVE_TASK_MIN) block = WAVE_TASK_MIN;
   if (block > WAVE_TASK_MAX) block = WAVE_TASK_MAX;
@@ -225,7 +278,8 @@ static int plan_tasks(wplan *p, int n_threads, ra_error *err) {
       for (size_t i = gr->piece0; i < gr->piece0 + gr->n_pieces; i++)
         for (uint64_t r = p->pieces[i].r0; r < p->pieces[i].r1; r += block)
           np[at++] = (piece){.shard = p->pieces[i].shard, .r0 = r,
-                             .r1 = r + block < p->pieces[i].r1 ? r + block : p->pieces[i].r1};
+                             .r1 = r + block < p->pieces[i].r1 ? r + block : p->pieces[i].r1,
+                             .mask = p->pieces[i].mask};
       gr->piece0 = first;
       gr->n_pieces = at - first;
     }
@@ -247,7 +301,7 @@ static int plan_tasks(wplan *p, int n_threads, ra_error *err) {
         i++;
       }
       t->n_pieces = i - t->piece0;
-      p->n_slots += gr->count;
+      p->n_slots += p->n_sets * gr->count;
     }
   }
   return RA_OK;
@@ -258,33 +312,42 @@ static int plan_tasks(wplan *p, int n_threads, ra_error *err) {
  * enough misses are in flight (bench/results/wave-scan/). */
 #define WAVE_PREFETCH_AHEAD 8
 
-/* Scratch of one thread: the task's row addresses, and a strip's scores. */
+/* Scratch of one thread: the task's row addresses and sets, and one set's scores of a strip. */
 typedef struct scratch {
   const char **k, **v; /* [WAVE_TASK_MAX] */
+  uint32_t *mask;      /* [WAVE_TASK_MAX] */
   float *scores;       /* [G, WAVE_STRIP] */
   float *dots;         /* [G] */
+  uint8_t idx[WAVE_STRIP];
+  uint64_t past_ns;    /* time in the past sets' arithmetic */
 } scratch;
 
-/* Folds rows [r0, r0 + nb) of the task (nb <= WAVE_STRIP, n rows in all) into the G running
- * partials (o: [G, dim], m, l: [G]): each key scored against every query of the group once
- * loaded, the partials rescaled to the strip's new maxima, then each value row accumulated for
- * every head while in L1. */
-static void strip_flush(const wplan *p, const float *qs, size_t G, scratch *sc, size_t r0, size_t nb, size_t n,
-                        float *o, float *m, float *l) {
+/* Folds the rows of strip [r0, r0 + nb) (of the task's n) that set `set` attends into its G
+ * running partials (o: [G, dim], m, l: [G]): each key scored against the set's queries qs, the
+ * partials rescaled to the strip's new maxima, then each value row accumulated for every head
+ * while in L1. Set 0 comes first and prefetches ahead; the past sets find the rows cached. */
+static void strip_fold(const wplan *p, const float *qs, size_t G, scratch *sc, size_t set, size_t r0, size_t nb,
+                       size_t n, float *o, float *m, float *l) {
   const ra_dtype dt = p->s->geo.dtype;
   const int dim = p->dim;
+  size_t c = 0;
   for (size_t r = 0; r < nb; r++) {
-    const size_t ahead = r0 + r + WAVE_PREFETCH_AHEAD;
-    if (ahead < n) {
-      ra_vec_prefetch_row(sc->k[ahead], dt, dim, 0);
-      ra_vec_prefetch_row(sc->v[ahead], dt, dim, 0);
+    if (set == 0) {
+      const size_t ahead = r0 + r + WAVE_PREFETCH_AHEAD;
+      if (ahead < n) {
+        ra_vec_prefetch_row(sc->k[ahead], dt, dim, 0);
+        ra_vec_prefetch_row(sc->v[ahead], dt, dim, 0);
+      }
     }
+    if (!(sc->mask[r0 + r] >> set & 1u)) continue;
     ra_vec_dot_queries(qs, G, sc->k[r0 + r], dt, dim, sc->dots);
-    for (size_t j = 0; j < G; j++) sc->scores[j * WAVE_STRIP + r] = sc->dots[j];
+    for (size_t j = 0; j < G; j++) sc->scores[j * WAVE_STRIP + c] = sc->dots[j];
+    sc->idx[c++] = (uint8_t)r;
   }
+  if (c == 0) return;
   for (size_t j = 0; j < G; j++) {
     float *z = sc->scores + j * WAVE_STRIP, mx = z[0];
-    for (size_t r = 1; r < nb; r++) mx = z[r] > mx ? z[r] : mx;
+    for (size_t r = 1; r < c; r++) mx = z[r] > mx ? z[r] : mx;
     if (mx > m[j]) {
       if (l[j] > 0.0f) {
         const float f = expf(m[j] - mx);
@@ -293,19 +356,19 @@ static void strip_flush(const wplan *p, const float *qs, size_t G, scratch *sc, 
       }
       m[j] = mx;
     }
-    l[j] += ra_vec_exp_sum(z, nb, m[j]);
+    l[j] += ra_vec_exp_sum(z, c, m[j]);
   }
-  for (size_t r = 0; r < nb; r++)
+  for (size_t r = 0; r < c; r++)
     for (size_t j = 0; j < G; j++)
-      ra_vec_axpy(o + j * (size_t)dim, sc->scores[j * WAVE_STRIP + r], sc->v[r0 + r], dt, dim);
+      ra_vec_axpy(o + j * (size_t)dim, sc->scores[j * WAVE_STRIP + r], sc->v[r0 + sc->idx[r]], dt, dim);
 }
 
+/* The task's partials of every set: o [n_sets, G, dim], m and l [n_sets, G] (empty: m -inf, l 0). */
 static void task_run(const wplan *p, const wtask *t, scratch *sc, float *o, float *m, float *l) {
   const wgroup *gr = &p->groups[t->group];
-  const size_t G = gr->count;
-  const float *qs = p->qs + gr->first * (size_t)p->dim;
-  memset(o, 0, G * (size_t)p->dim * sizeof *o);
-  for (size_t j = 0; j < G; j++) {
+  const size_t G = gr->count, nh = p->a->n_heads, dim = (size_t)p->dim;
+  memset(o, 0, p->n_sets * G * dim * sizeof *o);
+  for (size_t j = 0; j < p->n_sets * G; j++) {
     m[j] = -INFINITY;
     l[j] = 0.0f;
   }
@@ -316,30 +379,46 @@ static void task_run(const wplan *p, const wtask *t, scratch *sc, float *o, floa
     for (uint64_t r = pc->r0; r < pc->r1; r++, n++) {
       sc->k[n] = k + r * p->rb;
       sc->v[n] = v + r * p->rb;
+      sc->mask[n] = pc->mask;
     }
   }
   for (size_t r = 0; r < WAVE_PREFETCH_AHEAD && r < n; r++) {
     ra_vec_prefetch_row(sc->k[r], p->s->geo.dtype, p->dim, 0);
     ra_vec_prefetch_row(sc->v[r], p->s->geo.dtype, p->dim, 0);
   }
-  for (size_t r0 = 0; r0 < n; r0 += WAVE_STRIP)
-    strip_flush(p, qs, G, sc, r0, n - r0 < WAVE_STRIP ? n - r0 : WAVE_STRIP, n, o, m, l);
-  for (size_t j = 0; j < G; j++) {
+  for (size_t r0 = 0; r0 < n; r0 += WAVE_STRIP) {
+    const size_t nb = n - r0 < WAVE_STRIP ? n - r0 : WAVE_STRIP;
+    uint32_t any = 0;
+    for (size_t r = 0; r < nb; r++) any |= sc->mask[r0 + r];
+    strip_fold(p, p->qs + gr->first * dim, G, sc, 0, r0, nb, n, o, m, l);
+    if (!(any >> 1)) continue;
+    const uint64_t t0 = ra_clock_now_ns();
+    for (size_t set = 1; set < p->n_sets; set++)
+      if (any >> set & 1u)
+        strip_fold(p, p->qs + (set * nh + gr->first) * dim, G, sc, set, r0, nb, n, o + set * G * dim, m + set * G,
+                   l + set * G);
+    sc->past_ns += ra_clock_now_ns() - t0;
+  }
+  for (size_t j = 0; j < p->n_sets * G; j++) {
+    if (!(l[j] > 0.0f)) continue;
     const float inv = 1.0f / l[j];
-    for (int d = 0; d < p->dim; d++) o[j * (size_t)p->dim + d] *= inv;
+    for (size_t d = 0; d < dim; d++) o[j * dim + d] *= inv;
   }
 }
 
-static int run(const wplan *p, int nt, float *o, float *ml, ra_error *err) {
+/* Runs the tasks on nt threads; *past_ns: the threads' time in the past sets, summed. */
+static int run(const wplan *p, int nt, float *o, float *ml, uint64_t *past_ns, ra_error *err) {
   atomic_int failed = 0;
+  atomic_uint_fast64_t past = 0;
 #pragma omp parallel num_threads(nt) if (p->n_tasks > 1)
   {
-    scratch sc;
+    scratch sc = {0};
     sc.k = malloc(2 * WAVE_TASK_MAX * sizeof *sc.k);
     sc.v = sc.k ? sc.k + WAVE_TASK_MAX : NULL;
+    sc.mask = malloc(WAVE_TASK_MAX * sizeof *sc.mask);
     sc.scores = malloc((p->max_group * (WAVE_STRIP + 1) + 1) * sizeof *sc.scores);
     sc.dots = sc.scores ? sc.scores + p->max_group * WAVE_STRIP : NULL;
-    const int ok = sc.k && sc.scores;
+    const int ok = sc.k && sc.mask && sc.scores;
     if (!ok) atomic_store(&failed, 1);
 #pragma omp for schedule(dynamic, 1)
     for (size_t ti = 0; ti < p->n_tasks; ti++) {
@@ -347,91 +426,71 @@ static int run(const wplan *p, int nt, float *o, float *ml, ra_error *err) {
       const wtask *t = &p->tasks[ti];
       task_run(p, t, &sc, o + t->slot * (size_t)p->dim, ml + t->slot, ml + p->n_slots + t->slot);
     }
+    atomic_fetch_add(&past, sc.past_ns);
     free(sc.k);
+    free(sc.mask);
     free(sc.scores);
   }
+  *past_ns = atomic_load(&past);
   if (atomic_load(&failed)) return ra_errorf(err, RA_ENOMEM, "out of memory for attention scratch");
   return RA_OK;
 }
 
-/* The result: every head's partial merged over its group's tasks in task order, and the row
- * positions of each group (shared by its heads). */
+/* The result: every head's partial of every set merged over its group's tasks in task order,
+ * and the row positions set 0 attends per group (shared by its heads). */
 static int result_fill(const wplan *p, const float *o, const float *ml, kvs_attend_result *out,
                        ra_error *err) {
   const kvs_attend_args *a = p->a;
-  const int dim = p->dim;
-  out->n_heads = a->n_heads;
-  out->heads = calloc(a->n_heads, sizeof *out->heads);
-  out->o = calloc(a->n_heads * (size_t)dim, sizeof *out->o);
-  uint64_t n_ids = 0;
-  for (size_t gi = 0; p->want_ids && gi < p->n_groups; gi++) n_ids += p->groups[gi].n_rows;
-  if (p->want_ids) out->ids = malloc((size_t)(n_ids ? n_ids : 1) * sizeof *out->ids);
-  if (!out->heads || !out->o || (p->want_ids && !out->ids))
-    return ra_errorf(err, RA_ENOMEM, "out of memory for the attend result");
-  for (size_t i = 0; i < a->n_heads; i++) {
-    out->heads[i] = (ra_head_partial){.q_head = a->q_heads[i],
-                                      .part = {.o = out->o + i * (size_t)dim, .m = -INFINITY}};
+  const size_t dim = (size_t)p->dim, nh = a->n_heads, np = p->n_sets - 1;
+  out->n_heads = nh;
+  out->heads = calloc(nh, sizeof *out->heads);
+  out->o = calloc(nh * dim, sizeof *out->o);
+  if (np) {
+    out->retro = calloc(np * nh, sizeof *out->retro);
+    out->retro_o = calloc(np * nh * dim, sizeof *out->retro_o);
   }
+  uint64_t n_ids = 0;
+  for (size_t gi = 0; a->want_ids && gi < p->n_groups; gi++) n_ids += p->groups[gi].n_rows[0];
+  if (a->want_ids) out->ids = malloc((size_t)(n_ids ? n_ids : 1) * sizeof *out->ids);
+  if (!out->heads || !out->o || (a->want_ids && !out->ids) || (np && (!out->retro || !out->retro_o)))
+    return ra_errorf(err, RA_ENOMEM, "out of memory for the attend result");
+  for (size_t set = 0; set < p->n_sets; set++)
+    for (size_t gi = 0; gi < p->n_groups; gi++) {
+      const wgroup *gr = &p->groups[gi];
+      for (size_t j = 0; j < gr->count; j++) {
+        const size_t i = p->members[gr->first + j];
+        ra_head_partial *h = set == 0 ? &out->heads[i] : &out->retro[(set - 1) * nh + i];
+        float *ho = set == 0 ? out->o + i * dim : out->retro_o + ((set - 1) * nh + i) * dim;
+        *h = (ra_head_partial){.q_head = a->q_heads[i], .part = {.o = ho, .m = -INFINITY},
+                               .n_scanned = gr->n_rows[set], .n_keys = gr->n_keys};
+      }
+    }
   for (size_t ti = 0; ti < p->n_tasks; ti++) {
     const wtask *t = &p->tasks[ti];
     const wgroup *gr = &p->groups[t->group];
-    for (size_t j = 0; j < gr->count; j++) {
-      ra_head_partial *h = &out->heads[p->members[gr->first + j]];
-      const size_t slot = t->slot + j;
-      ra_partial_merge(&h->part, o + slot * (size_t)dim, ml[slot], ml[p->n_slots + slot], dim);
-    }
+    for (size_t set = 0; set < p->n_sets; set++)
+      for (size_t j = 0; j < gr->count; j++) {
+        const size_t i = p->members[gr->first + j];
+        ra_head_partial *h = set == 0 ? &out->heads[i] : &out->retro[(set - 1) * nh + i];
+        const size_t slot = t->slot + set * gr->count + j;
+        ra_partial_merge(&h->part, o + slot * dim, ml[slot], ml[p->n_slots + slot], (int)dim);
+      }
   }
   uint64_t *ids = out->ids;
-  for (size_t gi = 0; gi < p->n_groups; gi++) {
+  for (size_t gi = 0; ids && gi < p->n_groups; gi++) {
     const wgroup *gr = &p->groups[gi];
-    if (ids) {
-      uint64_t *at = ids;
-      for (size_t i = gr->piece0; i < gr->piece0 + gr->n_pieces; i++)
-        for (uint64_t r = p->pieces[i].r0; r < p->pieces[i].r1; r++)
-          *at++ = p->pieces[i].shard->spec.token_begin + r;
-    }
+    uint64_t *at = ids;
+    for (size_t i = gr->piece0; i < gr->piece0 + gr->n_pieces; i++)
+      if (p->pieces[i].mask & 1u)
+        for (uint64_t r = p->pieces[i].r0; r < p->pieces[i].r1; r++) *at++ = p->pieces[i].shard->spec.token_begin + r;
     for (size_t j = 0; j < gr->count; j++) {
       ra_head_partial *h = &out->heads[p->members[gr->first + j]];
-      h->n_scanned = gr->n_rows;
-      h->n_keys = gr->n_keys;
-      if (ids) {
-        h->ids = ids;
-        h->n_ids = (size_t)gr->n_rows;
-      }
+      h->ids = ids;
+      h->n_ids = (size_t)gr->n_rows[0];
     }
-    if (ids) ids += gr->n_rows;
+    ids += gr->n_rows[0];
   }
   return RA_OK;
-}
-
-/* The partials of queries q (the request's heads) over sel's clusters, plus the lag when lag. */
-static int wave_pass(const kvs_session *s, const kvs_attend_args *a, const float *q, const kvs_wave_select *sel,
-                     int lag, int want_ids, int n_threads, kvs_attend_result *out, ra_error *err) {
-  memset(out, 0, sizeof *out);
-  wplan p = {.s = s, .a = a, .q = q, .sel = sel, .lag = lag, .want_ids = want_ids, .dim = (int)s->geo.head_dim,
-             .rb = kvs_row_bytes(&s->geo)};
-  p.members = malloc(a->n_heads * sizeof *p.members);
-  p.qs = malloc(a->n_heads * (size_t)p.dim * sizeof *p.qs);
-  p.groups = malloc(a->n_heads * sizeof *p.groups);
-  int rc = RA_OK;
-  if (!p.members || !p.qs || !p.groups)
-    rc = ra_errorf(err, RA_ENOMEM, "out of memory planning a wave attend");
-  if (rc == RA_OK) rc = plan_groups(&p, err);
-  for (size_t gi = 0; rc == RA_OK && gi < p.n_groups; gi++) rc = plan_rows(&p, &p.groups[gi], err);
-  if (rc == RA_OK) rc = plan_tasks(&p, n_threads, err);
-  float *o = NULL, *ml = NULL;
-  if (rc == RA_OK) {
-    o = malloc((p.n_slots ? p.n_slots : 1) * (size_t)p.dim * sizeof *o);
-    ml = malloc((p.n_slots ? p.n_slots : 1) * 2 * sizeof *ml);
-    if (!o || !ml) rc = ra_errorf(err, RA_ENOMEM, "out of memory for %zu partials", p.n_slots);
-  }
-  if (rc == RA_OK) rc = run(&p, n_threads, o, ml, err);
-  if (rc == RA_OK) rc = result_fill(&p, o, ml, out, err);
-  free(o);
-  free(ml);
-  plan_free(&p);
-  if (rc) kvs_attend_result_free(out);
-  return rc;
 }
 
 /* The retro lists' shape: [n_retro, n_heads] counts summing to the ids, none without past
@@ -452,43 +511,6 @@ static int retro_check(const kvs_attend_args *a, ra_error *err) {
   return RA_OK;
 }
 
-/* Each past step's partials over the clusters the request names for it (no lag: the past step
- * saw those rows as lag or in the worker's window), laid out as attend.h's retro. */
-static int wave_retro(const kvs_session *s, const kvs_attend_args *a, int n_threads, kvs_attend_result *out,
-                      ra_error *err) {
-  const uint64_t t0 = ra_clock_now_us();
-  const size_t nh = a->n_heads, np = a->n_retro, dim = s->geo.head_dim, nsel = a->wave.n_heads;
-  out->retro = calloc(np * nh + 1, sizeof *out->retro);
-  out->retro_o = calloc(np * nh * dim + 1, sizeof *out->retro_o);
-  if (!out->retro || !out->retro_o) return ra_errorf(err, RA_ENOMEM, "out of memory for %zu retro partials", np * nh);
-  int rc = RA_OK;
-  size_t off = 0;
-  for (size_t j = 0; j < np && rc == RA_OK; j++) {
-    const uint32_t *counts = a->wave.retro_counts + j * nsel;
-    size_t n = 0;
-    for (size_t i = 0; i < nsel; i++) n += counts[i];
-    static const uint32_t no_ids[1];
-    kvs_wave_select sj = {.kv_heads = a->wave.kv_heads, .counts = counts, .n_heads = nsel,
-                          .ids = a->wave.retro_ids ? a->wave.retro_ids + off : no_ids, .n_ids = n};
-    off += n;
-    kvs_attend_result r;
-    rc = wave_pass(s, a, a->retro_q + j * nh * dim, &sj, 0, 0, n_threads, &r, err);
-    if (rc) {
-      ra_error_wrap(err, "retro clusters of past step %zu", j + 1);
-      break;
-    }
-    for (size_t i = 0; i < nh; i++) {
-      ra_head_partial *rp = &out->retro[j * nh + i];
-      *rp = r.heads[i];
-      rp->part.o = out->retro_o + (j * nh + i) * dim;
-      memcpy(rp->part.o, r.heads[i].part.o, dim * sizeof(float));
-    }
-    kvs_attend_result_free(&r);
-  }
-  out->retro_us = ra_clock_now_us() - t0;
-  return rc;
-}
-
 int kvs_attend_wave(const kvs_session *s, const kvs_attend_args *a, int n_threads,
                     kvs_attend_result *out, ra_error *err) {
   memset(out, 0, sizeof *out);
@@ -496,8 +518,31 @@ int kvs_attend_wave(const kvs_session *s, const kvs_attend_args *a, int n_thread
     return ra_errorf(err, RA_EINVAL, "clusters are selected in mode wave only, not in mode %s",
                      ra_mode_name(a->mode));
   int rc = retro_check(a, err);
-  if (rc == RA_OK) rc = wave_pass(s, a, a->q, &a->wave, 1, a->want_ids, n_threads, out, err);
-  if (rc == RA_OK && a->n_retro) rc = wave_retro(s, a, n_threads, out, err);
+  if (rc) return rc;
+  wplan p = {.s = s, .a = a, .n_sets = 1 + (size_t)a->n_retro, .dim = (int)s->geo.head_dim,
+             .rb = kvs_row_bytes(&s->geo)};
+  p.members = malloc(a->n_heads * sizeof *p.members);
+  p.qs = malloc(p.n_sets * a->n_heads * (size_t)p.dim * sizeof *p.qs);
+  p.groups = malloc(a->n_heads * sizeof *p.groups);
+  if (!p.members || !p.qs || !p.groups) rc = ra_errorf(err, RA_ENOMEM, "out of memory planning a wave attend");
+  if (rc == RA_OK) rc = plan_groups(&p, err);
+  for (size_t gi = 0; rc == RA_OK && gi < p.n_groups; gi++) rc = plan_rows(&p, &p.groups[gi], err);
+  if (rc == RA_OK) rc = plan_tasks(&p, n_threads, err);
+  float *o = NULL, *ml = NULL;
+  if (rc == RA_OK) {
+    o = malloc((p.n_slots ? p.n_slots : 1) * (size_t)p.dim * sizeof *o);
+    ml = malloc((p.n_slots ? p.n_slots : 1) * 2 * sizeof *ml);
+    if (!o || !ml) rc = ra_errorf(err, RA_ENOMEM, "out of memory for %zu partials", p.n_slots);
+  }
+  uint64_t past_ns = 0;
+  if (rc == RA_OK) rc = run(&p, n_threads, o, ml, &past_ns, err);
+  if (rc == RA_OK) rc = result_fill(&p, o, ml, out, err);
+  /* a wall-time share: the pass's threads split the past sets' arithmetic */
+  const size_t nt = p.n_tasks < (size_t)n_threads ? p.n_tasks : (size_t)n_threads;
+  out->retro_us = past_ns / 1000 / (nt ? nt : 1);
+  free(o);
+  free(ml);
+  plan_free(&p);
   if (rc) kvs_attend_result_free(out);
   return rc;
 }

@@ -12,9 +12,12 @@
  * result for the same request and thread count). n_scanned counts the rows attended; ids (when
  * asked) are their row positions, selected clusters in row order, then the lag.
  *
- * Retro (attend.h): each past step's queries get, by the same scan, the exact partial over the
- * clusters the request names for that step, without the lag (the worker keeps what each past
- * step has seen, so the store keeps no records in this mode). */
+ * Retro (attend.h): each past step's queries get the exact partial over the clusters the request
+ * names for that step, without the lag (the worker keeps what each past step has seen, so the
+ * store keeps no records in this mode). They are scored in the same pass: a row is loaded once,
+ * for the request's queries and those of every past step naming its cluster, so the supplement
+ * costs arithmetic on cached rows, not W more scans (bench/results/h200/retro-wave/). retro_us
+ * is the threads' time in the past steps' arithmetic over the pass's thread count. */
 #ifndef KVS_ATTEND_WAVE_H
 #define KVS_ATTEND_WAVE_H
 

@@ -505,7 +505,7 @@ static void test_wave_all_equals_full(void **state) {
 }
 
 /* Retro: each past step's queries get the exact partial over the clusters named for it, no lag
- * rows, by the same scan; the request's own partials are those of the attend without retro. */
+ * rows, in the same pass; the request's own partials are those of the attend without retro. */
 static void check_wave_retro(ra_dtype t, int dim, double tol) {
   fixture f;
   fixture_make(&f, t, dim, 1u << 26);
@@ -585,7 +585,6 @@ static void check_wave_retro(ra_dtype t, int dim, double tol) {
   }
   assert_true(total > 0);
   kvs_attend_result_free(&res);
-  kvs_attend_result_free(&plain);
 
   /* malformed retro lists: refused, the session unchanged */
   a.wave.n_retro_counts = 4;
@@ -608,6 +607,34 @@ static void check_wave_retro(ra_dtype t, int dim, double tol) {
   a.mode = RA_MODE_WAVE;
   ok(kvs_attend(f.s, &a, &res, &err), &err);
   kvs_attend_result_free(&res);
+  /* a cluster named twice for one past step is refused; two steps may name one cluster */
+  const uint32_t second = rids[1];
+  rids[1] = rids[0];
+  expect(kvs_attend(f.s, &a, &res, &err), RA_EINVAL, &err, "retro clusters of past step 1: cluster");
+  rids[1] = second;
+
+  /* past step 3 names a cluster this step does not select: its rows are loaded for step 3 alone,
+   * and the request's own partials stay those of the attend without retro */
+  const uint32_t outside = f.h[0].id[2];
+  rids[nr] = outside;
+  rcounts[2][1] = 1;
+  a.wave.n_retro_ids = nr + 1;
+  ok(kvs_attend(f.s, &a, &res, &err), &err);
+  for (int i = 0; i < 5; i++) {
+    for (int d = 0; d < dim; d++) o[d] = plain.heads[i].part.o[d];
+    assert_true(ref_max_abs_diff(res.heads[i].part.o, o, dim) <= tol);
+    assert_int_equal(res.heads[i].n_scanned, plain.heads[i].n_scanned);
+    const ra_head_partial *h = &res.retro[2 * 5 + i];
+    size_t np = heads[i] / 4 == 0 ? cluster_rows(&f, 0, &outside, 1, pos) : 0;
+    assert_int_equal(h->n_scanned, np);
+    if (np == 0) continue;
+    double m, l;
+    ref_partial(&f, &f.h[0], rq + ((size_t)2 * 5 + i) * dim, pos, np, o, &m, &l);
+    assert_true(ref_max_abs_diff(h->part.o, o, dim) <= tol);
+    assert_true(fabs(h->part.l - l) <= 1e-5 * l);
+  }
+  kvs_attend_result_free(&res);
+  kvs_attend_result_free(&plain);
   free(pos);
   free(o);
   free(q);
