@@ -349,10 +349,11 @@ int cu_matmul(ra_backend *be, const ra_tensor *x, const ra_tensor *w, const ra_t
   const void *bp = bias ? bias->data : nullptr;
   int bdt = bias ? bias->dtype : RA_DTYPE_F32;
 
-  /* decode: GEMV straight from the weights (bias and residual fused) */
-  if (n == 1 && w->dtype != RA_DTYPE_F32 && k % 8 == 0 && aligned16(w->data) && aligned16(x->data)) {
-    CU_TRY("matmul", ra_cuda_gemv(im->stream, im->n_sm, w->data, w->dtype, (const float *)x->data, bp, bdt, (float *)y->data, m,
-                                  k, accumulate));
+  /* decode (a step of up to RA_CUDA_GEMV_MAX_X tokens): GEMV straight from the weights, bias
+   * and residual fused */
+  if (n <= RA_CUDA_GEMV_MAX_X && w->dtype != RA_DTYPE_F32 && k % 8 == 0 && aligned16(w->data) && aligned16(x->data)) {
+    CU_TRY("matmul", ra_cuda_gemv(im->stream, im->n_sm, w->data, w->dtype, (const float *)x->data, (int)n, bp, bdt,
+                                  (float *)y->data, m, k, accumulate));
     return RA_OK;
   }
   /* cuBLAS, column-major: y^T [m, n] = W [k, m]^T x^T [k, n]; a bias is put into y first and

@@ -6,8 +6,8 @@
  * Storage choices:
  *   - load_weight keeps matrices as BF16 (GGUF quant types are dequantized on the device);
  *     1-row weights (norms, biases) stay F32 since element-wise ops read them at full precision.
- *   - matmul: one token (decode) runs a bandwidth-bound GEMV over the weights; more tokens go
- *     to cublasGemmEx with BF16 inputs and FP32 accumulation.
+ *   - matmul: up to RA_CUDA_GEMV_MAX_X tokens (a decode step) run a bandwidth-bound GEMV over
+ *     the weights; more tokens go to cublasGemmEx with BF16 inputs and FP32 accumulation.
  *   - attn_prefill is a flash-attention kernel on tensor cores (mma.sync, BF16 operands for a
  *     BF16 cache, F16 otherwise; FP32 accumulation and softmax) for head_dim 64 and 128; other
  *     head dims use a CUDA-core kernel.
@@ -20,6 +20,9 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* Rows of x that matmul's GEMV takes; more go to cuBLAS (bench/results/h200/gemv-rows/). */
+#define RA_CUDA_GEMV_MAX_X 4
 
 /* Creates the CUDA backend on cfg->device (0 when cfg is NULL). RA_EUNAVAIL when there is no
  * usable device (no driver, no GPU, bad ordinal); err says which. */

@@ -1,6 +1,8 @@
 /* Batch-1 matmul (decode): y = w x (+ bias) (+ y), w: [m, k] BF16/F16, x: [k] F32 — and its fused
  * forms: several matrices sharing x (q/k/v), an RMSNorm of x in front, and SwiGLU behind a
- * gate/up pair.
+ * gate/up pair. A few rows of x (a decode step of several tokens: retro's corrected rows, a
+ * serve step's sequences) take the plain form with NX rows: every weight byte is still read
+ * once, and used NX times from registers (bench/results/h200/gemv-rows/).
  *
  * Decode reads every weight byte once, so this kernel is the decode step's bandwidth bill: it
  * must keep enough bytes in flight to cover DRAM latency (~30-40 KB per SM on an H200), and a
@@ -99,8 +101,12 @@ __host__ __device__ inline int64_t gemv_units(const ra_cuda_gemv_args &a, int R,
   return swiglu ? a.m[0] : (a.m[0] + a.m[1] + a.m[2] + R - 1) / R;
 }
 
-template <typename WT, int R, int U, bool XSMEM, bool SWIGLU>
+/* NX > 1: x [NX, k] and y_s [NX, m_s], read from global memory (L1-cached: every warp of a block
+ * reads the same x), no norm, no swiglu. */
+template <typename WT, int R, int U, int NX, bool XSMEM, bool SWIGLU>
 __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(ra_cuda_gemv_args a) {
+  static_assert(NX == 1 || (!XSMEM && !SWIGLU), "several rows of x: plain form only");
+  static_assert(NX * R <= 32, "a lane writes each output");
   extern __shared__ float4 xs4[]; /* [k / 4] when XSMEM */
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t k = a.k, nvec = k / 8;
@@ -140,9 +146,11 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(ra_cuda_gemv_args a) 
   if (unit < units) load(bufA, unit, 0);
   ra_cuda_pdl_entry();
   const float rinv = XSMEM ? stage_x(xs4, a.x, k, a.norm_w, a.norm_dtype, a.eps) : 1.0f;
-  float acc[R];
+  float acc[NX][R];
 #pragma unroll
-  for (int r = 0; r < R; r++) acc[r] = 0.0f;
+  for (int xi = 0; xi < NX; xi++)
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[xi][r] = 0.0f;
   /* one round: load the next one into nxt, use cur; at a unit's last round, write its rows */
   auto round = [&](uint4(&cur)[R][U], uint4(&nxt)[R][U]) -> bool {
     int64_t nu = unit;
@@ -156,16 +164,31 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(ra_cuda_gemv_args a) 
     for (int u = 0; u < U; u++) {
       const int64_t v = (int64_t)rd * 32 * U + 32 * u + lane;
       if (v >= nvec) break;
-      float xv[8];
-      if (XSMEM) {
-        const float4 p = xs4[2 * v], q = xs4[2 * v + 1];
-        xv[0] = p.x; xv[1] = p.y; xv[2] = p.z; xv[3] = p.w;
-        xv[4] = q.x; xv[5] = q.y; xv[6] = q.z; xv[7] = q.w;
-      } else {
-        ra_cuda_load8(a.x + 8 * v, xv);
-      }
+      if constexpr (NX == 1) {
+        float xv[8];
+        if (XSMEM) {
+          const float4 p = xs4[2 * v], q = xs4[2 * v + 1];
+          xv[0] = p.x; xv[1] = p.y; xv[2] = p.z; xv[3] = p.w;
+          xv[4] = q.x; xv[5] = q.y; xv[6] = q.z; xv[7] = q.w;
+        } else {
+          ra_cuda_load8(a.x + 8 * v, xv);
+        }
 #pragma unroll
-      for (int r = 0; r < R; r++) acc[r] += dot8<WT>(cur[r][u], xv);
+        for (int r = 0; r < R; r++) acc[0][r] += dot8<WT>(cur[r][u], xv);
+      } else {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+          float w[8];
+          ra_cuda_cvt8(cur[r][u], w, (const WT *)nullptr);
+#pragma unroll
+          for (int xi = 0; xi < NX; xi++) {
+            float xv[8];
+            ra_cuda_load8(a.x + xi * k + 8 * v, xv);
+#pragma unroll
+            for (int i = 0; i < 8; i++) acc[xi][r] = fmaf(w[i], xv[i], acc[xi][r]);
+          }
+        }
+      }
     }
     if (rd == rounds - 1) {
       int seg[R];
@@ -174,27 +197,34 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(ra_cuda_gemv_args a) 
 #pragma unroll
       for (int r = 0; r < R; r++) {
         live[r] = locate(unit, r, seg[r], srow[r]);
-        float s = acc[r];
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        acc[r] = s * rinv;
-        if (a.bias[seg[r]]) acc[r] += ra_cuda_load(a.bias[seg[r]], a.bias_dtype[seg[r]], srow[r]);
+        const float b = a.bias[seg[r]] ? ra_cuda_load(a.bias[seg[r]], a.bias_dtype[seg[r]], srow[r]) : 0.0f;
+#pragma unroll
+        for (int xi = 0; xi < NX; xi++) {
+          float s = acc[xi][r];
+          for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+          acc[xi][r] = s * rinv + b;
+        }
       }
       if constexpr (SWIGLU) {
         if (lane == 0) {
-          const float g = acc[0];
-          a.y[0][unit] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), acc[R - 1]);
+          const float g = acc[0][0];
+          a.y[0][unit] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), acc[0][R - 1]);
         }
       } else {
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-          if (lane == r && live[r]) {
-            float *y = a.y[seg[r]] + srow[r];
-            *y = a.accumulate ? *y + acc[r] : acc[r];
+        for (int xi = 0; xi < NX; xi++)
+#pragma unroll
+          for (int r = 0; r < R; r++) {
+            if (lane == xi * R + r && live[r]) {
+              float *y = a.y[seg[r]] + (int64_t)xi * a.m[seg[r]] + srow[r];
+              *y = a.accumulate ? *y + acc[xi][r] : acc[xi][r];
+            }
           }
-        }
       }
 #pragma unroll
-      for (int r = 0; r < R; r++) acc[r] = 0.0f;
+      for (int xi = 0; xi < NX; xi++)
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[xi][r] = 0.0f;
     }
     unit = nu;
     rd = nrd;
@@ -207,19 +237,33 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(ra_cuda_gemv_args a) 
   }
 }
 
-template <typename WT, int R, int U, bool SWIGLU> cudaError_t launch(cudaStream_t s, const ra_cuda_gemv_args &a) {
+template <typename WT, int R, int U, bool SWIGLU, int NX = 1> cudaError_t launch(cudaStream_t s, const ra_cuda_gemv_args &a) {
   /* as many warps as kBlocksPerSm blocks per SM hold, then fewer blocks so that every warp
    * takes the same number of units */
   const int64_t units = gemv_units(a, R, SWIGLU);
   const int64_t max_warps = (int64_t)std::max(a.n_sm, 1) * kBlocksPerSm * kWarps;
   const int64_t per_warp = (units + max_warps - 1) / max_warps;
   const unsigned grid = (unsigned)((units + kWarps * per_warp - 1) / (kWarps * per_warp));
-  if (a.k <= RA_CUDA_GEMV_SMEM_COLS)
-    return ra_cuda_launch(gemv_kernel<WT, R, U, true, SWIGLU>, grid, kWarps * 32, (size_t)a.k * sizeof(float), s, a);
-  return ra_cuda_launch(gemv_kernel<WT, R, U, false, SWIGLU>, grid, kWarps * 32, 0, s, a);
+  if constexpr (NX == 1) {
+    if (a.k <= RA_CUDA_GEMV_SMEM_COLS)
+      return ra_cuda_launch(gemv_kernel<WT, R, U, 1, true, SWIGLU>, grid, kWarps * 32, (size_t)a.k * sizeof(float), s, a);
+  }
+  return ra_cuda_launch(gemv_kernel<WT, R, U, NX, false, SWIGLU>, grid, kWarps * 32, 0, s, a);
+}
+
+/* Several rows of x: each x chunk loaded (from L1) is used for R weight rows, which keeps the L1
+ * traffic per weight byte at two rows of x's. */
+template <typename WT> cudaError_t launch_rows(cudaStream_t s, const ra_cuda_gemv_args &a) {
+  switch (a.n_x) {
+  case 2: return launch<WT, 1, 4, false, 2>(s, a);
+  case 3: return launch<WT, 2, 4, false, 3>(s, a);
+  case 4: return launch<WT, 2, 4, false, 4>(s, a);
+  default: return cudaErrorInvalidValue;
+  }
 }
 
 template <typename WT> cudaError_t launch_dtype(cudaStream_t s, const ra_cuda_gemv_args &a) {
+  if (a.n_x > 1) return launch_rows<WT>(s, a);
   if (a.swiglu) return launch<WT, 2, 4, true>(s, a);
   /* two rows per warp halve the x reads per weight byte where there are rows enough; the
    * 4096-row matrices of Llama-3-8B measured faster with one */
@@ -230,8 +274,9 @@ template <typename WT> cudaError_t launch_dtype(cudaStream_t s, const ra_cuda_ge
 template <typename WT> cudaError_t init_for() {
   const int bytes = (int)(RA_CUDA_GEMV_SMEM_COLS * sizeof(float));
   cudaError_t e;
-  const void *kernels[] = {(const void *)gemv_kernel<WT, 1, 4, true, false>, (const void *)gemv_kernel<WT, 2, 4, true, false>,
-                           (const void *)gemv_kernel<WT, 2, 4, true, true>};
+  const void *kernels[] = {(const void *)gemv_kernel<WT, 1, 4, 1, true, false>,
+                           (const void *)gemv_kernel<WT, 2, 4, 1, true, false>,
+                           (const void *)gemv_kernel<WT, 2, 4, 1, true, true>};
   for (const void *k : kernels)
     if ((e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes)) != cudaSuccess) return e;
   return cudaSuccess;
@@ -247,13 +292,15 @@ cudaError_t ra_cuda_gemv_init(void) {
 cudaError_t ra_cuda_gemv_fused(cudaStream_t s, const ra_cuda_gemv_args *a) {
   /* the norm is computed while x is staged in shared memory: without staging it would be skipped */
   if (a->norm_w && a->k > RA_CUDA_GEMV_SMEM_COLS) return cudaErrorInvalidValue;
+  if (a->n_x > 1 && (a->norm_w || a->swiglu || a->n_x > RA_CUDA_GEMV_MAX_X)) return cudaErrorInvalidValue;
   if (a->w_dtype == RA_DTYPE_F16) return launch_dtype<__half>(s, *a);
   return launch_dtype<__nv_bfloat16>(s, *a);
 }
 
-cudaError_t ra_cuda_gemv(cudaStream_t s, int n_sm, const void *w, int w_dtype, const float *x, const void *bias,
-                         int bias_dtype, float *y, int64_t m, int64_t k, int accumulate) {
+cudaError_t ra_cuda_gemv(cudaStream_t s, int n_sm, const void *w, int w_dtype, const float *x, int n_x,
+                         const void *bias, int bias_dtype, float *y, int64_t m, int64_t k, int accumulate) {
   ra_cuda_gemv_args a = {};
+  a.n_x = n_x;
   a.n_sm = n_sm;
   a.w[0] = w;
   a.bias[0] = bias;

@@ -11,6 +11,7 @@
 
 extern "C" {
 #include "backend.h"
+#include "backend_cuda.h"
 }
 
 /* ---- programmatic dependent launch (PDL, sm_90+) ----
@@ -191,12 +192,14 @@ typedef struct ra_cuda_gemv_args {
   float eps;
   int accumulate, swiglu;
   int n_sm; /* the device's SMs: the kernel is persistent, its grid a multiple of them */
+  int n_x;  /* 0 or 1: x [k]; up to RA_CUDA_GEMV_MAX_X: x [n_x, k], y_s [n_x, m_s] (no norm, no swiglu) */
 } ra_cuda_gemv_args;
 cudaError_t ra_cuda_gemv_fused(cudaStream_t s, const ra_cuda_gemv_args *a);
-/* y[j] = sum_c w[j, c] x[c] (+ bias[j]) (+ y[j]).  w: [m, k] of w_dtype (BF16/F16), x: [k] F32.
- * Needs k % 8 == 0 and 16-byte aligned w and x (checked by the caller). */
-cudaError_t ra_cuda_gemv(cudaStream_t s, int n_sm, const void *w, int w_dtype, const float *x, const void *bias,
-                         int bias_dtype, float *y, int64_t m, int64_t k, int accumulate);
+/* y[i, j] = sum_c w[j, c] x[i, c] (+ bias[j]) (+ y[i, j]).  w: [m, k] of w_dtype (BF16/F16),
+ * x: [n_x, k] F32, 1 <= n_x <= RA_CUDA_GEMV_MAX_X. Needs k % 8 == 0 and 16-byte aligned w and x
+ * (checked by the caller). */
+cudaError_t ra_cuda_gemv(cudaStream_t s, int n_sm, const void *w, int w_dtype, const float *x, int n_x,
+                         const void *bias, int bias_dtype, float *y, int64_t m, int64_t k, int accumulate);
 /* y = x / sqrt(mean(x^2) + eps) * w.  x, y: [n, d] F32 (may alias), w: [d] of w_dtype */
 cudaError_t ra_cuda_rmsnorm(cudaStream_t s, const float *x, const void *w, int w_dtype, float eps, float *y, int64_t n,
                             int64_t d);

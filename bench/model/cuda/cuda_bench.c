@@ -11,6 +11,9 @@
  *            tokens/s.
  *            Each context runs twice: kernels launched the plain way, then with programmatic
  *            dependent launch (the backend's default on sm_90), and reports both.
+ *   rows     a layer's seven matmuls with x of 1..8 rows (a decode step of several tokens: retro's
+ *            corrected rows, a serve step's sequences): us per layer, GB/s of weights, and the
+ *            path (the GEMV up to RA_CUDA_GEMV_MAX_X rows, then cuBLAS).
  *   kernels  every GEMV shape of a step and attn_decode at 8K / 32K alone (us, GB/s); each
  *            decode result's other_ms is the step time these do not explain (small kernels,
  *            launch gaps). It can be negative: inside a step each kernel overlaps its
@@ -51,12 +54,13 @@ typedef struct prefill_result {
   double seconds, tok_per_s, first_chunk_ms, last_chunk_ms;
 } prefill_result;
 
-enum { N_GEMV = 8, N_CTX = 2 };
+enum { N_GEMV = 8, N_CTX = 2, N_ROWS = 8 };
 static const char *const kGemvNames[N_GEMV] = {"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "output"};
 
 typedef struct kernel_times {
   int64_t gemv_m[N_GEMV], gemv_k[N_GEMV];
   double gemv_bytes[N_GEMV], gemv_us[N_GEMV];
+  double rows_us[N_ROWS], layer_bytes; /* rows_us[n - 1]: the layer's matmuls, x [n, k] */
   int64_t attn_ctx[N_CTX];
   double attn_bytes[N_CTX], attn_us[N_CTX];
   double attn1_us[N_CTX]; /* the same bytes as one kv head (4 q heads) of 8x the tokens */
@@ -240,24 +244,40 @@ static int run_kernels(ra_backend *be, const ra_model *m, ra_cuda_timer *tm, ker
                                  m->cfg.tied_embeddings ? &m->tok_embd : &m->output};
   ra_tensor x = {0}, y = {0}, q = {0}, kc = {0}, vc = {0}, o = {0}, ml = {0};
   int64_t big = c->ffn_dim > c->vocab ? c->ffn_dim : c->vocab;
-  int64_t xs[2] = {1, c->ffn_dim > c->dim ? c->ffn_dim : c->dim}, ys[2] = {1, big}, ctx = 32768;
+  int64_t xs[2] = {N_ROWS, c->ffn_dim > c->dim ? c->ffn_dim : c->dim}, ys[2] = {N_ROWS, big}, ctx = 32768;
   int64_t qs[2] = {c->n_heads, c->head_dim}, cs[3] = {ctx, c->n_kv_heads, c->head_dim}, ms[2] = {c->n_heads, 2};
   int rc;
   if ((rc = ra_tensor_new(be, &x, RA_DTYPE_F32, 2, xs, err)) || (rc = ra_tensor_new(be, &y, RA_DTYPE_F32, 2, ys, err)) ||
       (rc = be->ops->fill_random(be, &x, 5, 0.0f, 1.0f, err)))
     goto done;
-  for (int i = 0; i < N_GEMV; i++) {
-    /* views of the shared buffers with this matrix's shapes */
-    ra_tensor xv = x, yv = y;
-    xv.shape[1] = ws[i]->shape[1];
-    xv.nbytes = (size_t)ws[i]->shape[1] * sizeof(float);
-    yv.shape[1] = ws[i]->shape[0];
-    yv.nbytes = (size_t)ws[i]->shape[0] * sizeof(float);
-    gemv_ctx g = {ws[i], &xv, &yv};
-    kt->gemv_m[i] = ws[i]->shape[0];
-    kt->gemv_k[i] = ws[i]->shape[1];
-    kt->gemv_bytes[i] = (double)ws[i]->nbytes;
-    if ((rc = time_op(tm, be, gemv_op, &g, &kt->gemv_us[i], err))) goto done;
+  kt->layer_bytes = 0.0;
+  for (int n = 1; n <= N_ROWS; n++) {
+    kt->rows_us[n - 1] = 0.0;
+    for (int i = 0; i < N_GEMV; i++) {
+      /* views of the shared buffers with this matrix's shapes */
+      ra_tensor xv = x, yv = y;
+      xv.shape[0] = yv.shape[0] = n;
+      xv.shape[1] = ws[i]->shape[1];
+      xv.nbytes = (size_t)n * (size_t)ws[i]->shape[1] * sizeof(float);
+      yv.shape[1] = ws[i]->shape[0];
+      yv.nbytes = (size_t)n * (size_t)ws[i]->shape[0] * sizeof(float);
+      gemv_ctx g = {ws[i], &xv, &yv};
+      double us;
+      if (n > 1 && i == N_GEMV - 1) break; /* the output matrix: the last token's logits only */
+      if ((rc = time_op(tm, be, gemv_op, &g, &us, err))) goto done;
+      if (n > 1) {
+        kt->rows_us[n - 1] += us;
+        continue;
+      }
+      kt->gemv_m[i] = ws[i]->shape[0];
+      kt->gemv_k[i] = ws[i]->shape[1];
+      kt->gemv_bytes[i] = (double)ws[i]->nbytes;
+      kt->gemv_us[i] = us;
+      if (i < N_GEMV - 1) {
+        kt->rows_us[0] += us;
+        kt->layer_bytes += (double)ws[i]->nbytes;
+      }
+    }
   }
   if ((rc = ra_tensor_new(be, &q, RA_DTYPE_F32, 2, qs, err)) || (rc = ra_tensor_new(be, &o, RA_DTYPE_F32, 2, qs, err)) ||
       (rc = ra_tensor_new(be, &ml, RA_DTYPE_F32, 2, ms, err)) ||
@@ -330,6 +350,12 @@ static void write_json(FILE *f, const opts *o, const char *dev, int n_sm, const 
             "  \"prefill\": {\"context\": %lld, \"chunk\": %d, \"seconds\": %.3f, \"tokens_per_s\": %.1f, "
             "\"first_chunk_ms\": %.2f, \"last_chunk_ms\": %.2f},\n",
             (long long)pf->ctx, pf->chunk, pf->seconds, pf->tok_per_s, pf->first_chunk_ms, pf->last_chunk_ms);
+  fprintf(f, "  \"rows\": [\n");
+  for (int n = 1; n <= N_ROWS; n++)
+    fprintf(f, "    {\"rows\": %d, \"path\": \"%s\", \"layer_us\": %.2f, \"vs_one_row\": %.3f, \"gbps\": %.1f}%s\n", n,
+            n <= RA_CUDA_GEMV_MAX_X ? "gemv" : "cublas", kt->rows_us[n - 1], kt->rows_us[n - 1] / kt->rows_us[0],
+            kt->layer_bytes / (kt->rows_us[n - 1] * 1e-6) / 1e9, n < N_ROWS ? "," : "");
+  fprintf(f, "  ],\n");
   fprintf(f, "  \"kernels\": [\n");
   for (int i = 0; i < N_GEMV; i++)
     fprintf(f, "    {\"op\": \"gemv\", \"weight\": \"%s\", \"m\": %lld, \"k\": %lld, \"us\": %.2f, \"gbps\": %.1f},\n",
