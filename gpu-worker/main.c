@@ -208,6 +208,10 @@ static const ra_opt rows[] = {
      .scope = GEN},
     {"retrieve", RA_OPT_CUSTOM, AT(off.wave.retrieve), .parse = budget_parse, .show = budget_show, .meta = "X",
      .help = "wave: clusters attended exactly at the stores" BUDGET_HELP, .scope = RUNS},
+    {"retrieve-min", RA_OPT_INT, AT(off.wave.retrieve_min), .lo = 0, .hi = 1L << 30, .meta = "N",
+     .help = "wave: the retrieval zone's floor, N tokens' worth of clusters (short contexts, where the "
+             "fraction names a few; 0: none)",
+     .scope = RUNS},
     {"estimate", RA_OPT_CUSTOM, AT(off.wave.estimate), .parse = budget_parse, .show = budget_show, .meta = "X",
      .help = "wave: the next clusters, estimated on the device from centroids" BUDGET_HELP, .scope = RUNS},
     {"wave-segment", RA_OPT_INT, AT(off.wave.segment), .lo = 1, .hi = 1L << 30, .meta = "N",
@@ -322,7 +326,7 @@ static int opts_check(opts *o, const ra_opts_set *s) {
                        "supplemented to past steps)");
   if (o->off.retro_window >= o->off.n_window)
     return usage_error(s->scope, "--retro %u must be below --window %u", o->off.retro_window, o->off.n_window);
-  static const char *const wave_only[] = {"retrieve", "estimate", "wave-segment", "wave-cluster", "wave-iters",
+  static const char *const wave_only[] = {"retrieve", "retrieve-min", "estimate", "wave-segment", "wave-cluster", "wave-iters",
                                           "wave-block", "wave-buffer"};
   for (size_t i = 0; i < RA_OPTS_COUNT(wave_only); i++)
     if (ra_opts_given(s, wave_only[i]) && o->off.mode != RA_MODE_WAVE)
@@ -619,10 +623,10 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
           json_write_stats(f, ra_offload_prefill_stats(off), 0);
           const ra_wave_config *wc = &o->off.wave;
           if (o->off.mode == RA_MODE_WAVE) {
-            fprintf(f, ", \"wave\": {\"retrieve\": %g, \"estimate\": %g, \"segment\": %lld, \"cluster\": %lld, "
-                       "\"iters\": %d, \"block\": %lld, \"buffer\": %lld",
-                    wc->retrieve, wc->estimate, (long long)wc->segment, (long long)wc->cluster, wc->iters,
-                    (long long)wc->block, (long long)wc->buffer);
+            fprintf(f, ", \"wave\": {\"retrieve\": %g, \"retrieve_min\": %lld, \"estimate\": %g, \"segment\": %lld, "
+                       "\"cluster\": %lld, \"iters\": %d, \"block\": %lld, \"buffer\": %lld",
+                    wc->retrieve, (long long)wc->retrieve_min, wc->estimate, (long long)wc->segment,
+                    (long long)wc->cluster, wc->iters, (long long)wc->block, (long long)wc->buffer);
             /* the decode's totals */
             ra_wave_buffer_stats bt;
             ra_wave_buffer_totals(ra_offload_wave(off), &bt);

@@ -12,8 +12,8 @@
 /* iters 10: the k-means loop ends early once no assignment changes (backend.h), so the bound
  * only caps segments still moving; RetroInfer clusters with 10 Lloyd iterations. */
 void ra_wave_config_default(ra_wave_config *c) {
-  *c = (ra_wave_config){.retrieve = 0.018, .estimate = 0.232, .segment = 8192, .cluster = 16, .iters = 10,
-                        .block = 1024, .buffer = 0};
+  *c = (ra_wave_config){.retrieve = 0.018, .retrieve_min = 1024, .estimate = 0.232, .segment = 8192, .cluster = 16,
+                        .iters = 10, .block = 1024, .buffer = 0};
 }
 
 static int budget_ok(double x) { return isfinite(x) && x >= 0 && (x <= 1 || x == floor(x)); }
@@ -22,6 +22,8 @@ int ra_wave_config_check(const ra_wave_config *c, ra_error *err) {
   if (!budget_ok(c->retrieve) || !budget_ok(c->estimate))
     return ra_errorf(err, RA_EINVAL, "wave: budgets retrieve %g / estimate %g (each a fraction in [0, 1] or a "
                      "whole number of tokens)", c->retrieve, c->estimate);
+  if (c->retrieve_min < 0)
+    return ra_errorf(err, RA_EINVAL, "wave: a retrieval floor of %lld tokens", (long long)c->retrieve_min);
   if (c->cluster < 1 || c->iters < 1)
     return ra_errorf(err, RA_EINVAL, "wave: clusters of %lld rows, %d iterations (each at least 1)",
                      (long long)c->cluster, c->iters);
@@ -50,6 +52,13 @@ int64_t ra_wave_budget_clusters(double budget, int64_t n_clusters, int64_t clust
   double k = budget <= 1 ? ceil(budget * (double)n_clusters - 1e-9) : ceil(budget / (double)cluster);
   if (k < 0) k = 0;
   return k > (double)n_clusters ? n_clusters : (int64_t)k;
+}
+
+int64_t ra_wave_retrieve_clusters(const ra_wave_config *c, int64_t n_clusters) {
+  int64_t r = ra_wave_budget_clusters(c->retrieve, n_clusters, c->cluster);
+  int64_t floor_r = (c->retrieve_min + c->cluster - 1) / c->cluster;
+  if (floor_r > n_clusters) floor_r = n_clusters;
+  return r > floor_r ? r : floor_r;
 }
 
 struct ra_wave {
@@ -255,7 +264,7 @@ static int buffer_begin(ra_wave *w, ra_error *err) {
   int rc = ra_wave_buffer_new(w->be, w->n_layers, w->n_heads, w->n_kv, w->hd, dt, w->cap, c->buffer, c->cluster,
                               &w->buf, err);
   if (rc) return rc;
-  int64_t a = ra_wave_budget_clusters(c->retrieve, w->cap, c->cluster), rmax = ra_wave_buffer_rows(w->buf);
+  int64_t a = ra_wave_retrieve_clusters(c, w->cap), rmax = ra_wave_buffer_rows(w->buf);
   w->adm_max = a < rmax ? a : rmax;
   if (w->adm_max < 1) w->adm_max = 1;
   const size_t n = (size_t)w->n_layers * w->plan->n_stores, nkv = (size_t)w->n_kv, m = nkv * (size_t)w->adm_max;
@@ -278,7 +287,7 @@ static int retro_begin(ra_wave *w, ra_error *err) {
   const size_t ns = w->plan->n_stores, nkv = (size_t)w->n_kv, W = w->retro_w;
   int rc = ra_wave_retro_new(w->n_layers, w->n_kv, w->cap, w->retro_w, &w->retro, err);
   if (rc) return rc;
-  w->rt_max = (int64_t)nkv * ra_wave_budget_clusters(w->cfg.retrieve, w->cap, w->cfg.cluster);
+  w->rt_max = (int64_t)nkv * ra_wave_retrieve_clusters(&w->cfg, w->cap);
   w->rt_counts = malloc(ns * W * nkv * sizeof *w->rt_counts);
   w->rt_ids = malloc((ns * W * (size_t)w->rt_max + 1) * sizeof *w->rt_ids);
   w->rt_fill = malloc(ns * W * sizeof *w->rt_fill);
@@ -570,7 +579,7 @@ int ra_wave_select(ra_wave *w, int l, const ra_tensor *q, float scale, uint64_t 
     for (size_t s = 0; s < ns; s++) w->adm[(size_t)l * ns + s].n_heads = w->adm[(size_t)l * ns + s].n_ids = 0;
   }
   const int64_t nc = w->begun ? w->n_clusters[l] : 0;
-  const int64_t r = ra_wave_budget_clusters(w->cfg.retrieve, nc, w->cfg.cluster);
+  const int64_t r = ra_wave_retrieve_clusters(&w->cfg, nc);
   int64_t e = ra_wave_budget_clusters(w->cfg.estimate, nc, w->cfg.cluster);
   if (e > nc - r) e = nc - r;
   *est_o = *est_ml = NULL;

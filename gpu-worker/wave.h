@@ -33,6 +33,9 @@
  * clusters (ceil(tokens / cluster)). */
 typedef struct ra_wave_config {
   double retrieve;  /* retrieval zone (default 0.018, RetroInfer's 1.8 %) */
+  int64_t retrieve_min; /* the retrieval zone's floor, tokens' worth of clusters (default 1024: at a
+                           few thousand tokens 1.8 % is a handful of clusters and misses needles,
+                           bench/results/wave-smollm2/README.md; 0: none) */
   double estimate;  /* estimation zone (default 0.232) */
   int64_t segment;  /* prefill rows per k-means segment (default 8192) */
   int64_t cluster;  /* rows per cluster on average (default 16) */
@@ -49,6 +52,8 @@ int ra_wave_config_check(const ra_wave_config *c, ra_error *err);
 int ra_wave_budget_parse(const char *s, double *out, ra_error *err);
 /* Clusters a budget takes of n_clusters (clamped to [0, n_clusters]). */
 int64_t ra_wave_budget_clusters(double budget, int64_t n_clusters, int64_t cluster);
+/* Clusters of the retrieval zone: the retrieve budget's, at least retrieve_min tokens' worth. */
+int64_t ra_wave_retrieve_clusters(const ra_wave_config *c, int64_t n_clusters);
 
 typedef struct ra_wave ra_wave;
 

@@ -29,6 +29,7 @@ struct cuda_impl {
   int device = 0;
   int n_sm = 0;
   int cc_major = 0; /* compute capability: PDL needs 9 */
+  int gemv_max_x = RA_CUDA_GEMV_MAX_X; /* matmul: rows of x the GEMV takes (ra_backend_cuda_set_gemv_rows) */
   size_t mem_bytes = 0;
   char dev_name[256] = {0};
   cudaStream_t stream = nullptr;
@@ -351,7 +352,7 @@ int cu_matmul(ra_backend *be, const ra_tensor *x, const ra_tensor *w, const ra_t
 
   /* decode (a step of up to RA_CUDA_GEMV_MAX_X tokens): GEMV straight from the weights, bias
    * and residual fused */
-  if (n <= RA_CUDA_GEMV_MAX_X && w->dtype != RA_DTYPE_F32 && k % 8 == 0 && aligned16(w->data) && aligned16(x->data)) {
+  if (n <= im->gemv_max_x && w->dtype != RA_DTYPE_F32 && k % 8 == 0 && aligned16(w->data) && aligned16(x->data)) {
     CU_TRY("matmul", ra_cuda_gemv(im->stream, im->n_sm, w->data, w->dtype, (const float *)x->data, (int)n, bp, bdt,
                                   (float *)y->data, m, k, accumulate));
     return RA_OK;
@@ -866,6 +867,15 @@ extern "C" int ra_backend_cuda_set_pdl(ra_backend *be, int on, ra_error *err) {
     return ra_errorf(err, RA_EUNSUPPORTED, "cuda set_pdl: programmatic dependent launch needs sm_90 (device is sm_%d)",
                      impl_of(be)->cc_major);
   ra_cuda_set_pdl(on != 0);
+  return RA_OK;
+}
+
+extern "C" int ra_backend_cuda_set_gemv_rows(ra_backend *be, int max_rows, ra_error *err) {
+  if (!be || !be->name || strcmp(be->name, "cuda") != 0)
+    return ra_errorf(err, RA_EINVAL, "cuda set_gemv_rows: not a cuda backend");
+  if (max_rows < 1 || max_rows > RA_CUDA_GEMV_MAX_X)
+    return ra_errorf(err, RA_EINVAL, "cuda set_gemv_rows: %d rows (1 to %d)", max_rows, RA_CUDA_GEMV_MAX_X);
+  impl_of(be)->gemv_max_x = max_rows;
   return RA_OK;
 }
 

@@ -37,6 +37,10 @@ int ra_backend_cuda_device_info(ra_backend *be, char *name, size_t name_len, int
  * order, for measuring what PDL buys. RA_EUNSUPPORTED to turn it on before sm_90. */
 int ra_backend_cuda_set_pdl(ra_backend *be, int on, ra_error *err);
 
+/* Rows of x up to which matmul takes the GEMV (1 .. RA_CUDA_GEMV_MAX_X, the default); more go to
+ * cuBLAS. For measuring one path against the other. */
+int ra_backend_cuda_set_gemv_rows(ra_backend *be, int max_rows, ra_error *err);
+
 /* Makes the backend's device current for the calling thread (a tensor-parallel rank's thread
  * issues every op of its backend; CUDA's current device is per thread). */
 int ra_backend_cuda_bind(ra_backend *be, ra_error *err);

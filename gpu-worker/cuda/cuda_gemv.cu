@@ -251,13 +251,15 @@ template <typename WT, int R, int U, bool SWIGLU, int NX = 1> cudaError_t launch
   return ra_cuda_launch(gemv_kernel<WT, R, U, NX, false, SWIGLU>, grid, kWarps * 32, 0, s, a);
 }
 
-/* Several rows of x: each x chunk loaded (from L1) is used for R weight rows, which keeps the L1
- * traffic per weight byte at two rows of x's. */
+/* Several rows of x: each x chunk loaded (from L1) serves R >= NX weight rows, so x's L1 traffic
+ * stays at most 2 bytes per weight byte, the batch-1 kernel's; at R < NX the L1 bounds the kernel
+ * (bench/results/h200/gemv-rows/). R x U = 8 weight loads of 16 bytes per lane and round, as in the
+ * batch-1 kernel's two-row form. */
 template <typename WT> cudaError_t launch_rows(cudaStream_t s, const ra_cuda_gemv_args &a) {
   switch (a.n_x) {
-  case 2: return launch<WT, 1, 4, false, 2>(s, a);
-  case 3: return launch<WT, 2, 4, false, 3>(s, a);
-  case 4: return launch<WT, 2, 4, false, 4>(s, a);
+  case 2: return launch<WT, 2, 4, false, 2>(s, a);
+  case 3: return launch<WT, 4, 2, false, 3>(s, a);
+  case 4: return launch<WT, 4, 2, false, 4>(s, a);
   default: return cudaErrorInvalidValue;
   }
 }

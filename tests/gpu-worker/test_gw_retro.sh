@@ -38,7 +38,7 @@ gen roar2 roar "${OFF[@]}" --attn-top-k 4 --retro 2
 WAVE=("${OFF[@]}" --wave-cluster 2 --wave-block 2)
 gen wall0 wave "${WAVE[@]}" --retrieve 1 --estimate 0 --retro 0
 gen wall2 wave "${WAVE[@]}" --retrieve 1 --estimate 0 --retro 2
-gen wave2 wave "${WAVE[@]}" --retrieve 0.25 --estimate 0.25 --retro 2
+gen wave2 wave "${WAVE[@]}" --retrieve 0.25 --retrieve-min 0 --estimate 0.25 --retro 2
 # the device buffer's clusters would not be supplemented
 if "$GW" generate --backend cpu --model "$MODEL" --prompt x --mode wave "${OFF[@]}" --wave-buffer 4 --retro 2 \
   >"$RUN/bad.log" 2>&1; then

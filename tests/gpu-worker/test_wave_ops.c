@@ -1,5 +1,6 @@
 /* The CPU backend's wave ops (cluster_keys, wave_select, wave_estimate) against references
- * written here from backend.h's definitions, in double precision. */
+ * written here from backend.h's definitions, in double precision; and how many clusters the
+ * zones' budgets take (wave.h). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,6 +12,7 @@
 
 #include "backend.h"
 #include "half.h"
+#include "wave.h"
 
 #include "cpu_fixture.h"
 
@@ -634,8 +636,35 @@ static void test_bad_args(void **state) {
   for (int i = 0; i < 12; i++) ra_tensor_free(ts[i]);
 }
 
+/* A fraction of the clusters or a token count, clamped; the retrieval zone at least its floor. */
+static void test_budget_clusters(void **state) {
+  (void)state;
+  assert_int_equal(ra_wave_budget_clusters(0.018, 8000, 16), 144);
+  assert_int_equal(ra_wave_budget_clusters(0.018, 200, 16), 4);
+  assert_int_equal(ra_wave_budget_clusters(2400, 8000, 16), 150);
+  assert_int_equal(ra_wave_budget_clusters(2400, 100, 16), 100);
+  assert_int_equal(ra_wave_budget_clusters(0, 100, 16), 0);
+  ra_wave_config c;
+  ra_wave_config_default(&c);
+  assert_int_equal(c.retrieve_min, 1024);
+  assert_int_equal(ra_wave_retrieve_clusters(&c, 8000), 144); /* 1.8 % is above the floor */
+  assert_int_equal(ra_wave_retrieve_clusters(&c, 200), 64);   /* the floor: 1024 tokens of 16 */
+  assert_int_equal(ra_wave_retrieve_clusters(&c, 10), 10);    /* never more than there are */
+  c.retrieve_min = 0;
+  assert_int_equal(ra_wave_retrieve_clusters(&c, 200), 4);
+  c.retrieve_min = 100;
+  assert_int_equal(ra_wave_retrieve_clusters(&c, 200), 7); /* ceil(100 / 16) */
+  c.cluster = 8;
+  assert_int_equal(ra_wave_retrieve_clusters(&c, 200), 13); /* ceil(100 / 8) */
+  c.retrieve_min = -1;
+  ra_error err;
+  assert_int_equal(ra_wave_config_check(&c, &err), RA_EINVAL);
+  assert_non_null(strstr(err.msg, "retrieval floor"));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_budget_clusters),
       cmocka_unit_test(test_n_clusters),
       cmocka_unit_test(test_cluster_separated),
       cmocka_unit_test(test_cluster_random),

@@ -287,6 +287,7 @@ static void test_longgen_wave_retro_exact_with_every_cluster_then_corrects(void 
   assert_string_equal(rec.modes[1].output, rec.modes[0].output);
   assert_int_equal(rec.modes[1].retro_rows, 0);
   cfg.off.wave.retrieve = 0.05;
+  cfg.off.wave.retrieve_min = 0; /* 5 % of a 448-token prompt, not the floor's 1024 tokens */
   cfg.off.wave.estimate = 0.2;
   ok(ra_acc_run_sample(F.m, F.tok, &cfg, &s, &rec, &err), &err);
   print_message("wave+retro2 at 5 %% / 20 %%: %.2f, %llu supplementary rows over %d tokens\n", rec.modes[1].score,

@@ -101,6 +101,7 @@ static void wave_config(ra_offload_config *c, const ra_offload_plan *plan, doubl
   c->max_ctx = N_PROMPT + n_decode;
   c->timeout_ms = 5000;
   c->wave.retrieve = retrieve;
+  c->wave.retrieve_min = 0; /* the fractions as given: a short prompt would otherwise retrieve all */
   c->wave.estimate = estimate;
   c->wave.segment = 256; /* several segments per piece */
   if (block) c->wave.block = block;
