@@ -22,7 +22,7 @@ extern "C" {
 #endif
 
 /* Rows of x that matmul's GEMV takes; more go to cuBLAS (bench/results/h200/gemv-rows/). */
-#define RA_CUDA_GEMV_MAX_X 4
+#define RA_CUDA_GEMV_MAX_X 3
 
 /* Creates the CUDA backend on cfg->device (0 when cfg is NULL). RA_EUNAVAIL when there is no
  * usable device (no driver, no GPU, bad ordinal); err says which. */

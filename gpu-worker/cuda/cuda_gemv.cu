@@ -251,15 +251,15 @@ template <typename WT, int R, int U, bool SWIGLU, int NX = 1> cudaError_t launch
   return ra_cuda_launch(gemv_kernel<WT, R, U, NX, false, SWIGLU>, grid, kWarps * 32, 0, s, a);
 }
 
-/* Several rows of x: each x chunk loaded (from L1) serves R >= NX weight rows, so x's L1 traffic
- * stays at most 2 bytes per weight byte, the batch-1 kernel's; at R < NX the L1 bounds the kernel
- * (bench/results/h200/gemv-rows/). R x U = 8 weight loads of 16 bytes per lane and round, as in the
- * batch-1 kernel's two-row form. */
+/* Several rows of x: two weight rows per warp, each x chunk loaded (from L1) used for both. x's L1
+ * traffic grows with NX (NX bytes per weight byte): a layer costs 1.07x one row's time at 2 rows
+ * (cuBLAS 1.19x), 1.20x at 3 (cuBLAS 1.17x, but two launches and a conversion per matmul), and
+ * 1.5x at 4, where cuBLAS's 1.17x wins (bench/results/h200/gemv-rows/). Four weight rows per warp
+ * (less L1 traffic) need ~164 registers, one block per SM, and measured slower still. */
 template <typename WT> cudaError_t launch_rows(cudaStream_t s, const ra_cuda_gemv_args &a) {
   switch (a.n_x) {
   case 2: return launch<WT, 2, 4, false, 2>(s, a);
-  case 3: return launch<WT, 4, 2, false, 3>(s, a);
-  case 4: return launch<WT, 4, 2, false, 4>(s, a);
+  case 3: return launch<WT, 2, 4, false, 3>(s, a);
   default: return cudaErrorInvalidValue;
   }
 }

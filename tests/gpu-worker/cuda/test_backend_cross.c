@@ -485,8 +485,7 @@ static void test_matmul(void) {
       {9, 256, 300, 1, 0, W_F16},       {1, 128, 50, 0, 0, W_F32},        {5, 128, 50, 1, 1, W_F32},
       /* GEMV paths: x beyond shared memory (k > 16384), two rows per warp (m >= 8192, odd m) */
       {1, 20480, 40, 0, 1, W_LOADED},   {1, 512, 9001, 1, 1, W_LOADED},   {1, 1536, 16392, 0, 0, W_F16},
-      /* GEMV of 2-4 rows of x (two and four weight rows per warp, odd m: a short last unit),
-       * then cuBLAS past them */
+      /* GEMV of 2-3 rows of x (odd m: a short last unit), then cuBLAS past them */
       {2, 4096, 1024, 1, 1, W_LOADED},  {3, 576, 1536, 0, 0, W_LOADED},   {4, 14336, 64, 1, 0, W_LOADED},
       {4, 512, 9001, 1, 1, W_LOADED},   {3, 1536, 301, 0, 1, W_F16},      {2, 20480, 40, 0, 0, W_LOADED},
       {2, 576, 193, 1, 1, W_LOADED},    {5, 4096, 1024, 1, 1, W_LOADED},
