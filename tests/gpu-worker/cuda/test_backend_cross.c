@@ -459,7 +459,7 @@ static void test_matmul_case(const mm_case *mc) {
       if (e != e || e > worst) worst = e != e ? INFINITY : e;
     }
   /* which CUDA path ran decides the bound (see the top of the file) */
-  int gemv = n == 1 && mc->wkind != W_F32 && k % 8 == 0;
+  int gemv = n <= RA_CUDA_GEMV_MAX_X && mc->wkind != W_F32 && k % 8 == 0;
   double tol = (gemv || mc->wkind == W_F32) ? 1e-4 : mc->wkind == W_F16 ? 0x1p-10 : 0x1p-8;
   report("matmul", "rel_dot", worst, tol, "%s%s", desc, gemv ? " [gemv]" : " [cublas]");
 done:
