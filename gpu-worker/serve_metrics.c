@@ -23,6 +23,11 @@ int ra_serve_metrics_new(ra_serve_metrics *m) {
   m->step_tokens = ra_metrics_add(r, "batch_tokens", RA_METRIC_HISTOGRAM, "tokens per step", sizes, ns);
   m->store_wait = ra_metrics_add(r, "store_wait_seconds", RA_METRIC_HISTOGRAM,
                                  "a sequence's decode step blocked on the kv-stores (all layers)", lat, nl);
+  m->decode_parts = ra_metrics_add(r, "decode_step_seconds_total", RA_METRIC_COUNTER,
+                                   "offloaded sequences' decode steps by part (total, wait for the stores, the "
+                                   "slowest store's own time, device selection, merge, append, index, retro), "
+                                   "summed; divide by store_wait_seconds_count for a step's mean",
+                                   NULL, 0);
   m->store_errors = ra_metrics_add(r, "store_errors_total", RA_METRIC_COUNTER, "sequences failed by a kv-store", NULL, 0);
   m->live_seqs = ra_metrics_add(r, "live_sequences", RA_METRIC_GAUGE, "sequences running or queued", NULL, 0);
   m->cached_seqs = ra_metrics_add(r, "cached_sequences", RA_METRIC_GAUGE, "idle contexts kept for reuse", NULL, 0);
@@ -30,7 +35,7 @@ int ra_serve_metrics_new(ra_serve_metrics *m) {
   m->store_bytes = ra_metrics_add(r, "store_bytes", RA_METRIC_GAUGE, "kv-store memory (Stats)", NULL, 0);
   m->store_up = ra_metrics_add(r, "store_up", RA_METRIC_GAUGE, "kv-store answered Health as serving", NULL, 0);
   ra_metric *all[] = {m->requests, m->prompt_tokens, m->generated_tokens, m->reused_tokens, m->ttft, m->inter_token,
-                      m->batch_size, m->step_tokens, m->store_wait, m->store_errors, m->live_seqs, m->cached_seqs,
+                      m->batch_size, m->step_tokens, m->store_wait, m->decode_parts, m->store_errors, m->live_seqs, m->cached_seqs,
                       m->device_bytes, m->store_bytes, m->store_up};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     if (!all[i]) {

@@ -15,6 +15,8 @@ typedef struct ra_serve_metrics {
   ra_metric *batch_size;       /* histogram: sequences in a step */
   ra_metric *step_tokens;      /* histogram: tokens in a step (decode + prefill chunks) */
   ra_metric *store_wait;       /* histogram, seconds: a decode step blocked on the stores */
+  ra_metric *decode_parts;     /* counter {part=...}, seconds: offloaded decode steps by part (ra_offload_stats),
+                                  summed over sequences; steps: store_wait's count */
   ra_metric *store_errors;     /* counter */
   ra_metric *live_seqs;        /* gauge: sequences running or queued */
   ra_metric *cached_seqs;      /* gauge: idle contexts kept for reuse */

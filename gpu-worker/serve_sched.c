@@ -400,7 +400,18 @@ static void offload_done(ra_sched *s, seq *q, size_t take, int rc, const ra_erro
     leave(s, q, NULL, rc, err->msg);
     return;
   }
-  if (take == 1) ra_metric_observe(s->cfg.metrics->store_wait, st->wait_us * 1e-6);
+  if (take == 1) {
+    ra_serve_metrics *m = s->cfg.metrics;
+    ra_metric_observe(m->store_wait, st->wait_us * 1e-6);
+    const struct {
+      const char *part;
+      double us;
+    } parts[] = {{"part=\"total\"", st->total_us},   {"part=\"wait\"", st->wait_us},
+                 {"part=\"store\"", st->store_us},   {"part=\"select\"", st->select_us},
+                 {"part=\"merge\"", st->merge_us},   {"part=\"append\"", st->append_us},
+                 {"part=\"index\"", st->index_us},   {"part=\"retro\"", st->retro_us}};
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) ra_metric_add(m->decode_parts, parts[i].part, parts[i].us * 1e-6);
+  }
   q->n_fed += take;
   if (q->n_fed == q->n_toks) {
     ra_state *rs = ra_offload_state(q->off);

@@ -9,7 +9,9 @@ from their first word, and between levels):
            context it just built (usage.cached_tokens), so all C sequences decode together.
 Reported per level: the decode phase's aggregate tok/s over the span where all C streams were
 decoding (from the last stream's first token to the first stream's last token) and over the
-whole phase, inter-token p50 / p99, and both phases' TTFT p50 / p99. JSON on stdout and --json.
+whole phase, inter-token p50 / p99, both phases' TTFT p50 / p99, and (offloaded modes) a
+sequence's mean decode step by part over the decode phase, from the server's /metrics
+(ra_serve_decode_step_seconds_total / ra_serve_store_wait_seconds_count). JSON on stdout and --json.
   serve_bench.py --url http://127.0.0.1:8000 --model m [--concurrency 1,4,16,32]
                  [--prompt-tokens 32768] [--max-tokens 128] [--label TEXT] [--json out.json]"""
 import argparse
@@ -67,6 +69,29 @@ def stream(url, model, text, max_tokens, out):
     out.update(t0=t0, times=times, usage=usage)
 
 
+def step_parts(url):
+    """The server's offloaded decode-step counters: ({part: seconds}, steps)."""
+    u = urllib.parse.urlparse(url)
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    parts, steps = {}, 0.0
+    for line in text.splitlines():
+        if line.startswith('ra_serve_decode_step_seconds_total{part="'):
+            parts[line.split('"')[1]] = float(line.split()[-1])
+        elif line.startswith("ra_serve_store_wait_seconds_count "):
+            steps = float(line.split()[-1])
+    return parts, steps
+
+
+def step_ms(before, after):
+    """A sequence's mean decode step by part (ms) between two step_parts() readings."""
+    steps = after[1] - before[1]
+    if steps <= 0:
+        return None
+    return {p: round((after[0][p] - before[0].get(p, 0.0)) / steps * 1e3, 3) for p in after[0]}
+
+
 def together(args, texts, max_tokens):
     outs = [{} for _ in texts]
     th = [threading.Thread(target=stream, args=(args.url, args.model, t, max_tokens, o)) for t, o in zip(texts, outs)]
@@ -84,7 +109,9 @@ def ttft(outs):
 def level(args, n, words):
     prompts = [prompt(f"L{n}S{i}", words) for i in range(n)]
     warm = together(args, prompts, 1)
+    before = step_parts(args.url)
     outs = together(args, [p + " Go on:" for p in prompts], args.max_tokens)
+    after = step_parts(args.url)
     errors = [o["error"] for o in warm + outs if "error" in o]
     ok = [o for o in outs if o.get("times")]
     gaps = [b - a for o in ok for a, b in zip(o["times"], o["times"][1:])]
@@ -105,7 +132,8 @@ def level(args, n, words):
             "inter_token_p50_s": pct(gaps, 0.5), "inter_token_p99_s": pct(gaps, 0.99),
             "inter_token_mean_s": statistics.mean(gaps) if gaps else None,
             "prefill_ttft_p50_s": pct(ttft_w, 0.5), "prefill_ttft_p99_s": pct(ttft_w, 0.99),
-            "reuse_ttft_p50_s": pct(ttft_d, 0.5), "reuse_ttft_p99_s": pct(ttft_d, 0.99)}
+            "reuse_ttft_p50_s": pct(ttft_d, 0.5), "reuse_ttft_p99_s": pct(ttft_d, 0.99),
+            "decode_steps": after[1] - before[1], "decode_step_ms": step_ms(before, after)}
 
 
 def main():

@@ -228,6 +228,9 @@ r = client("flat").completions.create(model=MODEL, prompt="The capital of France
                                       max_tokens=4, temperature=0)
 check("Rome" in r.choices[0].text, f"flat after a disconnect: {r.choices[0].text!r}")
 check(metric("flat", "ra_serve_store_wait_seconds_count") > 0, "store wait observed")
+total = metric("flat", 'ra_serve_decode_step_seconds_total{part="total"}')
+wait = metric("flat", 'ra_serve_decode_step_seconds_total{part="wait"}')
+check(total > 0 and 0 < wait <= total, f"decode step parts: total {total} s, wait {wait} s")
 
 # --- a real Prometheus scrapes /metrics; its query API returns the generated-token counter
 if not PROM:
