@@ -210,6 +210,9 @@ static seq *cache_take(ra_sched *s, const int32_t *p, size_t n, size_t *used) {
     while (l < q->n_fed && l < n && q->toks[l] == p[l]) l++;
     if (q->off && (l != q->n_fed || l >= n)) continue; /* offload: all of the context, then more */
     if (l > n - 1) l = n - 1;          /* the prompt's last token is fed again for its logits */
+    /* a match keeping less than half the context would destroy more than it saves: two prompts
+     * sharing a few leading tokens must not take each other's contexts */
+    if (2 * l < q->n_fed) continue;
     if (l > best_len) best = pq, best_len = l;
   }
   if (!best) return NULL;

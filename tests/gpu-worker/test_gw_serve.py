@@ -76,6 +76,17 @@ check(cached >= r1.usage.prompt_tokens + r1.usage.completion_tokens - 1 and cach
       f"cached {cached} of {r2.usage.prompt_tokens} (first turn {r1.usage.prompt_tokens} + {r1.usage.completion_tokens})")
 check(metric("reuse", "ra_serve_reused_tokens_total") - reused0 == cached, "reused tokens metric")
 
+# --- a prompt sharing only a few leading tokens with a cached context does not take it: that
+# context's own continuation still reuses all of it
+pa = "Zebra notes: the capital of France is Paris. The capital of Spain is Madrid. The capital of Italy is"
+ra = c.completions.create(model=MODEL, prompt=pa, max_tokens=2, temperature=0)
+rb = c.completions.create(model=MODEL, prompt="Zebra notes: the tallest mountain on Earth is", max_tokens=2,
+                          temperature=0)
+check(rb.usage.prompt_tokens_details.cached_tokens == 0, f"a short shared prefix reused: {rb.usage}")
+ra2 = c.completions.create(model=MODEL, prompt=pa + ra.choices[0].text + " and", max_tokens=2, temperature=0)
+check(ra2.usage.prompt_tokens_details.cached_tokens >= ra.usage.prompt_tokens,
+      f"the first context was lost: {ra2.usage} after {ra.usage}")
+
 # --- streaming through the client: the chunks make the same text as the whole response
 chunks = list(c.chat.completions.create(model=MODEL, messages=q1, temperature=0, max_tokens=24, stream=True,
                                         stream_options={"include_usage": True}))
