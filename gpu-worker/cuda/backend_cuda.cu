@@ -871,10 +871,10 @@ extern "C" int ra_backend_cuda_set_pdl(ra_backend *be, int on, ra_error *err) {
 }
 
 extern "C" int ra_backend_cuda_set_gemv_rows(ra_backend *be, int max_rows, ra_error *err) {
-  if (!be || !be->name || strcmp(be->name, "cuda") != 0)
-    return ra_errorf(err, RA_EINVAL, "cuda set_gemv_rows: not a cuda backend");
   if (max_rows < 1 || max_rows > RA_CUDA_GEMV_MAX_X)
     return ra_errorf(err, RA_EINVAL, "cuda set_gemv_rows: %d rows (1 to %d)", max_rows, RA_CUDA_GEMV_MAX_X);
+  if (!be || !be->name || strcmp(be->name, "cuda") != 0)
+    return ra_errorf(err, RA_EINVAL, "cuda set_gemv_rows: not a cuda backend");
   impl_of(be)->gemv_max_x = max_rows;
   return RA_OK;
 }

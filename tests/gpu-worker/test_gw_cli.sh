@@ -23,6 +23,8 @@ expect "--wave-block is for --mode wave, not full" generate --model m --wave-blo
 expect "--wave-segment is for --mode wave, not streaming" generate --model m --mode streaming --wave-segment 64
 expect "bad --retrieve -1: not a fraction in [0, 1] or a token count" generate --model m --mode wave --stores a:1 --retrieve -1
 expect "bad --retrieve abc: not a fraction" generate --model m --mode wave --stores a:1 --retrieve abc
+expect "bad --retrieve-min -1: must be 0 to" generate --model m --mode wave --stores a:1 --retrieve-min -1
+expect "--retrieve-min is for --mode wave, not roar" generate --model m --mode roar --stores a:1 --retrieve-min 64
 expect "bad --estimate 2.5: above 1 it is a token count: a whole number" generate --model m --mode wave --stores a:1 --estimate 2.5
 expect "bad --wave-cluster 0: must be 1 to" generate --model m --mode wave --stores a:1 --wave-cluster 0
 expect "bad --wave-iters 0: must be 1 to 1000" generate --model m --mode wave --stores a:1 --wave-iters 0
