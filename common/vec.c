@@ -223,6 +223,138 @@ RA_AVX2 static void axpy_avx2(float *acc, float w, const void *row, ra_dtype t, 
   if (i < dim) axpy_values(acc + i, w, (const char *)row + (size_t)i * value_bytes(t), t, dim - i);
 }
 
+/* Four queries against two rows: eight dots, one FMA chain each (eight chains cover an FMA's
+ * latency times its throughput), each query's 8 values loaded once for both rows and each row's
+ * widened once for all four queries. dim % 16 == 0; out: [4][2]. */
+RA_AVX2 __attribute__((always_inline)) static inline void dot4x2(const float *q0, const float *q1,
+                                                                  const float *q2, const float *q3,
+                                                                  const void *ra, const void *rb,
+                                                                  ra_dtype t, int dim, float *out) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0, d1 = a0;
+  for (int i = 0; i < dim; i += 8) {
+    const __m256 x = load8(ra, t, i), y = load8(rb, t, i);
+    const __m256 u0 = _mm256_loadu_ps(q0 + i), u1 = _mm256_loadu_ps(q1 + i);
+    const __m256 u2 = _mm256_loadu_ps(q2 + i), u3 = _mm256_loadu_ps(q3 + i);
+    a0 = _mm256_fmadd_ps(u0, x, a0);
+    a1 = _mm256_fmadd_ps(u0, y, a1);
+    b0 = _mm256_fmadd_ps(u1, x, b0);
+    b1 = _mm256_fmadd_ps(u1, y, b1);
+    c0 = _mm256_fmadd_ps(u2, x, c0);
+    c1 = _mm256_fmadd_ps(u2, y, c1);
+    d0 = _mm256_fmadd_ps(u3, x, d0);
+    d1 = _mm256_fmadd_ps(u3, y, d1);
+  }
+  float s0[4], s1[4];
+  hsum4(a0, b0, c0, d0, s0);
+  hsum4(a1, b1, c1, d1, s1);
+  const float fa = t == RA_DTYPE_I8 ? ra_i8_row_scale(ra, (size_t)dim) : 1.0f;
+  const float fb = t == RA_DTYPE_I8 ? ra_i8_row_scale(rb, (size_t)dim) : 1.0f;
+  for (int j = 0; j < 4; j++) {
+    out[2 * j] = t == RA_DTYPE_I8 ? s0[j] * fa : s0[j];
+    out[2 * j + 1] = t == RA_DTYPE_I8 ? s1[j] * fb : s1[j];
+  }
+}
+
+/* scores[j * lds + r] = qs_j · rows[r] for the n_q queries qs [n_q, dim] and n rows at the
+ * addresses rows[], four queries by two rows a pass (an odd last row and a short last group of
+ * queries repeat one, their extra scores dropped); the dtype a constant in each branch. */
+RA_AVX2 __attribute__((always_inline)) static inline void dot_queries_rows_dt(
+    const float *qs, size_t n_q, const void *const *rows, size_t n, ra_dtype t, int dim, float *scores,
+    size_t lds) {
+  const size_t d = (size_t)dim;
+  for (size_t j = 0; j < n_q; j += 4) {
+    const size_t last = n_q - 1;
+    const float *q0 = qs + j * d, *q1 = qs + (j + 1 < n_q ? j + 1 : last) * d;
+    const float *q2 = qs + (j + 2 < n_q ? j + 2 : last) * d, *q3 = qs + (j + 3 < n_q ? j + 3 : last) * d;
+    const size_t nj = n_q - j < 4 ? n_q - j : 4;
+    for (size_t r = 0; r < n; r += 2) {
+      const size_t r2 = r + 1 < n ? r + 1 : r;
+      float out[8];
+      dot4x2(q0, q1, q2, q3, rows[r], rows[r2], t, dim, out);
+      for (size_t i = 0; i < nj; i++) {
+        scores[(j + i) * lds + r] = out[2 * i];
+        if (r2 != r) scores[(j + i) * lds + r2] = out[2 * i + 1];
+      }
+    }
+  }
+}
+
+RA_AVX2 static void dot_queries_rows_avx2(const float *qs, size_t n_q, const void *const *rows, size_t n,
+                                          ra_dtype t, int dim, float *scores, size_t lds) {
+  switch (t) {
+    case RA_DTYPE_F16:
+      dot_queries_rows_dt(qs, n_q, rows, n, RA_DTYPE_F16, dim, scores, lds);
+      break;
+    case RA_DTYPE_BF16:
+      dot_queries_rows_dt(qs, n_q, rows, n, RA_DTYPE_BF16, dim, scores, lds);
+      break;
+    case RA_DTYPE_I8:
+      dot_queries_rows_dt(qs, n_q, rows, n, RA_DTYPE_I8, dim, scores, lds);
+      break;
+    default:
+      dot_queries_rows_dt(qs, n_q, rows, n, RA_DTYPE_F32, dim, scores, lds);
+  }
+}
+
+/* Dims [d0, d0 + 16) of up to four accumulators o_j (j < nh, ldo apart) += w_j[r] * row r for
+ * r < n: the 16 values of each row widened once for all nh outputs, the 2 nh sums in registers
+ * across the rows. Per element, rows are added in order by one FMA each, as axpy_avx2 does. */
+RA_AVX2 __attribute__((always_inline)) static inline void accumulate16(float *o, size_t ldo, int nh, const float *w, size_t ldw,
+                                        const void *const *rows, size_t n, ra_dtype t, int dim,
+                                        int d0) {
+  __m256 a[4][2];
+#pragma GCC unroll 4
+  for (int j = 0; j < nh; j++) {
+    a[j][0] = _mm256_loadu_ps(o + j * ldo + d0);
+    a[j][1] = _mm256_loadu_ps(o + j * ldo + d0 + 8);
+  }
+  for (size_t r = 0; r < n; r++) {
+    const __m256 x0 = load8(rows[r], t, d0), x1 = load8(rows[r], t, d0 + 8);
+    const float s = t == RA_DTYPE_I8 ? ra_i8_row_scale(rows[r], (size_t)dim) : 1.0f;
+#pragma GCC unroll 4
+    for (int j = 0; j < nh; j++) {
+      const __m256 wj = _mm256_set1_ps(t == RA_DTYPE_I8 ? w[j * ldw + r] * s : w[j * ldw + r]);
+      a[j][0] = _mm256_fmadd_ps(wj, x0, a[j][0]);
+      a[j][1] = _mm256_fmadd_ps(wj, x1, a[j][1]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < nh; j++) {
+    _mm256_storeu_ps(o + j * ldo + d0, a[j][0]);
+    _mm256_storeu_ps(o + j * ldo + d0 + 8, a[j][1]);
+  }
+}
+
+/* accumulate16 over every 16 dims and groups of four outputs, nh and the dtype constants in
+ * each branch so that the loops over heads unroll and load8's switch leaves the loop. */
+RA_AVX2 __attribute__((always_inline)) static inline void accumulate_dt(float *o, size_t n_out, const float *w, size_t ldw,
+                                         const void *const *rows, size_t n, ra_dtype t, int dim) {
+  size_t j = 0;
+  for (; j + 4 <= n_out; j += 4)
+    for (int d = 0; d < dim; d += 16) accumulate16(o + j * dim, (size_t)dim, 4, w + j * ldw, ldw, rows, n, t, dim, d);
+  for (; j + 2 <= n_out; j += 2)
+    for (int d = 0; d < dim; d += 16) accumulate16(o + j * dim, (size_t)dim, 2, w + j * ldw, ldw, rows, n, t, dim, d);
+  for (; j < n_out; j++)
+    for (int d = 0; d < dim; d += 16) accumulate16(o + j * dim, (size_t)dim, 1, w + j * ldw, ldw, rows, n, t, dim, d);
+}
+
+RA_AVX2 static void accumulate_avx2(float *o, size_t n_out, const float *w, size_t ldw,
+                                    const void *const *rows, size_t n, ra_dtype t, int dim) {
+  switch (t) {
+    case RA_DTYPE_F16:
+      accumulate_dt(o, n_out, w, ldw, rows, n, RA_DTYPE_F16, dim);
+      break;
+    case RA_DTYPE_BF16:
+      accumulate_dt(o, n_out, w, ldw, rows, n, RA_DTYPE_BF16, dim);
+      break;
+    case RA_DTYPE_I8:
+      accumulate_dt(o, n_out, w, ldw, rows, n, RA_DTYPE_I8, dim);
+      break;
+    default:
+      accumulate_dt(o, n_out, w, ldw, rows, n, RA_DTYPE_F32, dim);
+  }
+}
+
 /* Columns [c0, c0 + 64) of x A: eight accumulators (an FMA's latency times its throughput), each
  * A row's 64 floats loaded once. */
 RA_AVX2 static void vecmat64_avx2(const float *x, const float *A, int rows, int cols, int c0,
@@ -419,6 +551,30 @@ void ra_vec_axpy(float *acc, float w, const void *row, ra_dtype t, int dim) {
   }
 #endif
   axpy_portable(acc, w, row, t, dim);
+}
+
+void ra_vec_dot_queries_rows(const float *qs, size_t n_q, const void *const *rows, size_t n, ra_dtype t,
+                             int dim, float *scores, size_t lds) {
+#ifdef RA_X86
+  if (ra_cpu_has_avx2() && dim % 16 == 0) {
+    dot_queries_rows_avx2(qs, n_q, rows, n, t, dim, scores, lds);
+    return;
+  }
+#endif
+  for (size_t r = 0; r < n; r++)
+    for (size_t j = 0; j < n_q; j++) scores[j * lds + r] = ra_vec_dot(qs + j * (size_t)dim, rows[r], t, dim);
+}
+
+void ra_vec_accumulate_rows(float *o, size_t n_out, const float *w, size_t ldw, const void *const *rows,
+                            size_t n, ra_dtype t, int dim) {
+#ifdef RA_X86
+  if (ra_cpu_has_avx2() && dim % 16 == 0) {
+    accumulate_avx2(o, n_out, w, ldw, rows, n, t, dim);
+    return;
+  }
+#endif
+  for (size_t r = 0; r < n; r++)
+    for (size_t j = 0; j < n_out; j++) ra_vec_axpy(o + j * (size_t)dim, w[j * ldw + r], rows[r], t, dim);
 }
 
 /* One pass of OR-reduced exponent tests per 64-element block (vectorized: no branch inside);

@@ -39,6 +39,20 @@ void ra_vec_vecmat(const float *x, const float *A, int rows, int cols, float *ou
 /* acc[0..dim) += w * row. */
 void ra_vec_axpy(float *acc, float w, const void *row, ra_dtype t, int dim);
 
+/* scores[j * lds + r] = qs[j] · rows[r] for the n_q fp32 queries qs [n_q, dim] and n rows at
+ * the addresses rows[]: attention's Q K^T over a strip of rows, each row widened once per four
+ * queries and each query loaded once per two rows. Within rounding of ra_vec_dot (one FMA
+ * chain per score where ra_vec_dot has two). */
+void ra_vec_dot_queries_rows(const float *qs, size_t n_q, const void *const *rows, size_t n, ra_dtype t,
+                             int dim, float *scores, size_t lds);
+
+/* o[j] += sum over r < n of w[j * ldw + r] * rows[r], for the n_out fp32 accumulators o
+ * [n_out, dim] and n value rows at the addresses rows[]: attention's P V over a strip of rows.
+ * Each row is widened once for all outputs and the sums stay in registers across the rows;
+ * per element the rows are added in order, bit for bit n x n_out ra_vec_axpy calls. */
+void ra_vec_accumulate_rows(float *o, size_t n_out, const float *w, size_t ldw, const void *const *rows,
+                            size_t n, ra_dtype t, int dim);
+
 /* x[i] = exp(x[i] - shift) for i < n, returning their sum: the softmax weights of a strip of
  * logits in one pass. Within 2 ulp of expf; an argument below about -87.3 gives 0 (AVX2: a
  * degree-5 polynomial after reduction by ln 2, eight lanes at a time). */

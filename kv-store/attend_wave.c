@@ -307,42 +307,51 @@ static int plan_tasks(wplan *p, int n_threads, ra_error *err) {
   return RA_OK;
 }
 
-/* Rows ahead of the one being scored whose K and V are prefetched: a task's rows are runs of a
- * few cache lines scattered over the shard, so the scan is bound by memory latency unless
- * enough misses are in flight (bench/results/wave-scan/). */
-#define WAVE_PREFETCH_AHEAD 8
-
 /* Scratch of one thread: the task's row addresses and sets, and one set's scores of a strip. */
 typedef struct scratch {
   const char **k, **v; /* [WAVE_TASK_MAX] */
   uint32_t *mask;      /* [WAVE_TASK_MAX] */
   float *scores;       /* [G, WAVE_STRIP] */
-  float *dots;         /* [G] */
-  uint8_t idx[WAVE_STRIP];
   uint64_t past_ns;    /* time in the past sets' arithmetic */
 } scratch;
 
-/* Folds the rows of strip [r0, r0 + nb) (of the task's n) that set `set` attends into its G
- * running partials (o: [G, dim], m, l: [G]): each key scored against the set's queries qs, the
- * partials rescaled to the strip's new maxima, then each value row accumulated for every head
- * while in L1. Set 0 comes first and prefetches ahead; the past sets find the rows cached. */
+/* Rows ahead of the ones being scored whose K and V are prefetched: a task's rows are runs of a
+ * few cache lines scattered over the shard, so the scan waits on memory unless enough misses
+ * are in flight (bench/results/wave-scan/). */
+#define WAVE_PREFETCH_AHEAD 8
+
+/* Prefetches the K and V of the task's rows [r0, r1). */
+static void strip_prefetch(const wplan *p, const scratch *sc, size_t r0, size_t r1) {
+  for (size_t r = r0; r < r1; r++)
+    for (size_t off = 0; off < p->rb; off += 64) {
+      __builtin_prefetch(sc->k[r] + off, 0, 3);
+      __builtin_prefetch(sc->v[r] + off, 0, 3);
+    }
+}
+
+/* Folds the rows of strip [r0, r0 + nb) that set `set` attends into its G running partials
+ * (o: [G, dim], m, l: [G]): the rows' keys scored against the set's queries qs (Q K^T), the
+ * partials rescaled to the strip's new maxima, then the values accumulated (P V), the strip in
+ * L1 throughout. Set 0 comes first and prefetches the next strip (of the task's n rows); the
+ * past sets find the rows cached. */
 static void strip_fold(const wplan *p, const float *qs, size_t G, scratch *sc, size_t set, size_t r0, size_t nb,
                        size_t n, float *o, float *m, float *l) {
   const ra_dtype dt = p->s->geo.dtype;
   const int dim = p->dim;
+  const void *krows[WAVE_STRIP], *vrows[WAVE_STRIP];
   size_t c = 0;
-  for (size_t r = 0; r < nb; r++) {
-    if (set == 0) {
-      const size_t ahead = r0 + r + WAVE_PREFETCH_AHEAD;
-      if (ahead < n) {
-        ra_vec_prefetch_row(sc->k[ahead], dt, dim, 0);
-        ra_vec_prefetch_row(sc->v[ahead], dt, dim, 0);
-      }
+  for (size_t r = r0; r < r0 + nb; r++)
+    if (sc->mask[r] >> set & 1u) {
+      krows[c] = sc->k[r];
+      vrows[c++] = sc->v[r];
     }
-    if (!(sc->mask[r0 + r] >> set & 1u)) continue;
-    ra_vec_dot_queries(qs, G, sc->k[r0 + r], dt, dim, sc->dots);
-    for (size_t j = 0; j < G; j++) sc->scores[j * WAVE_STRIP + c] = sc->dots[j];
-    sc->idx[c++] = (uint8_t)r;
+  for (size_t b = 0; b < c; b += WAVE_PREFETCH_AHEAD) {
+    const size_t e = b + WAVE_PREFETCH_AHEAD < c ? b + WAVE_PREFETCH_AHEAD : c;
+    if (set == 0) {
+      const size_t a0 = r0 + b + WAVE_PREFETCH_AHEAD, a1 = a0 + WAVE_PREFETCH_AHEAD;
+      strip_prefetch(p, sc, a0 < n ? a0 : n, a1 < n ? a1 : n);
+    }
+    ra_vec_dot_queries_rows(qs, G, krows + b, e - b, dt, dim, sc->scores + b, WAVE_STRIP);
   }
   if (c == 0) return;
   for (size_t j = 0; j < G; j++) {
@@ -358,9 +367,7 @@ static void strip_fold(const wplan *p, const float *qs, size_t G, scratch *sc, s
     }
     l[j] += ra_vec_exp_sum(z, c, m[j]);
   }
-  for (size_t r = 0; r < c; r++)
-    for (size_t j = 0; j < G; j++)
-      ra_vec_axpy(o + j * (size_t)dim, sc->scores[j * WAVE_STRIP + r], sc->v[r0 + sc->idx[r]], dt, dim);
+  ra_vec_accumulate_rows(o, G, sc->scores, WAVE_STRIP, vrows, c, dt, dim);
 }
 
 /* The task's partials of every set: o [n_sets, G, dim], m and l [n_sets, G] (empty: m -inf, l 0). */
@@ -382,10 +389,7 @@ static void task_run(const wplan *p, const wtask *t, scratch *sc, float *o, floa
       sc->mask[n] = pc->mask;
     }
   }
-  for (size_t r = 0; r < WAVE_PREFETCH_AHEAD && r < n; r++) {
-    ra_vec_prefetch_row(sc->k[r], p->s->geo.dtype, p->dim, 0);
-    ra_vec_prefetch_row(sc->v[r], p->s->geo.dtype, p->dim, 0);
-  }
+  strip_prefetch(p, sc, 0, n < WAVE_PREFETCH_AHEAD ? n : WAVE_PREFETCH_AHEAD);
   for (size_t r0 = 0; r0 < n; r0 += WAVE_STRIP) {
     const size_t nb = n - r0 < WAVE_STRIP ? n - r0 : WAVE_STRIP;
     uint32_t any = 0;
@@ -416,8 +420,7 @@ static int run(const wplan *p, int nt, float *o, float *ml, uint64_t *past_ns, r
     sc.k = malloc(2 * WAVE_TASK_MAX * sizeof *sc.k);
     sc.v = sc.k ? sc.k + WAVE_TASK_MAX : NULL;
     sc.mask = malloc(WAVE_TASK_MAX * sizeof *sc.mask);
-    sc.scores = malloc((p->max_group * (WAVE_STRIP + 1) + 1) * sizeof *sc.scores);
-    sc.dots = sc.scores ? sc.scores + p->max_group * WAVE_STRIP : NULL;
+    sc.scores = malloc((p->max_group * WAVE_STRIP + 1) * sizeof *sc.scores);
     const int ok = sc.k && sc.mask && sc.scores;
     if (!ok) atomic_store(&failed, 1);
 #pragma omp for schedule(dynamic, 1)

@@ -64,6 +64,36 @@ static void check_dtype(ra_dtype t, int dim) {
       assert_true(batch[i] == ra_vec_dot(qs + i * (size_t)dim, rows + 11 * rb, t, dim));
   }
 
+  /* The strip forms over gathered rows: Q K^T within rounding of the exact dots for query
+   * counts on and off the kernel's four and row counts on and off its two; P V bit for bit the
+   * axpy calls it stands for. */
+  const void *strip[9];
+  for (int i = 0; i < 9; i++) strip[i] = rows + ids9[i] * rb;
+  float strip_scores[6 * 9];
+  for (size_t nq = 1; nq <= 6; nq++)
+    for (size_t n = 0; n <= 9; n++) {
+      for (size_t i = 0; i < 6 * 9; i++) strip_scores[i] = 99.0f;
+      ra_vec_dot_queries_rows(qs, nq, strip, n, t, dim, strip_scores, 9);
+      for (size_t j = 0; j < 6; j++)
+        for (size_t r = 0; r < 9; r++) {
+          if (j >= nq || r >= n) {
+            assert_true(strip_scores[j * 9 + r] == 99.0f); /* nothing outside the asked block */
+            continue;
+          }
+          double w = 0.0;
+          for (int i = 0; i < dim; i++) w += (double)qs[j * (size_t)dim + i] * rows32[ids9[r] * dim + i];
+          assert_true(fabs(strip_scores[j * 9 + r] - w) < 1e-5 * dim);
+        }
+    }
+  for (size_t nq = 1; nq <= 6; nq++) {
+    float got[6 * MAXD], ref[6 * MAXD];
+    for (size_t i = 0; i < nq * (size_t)dim; i++) got[i] = ref[i] = frand(&s);
+    ra_vec_accumulate_rows(got, nq, strip_scores, 9, strip, 9, t, dim);
+    for (size_t r = 0; r < 9; r++)
+      for (size_t j = 0; j < nq; j++) ra_vec_axpy(ref + j * (size_t)dim, strip_scores[j * 9 + r], strip[r], t, dim);
+    assert_memory_equal(got, ref, nq * (size_t)dim * sizeof *got);
+  }
+
   float acc[MAXD];
   for (int i = 0; i < dim; i++) acc[i] = 0.5f;
   ra_vec_axpy(acc, -2.0f, rows + 3 * rb, t, dim);
