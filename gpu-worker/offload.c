@@ -39,6 +39,10 @@ typedef struct decode_step {
   ra_error err;
 } decode_step;
 
+/* Host K/V buffers kept for reuse: K and V of the two layers in flight and of the one being
+ * offloaded. */
+#define RA_OFFLOAD_KV_POOL 6
+
 struct ra_offload {
   const ra_model *m;
   const ra_offload_plan *plan;
@@ -74,6 +78,11 @@ struct ra_offload {
                            * partials for them: [W, n_heads, head_dim] x2, [W, n_heads, 2] */
   float *ratt;            /* [W, n_heads, head_dim]: the corrected outputs in the step's row order */
   uint64_t n_decoded;     /* decode steps since the prefill: the stores' retro step numbers */
+  /* prefill: host buffers of offloaded layers' K/V handed back by finished layer jobs (the pipe's
+   * thread) for the next layers, so that a layer's ~1 GB is not page-faulted in afresh */
+  uv_mutex_t kv_pool_lock;
+  float *kv_pool[RA_OFFLOAD_KV_POOL];
+  size_t kv_pool_cap[RA_OFFLOAD_KV_POOL]; /* floats of each, 0: slot empty */
   ra_offload_stats prefill_stats;
   ra_offload_stats *steps; /* [n_steps] recorded decode timings */
   size_t n_steps, steps_cap;
@@ -88,8 +97,38 @@ static int64_t ring_row(const ra_offload *o, int64_t p) {
   return p < s ? p : s + (p - s) % o->cfg.n_window;
 }
 
+/* A host buffer of at least n floats: a pooled one when one is large enough, else a new one. */
+static float *kv_buf_take(ra_offload *o, size_t n) {
+  float *p = NULL;
+  uv_mutex_lock(&o->kv_pool_lock);
+  for (int i = 0; i < RA_OFFLOAD_KV_POOL && !p; i++)
+    if (o->kv_pool_cap[i] >= n) {
+      p = o->kv_pool[i];
+      o->kv_pool[i] = NULL;
+      o->kv_pool_cap[i] = 0;
+    }
+  uv_mutex_unlock(&o->kv_pool_lock);
+  return p ? p : malloc(n * sizeof(float));
+}
+
+/* Returns a buffer of n floats from kv_buf_take to the pool (or frees it when the pool is full). */
+static void kv_buf_give(ra_offload *o, float *p, size_t n) {
+  if (!p) return;
+  uv_mutex_lock(&o->kv_pool_lock);
+  for (int i = 0; i < RA_OFFLOAD_KV_POOL && p; i++)
+    if (o->kv_pool_cap[i] == 0) {
+      o->kv_pool[i] = p;
+      o->kv_pool_cap[i] = n;
+      p = NULL;
+    }
+  uv_mutex_unlock(&o->kv_pool_lock);
+  free(p);
+}
+
 void ra_offload_free(ra_offload *o) {
   if (!o) return;
+  for (int i = 0; i < RA_OFFLOAD_KV_POOL; i++) free(o->kv_pool[i]);
+  uv_mutex_destroy(&o->kv_pool_lock);
   ra_wave_free(o->wave);
   ra_remote_close(o->remote);
   ra_tensor_free(&o->scratch_k);
@@ -152,6 +191,10 @@ int ra_offload_new(const ra_model *m, const ra_offload_plan *plan, const ra_offl
                      "tokens' K/V must still be on the device)", cfg->retro_window, RA_OFFLOAD_MAX_RETRO, cfg->n_window);
   ra_offload *o = calloc(1, sizeof *o);
   if (!o) return ra_errorf(err, RA_ENOMEM, "offload: out of memory");
+  if (uv_mutex_init(&o->kv_pool_lock) != 0) {
+    free(o);
+    return ra_errorf(err, RA_ENOMEM, "offload: cannot create a mutex");
+  }
   o->m = m;
   o->plan = plan;
   o->cfg = *cfg;
@@ -281,8 +324,9 @@ static void layer_job_free(void *arg) {
   layer_job *j = arg;
   if (!j) return;
   if (j->own_kv) {
-    free((void *)j->k);
-    free((void *)j->v);
+    const size_t n = (size_t)(j->e - j->b) * j->o->kv_row;
+    kv_buf_give(j->o, (float *)j->k, n);
+    kv_buf_give(j->o, (float *)j->v, n);
   }
   free(j->q);
   free(j->ids);
@@ -536,29 +580,34 @@ static int pick_queries(ra_offload *o, int64_t n, int64_t n_q, int64_t c0, int64
 
 /* Layer l's offloaded rows [b, e) of kc, vc (rows = positions) to new host buffers *k, *v: as
  * they are ([e - b, n_kv_heads, head_dim]), or in wave mode clustered on the backend and in each
- * kv head's cluster order ([n_kv_heads, e - b, head_dim]) with the layer's PutClusters in *puts. */
+ * kv head's cluster order ([n_kv_heads, e - b, head_dim]) with the layer's PutClusters in *puts.
+ * *download_us += the downloads' time (the rest is wave's clustering). */
 static int offload_rows(ra_offload *o, int l, const ra_tensor *kc, const ra_tensor *vc, int64_t b, int64_t e, float **k,
-                        float **v, ra_wave_puts *puts, ra_error *err) {
+                        float **v, ra_wave_puts *puts, double *download_us, ra_error *err) {
   ra_backend *be = o->m->be;
   size_t nf = (size_t)(e - b) * o->kv_row;
-  *k = malloc(nf * sizeof(float));
-  *v = malloc(nf * sizeof(float));
+  *k = kv_buf_take(o, nf);
+  *v = kv_buf_take(o, nf);
   if (!*k || !*v)
     return ra_errorf(err, RA_ENOMEM, "offload: out of memory for %lld tokens of layer %d", (long long)(e - b), l);
-  if (o->wave) return ra_wave_prefill_layer(o->wave, l, kc, vc, b, e, *k, *v, puts, err);
+  if (o->wave) return ra_wave_prefill_layer(o->wave, l, kc, vc, b, e, *k, *v, puts, download_us, err);
+  const uint64_t t0 = uv_hrtime();
   int rc = be->ops->download(be, kc, (size_t)b * o->kv_row, *k, nf, err);
-  return rc ? rc : be->ops->download(be, vc, (size_t)b * o->kv_row, *v, nf, err);
+  if (rc == RA_OK) rc = be->ops->download(be, vc, (size_t)b * o->kv_row, *v, nf, err);
+  *download_us += (double)(uv_hrtime() - t0) / 1e3;
+  return rc;
 }
 
 /* The job of layer l's offloaded rows [b, e) of kc, vc (the layer's cache on the backend, row =
  * position): offload_rows, then layer_job_new with the rows as the job's own. *rows_us: the
- * time of offload_rows. */
+ * time of offload_rows, *download_us of its downloads. */
 static int layer_job_of_cache(ra_offload *o, int l, const ra_tensor *kc, const ra_tensor *vc, int64_t b, int64_t e,
-                              const float *q, int64_t n_q, layer_job **job, double *rows_us, ra_error *err) {
+                              const float *q, int64_t n_q, layer_job **job, double *rows_us, double *download_us,
+                              ra_error *err) {
   uint64_t t0 = uv_hrtime();
   float *k = NULL, *v = NULL;
   ra_wave_puts puts = {0};
-  int rc = offload_rows(o, l, kc, vc, b, e, &k, &v, &puts, err);
+  int rc = offload_rows(o, l, kc, vc, b, e, &k, &v, &puts, download_us, err);
   *rows_us = (double)(uv_hrtime() - t0) / 1e3;
   if (rc == RA_OK) {
     rc = layer_job_new(o, l, b, e, k, v, 1, kc, b, q, n_q, job, err);
@@ -584,14 +633,18 @@ static int prefill_offload_layer(ra_offload *o, ra_job_pipe *pipe, int l, int64_
   ra_partition_offloaded(o->cfg.n_sink, o->cfg.n_window, (uint64_t)n, &b64, &e64);
   int64_t b = (int64_t)b64, e = (int64_t)e64;
   if (o->remote && e > b) {
+    /* the layer's compute first, so that the times below are the offload's own */
+    rc = o->m->be->ops->sync(o->m->be, err);
     uint64_t t0 = uv_hrtime();
     layer_job *job = NULL;
-    double rows_us;
-    rc = layer_job_of_cache(o, l, &st->k_cache[l], &st->v_cache[l], b, e, q, n_q, &job, &rows_us, err);
+    double rows_us = 0.0, download_us = 0.0;
+    if (rc == RA_OK)
+      rc = layer_job_of_cache(o, l, &st->k_cache[l], &st->v_cache[l], b, e, q, n_q, &job, &rows_us, &download_us,
+                              err);
     uint64_t t2 = uv_hrtime();
-    /* wave's rows come out of its clustering */
-    *(o->wave ? &stats->index_us : &stats->download_us) += rows_us;
-    stats->index_us += (double)(t2 - t0) / 1e3 - rows_us;
+    /* the rest of offload_rows is wave's clustering; after it, the kNN of an index mode */
+    stats->download_us += download_us;
+    stats->index_us += (double)(t2 - t0) / 1e3 - download_us;
     if (rc == RA_OK) rc = ra_job_pipe_push(pipe, layer_job_run, layer_job_free, job, err);
     stats->wait_us += (double)(uv_hrtime() - t2) / 1e3;
   }
@@ -760,17 +813,18 @@ int ra_offload_seed(ra_offload *o, const ra_prefill_capture *cap, ra_offload_sta
       if (rc == RA_OK && o->wave)
         rc = o->m->be->ops->upload(o->m->be, &o->scratch_v, (size_t)b * o->kv_row, v + (size_t)b * o->kv_row,
                                    (size_t)(e - b) * o->kv_row, err);
-      double rows_us;
+      double rows_us, download_us = 0.0;
       if (rc == RA_OK && o->wave) {
-        rc = layer_job_of_cache(o, l, &o->scratch_k, &o->scratch_v, b, e, NULL, 0, &job, &rows_us, err);
+        rc = layer_job_of_cache(o, l, &o->scratch_k, &o->scratch_v, b, e, NULL, 0, &job, &rows_us, &download_us, err);
       } else if (rc == RA_OK) {
         rc = layer_job_new(o, l, b, e, k + (size_t)b * o->kv_row, v + (size_t)b * o->kv_row, 0, &o->scratch_k, b,
                            cap->q + (size_t)l * (size_t)n_q * q_row, n_q, &job, err);
       }
-      double knn_us = (double)(uv_hrtime() - ta) / 1e3;
+      double knn_us = (double)(uv_hrtime() - ta) / 1e3 - download_us;
       if (rc == RA_OK) rc = layer_job_run(job, err);
       layer_job_free(job);
       s.append_us += o->pipe_append_us;
+      s.download_us += download_us;
       s.index_us += knn_us + o->pipe_index_us;
     }
     if (rc == RA_OK) rc = seed_ring(o, &st->k_cache[l], &o->scratch_k, k, 0, sink_end, err);

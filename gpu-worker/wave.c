@@ -82,7 +82,9 @@ struct ra_wave {
   int32_t *perm, *counts;       /* [n_kv, max rows], [n_kv, max clusters] */
   int64_t max_rows, max_k;
   uint32_t *perm_u;             /* [max rows] */
-  ra_tensor out_k, out_v;       /* [n_kv, max rows, hd] fp32 (prefill) */
+  ra_tensor out_k, out_v;       /* [n_kv, max rows, hd] in kv_dtype (prefill): the cache's rows
+                                 * permuted, so the narrow dtype loses nothing and halves the
+                                 * download of a 16-bit cache */
   /* selection */
   int32_t *idx;                 /* [n_kv, cap] */
   ra_tensor est_o, est_ml;      /* [n_heads, hd], [n_heads, 2] */
@@ -353,8 +355,8 @@ int ra_wave_begin(ra_wave *w, int64_t b, int64_t e, int64_t max_end, ra_error *e
     if (rc == RA_OK) rc = ra_tensor_new(w->be, &w->blk_k[l], w->kv_dtype, 3, bs, err);
     if (rc == RA_OK) rc = ra_tensor_new(w->be, &w->blk_v[l], w->kv_dtype, 3, bs, err);
   }
-  if (rc == RA_OK && prefill_rows > 0) rc = ra_tensor_new(w->be, &w->out_k, RA_DTYPE_F32, 3, os, err);
-  if (rc == RA_OK && prefill_rows > 0) rc = ra_tensor_new(w->be, &w->out_v, RA_DTYPE_F32, 3, os, err);
+  if (rc == RA_OK && prefill_rows > 0) rc = ra_tensor_new(w->be, &w->out_k, w->kv_dtype, 3, os, err);
+  if (rc == RA_OK && prefill_rows > 0) rc = ra_tensor_new(w->be, &w->out_v, w->kv_dtype, 3, os, err);
   w->rows = calloc(tab, sizeof *w->rows);
   if (rc == RA_OK && !w->rows) rc = ra_errorf(err, RA_ENOMEM, "wave: out of memory");
   if (rc == RA_OK && c->buffer > 0) rc = buffer_begin(w, err);
@@ -390,7 +392,7 @@ static int install(ra_wave *w, int l, int64_t p, int64_t c0, int64_t k, int g, u
 }
 
 int ra_wave_prefill_layer(ra_wave *w, int l, const ra_tensor *kc, const ra_tensor *vc, int64_t b, int64_t e, float *k,
-                          float *v, ra_wave_puts *puts, ra_error *err) {
+                          float *v, ra_wave_puts *puts, double *download_us, ra_error *err) {
   *puts = (ra_wave_puts){0};
   if (!w->begun) return ra_errorf(err, RA_ESTATE, "wave: prefill before ra_wave_begin");
   if (e <= b) return RA_OK;
@@ -419,13 +421,15 @@ int ra_wave_prefill_layer(ra_wave *w, int l, const ra_tensor *kc, const ra_tenso
     ra_tensor ok_ = w->out_k, ov_ = w->out_v; /* views of n rows per head */
     memcpy(ok_.shape, os, sizeof os);
     memcpy(ov_.shape, os, sizeof os);
-    ok_.nbytes = ov_.nbytes = (size_t)w->n_kv * (size_t)n * hd * sizeof(float);
+    ok_.nbytes = ov_.nbytes = (size_t)w->n_kv * (size_t)n * hd * ra_dtype_size(w->kv_dtype);
     rc = be->ops->cluster_keys(be, kc, vc, p, n, &cp, &w->centroid[l], &w->size[l], &w->vsum[l], c0, &ok_, &ov_,
                                w->perm, w->counts, err);
     for (int g = 0; g < w->n_kv && rc == RA_OK; g++) {
       float *kd = k + (size_t)g * row + (size_t)(p - b) * hd, *vd = v + (size_t)g * row + (size_t)(p - b) * hd;
+      const uint64_t t0 = uv_hrtime();
       rc = be->ops->download(be, &ok_, (size_t)g * (size_t)n * hd, kd, (size_t)n * hd, err);
       if (rc == RA_OK) rc = be->ops->download(be, &ov_, (size_t)g * (size_t)n * hd, vd, (size_t)n * hd, err);
+      *download_us += (double)(uv_hrtime() - t0) / 1e3;
       if (rc == RA_OK) rc = install(w, l, p, c0, kk, g, cbuf, &puts->c[puts->n], err);
       if (rc == RA_OK) {
         cbuf += puts->c[puts->n].n_clusters;

@@ -80,9 +80,10 @@ void ra_wave_puts_free(ra_wave_puts *p);
 /* Prefill of layer l: clusters rows [b, e) of kc, vc ([.., n_kv_heads, head_dim], row = position)
  * on the backend into the meta-index, and writes them in cluster order to k, v: host
  * [n_kv_heads, e - b, head_dim] fp32, kv head g's i-th row at [g, i] being the row the store
- * holds at position b + i (ra_remote_put_heads). puts: the layer's PutClusters, no perm. */
+ * holds at position b + i (ra_remote_put_heads). puts: the layer's PutClusters, no perm.
+ * *download_us += the time of the rows' downloads (the rest of the call is the clustering). */
 int ra_wave_prefill_layer(ra_wave *w, int l, const ra_tensor *kc, const ra_tensor *vc, int64_t b, int64_t e, float *k,
-                          float *v, ra_wave_puts *puts, ra_error *err);
+                          float *v, ra_wave_puts *puts, double *download_us, ra_error *err);
 
 /* Decode, layer l, after q: ranks the clusters (q: [n_heads, head_dim] on the backend, RoPE
  * applied). *sel: per store of the plan, the retrieval zone's cluster ids it holds, for
