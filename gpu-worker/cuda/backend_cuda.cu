@@ -879,6 +879,26 @@ extern "C" int ra_backend_cuda_set_gemv_rows(ra_backend *be, int max_rows, ra_er
   return RA_OK;
 }
 
+extern "C" int ra_backend_cuda_set_prefill_kernel(ra_backend *be, int mode, ra_error *err) {
+  if (!be || !be->name || strcmp(be->name, "cuda") != 0)
+    return ra_errorf(err, RA_EINVAL, "cuda set_prefill_kernel: not a cuda backend");
+  if (mode != RA_CUDA_PREFILL_AUTO && mode != RA_CUDA_PREFILL_MMA)
+    return ra_errorf(err, RA_EUNSUPPORTED, "cuda set_prefill_kernel: unknown mode %d", mode);
+  ra_cuda_attn_prefill_set_kernel(mode);
+  return RA_OK;
+}
+
+extern "C" const char *ra_backend_cuda_prefill_kernel(ra_backend *be, int hq, int hkv, int hd, ra_dtype kv_dtype,
+                                                      int64_t n_keys) {
+  (void)be;
+  if (hkv <= 0 || hq % hkv != 0) return "cuda-cores";
+  switch (ra_cuda_attn_prefill_kernel(hq / hkv, hd, (int)kv_dtype, n_keys)) {
+    case RA_CUDA_PREFILL_WITH_WGMMA: return "wgmma";
+    case RA_CUDA_PREFILL_WITH_MMA: return "mma";
+    default: return "cuda-cores";
+  }
+}
+
 extern "C" int ra_backend_cuda_device_info(ra_backend *be, char *name, size_t name_len, int *n_sm, size_t *mem_bytes,
                                            ra_error *err) {
   if (!be || !be->name || strcmp(be->name, "cuda") != 0)

@@ -8,9 +8,10 @@
  *     1-row weights (norms, biases) stay F32 since element-wise ops read them at full precision.
  *   - matmul: up to RA_CUDA_GEMV_MAX_X tokens (a decode step) run a bandwidth-bound GEMV over
  *     the weights; more tokens go to cublasGemmEx with BF16 inputs and FP32 accumulation.
- *   - attn_prefill is a flash-attention kernel on tensor cores (mma.sync, BF16 operands for a
- *     BF16 cache, F16 otherwise; FP32 accumulation and softmax) for head_dim 64 and 128; other
- *     head dims use a CUDA-core kernel.
+ *   - attn_prefill is a flash-attention kernel on tensor cores (BF16 operands for a BF16 cache,
+ *     F16 otherwise; FP32 accumulation and softmax) for head_dim 64 and 128: warpgroup MMA
+ *     (wgmma) on sm_90 for BF16/F16 caches, mma.sync elsewhere and for F32 caches; other head
+ *     dims use a CUDA-core kernel.
  * This header exposes no CUDA type, so C code includes it freely. */
 #ifndef RA_BACKEND_CUDA_H
 #define RA_BACKEND_CUDA_H
@@ -40,6 +41,15 @@ int ra_backend_cuda_set_pdl(ra_backend *be, int on, ra_error *err);
 /* Rows of x up to which matmul takes the GEMV (1 .. RA_CUDA_GEMV_MAX_X, the default); more go to
  * cuBLAS. For measuring one path against the other. */
 int ra_backend_cuda_set_gemv_rows(ra_backend *be, int max_rows, ra_error *err);
+
+/* attn_prefill's kernels: AUTO takes the wgmma kernel where it applies (sm_90 devices), MMA
+ * never does (the mma.sync kernel instead), for measuring one against the other. Process-wide,
+ * like set_pdl; RA_EUNSUPPORTED for an unknown mode. */
+enum { RA_CUDA_PREFILL_AUTO = 0, RA_CUDA_PREFILL_MMA = 1 };
+int ra_backend_cuda_set_prefill_kernel(ra_backend *be, int mode, ra_error *err);
+/* The kernel attn_prefill runs for this geometry (keys: pos0 + n) under the current setting, on
+ * the calling thread's current device: "wgmma", "mma" or "cuda-cores". */
+const char *ra_backend_cuda_prefill_kernel(ra_backend *be, int hq, int hkv, int hd, ra_dtype kv_dtype, int64_t n_keys);
 
 /* Makes the backend's device current for the calling thread (a tensor-parallel rank's thread
  * issues every op of its backend; CUDA's current device is per thread). */

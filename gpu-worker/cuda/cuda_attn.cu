@@ -7,11 +7,14 @@
  * of the group's q heads, the online-softmax state (m, l, unnormalized o). One K/V read serves
  * all q heads of the group. A second kernel merges the splits exactly (log-sum-exp) into the
  * (o, m, l) triple of common/merge.h. The same kernel, with one split per query over rows
- * [0, pos0 + i], is the CUDA-core prefill for the head dims the tensor-core prefill
- * (cuda_attn_prefill.cu) does not cover. */
+ * [0, pos0 + i], is the CUDA-core prefill for the head dims the tensor-core prefills
+ * (cuda_attn_prefill_wgmma.cu on sm_90, cuda_attn_prefill.cu elsewhere and for F32 caches) do
+ * not cover. */
 #include "ra_cuda.cuh"
 
 #include <math.h>
+
+#include <atomic>
 
 namespace {
 
@@ -284,6 +287,9 @@ template <typename KT> cudaError_t init_for() {
                               (int)kSplitSmemMax);
 }
 
+/* ra_cuda_attn_prefill_set_kernel's mode (RA_CUDA_PREFILL_AUTO / _MMA) */
+std::atomic<int> g_prefill_mode{RA_CUDA_PREFILL_AUTO};
+
 } /* namespace */
 
 int ra_cuda_attn_geometry_ok(int group, int hd) {
@@ -294,15 +300,29 @@ int ra_cuda_attn_geometry_ok(int group, int hd) {
 cudaError_t ra_cuda_attn_init(void) {
   cudaError_t e;
   if ((e = ra_cuda_attn_prefill_init()) != cudaSuccess) return e;
+  if ((e = ra_cuda_attn_prefill_wgmma_init()) != cudaSuccess) return e;
   if ((e = init_for<float>()) != cudaSuccess) return e;
   if ((e = init_for<__half>()) != cudaSuccess) return e;
   return init_for<__nv_bfloat16>();
 }
 
+void ra_cuda_attn_prefill_set_kernel(int mode) { g_prefill_mode.store(mode); }
+
+int ra_cuda_attn_prefill_kernel(int group, int hd, int kv_dtype, int64_t n_keys) {
+  if (g_prefill_mode.load() != RA_CUDA_PREFILL_MMA && ra_cuda_attn_prefill_wgmma_ok(group, hd, kv_dtype, n_keys) &&
+      ra_cuda_attn_prefill_wgmma_ready())
+    return RA_CUDA_PREFILL_WITH_WGMMA;
+  return ra_cuda_attn_prefill_mma_ok(group, hd, n_keys) ? RA_CUDA_PREFILL_WITH_MMA : RA_CUDA_PREFILL_WITH_CORES;
+}
+
 cudaError_t ra_cuda_attn_prefill(cudaStream_t s, const float *q, const void *kc, const void *vc, int kv_dtype, int64_t n,
                                  int hq, int hkv, int hd, int64_t pos0, float scale, float *out) {
   if (n == 0) return cudaSuccess;
-  if (ra_cuda_attn_prefill_mma_ok(hq / hkv, hd, pos0 + n))
+  const int which = ra_cuda_attn_prefill_kernel(hq / hkv, hd, kv_dtype, pos0 + n);
+  /* the tensor maps of the wgmma kernel need 16-byte aligned caches (a cache from cudaMalloc is) */
+  if (which == RA_CUDA_PREFILL_WITH_WGMMA && (((uintptr_t)kc | (uintptr_t)vc) & 15) == 0)
+    return ra_cuda_attn_prefill_wgmma(s, q, kc, vc, kv_dtype, n, hq, hkv, hd, pos0, scale, out);
+  if (which != RA_CUDA_PREFILL_WITH_CORES)
     return ra_cuda_attn_prefill_mma(s, q, kc, vc, kv_dtype, n, hq, hkv, hd, pos0, scale, out);
   split_args a = {};
   a.q = q;

@@ -224,8 +224,9 @@ cudaError_t ra_cuda_attn_merge(cudaStream_t s, float *o_acc, float *ml_acc, cons
 int ra_cuda_attn_geometry_ok(int group, int hd);
 /* Shared-memory limits need setting once per device before the first launch. */
 cudaError_t ra_cuda_attn_init(void);
-/* q: [n, hq, hd] F32, out: [n, hq, hd] F32; query i sees cache rows [0, pos0 + i]. The
- * tensor-core kernel where it applies, else the split kernel on CUDA cores. */
+/* q: [n, hq, hd] F32, out: [n, hq, hd] F32; query i sees cache rows [0, pos0 + i]. The wgmma
+ * kernel where it applies (sm_90), else the mma.sync kernel, else the split kernel on CUDA
+ * cores (ra_cuda_attn_prefill_kernel says which). */
 cudaError_t ra_cuda_attn_prefill(cudaStream_t s, const float *q, const void *kc, const void *vc, int kv_dtype, int64_t n,
                                  int hq, int hkv, int hd, int64_t pos0, float scale, float *out);
 /* The tensor-core prefill (cuda_attn_prefill.cu): head dims 64 and 128, group <= 128, keys
@@ -234,6 +235,21 @@ int ra_cuda_attn_prefill_mma_ok(int group, int hd, int64_t n_keys);
 cudaError_t ra_cuda_attn_prefill_init(void);
 cudaError_t ra_cuda_attn_prefill_mma(cudaStream_t s, const float *q, const void *kc, const void *vc, int kv_dtype,
                                      int64_t n, int hq, int hkv, int hd, int64_t pos0, float scale, float *out);
+/* The wgmma prefill (cuda_attn_prefill_wgmma.cu, built for sm_90a): head dims 64 and 128, BF16
+ * and F16 caches, group <= 128, keys (pos0 + n) < 2^31, 16-byte aligned caches. Its init (once
+ * per device, from ra_cuda_attn_init) readies it on compute capability 9.0 and does nothing on
+ * other devices; ready says whether the current device has it. Same arguments as _mma. */
+int ra_cuda_attn_prefill_wgmma_ok(int group, int hd, int kv_dtype, int64_t n_keys);
+cudaError_t ra_cuda_attn_prefill_wgmma_init(void);
+int ra_cuda_attn_prefill_wgmma_ready(void);
+cudaError_t ra_cuda_attn_prefill_wgmma(cudaStream_t s, const float *q, const void *kc, const void *vc, int kv_dtype,
+                                       int64_t n, int hq, int hkv, int hd, int64_t pos0, float scale, float *out);
+/* Prefill kernel choice, process-wide like PDL: mode RA_CUDA_PREFILL_AUTO or _MMA
+ * (backend_cuda.h). ra_cuda_attn_prefill_kernel: the kernel ra_cuda_attn_prefill takes for this
+ * geometry on the current device under the mode, for 16-byte aligned caches. */
+enum { RA_CUDA_PREFILL_WITH_WGMMA, RA_CUDA_PREFILL_WITH_MMA, RA_CUDA_PREFILL_WITH_CORES };
+void ra_cuda_attn_prefill_set_kernel(int mode);
+int ra_cuda_attn_prefill_kernel(int group, int hd, int kv_dtype, int64_t n_keys);
 /* Decode (flash-decoding): the token set is cut into n_splits chunks, each block of a chunk and
  * kv head writes an unnormalized partial, and a reduce merges them by log-sum-exp.
  * Splits for a decode over `total` tokens: n_splits (<= RA_CUDA_MAX_SPLITS) and tokens per

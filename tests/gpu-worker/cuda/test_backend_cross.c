@@ -834,10 +834,12 @@ static void test_rope_store(void) {
 
 static void test_attn_prefill(void) {
   ra_error err;
-  /* Tensor cores for head dims 64 and 128: GQA ratios 1, 3, 4, 8 (a block holds 128 / G query
-   * positions), lengths off the 64-key tile and the block's positions, chunk offsets (pos0 > 0:
-   * the worker's chunked prefill), F16/BF16 caches (operands of that type) and F32 (staged as
-   * F16). Other head dims: the CUDA-core kernel. */
+  /* Tensor cores for head dims 64 and 128: GQA ratios 1, 2, 3, 4, 8, 16, 32 (a block holds
+   * 128 / G query positions), lengths off the key tiles (64 keys for mma.sync, 128 for wgmma)
+   * and off the block's positions, key counts just past a tile, chunk offsets (pos0 > 0: the
+   * worker's chunked prefill), F16/BF16 caches (operands of that type) and F32 (staged as F16).
+   * Other head dims: the CUDA-core kernel. On sm_90 the BF16/F16 cases take the wgmma kernel;
+   * they run a second time with the mma.sync kernel forced. */
   const struct {
     int64_t n, pos0, hq, hkv, hd;
     ra_dtype dt;
@@ -849,9 +851,26 @@ static void test_attn_prefill(void) {
       {77, 1000, 12, 4, 128, RA_DTYPE_F16},  {1000, 0, 9, 3, 64, RA_DTYPE_BF16},  {43, 5, 9, 3, 64, RA_DTYPE_F16},
       {65, 63, 16, 2, 64, RA_DTYPE_BF16},   {2, 4094, 32, 8, 128, RA_DTYPE_BF16}, {255, 2049, 32, 8, 128, RA_DTYPE_F16},
       {513, 20000, 8, 2, 128, RA_DTYPE_BF16}, {190, 70, 6, 2, 128, RA_DTYPE_F32}, {100, 3000, 9, 3, 64, RA_DTYPE_F32},
+      {200, 0, 4, 4, 128, RA_DTYPE_BF16},    {129, 127, 2, 2, 64, RA_DTYPE_F16},  {256, 0, 2, 2, 128, RA_DTYPE_F16},
+      {100, 129, 8, 4, 128, RA_DTYPE_F16},   {65, 0, 4, 2, 64, RA_DTYPE_BF16},    {33, 95, 32, 8, 128, RA_DTYPE_BF16},
+      {31, 98, 32, 8, 128, RA_DTYPE_F16},    {300, 1000, 8, 2, 64, RA_DTYPE_F16}, {17, 240, 16, 2, 128, RA_DTYPE_BF16},
+      {50, 5, 8, 1, 64, RA_DTYPE_BF16},      {1, 128, 16, 1, 128, RA_DTYPE_F16},  {5, 300, 32, 1, 128, RA_DTYPE_BF16},
+      {640, 1337, 32, 8, 128, RA_DTYPE_BF16}, {96, 161, 16, 1, 64, RA_DTYPE_F16},
   };
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+  const size_t n_cases = sizeof cases / sizeof cases[0];
+  int wgmma_case[sizeof cases / sizeof cases[0]];
+  memset(wgmma_case, 0, sizeof wgmma_case);
+  for (size_t ci = 0; ci < 2 * n_cases; ci++) {
+    const size_t i = ci % n_cases;
+    const int pass_mma = ci >= n_cases; /* the second pass: the wgmma kernel's cases on mma.sync */
+    if (ci == n_cases && ra_backend_cuda_set_prefill_kernel(g_gpu, RA_CUDA_PREFILL_MMA, &err) != RA_OK) {
+      report_error("attn_prefill", "set_prefill_kernel", &err);
+      break;
+    }
+    if (pass_mma && !wgmma_case[i]) continue;
     int64_t n = cases[i].n, pos0 = cases[i].pos0, hq = cases[i].hq, hkv = cases[i].hkv, hd = cases[i].hd;
+    const char *kernel = ra_backend_cuda_prefill_kernel(g_gpu, (int)hq, (int)hkv, (int)hd, cases[i].dt, pos0 + n);
+    if (!pass_mma) wgmma_case[i] = strcmp(kernel, "wgmma") == 0;
     pair q, k, v, o;
     memset(&q, 0, sizeof q);
     memset(&k, 0, sizeof k);
@@ -861,8 +880,8 @@ static void test_attn_prefill(void) {
     int64_t qs[3] = {n, hq, hd};
     int tc = hd == 64 || hd == 128;
     char desc[112];
-    snprintf(desc, sizeof desc, "n=%lld pos0=%lld heads %lld/%lld hd %lld %s%s", (long long)n, (long long)pos0,
-             (long long)hq, (long long)hkv, (long long)hd, dt_name(cases[i].dt), tc ? " [tensor cores]" : " [cuda cores]");
+    snprintf(desc, sizeof desc, "n=%lld pos0=%lld heads %lld/%lld hd %lld %s [%s]", (long long)n, (long long)pos0,
+             (long long)hq, (long long)hkv, (long long)hd, dt_name(cases[i].dt), kernel);
     /* 5 extra rows of random data past pos0 + n must be ignored */
     TRY("attn_prefill", desc, make_caches(&k, &v, cases[i].dt, pos0 + n + 5, hkv, hd, &err));
     TRY("attn_prefill", desc, pair_new(&q, RA_DTYPE_F32, 3, qs, hq_, &err));
@@ -881,6 +900,8 @@ static void test_attn_prefill(void) {
     free(c);
     free(g);
   }
+  if (ra_backend_cuda_set_prefill_kernel(g_gpu, RA_CUDA_PREFILL_AUTO, &err) != RA_OK)
+    report_error("attn_prefill", "set_prefill_kernel", &err);
 }
 
 /* Partials (o, ml) of both backends: o abs, m abs, l relative (l grows with the token count). */
