@@ -332,8 +332,8 @@ static void strip_prefetch(const wplan *p, const scratch *sc, size_t r0, size_t 
 /* Folds the rows of strip [r0, r0 + nb) that set `set` attends into its G running partials
  * (o: [G, dim], m, l: [G]): the rows' keys scored against the set's queries qs (Q K^T), the
  * partials rescaled to the strip's new maxima, then the values accumulated (P V), the strip in
- * L1 throughout. Set 0 comes first and prefetches the next strip (of the task's n rows); the
- * past sets find the rows cached. */
+ * L1 throughout. Set 0 comes first and, between its dots, prefetches the task's rows (of n)
+ * WAVE_PREFETCH_AHEAD beyond those it scores; the past sets find the rows cached. */
 static void strip_fold(const wplan *p, const float *qs, size_t G, scratch *sc, size_t set, size_t r0, size_t nb,
                        size_t n, float *o, float *m, float *l) {
   const ra_dtype dt = p->s->geo.dtype;
