@@ -332,7 +332,8 @@ int ra_kvclient_build_index_start(ra_kvclient *c, const ra_kvclient_session *s, 
   if (!b) return ra_errorf(err, RA_ENOMEM, "out of memory starting a BuildIndex call");
   /* The deadline from the build's size, times the builds queued before it (client.h). */
   uint64_t keys = in && in->n_keys ? in->n_keys : in ? in->n_key_rows : 0;
-  uint64_t ms = (uint64_t)c->timeout_ms + keys * RA_KVCLIENT_BUILD_US_PER_KEY / 1000 * (c->builds_in_flight + 1);
+  uint64_t ms = (uint64_t)RA_KVCLIENT_BUILD_BASE_TIMEOUTS * (uint64_t)c->timeout_ms +
+                keys * RA_KVCLIENT_BUILD_US_PER_KEY / 1000 * (c->builds_in_flight + 1);
   if (ms > INT32_MAX) ms = INT32_MAX;
   /* the request is packed into the client's buffer only for the send, which copies it */
   int rc = pack(&req.base, &c->tx, err);

@@ -33,14 +33,18 @@ typedef struct ra_kvclient_put ra_kvclient_put;
 typedef struct ra_kvclient_stream ra_kvclient_stream;
 
 /* The deadline policy, from one value T (timeout_ms): every unary call has T; a PutKv stream's
- * reply T after its last chunk; a BuildIndex T plus RA_KVCLIENT_BUILD_US_PER_KEY for each key it
- * covers (ra_kvclient_build_input.n_keys) times the builds this client has in flight before it
- * (they queue at the store's threads); attends the timeout their caller gives. Besides, the
+ * reply T after its last chunk; a BuildIndex RA_KVCLIENT_BUILD_BASE_TIMEOUTS x T plus
+ * RA_KVCLIENT_BUILD_US_PER_KEY for each key it covers (ra_kvclient_build_input.n_keys) times
+ * the builds this client has in flight before it (they queue at the store's threads); attends the timeout their caller gives. Besides, the
  * connection is pinged every T / 2: a store that stops answering (frozen, its host gone) fails
  * every call in flight within about T, a long build's or a stream's send included. */
 /* Ten times the slowest build measured (roar without key lists, 2 cores: 97 us a key): a shared
  * or loaded store must not fail a healthy build, and a frozen one is caught by the pings. */
 #define RA_KVCLIENT_BUILD_US_PER_KEY 1000
+/* A store starved by other work on a 2-core host took over 10 s + 2 s for a 2K-key build; a
+ * build's deadline is a backstop (a frozen store is the pings' to catch), so its fixed part is
+ * a few T. */
+#define RA_KVCLIENT_BUILD_BASE_TIMEOUTS 3
 typedef struct ra_kvclient_options {
   size_t max_message_bytes; /* channel limit; 0: 64 MiB (the store's default) */
   size_t chunk_bytes;       /* PutKv chunk size, keys + values; 0: 4 MiB */
