@@ -628,11 +628,57 @@ void ra_rpc_server_destroy(ra_rpc_server *s) {
 
 /* ---------------------------------------------------------------- client */
 
+/* gRPC core reads a socket only while some thread polls (waits on a completion queue). A worker
+ * that starts calls and then computes for a second polls nothing, so the acks of its keepalive
+ * pings sit unread and the watchdog closes healthy connections (seen on a 2-core host: both
+ * stores' connections dropped mid-prefill). One thread per process, alive while any channel
+ * is open, waits on an empty queue and thereby polls every connection. */
+static struct {
+  pthread_mutex_t lock;
+  int n_channels;
+  grpc_completion_queue *cq;
+  pthread_t thread;
+} g_poller = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void *poller_main(void *arg) {
+  grpc_completion_queue *cq = arg;
+  while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type != GRPC_QUEUE_SHUTDOWN) {
+  }
+  return NULL;
+}
+
+static int poller_acquire(void) {
+  int rc = RA_OK;
+  pthread_mutex_lock(&g_poller.lock);
+  if (g_poller.n_channels == 0) {
+    g_poller.cq = grpc_completion_queue_create_for_next(NULL);
+    if (pthread_create(&g_poller.thread, NULL, poller_main, g_poller.cq) != 0) {
+      grpc_completion_queue_destroy(g_poller.cq);
+      rc = RA_ENOMEM;
+    }
+  }
+  if (rc == RA_OK) g_poller.n_channels++;
+  pthread_mutex_unlock(&g_poller.lock);
+  return rc;
+}
+
+static void poller_release(void) {
+  pthread_mutex_lock(&g_poller.lock);
+  if (--g_poller.n_channels == 0) {
+    grpc_completion_queue_shutdown(g_poller.cq);
+    pthread_join(g_poller.thread, NULL);
+    grpc_completion_queue_destroy(g_poller.cq);
+  }
+  pthread_mutex_unlock(&g_poller.lock);
+}
+
 struct ra_rpc_channel {
   grpc_channel *channel;
   char *target;
   grpc_metadata auth; /* "authorization: Bearer TOKEN", sent with every call */
   size_t n_auth;
+  bool fail_after_loss;
+  atomic_bool was_ready; /* a call found the connection up */
 };
 
 int ra_rpc_channel_open(const char *target, const ra_rpc_channel_config *cfg, ra_rpc_channel **out,
@@ -662,9 +708,18 @@ int ra_rpc_channel_open(const char *target, const ra_rpc_channel_config *cfg, ra
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIMEOUT_MS, .value.integer = d.keepalive_ms > 0 ? ka : 20000},
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, .value.integer = d.keepalive_ms > 0},
       {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, .value.integer = 0},
+      /* an idle channel stays connected: its going down means the peer did (fail_after_loss) */
+      {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_CLIENT_IDLE_TIMEOUT_MS, .value.integer = INT32_MAX},
   };
   grpc_channel_args cargs = {.num_args = sizeof args / sizeof args[0], .args = args};
   grpc_init();
+  if (poller_acquire() != RA_OK) {
+    free(ch->target);
+    free(ch);
+    grpc_shutdown();
+    return ra_errorf(err, RA_ENOMEM, "cannot start the RPC poller thread");
+  }
+  ch->fail_after_loss = d.fail_after_loss;
   grpc_channel_credentials *creds;
   if (d.tls) {
     grpc_ssl_pem_key_cert_pair pair = {.private_key = d.tls->key_pem, .cert_chain = d.tls->cert_pem};
@@ -677,6 +732,7 @@ int ra_rpc_channel_open(const char *target, const ra_rpc_channel_config *cfg, ra
   if (!ch->channel) {
     free(ch->target);
     free(ch);
+    poller_release();
     grpc_shutdown();
     return ra_errorf(err, RA_EINVAL, "cannot create a channel to '%s'%s", target, d.tls ? " (TLS settings)" : "");
   }
@@ -707,12 +763,20 @@ void ra_rpc_channel_close(ra_rpc_channel *ch) {
   if (ch->n_auth) grpc_slice_unref(ch->auth.value);
   free(ch->target);
   free(ch);
+  poller_release();
   grpc_shutdown();
 }
 
 int ra_rpc_call_start(ra_rpc_channel *ch, const char *method, int64_t deadline_ms,
                       ra_rpc_call **out, ra_error *err) {
   *out = NULL;
+  if (ch->fail_after_loss) {
+    grpc_connectivity_state st = grpc_channel_check_connectivity_state(ch->channel, 0);
+    if (st == GRPC_CHANNEL_READY) atomic_store(&ch->was_ready, true);
+    else if (atomic_load(&ch->was_ready))
+      return ra_errorf(err, RA_EUNAVAIL, "%s: UNAVAILABLE: the connection was lost (the peer stopped answering or closed it)",
+                       ch->target);
+  }
   ra_rpc_call *c = call_new(true);
   if (!c) return ra_errorf(err, RA_ENOMEM, "out of memory");
   c->target = ch->target;

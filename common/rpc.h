@@ -42,6 +42,7 @@
 #include "buf.h"
 #include "status.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -102,6 +103,10 @@ typedef struct ra_rpc_channel_config {
   int keepalive_ms;         /* ping period and ack deadline; 0: no pings */
   const ra_rpc_tls *tls;    /* NULL: plaintext */
   const char *token;        /* bearer token sent with every call; NULL: none */
+  /* once a call found the connection up, a later call that finds it down fails at once with
+   * RA_EUNAVAIL instead of waiting for a reconnect: for state that lives on the peer (a
+   * session) and a peer that was just seen to stop answering */
+  bool fail_after_loss;
 } ra_rpc_channel_config;
 
 /* Opens a channel to "HOST:PORT" (cfg NULL: the defaults). Connection is lazy: an unreachable

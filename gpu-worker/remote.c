@@ -96,6 +96,7 @@ static void sleep_ms(unsigned ms) { uv_sleep(ms); }
 static ra_kvclient_options store_options(const ra_remote *r) {
   ra_kvclient_options o = r->cfg.client;
   o.timeout_ms = r->cfg.timeout_ms;
+  o.fail_after_loss = 1; /* a lost store is reconnected on a new channel (store_reconnect) */
   return o;
 }
 

@@ -60,7 +60,8 @@ int ra_kvclient_connect(const char *addr, const ra_kvclient_options *opt, ra_kvc
   ra_rpc_channel_config cc = {.max_message_bytes = o.max_message_bytes,
                               .keepalive_ms = c->timeout_ms / 2 > 0 ? c->timeout_ms / 2 : 1,
                               .tls = o.tls ? &tls : NULL,
-                              .token = o.auth_token};
+                              .token = o.auth_token,
+                              .fail_after_loss = o.fail_after_loss};
   int rc = ra_rpc_channel_open(addr, &cc, &c->ch, err);
   if (rc) {
     free(c);

@@ -55,6 +55,9 @@ typedef struct ra_kvclient_options {
   int tls;
   const char *tls_ca_pem, *tls_cert_pem, *tls_key_pem;
   const char *auth_token;   /* bearer token sent with every call (the store's --auth-token-file) */
+  /* a connection seen up and then lost fails every later call at once (a session's client:
+   * the pings found the store gone, so waiting for a reconnect only delays the error) */
+  int fail_after_loss;
 } ra_kvclient_options;
 
 /* Fills the security fields of o from files (any NULL: not used): the CA, the client certificate
