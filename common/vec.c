@@ -402,6 +402,27 @@ RA_AVX2 static float exp_sum_avx2(float *x, size_t n, float shift) {
   return s;
 }
 
+/* The first of n 16-bit values whose exponent bits (mask) are all set, or n: 64 values a pass,
+ * unaligned loads. The scalar scan ran at ~1 GB/s, 15 % of a store's PutKv time. */
+RA_AVX2 static size_t first_nonfinite16_avx2(const unsigned char *x, size_t n, uint16_t mask) {
+  const __m256i m = _mm256_set1_epi16((short)mask);
+  size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    __m256i bad = _mm256_setzero_si256();
+    for (int j = 0; j < 4; j++) {
+      __m256i w = _mm256_loadu_si256((const __m256i *)(x + (i + 16 * (size_t)j) * 2));
+      bad = _mm256_or_si256(bad, _mm256_cmpeq_epi16(_mm256_and_si256(w, m), m));
+    }
+    if (!_mm256_testz_si256(bad, bad)) break;
+  }
+  for (; i < n; i++) {
+    uint16_t w;
+    memcpy(&w, x + i * 2, 2);
+    if ((w & mask) == mask) return i;
+  }
+  return n;
+}
+
 #endif
 
 float ra_vec_exp_sum(float *x, size_t n, float shift) {
@@ -576,6 +597,10 @@ void ra_vec_accumulate_rows(float *o, size_t n_out, const float *w, size_t ldw, 
   } while (0)
 
 size_t ra_vec_first_nonfinite(const void *x, ra_dtype t, size_t n) {
+#ifdef RA_X86
+  if (ra_cpu_has_avx2() && (t == RA_DTYPE_F16 || t == RA_DTYPE_BF16))
+    return first_nonfinite16_avx2(x, n, t == RA_DTYPE_F16 ? 0x7c00u : 0x7f80u);
+#endif
   switch (t) {
     case RA_DTYPE_F32: FIRST_NONFINITE_(uint32_t, 0x7f800000u);
     case RA_DTYPE_F16: FIRST_NONFINITE_(uint16_t, 0x7c00u);

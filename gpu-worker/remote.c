@@ -8,6 +8,10 @@
 #include <string.h>
 #include <uv.h>
 
+/* PutKv streams a put sends to one store at once, each on a connection of its own (remote_put):
+ * one stream ingests at ~0.55 GB/s on the H200 host (bench/results/h200/kvstore-bench.json). */
+#define RA_REMOTE_PUT_LANES 4
+
 /* What the remote keeps per store: the connection, the session, the Attend stream, the buffers
  * of one decode step's requests (its asked q heads, their q, the partials coming back; a step
  * may send a store a second request when another owner failed) and its health. */
@@ -39,7 +43,15 @@ typedef struct remote_store {
   uint32_t reconnects;         /* times it came back (reattached) */
   uint64_t *head_tokens;       /* [n_layers * n_kv_heads] tokens sent here: an index build's deadline */
   int unreachable;             /* a call timed out or lost the connection: close skips the store */
+  ra_kvclient *lanes[RA_REMOTE_PUT_LANES - 1]; /* puts' further connections (remote_put) */
 } remote_store;
+
+static void lanes_close(remote_store *s) {
+  for (size_t l = 0; l + 1 < RA_REMOTE_PUT_LANES; l++) {
+    if (s->lanes[l]) ra_kvclient_close(s->lanes[l]);
+    s->lanes[l] = NULL;
+  }
+}
 
 struct ra_remote {
   const ra_offload_plan *plan;
@@ -108,6 +120,7 @@ static int store_reconnect(ra_remote *r, remote_store *s, ra_error *err) {
   s->stream = NULL;
   if (s->client) ra_kvclient_close(s->client);
   s->client = NULL;
+  lanes_close(s);
   uint64_t t0 = uv_hrtime(), limit = (uint64_t)r->cfg.reconnect_ms * 1000000u;
   ra_kvclient_options opt = store_options(r);
   int rc;
@@ -244,6 +257,7 @@ static void store_close(remote_store *s, int keep_session) {
   if (s->session_open && !s->down && !s->unreachable && !keep_session)
     ra_kvclient_close_session(s->client, &s->session, NULL, &err);
   if (s->client) ra_kvclient_close(s->client);
+  lanes_close(s);
   free(s->heads);
   free(s->q);
   free(s->o);
@@ -343,59 +357,88 @@ static int pack_head(const ra_remote *r, const float *x, int head_major, uint64_
   return rc;
 }
 
-/* One store's part of a put: its shards of the layer, packed into its own slice of the staging
- * buffer, sent as one PutKv stream. */
+/* One PutKv stream of a put: some of one store's shards of the layer, packed into its own slice
+ * of the staging buffer and sent on the store's lane-th connection. */
 typedef struct put_part {
   ra_remote *r;
   remote_store *s;
+  size_t store;
+  uint32_t lane;
   uint32_t layer;
   const float *k, *v;
   int head_major;
   uint64_t pos0, end;
-  uint8_t *dst; /* this store's slice */
+  uint8_t *dst;           /* this part's slice */
+  ra_kvclient_rows *rows; /* [the store's shards]: the blocks packed */
+  size_t n_rows;
   int rc;
   ra_error err;
 } put_part;
 
-static void put_store(void *arg) {
+/* The store's shard j holds rows of layer within [pos0, end): *b, *e are their bounds. */
+static int shard_in_put(const remote_store *s, size_t j, uint32_t layer, uint64_t pos0, uint64_t end, uint64_t *b,
+                        uint64_t *e) {
+  const ra_plan_shard *sh = &s->plan->shards[j];
+  *b = sh->token_begin > pos0 ? sh->token_begin : pos0;
+  *e = sh->token_end < end ? sh->token_end : end;
+  return sh->layer == layer && *b < *e;
+}
+
+/* The lanes a put of layer's [pos0, end) uses at store s (one per shard it touches, at most
+ * RA_REMOTE_PUT_LANES), and the bytes of lane `lane` (K and V; lane < 0: all lanes). Shard j
+ * of the layer's touched ones goes to lane (its ordinal mod the lanes). */
+static uint32_t put_lanes(const ra_remote *r, const remote_store *s, uint32_t layer, uint64_t pos0, uint64_t end,
+                          int lane, size_t *bytes) {
+  size_t row_bytes = ra_dtype_row_bytes(r->cfg.dtype, r->head_dim), touched = 0;
+  uint64_t b, e;
+  for (size_t j = 0; j < s->plan->n_shards; j++) touched += shard_in_put(s, j, layer, pos0, end, &b, &e);
+  uint32_t lanes = touched < RA_REMOTE_PUT_LANES ? (uint32_t)touched : RA_REMOTE_PUT_LANES;
+  *bytes = 0;
+  for (size_t j = 0, ord = 0; j < s->plan->n_shards; j++)
+    if (shard_in_put(s, j, layer, pos0, end, &b, &e) && (lane < 0 || ord++ % lanes == (size_t)lane))
+      *bytes += 2 * (e - b) * row_bytes;
+  return lanes;
+}
+
+/* The store's connection for lane l: lane 0 is its own, the others are opened on first use
+ * (each stream on a connection of its own, so that the store reads them in parallel). */
+static int lane_client(ra_remote *r, remote_store *s, uint32_t l, ra_kvclient **out, ra_error *err) {
+  if (l == 0) {
+    *out = s->client;
+    return RA_OK;
+  }
+  if (!s->lanes[l - 1]) {
+    ra_kvclient_options opt = store_options(r);
+    int rc = ra_kvclient_connect(s->addr, &opt, &s->lanes[l - 1], err);
+    if (rc) return rc;
+  }
+  *out = s->lanes[l - 1];
+  return RA_OK;
+}
+
+static void put_part_run(void *arg) {
   put_part *p = arg;
   ra_remote *r = p->r;
   remote_store *s = p->s;
   size_t row_bytes = ra_dtype_row_bytes(r->cfg.dtype, r->head_dim);
+  uint32_t lanes = put_lanes(r, s, p->layer, p->pos0, p->end, -1, &(size_t){0});
   uint8_t *dst = p->dst;
-  s->n_rows = 0;
-  for (size_t j = 0; j < s->plan->n_shards; j++) {
-    const ra_plan_shard *sh = &s->plan->shards[j];
-    if (sh->layer != p->layer) continue;
-    uint64_t b = sh->token_begin > p->pos0 ? sh->token_begin : p->pos0;
-    uint64_t e = sh->token_end < p->end ? sh->token_end : p->end;
-    if (b >= e) continue;
+  uint64_t b, e;
+  for (size_t j = 0, ord = 0; j < s->plan->n_shards; j++) {
+    if (!shard_in_put(s, j, p->layer, p->pos0, p->end, &b, &e) || ord++ % lanes != p->lane) continue;
+    const uint32_t g = s->plan->shards[j].kv_head;
     uint8_t *kd = dst, *vd = dst + (e - b) * row_bytes;
-    if ((p->rc = pack_head(r, p->k, p->head_major, p->end - p->pos0, p->pos0, p->layer, sh->kv_head, b, e, "key",
-                           kd, &p->err)) ||
-        (p->rc = pack_head(r, p->v, p->head_major, p->end - p->pos0, p->pos0, p->layer, sh->kv_head, b, e, "value",
-                           vd, &p->err)))
+    if ((p->rc = pack_head(r, p->k, p->head_major, p->end - p->pos0, p->pos0, p->layer, g, b, e, "key", kd,
+                           &p->err)) ||
+        (p->rc = pack_head(r, p->v, p->head_major, p->end - p->pos0, p->pos0, p->layer, g, b, e, "value", vd,
+                           &p->err)))
       return;
     dst = vd + (e - b) * row_bytes;
-    s->rows[s->n_rows++] = (ra_kvclient_rows){p->layer, sh->kv_head, b, e - b, kd, vd};
+    p->rows[p->n_rows++] = (ra_kvclient_rows){p->layer, g, b, e - b, kd, vd};
   }
-  p->rc = s->n_rows ? ra_kvclient_put_kv(s->client, &s->session, s->rows, s->n_rows, NULL, &p->err) : RA_OK;
-  for (size_t j = 0; p->rc == RA_OK && j < s->n_rows; j++) {
-    s->tokens += s->rows[j].n_tokens;
-    s->head_tokens[(size_t)p->layer * r->plan->n_kv_heads + s->rows[j].kv_head] += s->rows[j].n_tokens;
-  }
-}
-
-/* Bytes of store s's shards of `layer` within [pos0, end), K and V. */
-static size_t put_bytes(const ra_remote *r, const remote_store *s, uint32_t layer, uint64_t pos0, uint64_t end) {
-  size_t row_bytes = ra_dtype_row_bytes(r->cfg.dtype, r->head_dim), total = 0;
-  for (size_t j = 0; j < s->plan->n_shards; j++) {
-    const ra_plan_shard *sh = &s->plan->shards[j];
-    uint64_t b = sh->token_begin > pos0 ? sh->token_begin : pos0;
-    uint64_t e = sh->token_end < end ? sh->token_end : end;
-    if (sh->layer == layer && b < e) total += 2 * (e - b) * row_bytes;
-  }
-  return total;
+  ra_kvclient *c = NULL;
+  p->rc = lane_client(r, s, p->lane, &c, &p->err);
+  if (p->rc == RA_OK) p->rc = ra_kvclient_put_kv(c, &s->session, p->rows, p->n_rows, NULL, &p->err);
 }
 
 static int remote_put(ra_remote *r, uint32_t layer, const float *k, const float *v, int head_major, uint64_t pos0,
@@ -403,41 +446,61 @@ static int remote_put(ra_remote *r, uint32_t layer, const float *k, const float 
   int rc = remote_check(r, err);
   if (rc) return rc;
   if (layer >= r->plan->n_layers) return ra_errorf(err, RA_EINVAL, "remote: layer %u out of range", layer);
-  /* Every store packs and sends its own shards on a thread of its own: the stores ingest in
-   * parallel (one after the other, a 128K-token layer of Llama-3-8B geometry took as long as
-   * the layer's compute on the H200). Each owner of a shard gets its own copy, in its own slice
-   * of the staging buffer. */
-  put_part *parts = calloc(r->n_stores, sizeof *parts);
-  uv_thread_t *th = calloc(r->n_stores, sizeof *th);
-  int *started = calloc(r->n_stores, sizeof *started);
-  if (!parts || !th || !started) {
-    free(parts);
-    free(th);
-    free(started);
-    return ra_errorf(err, RA_ENOMEM, "remote: out of memory");
+  /* Every store's shards go out on up to RA_REMOTE_PUT_LANES streams at once, each packed and
+   * sent by a thread of its own: the stores ingest in parallel (one stream a store at a time,
+   * a 128K-token layer of Llama-3-8B geometry took as long as the layer's compute on the H200),
+   * and so do a store's lanes. Each owner of a shard gets its own copy, in its own slice of the
+   * staging buffer. */
+  size_t n_parts = 0, n_shards = 0, total = 0;
+  for (size_t i = 0; i < r->n_stores; i++) {
+    if (r->stores[i].down) continue;
+    size_t bytes;
+    const uint32_t lanes = put_lanes(r, &r->stores[i], layer, pos0, pos0 + n, -1, &bytes);
+    n_parts += lanes;
+    n_shards += lanes * r->stores[i].plan->n_shards; /* a lane packs at most all the store's shards */
+    total += bytes;
   }
-  size_t total = 0;
-  for (size_t i = 0; i < r->n_stores; i++)
-    if (!r->stores[i].down) total += put_bytes(r, &r->stores[i], layer, pos0, pos0 + n);
-  rc = reserve_pack(r, total, err);
-  size_t off = 0;
+  put_part *parts = calloc(n_parts + 1, sizeof *parts);
+  ra_kvclient_rows *rows = calloc(n_shards + 1, sizeof *rows);
+  uv_thread_t *th = calloc(n_parts + 1, sizeof *th);
+  int *started = calloc(n_parts + 1, sizeof *started);
+  if (!parts || !rows || !th || !started) rc = ra_errorf(err, RA_ENOMEM, "remote: out of memory");
+  if (rc == RA_OK) rc = reserve_pack(r, total, err);
+  size_t np = 0, off = 0, row0 = 0;
   for (size_t i = 0; i < r->n_stores && rc == RA_OK; i++) {
-    parts[i] = (put_part){r, &r->stores[i], layer, k, v, head_major, pos0, pos0 + n, r->pack + off, RA_OK, {0}};
-    if (!r->stores[i].down) off += put_bytes(r, &r->stores[i], layer, pos0, pos0 + n);
+    remote_store *s = &r->stores[i];
+    if (s->down) continue;
+    size_t bytes;
+    const uint32_t lanes = put_lanes(r, s, layer, pos0, pos0 + n, -1, &bytes);
+    for (uint32_t l = 0; l < lanes; l++) {
+      put_lanes(r, s, layer, pos0, pos0 + n, (int)l, &bytes);
+      parts[np++] = (put_part){.r = r, .s = s, .store = i, .lane = l, .layer = layer, .k = k, .v = v,
+                               .head_major = head_major, .pos0 = pos0, .end = pos0 + n, .dst = r->pack + off,
+                               .rows = rows + row0};
+      off += bytes;
+      row0 += s->plan->n_shards;
+    }
   }
-  /* store 0 on this thread; a store whose thread cannot start also runs here */
-  for (size_t i = 1; i < r->n_stores && rc == RA_OK; i++)
-    if (!r->stores[i].down) started[i] = uv_thread_create(&th[i], put_store, &parts[i]) == 0;
-  for (size_t i = 0; i < r->n_stores && rc == RA_OK; i++)
-    if ((i == 0 || !started[i]) && !r->stores[i].down) put_store(&parts[i]);
-  for (size_t i = 1; i < r->n_stores; i++)
+  /* part 0 on this thread; a part whose thread cannot start also runs here */
+  for (size_t i = 1; i < np && rc == RA_OK; i++) started[i] = uv_thread_create(&th[i], put_part_run, &parts[i]) == 0;
+  for (size_t i = 0; i < np && rc == RA_OK; i++)
+    if (i == 0 || !started[i]) put_part_run(&parts[i]);
+  for (size_t i = 1; i < np; i++)
     if (started[i]) uv_thread_join(&th[i]);
   /* a failed owner is marked down when the shard has others (a prefill is not resumed) */
-  for (size_t i = 0; i < r->n_stores && rc == RA_OK; i++)
-    if (parts[i].rc != RA_OK && !r->stores[i].down) {
-      rc = store_failed(r, i, &parts[i].err, NULL, err);
+  for (size_t i = 0; i < np && rc == RA_OK; i++) {
+    remote_store *s = parts[i].s;
+    if (parts[i].rc != RA_OK) {
+      if (!s->down) rc = store_failed(r, parts[i].store, &parts[i].err, NULL, err);
+      continue;
     }
+    for (size_t j = 0; j < parts[i].n_rows; j++) {
+      s->tokens += parts[i].rows[j].n_tokens;
+      s->head_tokens[(size_t)layer * r->plan->n_kv_heads + parts[i].rows[j].kv_head] += parts[i].rows[j].n_tokens;
+    }
+  }
   free(parts);
+  free(rows);
   free(th);
   free(started);
   if (rc == RA_OK && pos0 + n > r->pos_end) r->pos_end = pos0 + n;

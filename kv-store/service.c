@@ -330,6 +330,7 @@ void kvs_service_put_abort(kvs_service *svc, kvs_put_state *st) {
   (void)svc;
   kvs_stage_abort(&st->stage);
   put_raw_free(st);
+  pb_arena_free(&st->arena);
   st->tokens_stored = st->bytes_stored = 0;
 }
 
@@ -373,14 +374,15 @@ static int put_chunk(kvs_service *svc, kvs_put_state *st, const Rakv__KvChunk *c
 
 int kvs_service_put_chunk(kvs_service *svc, kvs_put_state *st, const uint8_t *chunk, size_t len,
                           ra_error *err) {
-  Rakv__KvChunk *c = rakv__kv_chunk__unpack(NULL, len, chunk);
+  pb_arena_reset(&st->arena, len);
+  Rakv__KvChunk *c = rakv__kv_chunk__unpack(pb_arena_allocator(&st->arena), len, chunk);
   int rc;
   if (!c) {
     rc = ra_errorf(err, RA_EFORMAT, "chunk %llu: KvChunk: malformed protobuf (%zu bytes)",
                    (unsigned long long)st->chunks, len);
   } else {
     rc = put_chunk(svc, st, c, chunk, len, err);
-    rakv__kv_chunk__free_unpacked(c, NULL);
+    rakv__kv_chunk__free_unpacked(c, pb_arena_allocator(&st->arena));
   }
   st->chunks++;
   if (rc) {
@@ -413,6 +415,7 @@ int kvs_service_put_finish(kvs_service *svc, kvs_put_state *st, ra_buf *reply, r
   }
   if (rc) kvs_service_put_abort(svc, st);
   put_raw_free(st);
+  pb_arena_free(&st->arena);
   return counted(svc, rc);
 }
 

@@ -10,6 +10,7 @@
 #define KVS_SERVICE_H
 
 #include "buf.h"
+#include "pb_arena.h"
 #include "status.h"
 #include "store.h"
 
@@ -101,6 +102,7 @@ typedef struct kvs_put_state {
   uint8_t **raw;
   size_t *raw_len;
   size_t n_raw, cap_raw;
+  pb_arena arena; /* each chunk's unpacked fields */
 } kvs_put_state;
 
 void kvs_service_put_begin(kvs_service *svc, const kvs_caller *who, kvs_put_state *st);

@@ -1,12 +1,13 @@
 /* kvstore-bench: one kv-store over loopback with Llama-3-8B attention geometry (32 q heads,
  * 8 kv heads, head_dim 128, fp16): PutKv ingest rate for `tokens` tokens of every kv head of
- * `layers` layers, then the attend round trip of one layer (all 32 q heads, one request on a
+ * `layers` layers (over `streams` PutKv streams at once, each on its own connection and thread,
+ * the (layer, kv head) blocks dealt round-robin), then the attend round trip of one layer (all 32 q heads, one request on a
  * long-lived stream) in full and in flat (k = 100) mode. Then, on an in-process store, the
  * decode's Append against roar indexes (append_roar.h): how long the write takes to return, how
  * long until the rows are indexed, and the attends issued meanwhile.
  *
  *   kvstore-bench [--json FILE] [--tokens 32768] [--layers 1] [--iters 200]
- *                 [--addr HOST:PORT | --threads N]
+ *                 [--streams 1] [--addr HOST:PORT | --threads N]
  *                 [--append-shards 32] [--append-tokens 4096] [--append-steps 50]
  *                 [--append-only 1]
  * Without --addr it spawns its own store (build/bin/kv-store next to this binary) with
@@ -24,6 +25,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -38,6 +40,7 @@ extern char **environ;
 #define N_Q 32
 #define N_KV 8
 #define DIM 128
+#define MAX_STREAMS 32
 
 typedef struct opts {
   const char *json;
@@ -46,6 +49,7 @@ typedef struct opts {
   uint32_t layers;
   int iters;
   int threads;
+  int streams;
   append_roar_opts append;
   int append_only;
 } opts;
@@ -53,14 +57,14 @@ typedef struct opts {
 static int usage(const char *msg) {
   fprintf(stderr,
           "kvstore-bench: %s\nusage: kvstore-bench [--json FILE] [--tokens N] [--layers N] "
-          "[--iters N] [--addr HOST:PORT | --threads N] [--append-shards N] [--append-tokens N] "
+          "[--iters N] [--streams N] [--addr HOST:PORT | --threads N] [--append-shards N] [--append-tokens N] "
           "[--append-steps N] [--append-only 1]\n",
           msg);
   return 2;
 }
 
 static int parse_opts(int argc, char **argv, opts *o) {
-  *o = (opts){.tokens = 32768, .layers = 1, .iters = 200,
+  *o = (opts){.tokens = 32768, .layers = 1, .iters = 200, .streams = 1,
               .append = {.shards = 32, .tokens = 4096, .steps = 50}};
   for (int i = 1; i < argc; i++) {
     if (i + 1 >= argc) return usage("every flag takes a value");
@@ -73,6 +77,7 @@ static int parse_opts(int argc, char **argv, opts *o) {
     else if (strcmp(f, "--layers") == 0 && num && n <= 32) o->layers = (uint32_t)n;
     else if (strcmp(f, "--iters") == 0 && num) o->iters = (int)n;
     else if (strcmp(f, "--threads") == 0 && num) o->threads = (int)n;
+    else if (strcmp(f, "--streams") == 0 && num && n <= MAX_STREAMS) o->streams = (int)n;
     else if (strcmp(f, "--append-shards") == 0 && num && n % 8 == 0 && n <= 256)
       o->append.shards = (uint32_t)n;
     else if (strcmp(f, "--append-tokens") == 0 && num && n <= 1 << 20) o->append.tokens = (uint32_t)n;
@@ -169,6 +174,52 @@ static int run_attend(ra_kvclient_stream *st, ra_mode mode, int iters, float *q,
   return rc;
 }
 
+/* One PutKv stream of the ingest: rows[i] for i = first, first + step, ... on its own connection. */
+typedef struct put_lane {
+  const char *addr;
+  const ra_kvclient_session *sess;
+  const ra_kvclient_rows *rows;
+  size_t n_rows, first, step;
+  int rc;
+  ra_error err;
+} put_lane;
+
+static void *put_lane_run(void *arg) {
+  put_lane *p = arg;
+  ra_kvclient *c = NULL;
+  ra_kvclient_rows mine[32 * N_KV];
+  size_t n = 0;
+  for (size_t i = p->first; i < p->n_rows; i += p->step) mine[n++] = p->rows[i];
+  p->rc = ra_kvclient_connect(p->addr, NULL, &c, &p->err);
+  if (p->rc == RA_OK && n) p->rc = ra_kvclient_put_kv(c, p->sess, mine, n, NULL, &p->err);
+  ra_kvclient_close(c);
+  return NULL;
+}
+
+/* The ingest: every block of rows, over `streams` streams at once. */
+static int ingest(const char *addr, const ra_kvclient_session *sess, const ra_kvclient_rows *rows, size_t n_rows,
+                  int streams, ra_error *err) {
+  put_lane lanes[MAX_STREAMS];
+  pthread_t tid[MAX_STREAMS];
+  int started = 0, rc = RA_OK;
+  for (int i = 0; i < streams; i++) {
+    lanes[i] = (put_lane){addr, sess, rows, n_rows, (size_t)i, (size_t)streams, RA_OK, {0}};
+    if (pthread_create(&tid[i], NULL, put_lane_run, &lanes[i]) != 0) {
+      rc = ra_errorf(err, RA_ENOMEM, "cannot start stream %d's thread", i);
+      break;
+    }
+    started++;
+  }
+  for (int i = 0; i < started; i++) {
+    pthread_join(tid[i], NULL);
+    if (rc == RA_OK && lanes[i].rc != RA_OK) {
+      *err = lanes[i].err;
+      rc = lanes[i].rc;
+    }
+  }
+  return rc;
+}
+
 /* What the remote section measured. */
 typedef struct remote_result {
   double ingest_bytes, ingest_s;
@@ -222,7 +273,7 @@ static int run_remote(const opts *o, remote_result *res, int *store_ok, ra_error
   if (rc == RA_OK) rc = ra_kvclient_open_session(c, &g, shards, ns, "kvstore-bench", &sess, err);
   if (rc == RA_OK) {
     double t0 = ra_clock_now_s();
-    rc = ra_kvclient_put_kv(c, &sess, rows, ns, NULL, err);
+    rc = ingest(addr, &sess, rows, ns, o->streams, err);
     res->ingest_s = ra_clock_now_s() - t0;
   }
   float q[N_Q * DIM], o_buf[N_Q][DIM];
@@ -268,12 +319,12 @@ int main(int argc, char **argv) {
              "  \"geometry\": {\"n_q_heads\": %d, \"n_kv_heads\": %d, \"head_dim\": %d, "
              "\"dtype\": \"f16\", \"tokens_per_kv_head\": %zu, \"layers_put\": %u},\n"
              "  \"store\": \"%s\",\n"
-             "  \"ingest\": {\"bytes\": %.0f, \"seconds\": %.3f, \"gb_per_s\": %.3f},\n"
+             "  \"ingest\": {\"streams\": %d, \"bytes\": %.0f, \"seconds\": %.3f, \"gb_per_s\": %.3f},\n"
              "  \"attend_full\": {\"iters\": %d, \"p50_us\": %.1f, \"p99_us\": %.1f, "
              "\"mean_us\": %.1f, \"store_compute_p50_us\": %.1f},\n"
              "  \"attend_flat_k100\": {\"iters\": %d, \"p50_us\": %.1f, \"p99_us\": %.1f, "
              "\"mean_us\": %.1f, \"store_compute_p50_us\": %.1f},\n",
-             N_Q, N_KV, DIM, o.tokens, o.layers, o.addr ? o.addr : "spawned", rr.ingest_bytes,
+             N_Q, N_KV, DIM, o.tokens, o.layers, o.addr ? o.addr : "spawned", o.streams, rr.ingest_bytes,
              rr.ingest_s, rr.ingest_bytes / rr.ingest_s / 1e9, o.iters, rr.full.p50_us,
              rr.full.p99_us, rr.full.mean_us, rr.full.compute_p50_us, o.iters, rr.flat.p50_us,
              rr.flat.p99_us, rr.flat.mean_us, rr.flat.compute_p50_us);
