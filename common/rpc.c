@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define RA_RPC_DEFAULT_MAX_CALLS 64
 #define RA_RPC_DEFAULT_MAX_WAITING 256
@@ -631,45 +632,69 @@ void ra_rpc_server_destroy(ra_rpc_server *s) {
 /* gRPC core reads a socket only while some thread polls (waits on a completion queue). A worker
  * that starts calls and then computes for a second polls nothing, so the acks of its keepalive
  * pings sit unread and the watchdog closes healthy connections (seen on a 2-core host: both
- * stores' connections dropped mid-prefill). One thread per process, alive while any channel
- * is open, waits on an empty queue and thereby polls every connection. */
+ * stores' connections dropped mid-prefill). One thread per process, alive while any channel is
+ * open, polls once every RA_RPC_POLL_PERIOD_MS without waiting: a caller that waits for its
+ * reply keeps being the one woken by it (a poller blocked in epoll would take the wake-up and
+ * hand it over, a thread switch on every decode RPC). */
+#define RA_RPC_POLL_PERIOD_MS 50
+
 static struct {
-  pthread_mutex_t lock;
+  pthread_mutex_t life; /* orders acquire and release (a release joins with it held) */
+  pthread_mutex_t lock; /* stop, with wake */
+  pthread_cond_t wake;
   int n_channels;
+  bool stop;
   grpc_completion_queue *cq;
   pthread_t thread;
-} g_poller = {.lock = PTHREAD_MUTEX_INITIALIZER};
+} g_poller = {.life = PTHREAD_MUTEX_INITIALIZER, .lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
 
 static void *poller_main(void *arg) {
   grpc_completion_queue *cq = arg;
-  while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type != GRPC_QUEUE_SHUTDOWN) {
+  pthread_mutex_lock(&g_poller.lock);
+  while (!g_poller.stop) {
+    pthread_mutex_unlock(&g_poller.lock);
+    grpc_completion_queue_next(cq, gpr_now(GPR_CLOCK_MONOTONIC), NULL); /* one poll, no wait */
+    pthread_mutex_lock(&g_poller.lock);
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    t.tv_nsec += RA_RPC_POLL_PERIOD_MS * 1000000L;
+    if (t.tv_nsec >= 1000000000L) {
+      t.tv_sec++;
+      t.tv_nsec -= 1000000000L;
+    }
+    if (!g_poller.stop) pthread_cond_timedwait(&g_poller.wake, &g_poller.lock, &t);
   }
+  pthread_mutex_unlock(&g_poller.lock);
   return NULL;
 }
 
 static int poller_acquire(void) {
   int rc = RA_OK;
-  pthread_mutex_lock(&g_poller.lock);
+  pthread_mutex_lock(&g_poller.life);
   if (g_poller.n_channels == 0) {
     g_poller.cq = grpc_completion_queue_create_for_next(NULL);
+    g_poller.stop = false;
     if (pthread_create(&g_poller.thread, NULL, poller_main, g_poller.cq) != 0) {
       grpc_completion_queue_destroy(g_poller.cq);
       rc = RA_ENOMEM;
     }
   }
   if (rc == RA_OK) g_poller.n_channels++;
-  pthread_mutex_unlock(&g_poller.lock);
+  pthread_mutex_unlock(&g_poller.life);
   return rc;
 }
 
 static void poller_release(void) {
-  pthread_mutex_lock(&g_poller.lock);
+  pthread_mutex_lock(&g_poller.life);
   if (--g_poller.n_channels == 0) {
-    grpc_completion_queue_shutdown(g_poller.cq);
+    pthread_mutex_lock(&g_poller.lock);
+    g_poller.stop = true;
+    pthread_cond_signal(&g_poller.wake);
+    pthread_mutex_unlock(&g_poller.lock);
     pthread_join(g_poller.thread, NULL);
-    grpc_completion_queue_destroy(g_poller.cq);
+    cq_drain_destroy(g_poller.cq);
   }
-  pthread_mutex_unlock(&g_poller.lock);
+  pthread_mutex_unlock(&g_poller.life);
 }
 
 struct ra_rpc_channel {
