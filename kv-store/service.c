@@ -326,11 +326,16 @@ static void put_raw_free(kvs_put_state *st) {
   st->n_raw = st->cap_raw = 0;
 }
 
+/* What a stream's state holds besides its stage: the journal's chunks and the unpack arena. */
+static void put_state_release(kvs_put_state *st) {
+  put_raw_free(st);
+  pb_arena_free(&st->arena);
+}
+
 void kvs_service_put_abort(kvs_service *svc, kvs_put_state *st) {
   (void)svc;
   kvs_stage_abort(&st->stage);
-  put_raw_free(st);
-  pb_arena_free(&st->arena);
+  put_state_release(st);
   st->tokens_stored = st->bytes_stored = 0;
 }
 
@@ -414,8 +419,7 @@ int kvs_service_put_finish(kvs_service *svc, kvs_put_state *st, ra_buf *reply, r
     kvs_stage_commit(&st->stage);
   }
   if (rc) kvs_service_put_abort(svc, st);
-  put_raw_free(st);
-  pb_arena_free(&st->arena);
+  put_state_release(st);
   return counted(svc, rc);
 }
 
@@ -897,6 +901,7 @@ static int replay_record(void *ctx, const uint8_t id[KVS_JOURNAL_ID_BYTES], int 
     kvs_service_put_begin(svc, NULL, &st);
     rc = kvs_service_put_chunk(svc, &st, data, len, err);
     if (rc == RA_OK) kvs_stage_commit(&st.stage);
+    put_state_release(&st);
     break;
   }
   case KVS_REC_APPEND: rc = kvs_service_append(svc, NULL, data, len, &reply, err); break;
