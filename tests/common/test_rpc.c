@@ -253,6 +253,52 @@ static void test_shutdown_with_open_stream(void **state) {
   ra_buf_free(&reply);
 }
 
+static ra_rpc_server *echo_server(const char *listen) {
+  ra_rpc_server *s;
+  ra_error err;
+  ra_rpc_server_config cfg = {.listen = listen, .max_calls = 2};
+  assert_int_equal(ra_rpc_server_create(&cfg, &s, &err), RA_OK);
+  assert_int_equal(ra_rpc_server_add_method(s, "/t.T/Echo", h_echo, NULL), RA_OK);
+  assert_int_equal(ra_rpc_server_start(s, &err), RA_OK);
+  return s;
+}
+
+/* fail_after_loss: once the connection it saw up is gone, every later call fails at once saying
+ * so, even when a server answers at that address again (a session there would be gone). */
+static void test_a_lost_connection_stays_lost(void **state) {
+  ra_rpc_server *s = echo_server("127.0.0.1:0");
+  char target[64];
+  snprintf(target, sizeof target, "127.0.0.1:%d", ra_rpc_server_port(s));
+  ra_rpc_channel *ch;
+  ra_error err;
+  ra_buf reply = {0};
+  ra_rpc_channel_config cc = {.fail_after_loss = true};
+  assert_int_equal(ra_rpc_channel_open(target, &cc, &ch, &err), RA_OK);
+  assert_int_equal(ra_rpc_unary(ch, "/t.T/Echo", "x", 1, &reply, 5000, &err), RA_OK);
+  assert_int_equal(ra_rpc_unary(ch, "/t.T/Echo", "y", 1, &reply, 5000, &err), RA_OK);
+  ra_rpc_server_shutdown(s, 100);
+  ra_rpc_server_destroy(s);
+  int lost = 0;
+  for (int i = 0; i < 100 && !lost; i++) {
+    int rc = ra_rpc_unary(ch, "/t.T/Echo", "z", 1, &reply, 5000, &err);
+    assert_int_equal(rc, RA_EUNAVAIL);
+    lost = strstr(err.msg, "connection was lost") != NULL;
+    if (!lost) usleep(50 * 1000);
+  }
+  assert_true(lost);
+  s = echo_server(target); /* the same address answers again */
+  ra_rpc_channel *fresh;
+  assert_int_equal(ra_rpc_channel_open(target, NULL, &fresh, &err), RA_OK);
+  assert_int_equal(ra_rpc_unary(fresh, "/t.T/Echo", "w", 1, &reply, 5000, &err), RA_OK);
+  assert_int_equal(ra_rpc_unary(ch, "/t.T/Echo", "w", 1, &reply, 5000, &err), RA_EUNAVAIL);
+  assert_non_null(strstr(err.msg, "connection was lost"));
+  ra_rpc_channel_close(fresh);
+  ra_rpc_channel_close(ch);
+  ra_rpc_server_shutdown(s, 100);
+  ra_rpc_server_destroy(s);
+  ra_buf_free(&reply);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_unary_roundtrip),
@@ -264,6 +310,7 @@ int main(void) {
       cmocka_unit_test(test_unreachable_peer_is_unavailable),
       cmocka_unit_test(test_bad_listen_address),
       cmocka_unit_test(test_shutdown_with_open_stream),
+      cmocka_unit_test(test_a_lost_connection_stays_lost),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
