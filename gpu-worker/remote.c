@@ -364,7 +364,7 @@ typedef struct put_part {
   ra_remote *r;
   remote_store *s;
   size_t store;
-  uint32_t lane;
+  uint32_t lane, lanes; /* this part's lane of the store's lanes in the put */
   uint32_t layer;
   const float *k, *v;
   int head_major;
@@ -422,7 +422,7 @@ static void put_part_run(void *arg) {
   ra_remote *r = p->r;
   remote_store *s = p->s;
   size_t row_bytes = ra_dtype_row_bytes(r->cfg.dtype, r->head_dim);
-  uint32_t lanes = put_lanes(r, s, p->layer, p->pos0, p->end, -1, &(size_t){0});
+  const uint32_t lanes = p->lanes;
   uint8_t *dst = p->dst;
   uint64_t b, e;
   for (size_t j = 0, ord = 0; j < s->plan->n_shards; j++) {
@@ -475,7 +475,7 @@ static int remote_put(ra_remote *r, uint32_t layer, const float *k, const float 
     const uint32_t lanes = put_lanes(r, s, layer, pos0, pos0 + n, -1, &bytes);
     for (uint32_t l = 0; l < lanes; l++) {
       put_lanes(r, s, layer, pos0, pos0 + n, (int)l, &bytes);
-      parts[np++] = (put_part){.r = r, .s = s, .store = i, .lane = l, .layer = layer, .k = k, .v = v,
+      parts[np++] = (put_part){.r = r, .s = s, .store = i, .lane = l, .lanes = lanes, .layer = layer, .k = k, .v = v,
                                .head_major = head_major, .pos0 = pos0, .end = pos0 + n, .dst = r->pack + off,
                                .rows = rows + row0};
       off += bytes;

@@ -383,9 +383,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
 
   /* Step t issues O += P_{t-1} V_{t-1} (t > 0) and S = Q K_t^T (t < n_tiles) as one group, in
-   * this warpgroup's issue slot; the slot passes to the other warpgroup right after the issue,
+   * this warpgroup's turn at the tensor cores; the turn passes to the other warpgroup right after,
    * and the softmax of S runs while the other warpgroup's group computes. Warpgroup 1 gives
-   * warpgroup 0 the first slot and takes its own last without passing it on (each bar.sync
+   * warpgroup 0 the first turn and takes its own last without passing it on (each bar.sync
    * meets exactly one bar.arrive). The first and last steps are separate instances so that no wgmma sits under a
    * branch. */
   auto step = [&](const int t, auto pv_tag, auto s_tag) {
