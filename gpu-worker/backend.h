@@ -101,6 +101,12 @@ typedef struct ra_backend_ops {
   int (*upload)(ra_backend *be, ra_tensor *t, size_t offset, const float *src, size_t n, ra_error *err);
   /* Tensor elements [offset, offset + n) -> host fp32. Synchronizes. */
   int (*download)(ra_backend *be, const ra_tensor *t, size_t offset, float *dst, size_t n, ra_error *err);
+  /* Host memory of `bytes` that download fills fastest (CUDA: pinned, so that a 16-bit tensor
+   * is widened on the device and copied by DMA, no host core involved; CPU: malloc), for the
+   * large buffers an offloading prefill downloads every layer's K/V into. host_free(NULL) is a
+   * no-op. */
+  int (*host_alloc)(ra_backend *be, size_t bytes, void **out, ra_error *err);
+  void (*host_free)(ra_backend *be, void *p);
   /* dst[dst_off + i] = src[src_off + i] for i < n, converting dtypes (KV-cache appends). */
   int (*copy)(ra_backend *be, ra_tensor *dst, size_t dst_off, const ra_tensor *src, size_t src_off,
               size_t n, ra_error *err);
@@ -187,7 +193,8 @@ typedef struct ra_backend_ops {
    * retrieval zone, [r, r + e) the estimation zone; entries from n_clusters on are -1.
    * With o and ml (both or neither; vsum then required) the estimation zone's partial is
    * computed in the same call, as wave_estimate(idx + r, e, ld r + e) would: one pass over the
-   * scores, no second launch. r, e >= 0, r + e >= 1. Synchronizes (idx). */
+   * scores, no second launch. r, e >= 0, r + e >= 1. Synchronizes for idx only: o and ml
+   * may still be computing on the backend's queue when it returns (ready for its next ops). */
   int (*wave_select)(ra_backend *be, const ra_tensor *q, const ra_tensor *centroid, const ra_tensor *size,
                      int64_t n_clusters, float scale, int r, int e, int32_t *idx, const ra_tensor *vsum,
                      ra_tensor *o, ra_tensor *ml, ra_error *err);

@@ -91,6 +91,13 @@ static int cpu_download(ra_backend *be, const ra_tensor *t, size_t off, float *d
   return RA_OK;
 }
 
+static int cpu_host_alloc(ra_backend *be, size_t bytes, void **out, ra_error *err) {
+  *out = malloc(bytes ? bytes : 1);
+  return *out ? RA_OK : ra_errorf(err, RA_ENOMEM, "cpu host_alloc: no memory for %zu bytes", bytes);
+}
+
+static void cpu_host_free(ra_backend *be, void *p) { free(p); }
+
 static int cpu_copy(ra_backend *be, ra_tensor *dst, size_t doff, const ra_tensor *src, size_t soff, size_t n,
                     ra_error *err) {
   if (doff > ra_tensor_nelem(dst) || n > ra_tensor_nelem(dst) - doff || soff > ra_tensor_nelem(src) ||
@@ -644,6 +651,8 @@ static const ra_backend_ops cpu_ops = {
     .free = cpu_free,
     .upload = cpu_upload,
     .download = cpu_download,
+    .host_alloc = cpu_host_alloc,
+    .host_free = cpu_host_free,
     .copy = cpu_copy,
     .load_weight = cpu_load_weight,
     .fill_random = cpu_fill_random,

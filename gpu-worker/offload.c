@@ -62,7 +62,9 @@ struct ra_offload {
   float *o_host;          /* [n_heads, head_dim] */
   float *ml_host;         /* [n_heads, 2]: (m, l) per head, the layout attn_merge takes */
   float *evict_k;         /* [n_layers, n_kv_heads, head_dim]: the token leaving the window */
-  float *evict_v;
+  float *evict_v;         /* the same for V, in evict_k's allocation after its K */
+  ra_tensor evict_dev;    /* [2, n_layers, n_kv_heads * head_dim] F32: its K and V gathered on
+                           * the backend, so that one download (one sync) fetches them */
   size_t kv_row;          /* floats per cache row: n_kv_heads * head_dim */
   double pipe_append_us, pipe_index_us; /* prefill: the layer jobs' puts and builds (layer_job_run) */
   /* prefill: builds started by the latest layer jobs, newest at [n_jobs % B] (B = build_layers) */
@@ -97,7 +99,9 @@ static int64_t ring_row(const ra_offload *o, int64_t p) {
   return p < s ? p : s + (p - s) % o->cfg.n_window;
 }
 
-/* A host buffer of at least n floats: a pooled one when one is large enough, else a new one. */
+/* A host buffer of at least n floats: a pooled one when one is large enough, else a new one
+ * from the backend's host_alloc (pinned on CUDA: a layer's download then runs at DMA speed,
+ * bench/results/h200/decode-wave/). */
 static float *kv_buf_take(ra_offload *o, size_t n) {
   float *p = NULL;
   uv_mutex_lock(&o->kv_pool_lock);
@@ -108,7 +112,11 @@ static float *kv_buf_take(ra_offload *o, size_t n) {
       o->kv_pool_cap[i] = 0;
     }
   uv_mutex_unlock(&o->kv_pool_lock);
-  return p ? p : malloc(n * sizeof(float));
+  if (p) return p;
+  ra_backend *be = o->m->be;
+  ra_error err;
+  void *q = NULL;
+  return be->ops->host_alloc(be, n * sizeof(float), &q, &err) == RA_OK ? q : NULL;
 }
 
 /* Returns a buffer of n floats from kv_buf_take to the pool (or frees it when the pool is full). */
@@ -122,12 +130,12 @@ static void kv_buf_give(ra_offload *o, float *p, size_t n) {
       p = NULL;
     }
   uv_mutex_unlock(&o->kv_pool_lock);
-  free(p);
+  o->m->be->ops->host_free(o->m->be, p);
 }
 
 void ra_offload_free(ra_offload *o) {
   if (!o) return;
-  for (int i = 0; i < RA_OFFLOAD_KV_POOL; i++) free(o->kv_pool[i]);
+  for (int i = 0; i < RA_OFFLOAD_KV_POOL; i++) o->m->be->ops->host_free(o->m->be, o->kv_pool[i]);
   uv_mutex_destroy(&o->kv_pool_lock);
   ra_wave_free(o->wave);
   ra_remote_close(o->remote);
@@ -142,7 +150,7 @@ void ra_offload_free(ra_offload *o) {
   free(o->o_host);
   free(o->ml_host);
   free(o->evict_k);
-  free(o->evict_v);
+  ra_tensor_free(&o->evict_dev);
   free(o->retro_tok);
   free(o->retro_q);
   free(o->retro_o);
@@ -225,10 +233,12 @@ int ra_offload_new(const ra_model *m, const ra_offload_plan *plan, const ra_offl
     o->q_host = malloc(hq * sizeof(float));
     o->o_host = malloc(hq * sizeof(float));
     o->ml_host = malloc((size_t)c->n_heads * 2 * sizeof(float));
-    o->evict_k = malloc(ev * sizeof(float));
-    o->evict_v = malloc(ev * sizeof(float));
-    if (!o->q_host || !o->o_host || !o->ml_host || !o->evict_k || !o->evict_v)
+    o->evict_k = malloc(2 * ev * sizeof(float));
+    o->evict_v = o->evict_k ? o->evict_k + ev : NULL;
+    if (!o->q_host || !o->o_host || !o->ml_host || !o->evict_k)
       rc = ra_errorf(err, RA_ENOMEM, "offload: out of memory");
+    int64_t ev_shape[3] = {2, c->n_layers, (int64_t)o->kv_row};
+    if (rc == RA_OK) rc = ra_tensor_new(m->be, &o->evict_dev, RA_DTYPE_F32, 3, ev_shape, err);
   }
   if (rc == RA_OK && cfg->retro_window) {
     size_t w = cfg->retro_window, hq = (size_t)c->n_heads * (size_t)c->head_dim, nl = (size_t)c->n_layers;
@@ -544,8 +554,9 @@ static int layer_job_new(ra_offload *o, int l, int64_t b, int64_t e, const float
   layer_job *j = calloc(1, sizeof *j);
   if (!j) {
     if (own_kv) {
-      free((void *)k);
-      free((void *)v);
+      const size_t n = (size_t)(e - b) * o->kv_row;
+      kv_buf_give(o, (float *)k, n);
+      kv_buf_give(o, (float *)v, n);
     }
     return ra_errorf(err, RA_ENOMEM, "offload: out of memory");
   }
@@ -615,8 +626,8 @@ static int layer_job_of_cache(ra_offload *o, int l, const ra_tensor *kc, const r
   }
   if (rc == RA_OK) (*job)->clusters = puts;
   else ra_wave_puts_free(&puts);
-  free(k);
-  free(v);
+  kv_buf_give(o, k, (size_t)(e - b) * o->kv_row);
+  kv_buf_give(o, v, (size_t)(e - b) * o->kv_row);
   return rc;
 }
 
@@ -857,12 +868,13 @@ static int decode_evict(ra_offload *o, int64_t pos, ra_offload_stats *s, ra_erro
   ra_backend *be = o->m->be;
   ra_state *st = o->st;
   uint64_t t0 = uv_hrtime();
-  size_t row = (size_t)ring_row(o, pos) * o->kv_row;
+  const size_t row = (size_t)ring_row(o, pos) * o->kv_row, nl = (size_t)o->m->cfg.n_layers;
   int rc = RA_OK;
-  for (int l = 0; l < o->m->cfg.n_layers && rc == RA_OK; l++) {
-    rc = be->ops->download(be, &st->k_cache[l], row, o->evict_k + (size_t)l * o->kv_row, o->kv_row, err);
-    if (rc == RA_OK) rc = be->ops->download(be, &st->v_cache[l], row, o->evict_v + (size_t)l * o->kv_row, o->kv_row, err);
+  for (size_t l = 0; l < nl && rc == RA_OK; l++) {
+    rc = be->ops->copy(be, &o->evict_dev, l * o->kv_row, &st->k_cache[l], row, o->kv_row, err);
+    if (rc == RA_OK) rc = be->ops->copy(be, &o->evict_dev, (nl + l) * o->kv_row, &st->v_cache[l], row, o->kv_row, err);
   }
+  if (rc == RA_OK) rc = be->ops->download(be, &o->evict_dev, 0, o->evict_k, 2 * nl * o->kv_row, err);
   if (rc == RA_OK) rc = ra_remote_append(o->remote, (uint64_t)pos, o->evict_k, o->evict_v, err);
   uint64_t t1 = uv_hrtime();
   s->append_us += (double)(t1 - t0) / 1e3;

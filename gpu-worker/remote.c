@@ -24,6 +24,9 @@ typedef struct remote_store {
   ra_kvclient_session session;
   int session_open;
   ra_kvclient_stream *stream;
+  ra_kvclient_append_call *append; /* the step's append while in flight */
+  int append_rc;
+  ra_error append_err;
   uint32_t *heads;             /* [n_q_heads]: the q heads sent this step, in order */
   float *q;                    /* [n_q_heads, head_dim] */
   float *o;                    /* [n_q_heads, head_dim] */
@@ -703,22 +706,29 @@ static void restore_replicas(ra_remote *r) {
 
 /* Sends store i its staged append rows; on failure the store is marked down or reattached, and
  * a reattached store gets the rows again unless they had landed before it failed. */
-static int append_store(ra_remote *r, size_t i, ra_error *err) {
+/* Store i took its rows of the step's append. */
+static void append_landed(ra_remote *r, size_t i) {
   remote_store *s = &r->stores[i];
-  uint64_t n = s->n_rows; /* one row per block */
+  s->tokens += s->n_rows; /* one row per block */
+  for (size_t j = 0; j < s->n_rows; j++)
+    s->head_tokens[(size_t)s->rows[j].layer * r->plan->n_kv_heads + s->rows[j].kv_head] += s->rows[j].n_tokens;
+}
+
+/* Store i's append failed with e: the store is marked down, or reattached and sent the rows
+ * again until they land. */
+static int append_recover(ra_remote *r, size_t i, ra_error *e, ra_error *err) {
+  remote_store *s = &r->stores[i];
+  uint64_t n = s->n_rows;
   for (;;) {
-    ra_error e;
-    if (ra_kvclient_append(s->client, &s->session, s->rows, s->n_rows, &e) == RA_OK) {
-      s->tokens += n;
-      for (size_t j = 0; j < s->n_rows; j++)
-        s->head_tokens[(size_t)s->rows[j].layer * r->plan->n_kv_heads + s->rows[j].kv_head] += s->rows[j].n_tokens;
-      return RA_OK;
-    }
-    int back, landed, rc = store_failed(r, i, &e, &back, err);
+    int back, landed, rc = store_failed(r, i, e, &back, err);
     if (rc || !back) return rc;
     if ((rc = store_check_held(s, n, &landed, err)) != RA_OK) return remote_fail(r, rc, err);
     if (landed) {
       s->tokens += n;
+      return RA_OK;
+    }
+    if (ra_kvclient_append(s->client, &s->session, s->rows, s->n_rows, e) == RA_OK) {
+      append_landed(r, i);
       return RA_OK;
     }
   }
@@ -750,8 +760,26 @@ int ra_remote_append(ra_remote *r, uint64_t pos, const float *k, const float *v,
       }
     }
   }
-  for (size_t i = 0; i < r->n_stores && rc == RA_OK; i++)
-    if (r->stores[i].n_rows && !r->stores[i].down) rc = append_store(r, i, err);
+  if (rc) return rc;
+  /* every store's append in flight at once, then each waited for; a failed one recovers after */
+  for (size_t i = 0; i < r->n_stores; i++) {
+    remote_store *s = &r->stores[i];
+    s->append = NULL;
+    s->append_rc = RA_OK;
+    if (s->n_rows && !s->down)
+      s->append_rc = ra_kvclient_append_start(s->client, &s->session, s->rows, s->n_rows, &s->append, &s->append_err);
+  }
+  for (size_t i = 0; i < r->n_stores; i++) {
+    remote_store *s = &r->stores[i];
+    if (s->append) s->append_rc = ra_kvclient_append_wait(s->append, &s->append_err);
+    s->append = NULL;
+  }
+  for (size_t i = 0; i < r->n_stores && rc == RA_OK; i++) {
+    remote_store *s = &r->stores[i];
+    if (!s->n_rows || s->down) continue;
+    if (s->append_rc == RA_OK) append_landed(r, i);
+    else rc = append_recover(r, i, &s->append_err, err);
+  }
   if (rc == RA_OK && pos + 1 > r->pos_end) r->pos_end = pos + 1;
   return rc;
 }

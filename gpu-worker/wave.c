@@ -9,11 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* iters 10: the k-means loop ends early once no assignment changes (backend.h), so the bound
- * only caps segments still moving; RetroInfer clusters with 10 Lloyd iterations. */
+/* iters 5: on SmolLM2's keys 5 Lloyd iterations capture the mass and error of 10 (RetroInfer's)
+ * to 0.001 (bench/results/wave-smollm2/), and the CUDA clustering's GEMMs cost per iteration. */
 void ra_wave_config_default(ra_wave_config *c) {
   *c = (ra_wave_config){.retrieve = 0.018, .retrieve_min = 1024, .estimate = 0.232, .segment = 8192, .cluster = 16,
-                        .iters = 10, .block = 1024, .buffer = 0};
+                        .iters = 5, .block = 1024, .buffer = 0};
 }
 
 static int budget_ok(double x) { return isfinite(x) && x >= 0 && (x <= 1 || x == floor(x)); }

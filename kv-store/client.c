@@ -489,8 +489,13 @@ int ra_kvclient_put_kv(ra_kvclient *c, const ra_kvclient_session *s, const ra_kv
 
 /* ---- Append ---- */
 
-int ra_kvclient_append(ra_kvclient *c, const ra_kvclient_session *s, const ra_kvclient_rows *rows,
-                       size_t n_rows, ra_error *err) {
+struct ra_kvclient_append_call {
+  ra_rpc_call *call;
+};
+
+/* The Append request of rows packed into c->tx. */
+static int append_pack(ra_kvclient *c, const ra_kvclient_session *s, const ra_kvclient_rows *rows, size_t n_rows,
+                       ra_error *err) {
   Rakv__KvChunk *chunks = calloc(n_rows ? n_rows : 1, sizeof *chunks);
   Rakv__KvChunk **ptrs = calloc(n_rows ? n_rows : 1, sizeof *ptrs);
   if (!chunks || !ptrs) {
@@ -514,10 +519,43 @@ int ra_kvclient_append(ra_kvclient *c, const ra_kvclient_session *s, const ra_kv
     req.session_id.len = sizeof s->id;
     req.n_chunks = n_rows;
     req.chunks = ptrs;
-    rc = unary(c, "/rakv.KvStore/Append", &req.base, err);
+    rc = pack(&req.base, &c->tx, err);
   }
   free(chunks);
   free(ptrs);
+  return rc;
+}
+
+int ra_kvclient_append(ra_kvclient *c, const ra_kvclient_session *s, const ra_kvclient_rows *rows,
+                       size_t n_rows, ra_error *err) {
+  int rc = append_pack(c, s, rows, n_rows, err);
+  if (rc) return rc;
+  const char *method = "/rakv.KvStore/Append";
+  return named(method, ra_rpc_unary(c->ch, method, c->tx.data, c->tx.len, &c->rx, c->timeout_ms, err), err);
+}
+
+int ra_kvclient_append_start(ra_kvclient *c, const ra_kvclient_session *s, const ra_kvclient_rows *rows,
+                             size_t n_rows, ra_kvclient_append_call **out, ra_error *err) {
+  *out = NULL;
+  ra_kvclient_append_call *a = calloc(1, sizeof *a);
+  if (!a) return ra_errorf(err, RA_ENOMEM, "out of memory starting an Append call");
+  const char *method = "/rakv.KvStore/Append";
+  int rc = append_pack(c, s, rows, n_rows, err);
+  if (rc == RA_OK)
+    rc = named(method, ra_rpc_unary_start(c->ch, method, c->tx.data, c->tx.len, c->timeout_ms, &a->call, err), err);
+  if (rc) {
+    free(a);
+    return rc;
+  }
+  *out = a;
+  return RA_OK;
+}
+
+int ra_kvclient_append_wait(ra_kvclient_append_call *a, ra_error *err) {
+  ra_buf rx = {0};
+  int rc = named("/rakv.KvStore/Append", ra_rpc_unary_wait(a->call, &rx, err), err);
+  ra_buf_free(&rx);
+  free(a);
   return rc;
 }
 

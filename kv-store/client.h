@@ -227,6 +227,13 @@ int ra_kvclient_read_kv(ra_kvclient *c, const ra_kvclient_session *s, uint32_t l
 /* Appends tokens (each block continues its shard); all blocks are stored or none. */
 int ra_kvclient_append(ra_kvclient *c, const ra_kvclient_session *s, const ra_kvclient_rows *rows,
                        size_t n_rows, ra_error *err);
+/* The same in two halves, so that appends to several stores are in flight at once: start sends
+ * the request (rows may be reused once it returns); wait takes the reply and frees the call
+ * whatever happened. Every started append must be waited for. */
+typedef struct ra_kvclient_append_call ra_kvclient_append_call;
+int ra_kvclient_append_start(ra_kvclient *c, const ra_kvclient_session *s, const ra_kvclient_rows *rows,
+                             size_t n_rows, ra_kvclient_append_call **out, ra_error *err);
+int ra_kvclient_append_wait(ra_kvclient_append_call *a, ra_error *err);
 
 /* Wave mode's clusters of one (layer, kv head) (proto PutClustersRequest has the rules): rows
  * [row_begin, row_begin + n), n = sum(counts), of one shard this store holds, stored already and

@@ -42,6 +42,7 @@ struct cuda_impl {
   scratch raw;    /* load_weight: raw GGUF bytes */
   ra_cuda_wave_scratch wave = {nullptr, 0}; /* cluster_keys, wave_select, wave_estimate */
   void *stage = nullptr; /* [RA_CUDA_STAGE_BYTES] pinned host memory: download's bounce buffer */
+  scratch widen;         /* download into pinned memory: a chunk widened to fp32 on the device */
 };
 
 inline cuda_impl *impl_of(ra_backend *be) { return (cuda_impl *)be->impl; }
@@ -167,8 +168,10 @@ int cu_upload(ra_backend *be, ra_tensor *t, size_t off, const float *src, size_t
   return RA_OK;
 }
 
-/* A download of a 16-bit tensor lands in pinned memory a chunk at a time and is widened to fp32
- * by all cores, not through a fresh pageable malloc widened by one thread. The offloading
+/* A download of a 16-bit tensor into pageable memory lands in pinned memory a chunk at a time
+ * and is widened to fp32 by all cores, not through a fresh pageable malloc widened by one
+ * thread; into host_alloc's pinned memory it is widened on the device instead (the host's
+ * cores are the kv-stores' while a prefill offloads). The offloading
  * prefill downloads each layer's K and V (268 MB of bf16 each for 128K tokens of Llama-3-8B) on
  * the device's critical path (5.8 s in all for those 32 layers: bench/results/h200/README.md,
  * the 28b8a21 prefill breakdown). */
@@ -201,6 +204,22 @@ int cu_download(ra_backend *be, const ra_tensor *t, size_t off, float *dst, size
     CU_TRY("download", cudaStreamSynchronize(im->stream));
     return RA_OK;
   }
+  /* pinned dst (host_alloc): widened on the device a chunk at a time and copied by DMA, with
+   * one sync; the stream orders each chunk's widen after the previous chunk's copy */
+  cudaPointerAttributes pa;
+  if (cudaPointerGetAttributes(&pa, dst) == cudaSuccess && pa.type == cudaMemoryTypeHost) {
+    const size_t per = RA_CUDA_STAGE_BYTES / 4;
+    int rc = grow(&im->widen, (n < per ? n : per) * 4, "download", err);
+    if (rc) return rc;
+    for (size_t i = 0; i < n; i += per) {
+      size_t m = n - i < per ? n - i : per;
+      CU_TRY("download", ra_cuda_convert(im->stream, im->widen.p, RA_DTYPE_F32, src + i * es, t->dtype, m));
+      CU_TRY("download", cudaMemcpyAsync(dst + i, im->widen.p, m * 4, cudaMemcpyDeviceToHost, im->stream));
+    }
+    CU_TRY("download", cudaStreamSynchronize(im->stream));
+    return RA_OK;
+  }
+  cudaGetLastError(); /* a pageable dst may leave cudaPointerGetAttributes' error behind */
   if (!im->stage) {
     cudaError_t e = cudaMallocHost(&im->stage, RA_CUDA_STAGE_BYTES);
     if (e != cudaSuccess) {
@@ -216,6 +235,18 @@ int cu_download(ra_backend *be, const ra_tensor *t, size_t off, float *dst, size
     widen_parallel(t->dtype, im->stage, dst + i, m);
   }
   return RA_OK;
+}
+
+int cu_host_alloc(ra_backend *be, size_t bytes, void **out, ra_error *err) {
+  (void)be;
+  *out = nullptr;
+  CU_TRY("host_alloc", cudaMallocHost(out, bytes ? bytes : 1));
+  return RA_OK;
+}
+
+void cu_host_free(ra_backend *be, void *p) {
+  (void)be;
+  if (p) cudaFreeHost(p);
 }
 
 int cu_copy(ra_backend *be, ra_tensor *dst, size_t doff, const ra_tensor *src, size_t soff, size_t n, ra_error *err) {
@@ -750,6 +781,7 @@ void cu_destroy(ra_backend *be) {
     release(&im->part);
     release(&im->topk);
     release(&im->raw);
+    release(&im->widen);
     ra_cuda_wave_scratch_release(&im->wave);
     if (im->stage) cudaFreeHost(im->stage);
     if (im->blas) cublasDestroy(im->blas);
@@ -766,6 +798,8 @@ ra_backend_ops make_ops() {
   o.free = cu_free;
   o.upload = cu_upload;
   o.download = cu_download;
+  o.host_alloc = cu_host_alloc;
+  o.host_free = cu_host_free;
   o.copy = cu_copy;
   o.load_weight = cu_load_weight;
   o.fill_random = cu_fill_random;

@@ -908,6 +908,10 @@ int ra_cuda_wave_select(const ra_cuda_wave_ctx *ctx, const ra_tensor *q, const r
   WV_TRY(op, ra_cuda_launch(sel_topk_kernel, dim3((unsigned)hkv), dim3(RA_CUDA_TOPK_THREADS), smem, s,
                             (const float *)key, nc, (int)ld, (const unsigned long long *)cand, (const unsigned *)n_cand,
                             cand_cap, d_idx));
+  /* idx first: the stores' requests go out while the estimation zone computes */
+  WV_TRY(op, cudaMemcpyAsync(idx, d_idx, sizeof(int32_t) * (size_t)hkv * (size_t)ld, cudaMemcpyDeviceToHost,
+                             ctx->stream));
+  WV_TRY(op, cudaStreamSynchronize(ctx->stream));
   if (o) {
     float *out_o = (float *)o->data, *out_ml = (float *)ml->data;
     if (nbe == 0) { /* no estimation zone: the merge of no parts is the empty partial */
@@ -923,9 +927,6 @@ int ra_cuda_wave_select(const ra_cuda_wave_ctx *ctx, const ra_tensor *q, const r
                                 (const float *)ml_part, nbe, hd, out_o, out_ml));
     }
   }
-  WV_TRY(op, cudaMemcpyAsync(idx, d_idx, sizeof(int32_t) * (size_t)hkv * (size_t)ld, cudaMemcpyDeviceToHost,
-                             ctx->stream));
-  WV_TRY(op, cudaStreamSynchronize(ctx->stream));
   return RA_OK;
 }
 

@@ -38,6 +38,22 @@ static void assert_close(const float *a, const float *b, size_t n, float tol) {
     if (!(fabsf(a[i] - b[i]) <= tol * (1.0f + fabsf(b[i])))) fail_msg("element %zu: %g vs %g", i, a[i], b[i]);
 }
 
+/* host_alloc's memory takes downloads like any other, and host_free(NULL) is a no-op. */
+static void test_host_alloc(void **state) {
+  (void)state;
+  ra_tensor t;
+  float *h = rand_tensor(&t, RA_DTYPE_F16, 1, (int64_t[]){37}, 9);
+  void *p = NULL;
+  assert_int_equal(be->ops->host_alloc(be, 40 * sizeof(float), &p, NULL), RA_OK);
+  assert_non_null(p);
+  assert_int_equal(be->ops->download(be, &t, 0, (float *)p + 3, 37, NULL), RA_OK);
+  assert_memory_equal((float *)p + 3, h, 37 * sizeof(float));
+  be->ops->host_free(be, p);
+  be->ops->host_free(be, NULL);
+  ra_tensor_free(&t);
+  free(h);
+}
+
 /* y = x w^T + bias + y against a double-precision reference from the stored values of w and
  * bias, which may be f16 / bf16 (the keys / queries of a half-precision cache in roar's kNN). */
 static void check_matmul(ra_dtype wdt, int64_t n) {
@@ -419,6 +435,7 @@ static void test_attn_decode_batch(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_host_alloc),
       cmocka_unit_test(test_matmul),
       cmocka_unit_test(test_rmsnorm_swiglu_get_rows),
       cmocka_unit_test(test_set_rows),

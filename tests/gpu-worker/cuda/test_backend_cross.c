@@ -189,6 +189,7 @@ static void test_upload_download(void) {
     pair p;
     const size_t n = ns[i];
     float *h = rand_vec(n, 3.0f), *c = NULL, *g = NULL;
+    void *pin = NULL;
     h[0] = 70000.0f; /* overflows f16 */
     h[1] = 1e-9f;    /* f16 subnormal / zero */
     int64_t shape[1] = {(int64_t)n};
@@ -199,7 +200,12 @@ static void test_upload_download(void) {
     TRY("upload", desc, g_gpu->ops->upload(g_gpu, &p.g, 3, h, n - 4, &err));
     TRY("download", desc, fetch_pair(&p, &c, &g, &err));
     report("up/download", "bits", bits_differ(c, g, n), 0, "%s", desc);
+    /* into the backend's pinned host memory at an interior pointer: widened on the device */
+    TRY("download", desc, g_gpu->ops->host_alloc(g_gpu, (n + 5) * sizeof(float), &pin, &err));
+    TRY("download", desc, g_gpu->ops->download(g_gpu, &p.g, 0, (float *)pin + 5, n, &err));
+    report("up/download", "bits", bits_differ(c, (float *)pin + 5, n), 0, "%s, into host_alloc memory", desc);
   done:
+    g_gpu->ops->host_free(g_gpu, pin);
     pair_free(&p);
     free(h);
     free(c);
