@@ -240,7 +240,8 @@ int cu_download(ra_backend *be, const ra_tensor *t, size_t off, float *dst, size
 int cu_host_alloc(ra_backend *be, size_t bytes, void **out, ra_error *err) {
   (void)be;
   *out = nullptr;
-  CU_TRY("host_alloc", cudaMallocHost(out, bytes ? bytes : 1));
+  /* portable: pinned for every device's context, whichever thread allocates it */
+  CU_TRY("host_alloc", cudaHostAlloc(out, bytes ? bytes : 1, cudaHostAllocPortable));
   return RA_OK;
 }
 
