@@ -62,6 +62,9 @@ def stream(url, model, text, max_tokens, out):
         if not line.startswith(b"data: ") or line == b"data: [DONE]":
             continue
         ev = json.loads(line[6:])
+        if "error" in ev:  # the server ended the stream with an error event
+            out.update(error=f"stream: {json.dumps(ev['error'])[:200]}")
+            return
         if ev.get("usage"):
             usage = ev["usage"]
         if ev["choices"] and ev["choices"][0]["text"]:
