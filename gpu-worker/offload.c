@@ -83,15 +83,8 @@ struct ra_offload {
   /* prefill: host buffers of offloaded layers' K/V handed back by finished layer jobs (the pipe's
    * thread) for the next layers, so that a layer's ~1 GB is not page-faulted in afresh */
   uv_mutex_t kv_pool_lock;
-  uv_cond_t kv_pool_cond;  /* a buffer joined the pool, or the filler ended */
   float *kv_pool[RA_OFFLOAD_KV_POOL];
   size_t kv_pool_cap[RA_OFFLOAD_KV_POOL]; /* floats of each, 0: slot empty */
-  /* prefill: a thread filling the pool with kv_fill_count buffers of kv_fill_n floats while the
-   * first layers compute (host_alloc pins ~1 GB per layer on CUDA: 1 s for a 128K prefill's
-   * pool, bench/results/h200/decode-wave/) */
-  uv_thread_t kv_filler;
-  int kv_filler_started, kv_filling; /* kv_filling: under kv_pool_lock */
-  size_t kv_fill_n, kv_fill_count;
   ra_offload_stats prefill_stats;
   ra_offload_stats *steps; /* [n_steps] recorded decode timings */
   size_t n_steps, steps_cap;
@@ -112,16 +105,12 @@ static int64_t ring_row(const ra_offload *o, int64_t p) {
 static float *kv_buf_take(ra_offload *o, size_t n) {
   float *p = NULL;
   uv_mutex_lock(&o->kv_pool_lock);
-  for (;;) {
-    for (int i = 0; i < RA_OFFLOAD_KV_POOL && !p; i++)
-      if (o->kv_pool_cap[i] >= n) {
-        p = o->kv_pool[i];
-        o->kv_pool[i] = NULL;
-        o->kv_pool_cap[i] = 0;
-      }
-    if (p || !o->kv_filling) break;
-    uv_cond_wait(&o->kv_pool_cond, &o->kv_pool_lock);
-  }
+  for (int i = 0; i < RA_OFFLOAD_KV_POOL && !p; i++)
+    if (o->kv_pool_cap[i] >= n) {
+      p = o->kv_pool[i];
+      o->kv_pool[i] = NULL;
+      o->kv_pool_cap[i] = 0;
+    }
   uv_mutex_unlock(&o->kv_pool_lock);
   if (p) return p;
   ra_backend *be = o->m->be;
@@ -140,58 +129,13 @@ static void kv_buf_give(ra_offload *o, float *p, size_t n) {
       o->kv_pool_cap[i] = n;
       p = NULL;
     }
-  uv_cond_broadcast(&o->kv_pool_cond);
   uv_mutex_unlock(&o->kv_pool_lock);
   o->m->be->ops->host_free(o->m->be, p);
 }
 
-static void kv_pool_filler(void *arg) {
-  ra_offload *o = arg;
-  ra_backend *be = o->m->be;
-  for (size_t i = 0; i < o->kv_fill_count; i++) {
-    void *p = NULL;
-    ra_error err;
-    if (be->ops->host_alloc(be, o->kv_fill_n * sizeof(float), &p, &err) != RA_OK) break;
-    kv_buf_give(o, p, o->kv_fill_n);
-  }
-  uv_mutex_lock(&o->kv_pool_lock);
-  o->kv_filling = 0;
-  uv_cond_broadcast(&o->kv_pool_cond);
-  uv_mutex_unlock(&o->kv_pool_lock);
-}
-
-/* Starts the filler for a prefill whose layers offload n floats of K and of V each: the pool's
- * missing buffers of that size, at most two per layer. Without a thread, kv_buf_take allocates. */
-static void kv_pool_fill_start(ra_offload *o, size_t n) {
-  size_t have = 0, want = 2 * (size_t)o->m->cfg.n_layers;
-  if (want > RA_OFFLOAD_KV_POOL) want = RA_OFFLOAD_KV_POOL;
-  uv_mutex_lock(&o->kv_pool_lock);
-  for (int i = 0; i < RA_OFFLOAD_KV_POOL; i++) have += o->kv_pool_cap[i] >= n;
-  o->kv_fill_n = n;
-  o->kv_fill_count = want > have ? want - have : 0;
-  o->kv_filling = o->kv_fill_count > 0;
-  uv_mutex_unlock(&o->kv_pool_lock);
-  if (!o->kv_filling) return;
-  if (uv_thread_create(&o->kv_filler, kv_pool_filler, o) == 0) {
-    o->kv_filler_started = 1;
-    return;
-  }
-  uv_mutex_lock(&o->kv_pool_lock);
-  o->kv_filling = 0;
-  uv_mutex_unlock(&o->kv_pool_lock);
-}
-
-static void kv_pool_fill_join(ra_offload *o) {
-  if (!o->kv_filler_started) return;
-  uv_thread_join(&o->kv_filler);
-  o->kv_filler_started = 0;
-}
-
 void ra_offload_free(ra_offload *o) {
   if (!o) return;
-  kv_pool_fill_join(o);
   for (int i = 0; i < RA_OFFLOAD_KV_POOL; i++) o->m->be->ops->host_free(o->m->be, o->kv_pool[i]);
-  uv_cond_destroy(&o->kv_pool_cond);
   uv_mutex_destroy(&o->kv_pool_lock);
   ra_wave_free(o->wave);
   ra_remote_close(o->remote);
@@ -258,11 +202,6 @@ int ra_offload_new(const ra_model *m, const ra_offload_plan *plan, const ra_offl
   if (uv_mutex_init(&o->kv_pool_lock) != 0) {
     free(o);
     return ra_errorf(err, RA_ENOMEM, "offload: cannot create a mutex");
-  }
-  if (uv_cond_init(&o->kv_pool_cond) != 0) {
-    uv_mutex_destroy(&o->kv_pool_lock);
-    free(o);
-    return ra_errorf(err, RA_ENOMEM, "offload: cannot create a condition variable");
   }
   o->m = m;
   o->plan = plan;
@@ -780,11 +719,6 @@ int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offlo
     rc = ra_errorf(err, RA_ENOMEM, "offload: out of memory for %lld sampled queries", (long long)n_q);
   if (rc == RA_OK) rc = wave_begin(o, n, err);
   if (rc == RA_OK && o->remote) rc = ra_job_pipe_start(2, &pipe, err);
-  if (rc == RA_OK && o->remote) {
-    uint64_t b, e;
-    ra_partition_offloaded(o->cfg.n_sink, o->cfg.n_window, (uint64_t)n, &b, &e);
-    if (e > b) kv_pool_fill_start(o, (size_t)(e - b) * o->kv_row);
-  }
   if (rc == RA_OK && !synthetic) rc = ra_step_begin(st, tokens, n, err);
   for (int l = 0; l < o->m->cfg.n_layers && rc == RA_OK; l++) {
     /* The scratch becomes layer l's cache for this step; its ring waits in scratch_k/v. */
@@ -824,7 +758,6 @@ int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offlo
     if (rc == RA_OK) rc = brc;
     s.wait_us += (double)(uv_hrtime() - tw) / 1e3;
   }
-  kv_pool_fill_join(o);
   free(q);
   s.append_us += o->pipe_append_us;
   s.index_us += o->pipe_index_us;

@@ -240,27 +240,14 @@ int cu_download(ra_backend *be, const ra_tensor *t, size_t off, float *dst, size
 int cu_host_alloc(ra_backend *be, size_t bytes, void **out, ra_error *err) {
   (void)be;
   *out = nullptr;
-  void *p = nullptr;
-  if (posix_memalign(&p, 4096, bytes ? bytes : 1) != 0)
-    return ra_errorf(err, RA_ENOMEM, "cuda host_alloc: no host memory for %zu bytes", bytes);
-  /* the pages faulted in by the calling thread, outside the driver, so that registering only
-   * pins them (cudaHostAlloc faults them in itself, stalling the device thread's calls); portable:
-   * pinned for every device's context */
-  memset(p, 0, bytes);
-  cudaError_t e = cudaHostRegister(p, bytes ? bytes : 1, cudaHostRegisterPortable);
-  if (e != cudaSuccess) {
-    free(p);
-    return cuda_fail(err, "host_alloc", "cudaHostRegister", e);
-  }
-  *out = p;
+  /* portable: pinned for every device's context */
+  CU_TRY("host_alloc", cudaHostAlloc(out, bytes ? bytes : 1, cudaHostAllocPortable));
   return RA_OK;
 }
 
 void cu_host_free(ra_backend *be, void *p) {
   (void)be;
-  if (!p) return;
-  cudaHostUnregister(p);
-  free(p);
+  if (p) cudaFreeHost(p);
 }
 
 int cu_copy(ra_backend *be, ra_tensor *dst, size_t doff, const ra_tensor *src, size_t soff, size_t n, ra_error *err) {
