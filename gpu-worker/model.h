@@ -123,6 +123,10 @@ int ra_state_new(const ra_model *m, int64_t n_ctx, int64_t max_batch, ra_dtype k
 /* Reallocates the MLP activations for `rows` rows per pass (1 .. max_batch; RA_FFN_ROWS or the
  * batch by default): less device memory for long prompts, the same results. Between steps. */
 int ra_state_set_ffn_rows(ra_state *st, int64_t rows, ra_error *err);
+/* Reallocates the step activations for steps of up to rows tokens (1 .. n_ctx), the MLP's for
+ * ffn_rows per pass (1 .. rows): an offloading prefill's state keeps its prompt-sized buffers
+ * (GBs at 32K tokens) only while it prefills. Between steps; on failure the state is unchanged. */
+int ra_state_set_max_batch(ra_state *st, int64_t rows, int64_t ffn_rows, ra_error *err);
 /* A state whose per-layer caches hold only cache_rows rows (<= n_ctx) for a context of n_ctx tokens:
  * the caller decides where each step's k, v go (st->cache_row) and what attention covers — the
  * distributed decode keeps sink + window there (gpu-worker/offload.h). */

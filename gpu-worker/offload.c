@@ -85,6 +85,7 @@ struct ra_offload {
   uv_mutex_t kv_pool_lock;
   float *kv_pool[RA_OFFLOAD_KV_POOL];
   size_t kv_pool_cap[RA_OFFLOAD_KV_POOL]; /* floats of each, 0: slot empty */
+  int64_t prefill_rows, prefill_ffn; /* the state's step and MLP rows while it prefills */
   ra_offload_stats prefill_stats;
   ra_offload_stats *steps; /* [n_steps] recorded decode timings */
   size_t n_steps, steps_cap;
@@ -215,6 +216,10 @@ int ra_offload_new(const ra_model *m, const ra_offload_plan *plan, const ra_offl
   /* retro: a decode step runs the W corrected tokens through the layers with the new one */
   if (max_step < (int64_t)cfg->retro_window + 1) max_step = (int64_t)cfg->retro_window + 1;
   rc = ra_state_new_ring(m, cfg->max_ctx, max_step, rows, cfg->kv_dtype, &o->st, err);
+  if (rc == RA_OK) {
+    o->prefill_rows = max_step;
+    o->prefill_ffn = o->st->ffn_rows;
+  }
   int64_t scratch_shape[3] = {max_prompt, c->n_kv_heads, c->head_dim};
   int64_t o_shape[2] = {c->n_heads, c->head_dim}, ml_shape[2] = {c->n_heads, 2};
   if (rc == RA_OK) rc = ra_tensor_new(m->be, &o->scratch_k, cfg->kv_dtype, 3, scratch_shape, err);
@@ -696,6 +701,15 @@ static int synthetic_layer_qkv(ra_offload *o, const int32_t *tokens, int64_t n, 
   return rc;
 }
 
+/* After a prefill or seed: a decode step is P + 1 <= retro_window + 1 tokens, so the state's
+ * prompt-sized activations go (4.3 GB at 32K tokens of Llama-3-8B: what bounded the sequences
+ * a server held, bench/results/serve-h200/). A shrink that cannot allocate keeps the old ones. */
+static void state_to_decode_size(ra_offload *o) {
+  const int64_t rows = (int64_t)o->cfg.retro_window + 1;
+  ra_error e;
+  (void)ra_state_set_max_batch(o->st, rows, rows < o->prefill_ffn ? rows : o->prefill_ffn, &e);
+}
+
 int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offload_stats *stats, ra_error *err) {
   ra_state *st = o->st;
   ra_offload_stats s = {0};
@@ -704,6 +718,8 @@ int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offlo
   if (n < 1 || n > o->scratch_k.shape[0])
     return ra_errorf(err, RA_EINVAL, "offload: a prefill of %lld tokens (at most %lld)", (long long)n,
                      (long long)o->scratch_k.shape[0]);
+  int rc0 = ra_state_set_max_batch(st, o->prefill_rows, o->prefill_ffn, err);
+  if (rc0) return rc0;
   uint64_t t0 = uv_hrtime();
   /* Two layers in flight: layer l at the stores while the device computes l + 1, and l + 1's
    * job ready behind it (host memory: two layers' offloaded K/V in fp32). */
@@ -770,6 +786,7 @@ int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offlo
     ra_partition_offloaded(o->cfg.n_sink, o->cfg.n_window, (uint64_t)n, &b, &e);
     s.n_offloaded = e - b;
   }
+  state_to_decode_size(o);
   s.total_us = (double)(uv_hrtime() - t0) / 1e3;
   o->prefill_stats = s;
   if (stats) *stats = s;
@@ -856,6 +873,7 @@ int ra_offload_seed(ra_offload *o, const ra_prefill_capture *cap, ra_offload_sta
   st->pos = n;
   st->n = 0;
   st->n_logits = 1;
+  state_to_decode_size(o);
   s.n_offloaded = o->remote && e > b ? (uint64_t)(e - b) : 0;
   s.total_us = (double)(uv_hrtime() - t0) / 1e3;
   o->prefill_stats = s;

@@ -116,6 +116,36 @@ static void test_ffn_in_row_passes(void **state) {
   ra_model_free(m);
 }
 
+/* A state shrunk to decode-sized steps refuses a longer step with a clear error, and grown
+ * back it computes the logits of a state that never changed; bad sizes leave it as it was. */
+static void test_set_max_batch(void **state) {
+  (void)state;
+  ra_model *m = tiny(0);
+  const size_t V = (size_t)m->cfg.vocab;
+  float *want = all_logits(m, N_TOK, RA_DTYPE_F32), *got = malloc(N_TOK * V * sizeof *got);
+  ra_state *st;
+  ra_error err;
+  assert_int_equal(ra_state_new(m, N_TOK, N_TOK, RA_DTYPE_F32, &st, &err), RA_OK);
+  assert_int_equal(ra_state_set_max_batch(st, 2, 1, &err), RA_OK);
+  assert_int_equal(st->max_batch, 2);
+  assert_int_equal(st->x.shape[0], 2);
+  assert_int_equal(st->gate.shape[0], 1);
+  assert_int_equal(ra_step_begin(st, toks, 3, &err), RA_EINVAL);
+  assert_non_null(strstr(err.msg, "step of 3 tokens"));
+  assert_int_equal(ra_state_set_max_batch(st, 0, 1, &err), RA_EINVAL);
+  assert_int_equal(ra_state_set_max_batch(st, 2, 3, &err), RA_EINVAL);
+  assert_int_equal(ra_state_set_max_batch(st, N_TOK + 1, 1, &err), RA_EINVAL);
+  assert_int_equal(st->max_batch, 2);
+  assert_int_equal(ra_state_set_max_batch(st, N_TOK, N_TOK, &err), RA_OK);
+  assert_int_equal(ra_model_forward(st, toks, N_TOK, 1, NULL, &err), RA_OK);
+  assert_int_equal(be->ops->download(be, &st->logits, 0, got, N_TOK * V, NULL), RA_OK);
+  assert_true(max_abs_diff(got, want, N_TOK * V) < 1e-5f);
+  free(want);
+  free(got);
+  ra_state_free(st);
+  ra_model_free(m);
+}
+
 /* Drives one decode step layer by layer, replacing local attention by three partials
  * (sink [0,S), middle, window [n-W, n)) merged with attn_merge, as the distributed mode does. */
 static void test_layer_api_with_merged_partials(void **state) {
@@ -331,6 +361,7 @@ int main(void) {
       cmocka_unit_test(test_convert_weights),
       cmocka_unit_test(test_decode_equals_recompute_llama),
       cmocka_unit_test(test_ffn_in_row_passes),
+      cmocka_unit_test(test_set_max_batch),
       cmocka_unit_test(test_decode_equals_recompute_qwen2_style),
       cmocka_unit_test(test_layer_api_with_merged_partials),
       cmocka_unit_test(test_f16_cache_and_determinism),
