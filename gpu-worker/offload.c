@@ -39,7 +39,7 @@ typedef struct decode_step {
   ra_error err;
 } decode_step;
 
-/* Host K/V buffers kept for reuse: K and V of the two layers in flight and of the one being
+/* Host K/V buffers a prefill reuses: K and V of the two layers in flight and of the one being
  * offloaded. */
 #define RA_OFFLOAD_KV_POOL 6
 
@@ -710,6 +710,20 @@ static void state_to_decode_size(ra_offload *o) {
   (void)ra_state_set_max_batch(o->st, rows, rows < o->prefill_ffn ? rows : o->prefill_ffn, &e);
 }
 
+/* After a prefill: its pooled host buffers (six layers' K or V, pinned on CUDA: 0.8 GB at 32K
+ * tokens) go too, or a server's idle sequences would hold them (the pipe is finished). */
+static void kv_pool_release(ra_offload *o) {
+  uv_mutex_lock(&o->kv_pool_lock);
+  float *p[RA_OFFLOAD_KV_POOL];
+  for (int i = 0; i < RA_OFFLOAD_KV_POOL; i++) {
+    p[i] = o->kv_pool[i];
+    o->kv_pool[i] = NULL;
+    o->kv_pool_cap[i] = 0;
+  }
+  uv_mutex_unlock(&o->kv_pool_lock);
+  for (int i = 0; i < RA_OFFLOAD_KV_POOL; i++) o->m->be->ops->host_free(o->m->be, p[i]);
+}
+
 int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offload_stats *stats, ra_error *err) {
   ra_state *st = o->st;
   ra_offload_stats s = {0};
@@ -777,6 +791,7 @@ int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offlo
   free(q);
   s.append_us += o->pipe_append_us;
   s.index_us += o->pipe_index_us;
+  kv_pool_release(o);
   if (rc != RA_OK) {
     st->pos = st->n = 0; /* a synthetic prefill moves pos chunk by chunk */
     return rc;
