@@ -215,11 +215,13 @@ int ra_offload_new(const ra_model *m, const ra_offload_plan *plan, const ra_offl
   int64_t max_step = cfg->synthetic_chunk > 0 && cfg->synthetic_chunk < max_prompt ? cfg->synthetic_chunk : max_prompt;
   /* retro: a decode step runs the W corrected tokens through the layers with the new one */
   if (max_step < (int64_t)cfg->retro_window + 1) max_step = (int64_t)cfg->retro_window + 1;
-  rc = ra_state_new_ring(m, cfg->max_ctx, max_step, rows, cfg->kv_dtype, &o->st, err);
-  if (rc == RA_OK) {
-    o->prefill_rows = max_step;
-    o->prefill_ffn = o->st->ffn_rows;
-  }
+  /* decode-sized: a prefill grows the activations to max_step rows for its own time only, so
+   * that a server's admitted sequences do not each hold a prompt's worth */
+  int64_t dec_rows = (int64_t)cfg->retro_window + 1;
+  if (dec_rows > max_step) dec_rows = max_step;
+  rc = ra_state_new_ring(m, cfg->max_ctx, dec_rows, rows, cfg->kv_dtype, &o->st, err);
+  o->prefill_rows = max_step;
+  o->prefill_ffn = max_step < RA_FFN_ROWS ? max_step : RA_FFN_ROWS;
   int64_t scratch_shape[3] = {max_prompt, c->n_kv_heads, c->head_dim};
   int64_t o_shape[2] = {c->n_heads, c->head_dim}, ml_shape[2] = {c->n_heads, 2};
   if (rc == RA_OK) rc = ra_tensor_new(m->be, &o->scratch_k, cfg->kv_dtype, 3, scratch_shape, err);
@@ -701,7 +703,7 @@ static int synthetic_layer_qkv(ra_offload *o, const int32_t *tokens, int64_t n, 
   return rc;
 }
 
-/* After a prefill or seed: a decode step is P + 1 <= retro_window + 1 tokens, so the state's
+/* After a prefill: a decode step is P + 1 <= retro_window + 1 tokens, so the state's
  * prompt-sized activations go (4.3 GB at 32K tokens of Llama-3-8B: what bounded the sequences
  * a server held, bench/results/serve-h200/). A shrink that cannot allocate keeps the old ones. */
 static void state_to_decode_size(ra_offload *o) {
@@ -888,7 +890,6 @@ int ra_offload_seed(ra_offload *o, const ra_prefill_capture *cap, ra_offload_sta
   st->pos = n;
   st->n = 0;
   st->n_logits = 1;
-  state_to_decode_size(o);
   s.n_offloaded = o->remote && e > b ? (uint64_t)(e - b) : 0;
   s.total_us = (double)(uv_hrtime() - t0) / 1e3;
   o->prefill_stats = s;
