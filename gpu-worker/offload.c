@@ -703,7 +703,7 @@ static int synthetic_layer_qkv(ra_offload *o, const int32_t *tokens, int64_t n, 
   return rc;
 }
 
-/* After a prefill: a decode step is P + 1 <= retro_window + 1 tokens, so the state's
+/* After a prefill (done or failed): a decode step is P + 1 <= retro_window + 1 tokens, so the state's
  * prompt-sized activations go (4.3 GB at 32K tokens of Llama-3-8B: what bounded the sequences
  * a server held, bench/results/serve-h200/). A shrink that cannot allocate keeps the old ones. */
 static void state_to_decode_size(ra_offload *o) {
@@ -712,7 +712,7 @@ static void state_to_decode_size(ra_offload *o) {
   (void)ra_state_set_max_batch(o->st, rows, rows < o->prefill_ffn ? rows : o->prefill_ffn, &e);
 }
 
-/* After a prefill: its pooled host buffers (six layers' K or V, pinned on CUDA: 0.8 GB at 32K
+/* After a prefill (done or failed): its pooled host buffers (six layers' K or V, pinned on CUDA: 0.8 GB at 32K
  * tokens) go too, or a server's idle sequences would hold them (the pipe is finished). */
 static void kv_pool_release(ra_offload *o) {
   uv_mutex_lock(&o->kv_pool_lock);
@@ -794,6 +794,7 @@ int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offlo
   s.append_us += o->pipe_append_us;
   s.index_us += o->pipe_index_us;
   kv_pool_release(o);
+  state_to_decode_size(o);
   if (rc != RA_OK) {
     st->pos = st->n = 0; /* a synthetic prefill moves pos chunk by chunk */
     return rc;
@@ -803,7 +804,6 @@ int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offlo
     ra_partition_offloaded(o->cfg.n_sink, o->cfg.n_window, (uint64_t)n, &b, &e);
     s.n_offloaded = e - b;
   }
-  state_to_decode_size(o);
   s.total_us = (double)(uv_hrtime() - t0) / 1e3;
   o->prefill_stats = s;
   if (stats) *stats = s;
