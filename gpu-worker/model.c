@@ -569,20 +569,7 @@ int ra_state_set_ffn_rows(ra_state *st, int64_t rows, ra_error *err) {
   if (rows < 1 || rows > st->max_batch)
     return ra_errorf(err, RA_EINVAL, "model: %lld MLP rows per pass (1 to the batch, %lld)", (long long)rows,
                      (long long)st->max_batch);
-  ra_tensor gate, up;
-  const int64_t sf[2] = {rows, st->m->cfg.ffn_dim};
-  int rc = ra_tensor_new(st->be, &gate, RA_DTYPE_F32, 2, sf, err);
-  if (rc) return rc;
-  if ((rc = ra_tensor_new(st->be, &up, RA_DTYPE_F32, 2, sf, err))) {
-    ra_tensor_free(&gate);
-    return rc;
-  }
-  ra_tensor_free(&st->gate);
-  ra_tensor_free(&st->up);
-  st->gate = gate;
-  st->up = up;
-  st->ffn_rows = rows;
-  return RA_OK;
+  return ra_state_set_max_batch(st, st->max_batch, rows, err);
 }
 
 int ra_state_set_max_batch(ra_state *st, int64_t rows, int64_t ffn_rows, ra_error *err) {
@@ -590,18 +577,23 @@ int ra_state_set_max_batch(ra_state *st, int64_t rows, int64_t ffn_rows, ra_erro
   if (rows < 1 || rows > st->n_ctx || ffn_rows < 1 || ffn_rows > rows)
     return ra_errorf(err, RA_EINVAL, "model: steps of %lld tokens, %lld MLP rows per pass (context %lld)",
                      (long long)rows, (long long)ffn_rows, (long long)st->n_ctx);
-  if (rows == st->max_batch && ffn_rows == st->ffn_rows) return RA_OK;
   const int64_t sx[2] = {rows, c->dim}, sq[3] = {rows, c->n_heads, c->head_dim},
                 skv[3] = {rows, c->n_kv_heads, c->head_dim}, sf[2] = {ffn_rows, c->ffn_dim};
   const int ndim[8] = {2, 2, 3, 3, 3, 3, 2, 2};
   const int64_t *shape[8] = {sx, sx, sq, skv, skv, sq, sf, sf};
   ra_tensor *dst[8] = {&st->x, &st->xn, &st->q, &st->k, &st->v, &st->att, &st->gate, &st->up};
+  /* only the buffers whose rows change, all allocated before any is replaced */
   ra_tensor t[8] = {0};
   int rc = RA_OK;
-  for (int i = 0; i < 8 && rc == RA_OK; i++) rc = ra_tensor_new(st->be, &t[i], RA_DTYPE_F32, ndim[i], shape[i], err);
+  for (int i = 0; i < 8 && rc == RA_OK; i++)
+    if (dst[i]->shape[0] != shape[i][0]) rc = ra_tensor_new(st->be, &t[i], RA_DTYPE_F32, ndim[i], shape[i], err);
   for (int i = 0; i < 8; i++) {
-    ra_tensor_free(rc ? &t[i] : dst[i]);
-    if (rc == RA_OK) *dst[i] = t[i];
+    if (rc) {
+      ra_tensor_free(&t[i]);
+    } else if (dst[i]->shape[0] != shape[i][0]) {
+      ra_tensor_free(dst[i]);
+      *dst[i] = t[i];
+    }
   }
   if (rc) return rc;
   st->max_batch = rows;

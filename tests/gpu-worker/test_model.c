@@ -93,25 +93,30 @@ static void test_decode_equals_recompute_qwen2_style(void **state) {
   check_decode_equals_recompute(1);
 }
 
+/* A forward over toks on st gives the logits of a fresh state of m (all of them). */
+static void assert_logits_of_fresh_state(ra_model *m, ra_state *st) {
+  const size_t V = (size_t)m->cfg.vocab;
+  float *want = all_logits(m, N_TOK, RA_DTYPE_F32), *got = malloc(N_TOK * V * sizeof *got);
+  assert_int_equal(ra_model_forward(st, toks, N_TOK, 1, NULL, NULL), RA_OK);
+  assert_int_equal(be->ops->download(be, &st->logits, 0, got, N_TOK * V, NULL), RA_OK);
+  assert_true(max_abs_diff(got, want, N_TOK * V) < 1e-5f);
+  free(want);
+  free(got);
+}
+
 /* The MLP in passes of fewer rows than the step (a long offloaded prefill) gives the logits of
  * one pass; a pass count outside [1, batch] is refused. */
 static void test_ffn_in_row_passes(void **state) {
   (void)state;
   ra_model *m = tiny(0);
-  const size_t V = (size_t)m->cfg.vocab;
-  float *want = all_logits(m, N_TOK, RA_DTYPE_F32), *got = malloc(N_TOK * V * sizeof *got);
   ra_state *st;
   ra_error err;
   assert_int_equal(ra_state_new(m, N_TOK, N_TOK, RA_DTYPE_F32, &st, &err), RA_OK);
   assert_int_equal(st->ffn_rows, N_TOK);
   assert_int_equal(ra_state_set_ffn_rows(st, 7, &err), RA_OK);
-  assert_int_equal(ra_model_forward(st, toks, N_TOK, 1, NULL, &err), RA_OK);
-  assert_int_equal(be->ops->download(be, &st->logits, 0, got, N_TOK * V, NULL), RA_OK);
-  assert_true(max_abs_diff(got, want, N_TOK * V) < 1e-5f);
+  assert_logits_of_fresh_state(m, st);
   assert_int_equal(ra_state_set_ffn_rows(st, 0, &err), RA_EINVAL);
   assert_int_equal(ra_state_set_ffn_rows(st, N_TOK + 1, &err), RA_EINVAL);
-  free(want);
-  free(got);
   ra_state_free(st);
   ra_model_free(m);
 }
@@ -121,8 +126,6 @@ static void test_ffn_in_row_passes(void **state) {
 static void test_set_max_batch(void **state) {
   (void)state;
   ra_model *m = tiny(0);
-  const size_t V = (size_t)m->cfg.vocab;
-  float *want = all_logits(m, N_TOK, RA_DTYPE_F32), *got = malloc(N_TOK * V * sizeof *got);
   ra_state *st;
   ra_error err;
   assert_int_equal(ra_state_new(m, N_TOK, N_TOK, RA_DTYPE_F32, &st, &err), RA_OK);
@@ -137,11 +140,7 @@ static void test_set_max_batch(void **state) {
   assert_int_equal(ra_state_set_max_batch(st, N_TOK + 1, 1, &err), RA_EINVAL);
   assert_int_equal(st->max_batch, 2);
   assert_int_equal(ra_state_set_max_batch(st, N_TOK, N_TOK, &err), RA_OK);
-  assert_int_equal(ra_model_forward(st, toks, N_TOK, 1, NULL, &err), RA_OK);
-  assert_int_equal(be->ops->download(be, &st->logits, 0, got, N_TOK * V, NULL), RA_OK);
-  assert_true(max_abs_diff(got, want, N_TOK * V) < 1e-5f);
-  free(want);
-  free(got);
+  assert_logits_of_fresh_state(m, st);
   ra_state_free(st);
   ra_model_free(m);
 }
