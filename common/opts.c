@@ -29,6 +29,25 @@ int ra_opts_parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out, ra_er
   return RA_OK;
 }
 
+int ra_opts_parse_int_list(const char *s, int64_t lo, int64_t hi, int64_t *out, int max, int *n, ra_error *err) {
+  const char *p = s ? s : "";
+  char item[32];
+  int k = 0;
+  for (;;) {
+    size_t len = strcspn(p, ",");
+    if (k == max) return ra_errorf(err, RA_EINVAL, "at most %d values", max);
+    if (len == 0 || len >= sizeof item) return ra_errorf(err, RA_EINVAL, "not a list of integers");
+    memcpy(item, p, len);
+    item[len] = '\0';
+    int rc = ra_opts_parse_int(item, lo, hi, &out[k++], err);
+    if (rc) return rc;
+    if (!p[len]) break;
+    p += len + 1;
+  }
+  *n = k;
+  return RA_OK;
+}
+
 /* "64M" when v is a whole number of the largest such unit, else the plain number. */
 static void fmt_u64(char *buf, size_t n, uint64_t v, int suffix) {
   static const char units[] = "KMGT";

@@ -101,6 +101,8 @@ void ra_opts_usage(const ra_opts_set *s, FILE *f);
 /* The project's one integer parser: a decimal integer (optional sign, no blanks) in [lo, hi].
  * RA_EINVAL with the reason in err ("not an integer", "must be 1 to 8"). */
 int ra_opts_parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out, ra_error *err);
+/* A comma-separated list of 1 .. max such integers ("1,4,16") into out[0 .. *n). */
+int ra_opts_parse_int_list(const char *s, int64_t lo, int64_t hi, int64_t *out, int max, int *n, ra_error *err);
 /* As ra_opts_parse_int for unsigned values; with `suffix`, a K/M/G/T (x 2^10 .. 2^40) suffix,
  * optionally followed by B, is allowed ("512M" -> 536870912). */
 int ra_opts_parse_u64(const char *s, int suffix, uint64_t lo, uint64_t hi, uint64_t *out, ra_error *err);

@@ -29,16 +29,7 @@ typedef struct opts {
 /* --clusters N[,N...] */
 static int counts_parse(const char *v, void *field, ra_error *err) {
   opts *o = (opts *)((char *)field - offsetof(opts, clusters));
-  char buf[256];
-  if (strlen(v) >= sizeof buf) return ra_errorf(err, RA_EINVAL, "too long");
-  strcpy(buf, v);
-  o->n_counts = 0;
-  for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-    if (o->n_counts == MAX_COUNTS) return ra_errorf(err, RA_EINVAL, "at most %d counts", MAX_COUNTS);
-    int rc = ra_opts_parse_int(tok, 1, 1 << 24, &o->clusters[o->n_counts++], err);
-    if (rc) return rc;
-  }
-  return o->n_counts ? RA_OK : ra_errorf(err, RA_EINVAL, "no count");
+  return ra_opts_parse_int_list(v, 1, 1 << 24, o->clusters, MAX_COUNTS, &o->n_counts, err);
 }
 
 #define AT(m) RA_OPT_AT(opts, m)

@@ -30,6 +30,7 @@ struct cuda_impl {
   int n_sm = 0;
   int cc_major = 0; /* compute capability: PDL needs 9 */
   int gemv_max_x = RA_CUDA_GEMV_MAX_X; /* matmul: rows of x the GEMV takes (ra_backend_cuda_set_gemv_rows) */
+  int decode_batch_waves = RA_CUDA_DECODE_BATCH_WAVES; /* attn_decode_batch's warps (set_decode_batch_waves) */
   size_t mem_bytes = 0;
   char dev_name[256] = {0};
   cudaStream_t stream = nullptr;
@@ -640,8 +641,8 @@ int cu_attn_decode(ra_backend *be, const ra_tensor *q, const ra_tensor *kc, cons
 }
 
 /* One launch for the batch where the warp kernels apply (else one attn_decode per sequence). The
- * sequences share the GPU, so each is planned with its share of about four waves of SMs: fewer,
- * longer splits than alone, and less to reduce. */
+ * sequences share the GPU, so each is planned with its share of a few waves of SMs
+ * (RA_CUDA_DECODE_BATCH_WAVES): fewer, longer splits than alone, and less to reduce. */
 int cu_attn_decode_batch(ra_backend *be, const ra_attn_decode_item *items, int n_items, float scale,
                          ra_error *err) {
   int rc = ra_backend_check_attn_decode_batch("cuda", items, n_items, err);
@@ -662,7 +663,7 @@ int cu_attn_decode_batch(ra_backend *be, const ra_attn_decode_item *items, int n
   cuda_impl *im = impl_of(be);
   ra_cuda_decode_item *it = (ra_cuda_decode_item *)calloc((size_t)n_items, sizeof *it);
   if (!it) return ra_errorf(err, RA_ENOMEM, "cuda attn_decode_batch: no host memory for %d sequences", n_items);
-  int share = 4 * im->n_sm / (n_items < RA_CUDA_DECODE_BATCH ? n_items : RA_CUDA_DECODE_BATCH);
+  int share = im->decode_batch_waves * im->n_sm / (n_items < RA_CUDA_DECODE_BATCH ? n_items : RA_CUDA_DECODE_BATCH);
   share = share < 1 ? 1 : share > im->n_sm ? im->n_sm : share;
   size_t floats = 0;
   for (int i = 0; i < n_items; i++) {
@@ -911,6 +912,16 @@ extern "C" int ra_backend_cuda_set_gemv_rows(ra_backend *be, int max_rows, ra_er
   if (!be || !be->name || strcmp(be->name, "cuda") != 0)
     return ra_errorf(err, RA_EINVAL, "cuda set_gemv_rows: not a cuda backend");
   impl_of(be)->gemv_max_x = max_rows;
+  return RA_OK;
+}
+
+extern "C" int ra_backend_cuda_set_decode_batch_waves(ra_backend *be, int waves, ra_error *err) {
+  if (waves < 1 || waves > RA_CUDA_DECODE_BATCH_MAX_WAVES)
+    return ra_errorf(err, RA_EINVAL, "cuda set_decode_batch_waves: %d waves (1 to %d)", waves,
+                     RA_CUDA_DECODE_BATCH_MAX_WAVES);
+  if (!be || !be->name || strcmp(be->name, "cuda") != 0)
+    return ra_errorf(err, RA_EINVAL, "cuda set_decode_batch_waves: not a cuda backend");
+  impl_of(be)->decode_batch_waves = waves;
   return RA_OK;
 }
 

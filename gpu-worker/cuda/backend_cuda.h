@@ -42,6 +42,13 @@ int ra_backend_cuda_set_pdl(ra_backend *be, int on, ra_error *err);
  * cuBLAS. For measuring one path against the other. */
 int ra_backend_cuda_set_gemv_rows(ra_backend *be, int max_rows, ra_error *err);
 
+/* attn_decode_batch of several sequences splits each one's tokens so that the launch holds about
+ * `waves` x (resident warps per SM x SMs) warps in all (bench/results/h200/decode-batch/). For
+ * measuring one setting against another. */
+#define RA_CUDA_DECODE_BATCH_WAVES 4
+#define RA_CUDA_DECODE_BATCH_MAX_WAVES 16
+int ra_backend_cuda_set_decode_batch_waves(ra_backend *be, int waves, ra_error *err);
+
 /* attn_prefill's kernels: AUTO takes the wgmma kernel where it applies (sm_90 devices), MMA
  * never does (the mma.sync kernel instead), for measuring one against the other. Process-wide,
  * like set_pdl; RA_EUNSUPPORTED for an unknown mode. */

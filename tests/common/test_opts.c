@@ -208,6 +208,28 @@ static void test_parse_int(void **state) {
   assert_true(u == 16777215ull << 40);
 }
 
+static void test_parse_int_list(void **state) {
+  (void)state;
+  int64_t v[3] = {0};
+  int n = -1;
+  ra_error err;
+  assert_int_equal(ra_opts_parse_int_list("1,4,16", 1, 32, v, 3, &n, &err), RA_OK);
+  assert_true(n == 3 && v[0] == 1 && v[1] == 4 && v[2] == 16);
+  assert_int_equal(ra_opts_parse_int_list("7", 1, 32, v, 3, &n, &err), RA_OK);
+  assert_true(n == 1 && v[0] == 7);
+  assert_int_equal(ra_opts_parse_int_list("1,2,3,4", 1, 32, v, 3, &n, &err), RA_EINVAL);
+  assert_string_equal(err.msg, "at most 3 values");
+  const char *bad[] = {"", ",", "1,", ",1", "1,,2", "1,x", NULL};
+  for (int i = 0; i < 6; i++) {
+    n = -1;
+    assert_int_equal(ra_opts_parse_int_list(bad[i], 1, 32, v, 3, &n, &err), RA_EINVAL);
+    assert_int_equal(n, -1); /* untouched on failure */
+  }
+  assert_int_equal(ra_opts_parse_int_list(bad[6], 1, 32, v, 3, &n, &err), RA_EINVAL);
+  assert_int_equal(ra_opts_parse_int_list("1,33", 1, 32, v, 3, &n, &err), RA_EINVAL);
+  assert_string_equal(err.msg, "must be 1 to 32");
+}
+
 /* Rows of a second table with their own target, as a program builds them from another table. */
 static void test_several_tables(void **state) {
   (void)state;
@@ -397,6 +419,7 @@ int main(void) {
       cmocka_unit_test(test_usage_wraps_long_help),
       cmocka_unit_test(test_config_file),
       cmocka_unit_test(test_config_file_errors),
+      cmocka_unit_test(test_parse_int_list),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

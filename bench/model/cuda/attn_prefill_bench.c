@@ -19,6 +19,7 @@
  * device. */
 #include "backend.h"
 #include "backend_cuda.h"
+#include "bench_time.h"
 #include "opts.h"
 
 #include <math.h>
@@ -46,11 +47,6 @@ static const double kMaxDiff = 2e-2;
 typedef struct walk_result {
   double med_s, min_s, first_chunk_ms, last_chunk_ms;
 } walk_result;
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
 
 /* One walk over the chunks of a ctx-token prompt: seconds (sum of the chunks' event times). */
 static int walk(ra_backend *be, ra_cuda_timer *tm, ra_tensor *q, ra_tensor *o, ra_tensor *kc, ra_tensor *vc,
@@ -105,7 +101,7 @@ static int run_geometry(ra_backend *be, ra_cuda_timer *tm, const geometry *g, in
       rc = ra_errorf(err, RA_EINTERNAL, "bench: attention output is not finite");
       goto done;
     }
-  qsort(t, (size_t)reps, sizeof(double), cmp_double);
+  qsort(t, (size_t)reps, sizeof(double), ra_bench_cmp_double);
   res->med_s = t[reps / 2];
   res->min_s = t[0];
 done:

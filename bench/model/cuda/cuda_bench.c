@@ -26,6 +26,7 @@
  * Exit 0 on success, 1 on an error, 77 without a CUDA device. */
 #include "backend.h"
 #include "backend_cuda.h"
+#include "bench_time.h"
 #include "model.h"
 #include "opts.h"
 
@@ -67,18 +68,6 @@ typedef struct kernel_times {
   double attn_bytes[N_CTX], attn_us[N_CTX];
   double attn1_us[N_CTX]; /* the same bytes as one kv head (4 q heads) of 8x the tokens */
 } kernel_times;
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double pct(const double *sorted, int n, double p) {
-  double i = p * (n - 1);
-  int lo = (int)i;
-  int hi = lo + 1 < n ? lo + 1 : lo;
-  return sorted[lo] + (sorted[hi] - sorted[lo]) * (i - lo);
-}
 
 static double tensor_bytes(const ra_tensor *t) { return t->data ? (double)t->nbytes : 0.0; }
 
@@ -134,12 +123,12 @@ static int run_decode(ra_backend *be, const ra_model *m, ra_cuda_timer *tm, cons
   if (rc == RA_OK) {
     double sum = 0.0;
     for (int i = 0; i < o->steps; i++) sum += ms[i];
-    qsort(ms, (size_t)o->steps, sizeof(double), cmp_double);
+    qsort(ms, (size_t)o->steps, sizeof(double), ra_bench_cmp_double);
     const ra_model_config *c = &m->cfg;
     res->ctx = ctx;
-    res->med_ms = pct(ms, o->steps, 0.5);
-    res->p10_ms = pct(ms, o->steps, 0.1);
-    res->p90_ms = pct(ms, o->steps, 0.9);
+    res->med_ms = ra_bench_pct(ms, o->steps, 0.5);
+    res->p10_ms = ra_bench_pct(ms, o->steps, 0.1);
+    res->p90_ms = ra_bench_pct(ms, o->steps, 0.9);
     res->mean_ms = sum / o->steps;
     /* K and V rows [0, ctx] of every layer, BF16 */
     res->kv_bytes = 2.0 * c->n_layers * (double)(ctx + 1) * c->n_kv_heads * c->head_dim * 2.0;
@@ -194,29 +183,6 @@ static int run_prefill(ra_backend *be, const ra_model *m, ra_cuda_timer *tm, con
   return rc;
 }
 
-/* One op alone: microseconds per call (median of 20 samples of 10 back-to-back calls, after
- * warm-up), so that launch gaps are amortized as they are inside a decode step. */
-typedef int (*op_fn)(ra_backend *be, void *ctx, ra_error *err);
-
-static int time_op(ra_cuda_timer *tm, ra_backend *be, op_fn fn, void *ctx, double *us, ra_error *err) {
-  enum { kSamples = 20, kReps = 10 };
-  double t[kSamples];
-  int rc;
-  for (int i = 0; i < 3; i++)
-    if ((rc = fn(be, ctx, err))) return rc;
-  for (int s = 0; s < kSamples; s++) {
-    float ms = 0.0f;
-    if ((rc = ra_cuda_timer_start(tm, err))) return rc;
-    for (int r = 0; r < kReps; r++)
-      if ((rc = fn(be, ctx, err))) return rc;
-    if ((rc = ra_cuda_timer_stop(tm, &ms, err))) return rc;
-    t[s] = ms * 1e3 / kReps;
-  }
-  qsort(t, kSamples, sizeof(double), cmp_double);
-  *us = pct(t, kSamples, 0.5);
-  return RA_OK;
-}
-
 typedef struct gemv_ctx {
   const ra_tensor *w;
   ra_tensor *x, *y;
@@ -268,16 +234,16 @@ static int run_kernels(ra_backend *be, const ra_model *m, ra_cuda_timer *tm, ker
       if (n > 1 && i == N_GEMV - 1) break; /* the output matrix: the last token's logits only */
       if (n > 1) {
         if (n <= RA_CUDA_GEMV_MAX_X) {
-          if ((rc = time_op(tm, be, gemv_op, &g, &us, err))) goto done;
+          if ((rc = ra_bench_time_op(tm, be, gemv_op, &g, &us, err))) goto done;
           kt->rows_gemv_us[n - 1] += us;
         }
-        if ((rc = ra_backend_cuda_set_gemv_rows(be, 1, err)) == RA_OK) rc = time_op(tm, be, gemv_op, &g, &us, err);
+        if ((rc = ra_backend_cuda_set_gemv_rows(be, 1, err)) == RA_OK) rc = ra_bench_time_op(tm, be, gemv_op, &g, &us, err);
         if (rc == RA_OK) rc = ra_backend_cuda_set_gemv_rows(be, RA_CUDA_GEMV_MAX_X, err);
         if (rc) goto done;
         kt->rows_blas_us[n - 1] += us;
         continue;
       }
-      if ((rc = time_op(tm, be, gemv_op, &g, &us, err))) goto done;
+      if ((rc = ra_bench_time_op(tm, be, gemv_op, &g, &us, err))) goto done;
       kt->gemv_m[i] = ws[i]->shape[0];
       kt->gemv_k[i] = ws[i]->shape[1];
       kt->gemv_bytes[i] = (double)ws[i]->nbytes;
@@ -297,7 +263,7 @@ static int run_kernels(ra_backend *be, const ra_model *m, ra_cuda_timer *tm, ker
   for (int i = 0; i < N_CTX; i++) {
     attn_ctx a = {&q, &kc, &vc, &o, &ml, {0, kt->attn_ctx[i]}};
     kt->attn_bytes[i] = 2.0 * (double)kt->attn_ctx[i] * c->n_kv_heads * c->head_dim * 2.0;
-    if ((rc = time_op(tm, be, attn_op, &a, &kt->attn_us[i], err))) goto done;
+    if ((rc = ra_bench_time_op(tm, be, attn_op, &a, &kt->attn_us[i], err))) goto done;
     /* the same cache bytes seen as one kv head: every token row is contiguous, which tells
      * whether the [n_ctx, n_kv_heads, hd] layout (a head's rows 2 KB apart) costs bandwidth */
     ra_tensor q1 = q, o1 = o, ml1 = ml, k1 = kc, v1 = vc;
@@ -305,7 +271,7 @@ static int run_kernels(ra_backend *be, const ra_model *m, ra_cuda_timer *tm, ker
     k1.shape[0] = v1.shape[0] = ctx * c->n_kv_heads;
     k1.shape[1] = v1.shape[1] = 1;
     attn_ctx a1 = {&q1, &k1, &v1, &o1, &ml1, {0, kt->attn_ctx[i] * c->n_kv_heads}};
-    if ((rc = time_op(tm, be, attn_op, &a1, &kt->attn1_us[i], err))) goto done;
+    if ((rc = ra_bench_time_op(tm, be, attn_op, &a1, &kt->attn1_us[i], err))) goto done;
   }
 done:
   ra_tensor_free(&x);
