@@ -67,6 +67,13 @@ typedef struct ra_attn_decode_item {
   ra_tensor *o, *ml;
 } ra_attn_decode_item;
 
+/* One sequence's rows of rope_store_batch: rows [r0, r0 + n) of the step's q, k, v (n >= 1), at
+ * positions pos.., into rows [row, row + n) of its own caches. */
+typedef struct ra_rope_store_item {
+  int64_t r0, n, pos, row;
+  ra_tensor *k_cache, *v_cache;
+} ra_rope_store_item;
+
 /* Wave index (RetroInfer): the offloaded keys of each (layer, kv head) are clustered, and a
  * decode step splits the clusters into a retrieval zone (exact attention over the clusters'
  * rows, at the kv-stores) and an estimation zone (approximated on the device, no KV read).
@@ -227,6 +234,11 @@ typedef struct ra_backend_ops {
   int (*rope_store)(ra_backend *be, ra_tensor *q, ra_tensor *k, const ra_tensor *v, int64_t pos0, int n_rot,
                     float theta, ra_rope_style style, ra_tensor *k_cache, ra_tensor *v_cache, int64_t row,
                     ra_error *err);
+  /* rope_store of several sequences' rows of one step (a batch's decoders: one launch, not one
+   * per sequence): each item as rope_store on its rows. q: [T, hq, hd], k, v: [T, hkv, hd] */
+  int (*rope_store_batch)(ra_backend *be, ra_tensor *q, ra_tensor *k, const ra_tensor *v,
+                          const ra_rope_store_item *items, int n_items, int n_rot, float theta, ra_rope_style style,
+                          ra_error *err);
 
   /* Waits for queued work (timing). */
   int (*sync)(ra_backend *be, ra_error *err);

@@ -673,6 +673,7 @@ static const ra_backend_ops cpu_ops = {
     .norm_matmul = ra_backend_seq_norm_matmul,
     .norm_swiglu = ra_backend_seq_norm_swiglu,
     .rope_store = ra_backend_seq_rope_store,
+    .rope_store_batch = ra_backend_seq_rope_store_batch,
     .sync = cpu_sync,
     .destroy = cpu_destroy,
 };

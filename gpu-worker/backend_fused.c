@@ -38,3 +38,26 @@ int ra_backend_seq_rope_store(ra_backend *be, ra_tensor *q, ra_tensor *k, const 
   if ((rc = be->ops->copy(be, k_cache, (size_t)row * row_elems, k, 0, nelem(k), err))) return rc;
   return be->ops->copy(be, v_cache, (size_t)row * row_elems, v, 0, nelem(v), err);
 }
+
+int ra_backend_seq_rope_store_batch(ra_backend *be, ra_tensor *q, ra_tensor *k, const ra_tensor *v,
+                                    const ra_rope_store_item *items, int n_items, int n_rot, float theta,
+                                    ra_rope_style style, ra_error *err) {
+  if (!q || !k || !v || q->ndim != 3 || k->ndim != 3 || v->ndim != 3 || k->shape[0] != q->shape[0] ||
+      v->shape[0] != q->shape[0])
+    return ra_errorf(err, RA_EINVAL, "%s rope_store_batch: q, k, v must be [T, heads, head_dim] of the same T", be->name);
+  if (n_items < 1 || !items) return ra_errorf(err, RA_EINVAL, "%s rope_store_batch: %d items", be->name, n_items);
+  for (int i = 0; i < n_items; i++) {
+    const ra_rope_store_item *it = &items[i];
+    if (it->r0 < 0 || it->n < 1 || it->r0 + it->n > q->shape[0])
+      return ra_errorf(err, RA_EINVAL, "%s rope_store_batch: item %d: rows [%lld, %lld) of %lld", be->name, i,
+                       (long long)it->r0, (long long)(it->r0 + it->n), (long long)q->shape[0]);
+    ra_tensor qi = ra_tensor_rows(q, it->r0, it->n), ki = ra_tensor_rows(k, it->r0, it->n),
+              vi = ra_tensor_rows(v, it->r0, it->n);
+    int rc = be->ops->rope_store(be, &qi, &ki, &vi, it->pos, n_rot, theta, style, it->k_cache, it->v_cache, it->row, err);
+    if (rc) {
+      ra_error_wrap(err, "item %d", i);
+      return rc;
+    }
+  }
+  return RA_OK;
+}

@@ -15,5 +15,8 @@ int ra_backend_seq_norm_swiglu(ra_backend *be, const ra_tensor *x, const ra_tens
 int ra_backend_seq_rope_store(ra_backend *be, ra_tensor *q, ra_tensor *k, const ra_tensor *v, int64_t pos0, int n_rot,
                               float theta, ra_rope_style style, ra_tensor *k_cache, ra_tensor *v_cache, int64_t row,
                               ra_error *err);
+int ra_backend_seq_rope_store_batch(ra_backend *be, ra_tensor *q, ra_tensor *k, const ra_tensor *v,
+                                    const ra_rope_store_item *items, int n_items, int n_rot, float theta,
+                                    ra_rope_style style, ra_error *err);
 
 #endif

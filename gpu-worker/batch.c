@@ -11,6 +11,7 @@ struct ra_batch {
   ra_tensor x, xn, q, k, v, att, gate, up; /* [max_tokens, ...] */
   ra_tensor ml;                            /* [max_items * n_heads, 2]: the decode kernel's (m, l), unused */
   ra_attn_decode_item *dec;                /* [max_items]: a layer's one-token items, attended together */
+  ra_rope_store_item *rope;                /* [max_items]: and their RoPE and cache rows, in one op */
   ra_tensor *dec_q, *dec_o, *dec_ml;       /* [max_items] each: their views of q, att and ml */
   ra_tensor last, last_n;                  /* [max_items, dim]: the items' last rows, normed */
   ra_tensor logits;                        /* [max_items, vocab] */
@@ -23,6 +24,7 @@ void ra_batch_free(ra_batch *b) {
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) ra_tensor_free(all[i]);
   free(b->tokens);
   free(b->dec);
+  free(b->rope);
   free(b->dec_q);
   free(b);
 }
@@ -41,7 +43,7 @@ int ra_batch_new(const ra_model *m, int64_t max_tokens, int max_items, ra_batch 
           sf[2] = {t, c->ffn_dim}, sml[2] = {(int64_t)max_items * c->n_heads, 2}, sl[2] = {max_items, c->dim}, slg[2] = {max_items, c->vocab};
   int rc;
   if (!(b->tokens = malloc(sizeof(int32_t) * (size_t)t)) || !(b->dec = calloc((size_t)max_items, sizeof *b->dec)) ||
-      !(b->dec_q = calloc(3 * (size_t)max_items, sizeof *b->dec_q)))
+      !(b->rope = calloc((size_t)max_items, sizeof *b->rope)) || !(b->dec_q = calloc(3 * (size_t)max_items, sizeof *b->dec_q)))
     rc = ra_errorf(err, RA_ENOMEM, "batch: out of memory");
   else if ((rc = ra_tensor_new(m->be, &b->x, RA_DTYPE_F32, 2, sx, err)) ||
            (rc = ra_tensor_new(m->be, &b->xn, RA_DTYPE_F32, 2, sx, err)) ||
@@ -68,20 +70,17 @@ int ra_batch_new(const ra_model *m, int64_t max_tokens, int max_items, ra_batch 
 
 const ra_tensor *ra_batch_logits(const ra_batch *b) { return &b->logits; }
 
-/* Layer l's attention part for item it (rows [r0, r0 + n) of the step): RoPE, cache rows, and
- * for a prompt chunk its attention; a one-token item is queued in b->dec (n_dec of them so far)
- * for the layer's one batched decode. */
+/* Layer l's attention part for item it (rows [r0, r0 + n) of the step): a one-token item is
+ * queued in b->dec and b->rope (n_dec of them so far) for the layer's one RoPE + cache-row op and
+ * one batched decode; a prompt chunk gets RoPE, its cache rows and its attention here. */
 static int item_attend(ra_batch *b, const ra_batch_item *it, int64_t r0, int l, int *n_dec, ra_error *err) {
   const ra_model_config *c = &b->m->cfg;
   ra_backend *be = b->m->be;
   ra_state *st = it->st;
   ra_tensor q = ra_tensor_rows(&b->q, r0, it->n), k = ra_tensor_rows(&b->k, r0, it->n),
             v = ra_tensor_rows(&b->v, r0, it->n), att = ra_tensor_rows(&b->att, r0, it->n);
-  float scale = 1.0f / sqrtf((float)c->head_dim);
-  int rc = be->ops->rope_store(be, &q, &k, &v, st->pos, c->n_rot, c->rope_theta, c->rope_style, &st->k_cache[l],
-                               &st->v_cache[l], st->pos, err);
-  if (rc) return rc;
   if (it->n == 1) {
+    b->rope[*n_dec] = (ra_rope_store_item){r0, 1, st->pos, st->pos, &st->k_cache[l], &st->v_cache[l]};
     b->dec_q[*n_dec] = q;
     b->dec_o[*n_dec] = att;
     b->dec_ml[*n_dec] = ra_tensor_rows(&b->ml, (int64_t)*n_dec * c->n_heads, c->n_heads);
@@ -90,7 +89,11 @@ static int item_attend(ra_batch *b, const ra_batch_item *it, int64_t r0, int l, 
     (*n_dec)++;
     return RA_OK;
   }
-  return be->ops->attn_prefill(be, &q, &st->k_cache[l], &st->v_cache[l], st->pos, scale, &att, err);
+  int rc = be->ops->rope_store(be, &q, &k, &v, st->pos, c->n_rot, c->rope_theta, c->rope_style, &st->k_cache[l],
+                               &st->v_cache[l], st->pos, err);
+  if (rc) return rc;
+  return be->ops->attn_prefill(be, &q, &st->k_cache[l], &st->v_cache[l], st->pos, 1.0f / sqrtf((float)c->head_dim),
+                               &att, err);
 }
 
 int ra_batch_forward(ra_batch *b, const ra_batch_item *items, int n_items, ra_error *err) {
@@ -127,6 +130,8 @@ int ra_batch_forward(ra_batch *b, const ra_batch_item *items, int n_items, ra_er
                 vi = ra_tensor_rows(&b->v, r0, it->n);
       rc = it->attn ? it->attn->begin(it->attn->ctx, l, &qi, &ki, &vi, err) : item_attend(b, it, r0, l, &n_dec, err);
     }
+    if (rc == RA_OK && n_dec > 0)
+      rc = op->rope_store_batch(be, &q, &k, &v, b->rope, n_dec, c->n_rot, c->rope_theta, c->rope_style, err);
     if (rc == RA_OK && n_dec > 0) rc = op->attn_decode_batch(be, b->dec, n_dec, 1.0f / sqrtf((float)c->head_dim), err);
     for (int64_t i = 0, r0 = 0; rc == RA_OK && i < n_items; r0 += items[i].n, i++) {
       const ra_batch_item *it = &items[i];

@@ -7,7 +7,8 @@
  *     per layer:
  *       q, k, v = proj(rmsnorm(x))                one GEMM over [T, dim] per projection
  *       per item: RoPE at its positions, k, v -> its cache rows, attention over its cache
- *                 (decode kernel for n_i = 1, the causal prefill kernel otherwise)
+ *                 (the causal prefill kernel for a chunk; the one-token items' RoPE and cache
+ *                 rows in one rope_store_batch, their attention in one attn_decode_batch)
  *       x += att Wo^T;  x += ffn(rmsnorm(x))      GEMMs over [T, ...]
  *     logits of every item's last token           [B, vocab]
  * A sequence's outputs do not depend on what it is batched with except through the GEMMs'

@@ -319,21 +319,11 @@ static void leave(ra_sched *s, seq *q, const char *finish, int code, const char 
   req_unref(r);
 }
 
-/* Picks the next token of q from logits row `row` and appends it (or ends the sequence). */
-static void sample(ra_sched *s, seq *q, const ra_tensor *logits, int64_t row) {
+/* Appends q's next token, picked from its k candidates (vals descending, ids parallel), or ends
+ * the sequence. */
+static void take_token(ra_sched *s, seq *q, const int32_t *ids, const float *vals, int k) {
   ra_sched_req *r = q->req;
-  ra_backend *be = s->cfg.m->be;
-  ra_error err;
-  int k = r->p.temperature > 0 ? s->k_max : 1;
-  ra_tensor lr = ra_tensor_rows(logits, row, 1);
-  lr.shape[1] = s->vocab; /* one row: its first `vocab` columns are contiguous */
-  lr.nbytes = (size_t)s->vocab * sizeof(float);
-  int rc = be->ops->topk_rows(be, &lr, k, s->ids, s->vals, &err);
-  if (rc) {
-    leave(s, q, NULL, rc, err.msg);
-    return;
-  }
-  int32_t next = ra_sampler_pick(&r->smp, s->vals, s->ids, k);
+  int32_t next = ra_sampler_pick(&r->smp, vals, ids, k);
   double now = ra_clock_now_s();
   ra_serve_metrics *m = s->cfg.metrics;
   if (r->n_gen == 0) ra_metric_observe(m->ttft, now - r->t_submit);
@@ -356,6 +346,34 @@ static void sample(ra_sched *s, seq *q, const ra_tensor *logits, int64_t row) {
   q->toks[q->n_toks++] = next;
   if (stopped) leave(s, q, "stop", RA_OK, NULL);
   else if (r->n_gen >= (size_t)r->p.max_tokens || (int64_t)q->n_toks >= s->cfg.max_ctx) leave(s, q, "length", RA_OK, NULL);
+}
+
+/* The candidates a sequence samples from: its top k_max logits, or the top one when greedy. */
+static int seq_k(const ra_sched *s, const seq *q) { return q->req->p.temperature > 0 ? s->k_max : 1; }
+
+/* Samples the sequences who[0 .. n) from logits rows [row0, row0 + n): one topk_rows over all
+ * the rows (one launch and one wait on a GPU, not one per sequence), k the largest they need. */
+static void sample_rows(ra_sched *s, seq *const *who, int n, const ra_tensor *logits, int64_t row0) {
+  ra_backend *be = s->cfg.m->be;
+  ra_error err;
+  int k = 1;
+  for (int i = 0; i < n; i++) k = seq_k(s, who[i]) > k ? seq_k(s, who[i]) : k;
+  ra_tensor lr = ra_tensor_rows(logits, row0, n);
+  /* the rows' first `vocab` columns: a padded vocabulary's tail is never sampled; such rows are
+   * not contiguous, so they take one call each */
+  const int whole = s->vocab == logits->shape[1];
+  int rc = RA_OK;
+  if (whole) rc = be->ops->topk_rows(be, &lr, k, s->ids, s->vals, &err);
+  for (int i = 0; !whole && rc == RA_OK && i < n; i++) {
+    ra_tensor one = ra_tensor_rows(logits, row0 + i, 1);
+    one.shape[1] = s->vocab;
+    one.nbytes = (size_t)s->vocab * sizeof(float);
+    rc = be->ops->topk_rows(be, &one, k, s->ids + (size_t)i * (size_t)k, s->vals + (size_t)i * (size_t)k, &err);
+  }
+  for (int i = 0; i < n; i++) {
+    if (rc) leave(s, who[i], NULL, rc, err.msg);
+    else take_token(s, who[i], s->ids + (size_t)i * (size_t)k, s->vals + (size_t)i * (size_t)k, seq_k(s, who[i]));
+  }
 }
 
 /* Full mode: one batched forward over every running sequence. */
@@ -385,6 +403,9 @@ static void step_full(ra_sched *s) {
   int rc = ra_batch_forward(s->batch, items, n, &err);
   ra_metric_observe(s->cfg.metrics->batch_size, n);
   ra_metric_observe(s->cfg.metrics->step_tokens, (double)tokens);
+  /* the decoders (rows [0, n_dec)) sample together; a prompt chunk that ends its prompt
+   * samples alone */
+  int n_dec = 0;
   for (int i = 0; i < n; i++) {
     seq *q = who[i];
     if (rc) {
@@ -392,8 +413,11 @@ static void step_full(ra_sched *s) {
       continue;
     }
     q->n_fed += (size_t)items[i].n;
-    if (q->n_fed == q->n_toks) sample(s, q, ra_batch_logits(s->batch), i);
+    if (q->n_fed != q->n_toks) continue;
+    if (n_dec == i && items[i].n == 1) n_dec++;
+    else sample_rows(s, &who[i], 1, ra_batch_logits(s->batch), i);
   }
+  if (!rc && n_dec > 0) sample_rows(s, who, n_dec, ra_batch_logits(s->batch), 0);
 }
 
 /* A sequence's step result: its store's failure fails it alone. */
@@ -418,7 +442,7 @@ static void offload_done(ra_sched *s, seq *q, size_t take, int rc, const ra_erro
   q->n_fed += take;
   if (q->n_fed == q->n_toks) {
     ra_state *rs = ra_offload_state(q->off);
-    sample(s, q, &rs->logits, rs->n_logits - 1);
+    sample_rows(s, &q, 1, &rs->logits, rs->n_logits - 1);
   }
 }
 
@@ -515,8 +539,9 @@ int ra_sched_new(const ra_sched_config *cfg, ra_sched **out, ra_error *err) {
   s->vocab = cfg->m->cfg.vocab;
   if (ra_tok_vocab(cfg->tok) < s->vocab) s->vocab = ra_tok_vocab(cfg->tok); /* padded vocabularies */
   s->k_max = cfg->top_k < s->vocab ? cfg->top_k : s->vocab;
-  s->ids = malloc(sizeof(int32_t) * (size_t)s->k_max);
-  s->vals = malloc(sizeof(float) * (size_t)s->k_max);
+  /* candidates of a step's sequences, k_max each */
+  s->ids = malloc(sizeof(int32_t) * (size_t)s->k_max * (size_t)cfg->max_seqs);
+  s->vals = malloc(sizeof(float) * (size_t)s->k_max * (size_t)cfg->max_seqs);
   int rc = RA_OK;
   if (!s->ids || !s->vals) rc = ra_errorf(err, RA_ENOMEM, "serve: out of memory");
   /* full: prompt chunks and decoders; offload modes: the decoders, one token each */

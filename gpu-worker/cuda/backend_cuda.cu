@@ -545,8 +545,10 @@ int cu_norm_swiglu(ra_backend *be, const ra_tensor *x, const ra_tensor *norm_w, 
   return RA_OK;
 }
 
-int cu_rope_store(ra_backend *be, ra_tensor *q, ra_tensor *k, const ra_tensor *v, int64_t pos0, int n_rot, float theta,
-                  ra_rope_style style, ra_tensor *kc, ra_tensor *vc, int64_t row, ra_error *err) {
+/* Whether the fused kernel takes rope_store's arguments (else the sequence of basic ops runs,
+ * which also reports what is wrong with them). */
+bool rope_store_fuses(const ra_tensor *q, const ra_tensor *k, const ra_tensor *v, int n_rot, ra_rope_style style,
+                      const ra_tensor *kc, const ra_tensor *vc, int64_t row) {
   bool fuse = q && k && v && kc && vc && q->data && k->data && v->data && kc->data && vc->data &&
               q->dtype == RA_DTYPE_F32 && k->dtype == RA_DTYPE_F32 && v->dtype == RA_DTYPE_F32 && q->ndim == 3 &&
               k->ndim == 3 && v->ndim == 3 && kc->ndim == 3 && vc->ndim == 3 && kc->dtype == vc->dtype &&
@@ -558,11 +560,56 @@ int cu_rope_store(ra_backend *be, ra_tensor *q, ra_tensor *k, const ra_tensor *v
            row + n <= kc->shape[0] && row + n <= vc->shape[0];
     for (int d = 1; fuse && d < 3; d++) fuse = kc->shape[d] == k->shape[d] && vc->shape[d] == k->shape[d];
   }
-  if (!fuse) return ra_backend_seq_rope_store(be, q, k, v, pos0, n_rot, theta, style, kc, vc, row, err);
+  return fuse;
+}
+
+int cu_rope_store(ra_backend *be, ra_tensor *q, ra_tensor *k, const ra_tensor *v, int64_t pos0, int n_rot, float theta,
+                  ra_rope_style style, ra_tensor *kc, ra_tensor *vc, int64_t row, ra_error *err) {
+  if (!rope_store_fuses(q, k, v, n_rot, style, kc, vc, row))
+    return ra_backend_seq_rope_store(be, q, k, v, pos0, n_rot, theta, style, kc, vc, row, err);
   CU_TRY("rope_store", ra_cuda_rope_store(impl_of(be)->stream, (float *)q->data, (float *)k->data,
                                           (const float *)v->data, q->shape[0], q->shape[1], k->shape[1], q->shape[2],
                                           pos0, n_rot, theta, style == RA_ROPE_NEOX, kc->data, vc->data, kc->dtype,
                                           row));
+  return RA_OK;
+}
+
+/* One launch per RA_CUDA_ROPE_BATCH items when every item fuses with the first one's cache
+ * dtype; otherwise item by item. */
+int cu_rope_store_batch(ra_backend *be, ra_tensor *q, ra_tensor *k, const ra_tensor *v, const ra_rope_store_item *items,
+                        int n_items, int n_rot, float theta, ra_rope_style style, ra_error *err) {
+  bool fuse = n_items >= 1 && items && q && k && v && q->ndim == 3 && k->ndim == 3 && v->ndim == 3 &&
+              k->shape[0] == q->shape[0] && v->shape[0] == q->shape[0];
+  for (int i = 0; fuse && i < n_items; i++) {
+    const ra_rope_store_item *it = &items[i];
+    fuse = it->r0 >= 0 && it->n >= 1 && it->r0 + it->n <= q->shape[0] && it->k_cache &&
+           it->k_cache->dtype == items[0].k_cache->dtype;
+    if (fuse) {
+      ra_tensor qi = ra_tensor_rows(q, it->r0, it->n), ki = ra_tensor_rows(k, it->r0, it->n),
+                vi = ra_tensor_rows(v, it->r0, it->n);
+      fuse = rope_store_fuses(&qi, &ki, &vi, n_rot, style, it->k_cache, it->v_cache, it->row);
+    }
+  }
+  if (!fuse) return ra_backend_seq_rope_store_batch(be, q, k, v, items, n_items, n_rot, theta, style, err);
+  ra_cuda_rope_batch b = {};
+  b.q = (float *)q->data;
+  b.k = (float *)k->data;
+  b.v = (const float *)v->data;
+  b.hq = q->shape[1];
+  b.hkv = k->shape[1];
+  b.hd = q->shape[2];
+  b.n_rot = n_rot;
+  b.neox = style == RA_ROPE_NEOX;
+  b.theta = theta;
+  for (int i0 = 0; i0 < n_items; i0 += RA_CUDA_ROPE_BATCH) {
+    b.n = n_items - i0 < RA_CUDA_ROPE_BATCH ? n_items - i0 : RA_CUDA_ROPE_BATCH;
+    for (int i = 0; i < b.n; i++) {
+      const ra_rope_store_item *it = &items[i0 + i];
+      b.it[i] = {it->r0, it->n, it->pos, it->row, it->k_cache->data, it->v_cache->data};
+    }
+    cudaError_t e = ra_cuda_rope_store_batch(impl_of(be)->stream, &b, items[0].k_cache->dtype);
+    if (e != cudaSuccess) return cuda_fail(err, "rope_store_batch", "ra_cuda_rope_store_batch", e);
+  }
   return RA_OK;
 }
 
@@ -822,6 +869,7 @@ ra_backend_ops make_ops() {
   o.norm_matmul = cu_norm_matmul;
   o.norm_swiglu = cu_norm_swiglu;
   o.rope_store = cu_rope_store;
+  o.rope_store_batch = cu_rope_store_batch;
   o.sync = cu_sync;
   o.destroy = cu_destroy;
   return o;

@@ -45,7 +45,7 @@ int ra_backend_cuda_set_gemv_rows(ra_backend *be, int max_rows, ra_error *err);
 /* attn_decode_batch of several sequences splits each one's tokens so that the launch holds about
  * `waves` x (resident warps per SM x SMs) warps in all (bench/results/h200/decode-batch/). For
  * measuring one setting against another. */
-#define RA_CUDA_DECODE_BATCH_WAVES 4
+#define RA_CUDA_DECODE_BATCH_WAVES 1
 #define RA_CUDA_DECODE_BATCH_MAX_WAVES 16
 int ra_backend_cuda_set_decode_batch_waves(ra_backend *be, int waves, ra_error *err);
 

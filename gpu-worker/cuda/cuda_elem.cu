@@ -290,11 +290,12 @@ __global__ void rope_kernel(float *x, int64_t n, int64_t heads, int64_t hd, int6
 /* rope(q), rope(k), then k and v into cache rows [row, row + n). Index space 1: one thread per
  * (token, head of q then k, pair); a k thread also stores the pair it rotated. Index space 2:
  * one thread per element of the [n, hkv, hd] k/v block, storing v and the k dims past n_rot,
- * which nobody rotates. No barrier: every element is read and written by one thread only. */
+ * which nobody rotates. No barrier: every element is read and written by one thread only. The
+ * grid-stride loop runs over blocks [blk, blk + n_blk) of x. */
 template <typename C>
-__global__ void rope_store_kernel(float *q, float *k, const float *v, int64_t n, int64_t hq, int64_t hkv, int64_t hd,
-                                  int64_t pos0, int n_rot, float theta, int neox, C *kc, C *vc, int64_t row) {
-  ra_cuda_pdl_entry();
+__device__ __forceinline__ void rope_store_rows(float *q, float *k, const float *v, int64_t n, int64_t hq, int64_t hkv,
+                                                int64_t hd, int64_t pos0, int n_rot, float theta, int neox, C *kc, C *vc,
+                                                int64_t row) {
   const int half = n_rot / 2;
   const size_t per_token = (size_t)(hq + hkv) * (size_t)half, n_rot_threads = (size_t)n * per_token;
   const size_t kv_row = (size_t)hkv * (size_t)hd, total = n_rot_threads + (size_t)n * kv_row;
@@ -319,6 +320,21 @@ __global__ void rope_store_kernel(float *q, float *k, const float *v, int64_t n,
       if (d >= (size_t)n_rot) kc[off] = ra_cuda_from_f32<C>(k[e]);
     }
   }
+}
+
+template <typename C>
+__global__ void rope_store_kernel(float *q, float *k, const float *v, int64_t n, int64_t hq, int64_t hkv, int64_t hd,
+                                  int64_t pos0, int n_rot, float theta, int neox, C *kc, C *vc, int64_t row) {
+  ra_cuda_pdl_entry();
+  rope_store_rows<C>(q, k, v, n, hq, hkv, hd, pos0, n_rot, theta, neox, kc, vc, row);
+}
+
+/* blockIdx.y is the item: its rows of q, k, v into its caches */
+template <typename C> __global__ void rope_store_batch_kernel(const __grid_constant__ ra_cuda_rope_batch b) {
+  ra_cuda_pdl_entry();
+  const ra_cuda_rope_item &it = b.it[blockIdx.y];
+  rope_store_rows<C>(b.q + it.r0 * b.hq * b.hd, b.k + it.r0 * b.hkv * b.hd, b.v + it.r0 * b.hkv * b.hd, it.n, b.hq,
+                     b.hkv, b.hd, it.pos, b.n_rot, b.theta, b.neox, (C *)it.kc, (C *)it.vc, it.row);
 }
 
 __global__ void swiglu_kernel(const float *gate, const float *up, float *out, size_t n) {
@@ -491,6 +507,20 @@ cudaError_t ra_cuda_rope_store(cudaStream_t s, float *q, float *k, const float *
     default:
       return ra_cuda_launch(rope_store_kernel<__nv_bfloat16>, grid, kThreads, 0, s, q, k, v, n, hq, hkv, hd, pos0, n_rot,
                             theta, neox, (__nv_bfloat16 *)kc, (__nv_bfloat16 *)vc, row);
+  }
+}
+
+cudaError_t ra_cuda_rope_store_batch(cudaStream_t s, const ra_cuda_rope_batch *b, int cache_dtype) {
+  if (b->n < 1 || b->n > RA_CUDA_ROPE_BATCH) return cudaErrorInvalidValue;
+  int64_t most = 0;
+  for (int i = 0; i < b->n; i++) most = b->it[i].n > most ? b->it[i].n : most;
+  const size_t total = (size_t)most * (size_t)(b->hq + b->hkv) * (size_t)(b->n_rot / 2) +
+                       (size_t)most * (size_t)b->hkv * (size_t)b->hd;
+  const dim3 grid(grid_for(total), (unsigned)b->n);
+  switch (cache_dtype) {
+    case RA_DTYPE_F32: return ra_cuda_launch(rope_store_batch_kernel<float>, grid, kThreads, 0, s, *b);
+    case RA_DTYPE_F16: return ra_cuda_launch(rope_store_batch_kernel<__half>, grid, kThreads, 0, s, *b);
+    default: return ra_cuda_launch(rope_store_batch_kernel<__nv_bfloat16>, grid, kThreads, 0, s, *b);
   }
 }
 

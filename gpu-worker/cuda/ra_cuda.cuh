@@ -211,6 +211,23 @@ cudaError_t ra_cuda_rope(cudaStream_t s, float *x, int64_t n, int64_t heads, int
 cudaError_t ra_cuda_rope_store(cudaStream_t s, float *q, float *k, const float *v, int64_t n, int64_t hq, int64_t hkv,
                                int64_t hd, int64_t pos0, int n_rot, float theta, int neox, void *kc, void *vc,
                                int cache_dtype, int64_t row);
+/* rope_store of up to RA_CUDA_ROPE_BATCH items in one launch: item i's rows [r0, r0 + n) of q
+ * [T, hq, hd] and k, v [T, hkv, hd] at positions pos.., into rows [row, row + n) of its caches
+ * (all of cache_dtype). */
+#define RA_CUDA_ROPE_BATCH 32
+struct ra_cuda_rope_item {
+  int64_t r0, n, pos, row;
+  void *kc, *vc;
+};
+struct ra_cuda_rope_batch {
+  float *q, *k;
+  const float *v;
+  int64_t hq, hkv, hd;
+  int n_rot, neox, n;
+  float theta;
+  ra_cuda_rope_item it[RA_CUDA_ROPE_BATCH];
+};
+cudaError_t ra_cuda_rope_store_batch(cudaStream_t s, const ra_cuda_rope_batch *b, int cache_dtype);
 /* out = silu(gate) * up, n elements, F32 */
 cudaError_t ra_cuda_swiglu(cudaStream_t s, const float *gate, const float *up, float *out, size_t n);
 /* Per head: (o_acc, ml_acc) <- merge((o_acc, ml_acc), (o, ml)).  o*: [heads, hd], ml*: [heads, 2] */

@@ -245,6 +245,77 @@ static void test_rope_styles(void **state) {
   }
 }
 
+/* rope_store_batch writes what rope_store does item by item: q, k rotated at each item's
+ * positions, each item's rows in its own caches; a bad item is refused with its index. */
+static void test_rope_store_batch(void **state) {
+  (void)state;
+  const int64_t T = 6, hq = 4, hkv = 2, hd = 8, n_ctx = 20;
+  const ra_rope_store_item shape[3] = {{0, 1, 7, 3, NULL, NULL}, {1, 4, 100, 10, NULL, NULL}, {5, 1, 0, 0, NULL, NULL}};
+  float *in[3], *got[3][2], *want[3][2], *rows[2][3]; /* [item][k, v cache], [pass][q, k, v] */
+  ra_tensor qkv[2][3], kc[2][3], vc[2][3];
+  for (int pass = 0; pass < 2; pass++) { /* 0: batched, 1: item by item */
+    for (int j = 0; j < 3; j++) {
+      in[j] = rand_tensor(&qkv[pass][j], RA_DTYPE_F32, 3, (int64_t[]){T, j == 0 ? hq : hkv, hd}, 40 + (uint64_t)j);
+      free(in[j]);
+    }
+    ra_rope_store_item items[3];
+    for (int i = 0; i < 3; i++) {
+      assert_int_equal(ra_tensor_new(be, &kc[pass][i], RA_DTYPE_F16, 3, (int64_t[]){n_ctx, hkv, hd}, NULL), RA_OK);
+      assert_int_equal(ra_tensor_new(be, &vc[pass][i], RA_DTYPE_F16, 3, (int64_t[]){n_ctx, hkv, hd}, NULL), RA_OK);
+      items[i] = shape[i];
+      items[i].k_cache = &kc[pass][i];
+      items[i].v_cache = &vc[pass][i];
+    }
+    if (pass == 0)
+      assert_int_equal(be->ops->rope_store_batch(be, &qkv[0][0], &qkv[0][1], &qkv[0][2], items, 3, (int)hd, 5e5f,
+                                                 RA_ROPE_NEOX, NULL),
+                       RA_OK);
+    for (int i = 0; pass == 1 && i < 3; i++) {
+      ra_tensor q = ra_tensor_rows(&qkv[1][0], items[i].r0, items[i].n),
+                k = ra_tensor_rows(&qkv[1][1], items[i].r0, items[i].n),
+                v = ra_tensor_rows(&qkv[1][2], items[i].r0, items[i].n);
+      assert_int_equal(be->ops->rope_store(be, &q, &k, &v, items[i].pos, (int)hd, 5e5f, RA_ROPE_NEOX, items[i].k_cache,
+                                           items[i].v_cache, items[i].row, NULL),
+                       RA_OK);
+    }
+    for (int i = 0; i < 3; i++) {
+      float **dst = pass == 0 ? got[i] : want[i];
+      dst[0] = fetch(&kc[pass][i]);
+      dst[1] = fetch(&vc[pass][i]);
+      rows[pass][i] = fetch(&qkv[pass][i]); /* q, k, v after the op: q and k rotated */
+    }
+  }
+  for (int i = 0; i < 3; i++) {
+    assert_memory_equal(got[i][0], want[i][0], (size_t)(n_ctx * hkv * hd) * sizeof(float));
+    assert_memory_equal(got[i][1], want[i][1], (size_t)(n_ctx * hkv * hd) * sizeof(float));
+    assert_memory_equal(rows[0][i], rows[1][i], ra_tensor_nelem(&qkv[0][i]) * sizeof(float));
+  }
+  /* the middle item's rows 10..13 hold its tokens; row 14 is untouched */
+  assert_true(got[1][1][10 * hkv * hd] != 0.0f && got[1][1][14 * hkv * hd] == 0.0f);
+  ra_error err;
+  ra_rope_store_item bad[2] = {shape[0], {4, 3, 0, 0, NULL, NULL}};
+  bad[0].k_cache = bad[1].k_cache = &kc[0][0];
+  bad[0].v_cache = bad[1].v_cache = &vc[0][0];
+  assert_int_equal(be->ops->rope_store_batch(be, &qkv[0][0], &qkv[0][1], &qkv[0][2], bad, 2, (int)hd, 5e5f,
+                                             RA_ROPE_NEOX, &err),
+                   RA_EINVAL);
+  assert_non_null(strstr(err.msg, "item 1: rows [4, 7) of 6"));
+  bad[1] = (ra_rope_store_item){4, 1, 0, n_ctx, &kc[0][0], &vc[0][0]};
+  assert_int_equal(be->ops->rope_store_batch(be, &qkv[0][0], &qkv[0][1], &qkv[0][2], bad, 2, (int)hd, 5e5f,
+                                             RA_ROPE_NEOX, &err),
+                   RA_EINVAL);
+  assert_non_null(strstr(err.msg, "item 1"));
+  for (int pass = 0; pass < 2; pass++)
+    for (int i = 0; i < 3; i++) {
+      ra_tensor_free(&qkv[pass][i]);
+      ra_tensor_free(&kc[pass][i]);
+      ra_tensor_free(&vc[pass][i]);
+      free(pass == 0 ? got[i][0] : want[i][0]);
+      free(pass == 0 ? got[i][1] : want[i][1]);
+      free(rows[pass][i]);
+    }
+}
+
 static void test_copy_convert_and_fill(void **state) {
   (void)state;
   ra_tensor a, b, c;
@@ -441,6 +512,7 @@ int main(void) {
       cmocka_unit_test(test_set_rows),
       cmocka_unit_test(test_get_rows_dtypes),
       cmocka_unit_test(test_rope_styles),
+      cmocka_unit_test(test_rope_store_batch),
       cmocka_unit_test(test_copy_convert_and_fill),
       cmocka_unit_test(test_topk_rows),
       cmocka_unit_test(test_attn_prefill_matches_naive),

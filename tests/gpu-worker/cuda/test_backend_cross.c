@@ -838,6 +838,86 @@ static void test_rope_store(void) {
   }
 }
 
+/* A batch's decoders: one-token items (and one of 3 tokens) at their own positions into their own
+ * caches; 35 items take two launches of at most 32. */
+static void test_rope_store_batch(void) {
+  ra_error err;
+  const struct {
+    int n_items;
+    int64_t hq, hkv, hd;
+    int n_rot;
+    ra_rope_style style;
+    ra_dtype dt;
+  } cases[] = {{16, 32, 8, 128, 128, RA_ROPE_NORM, RA_DTYPE_BF16}, {35, 9, 3, 64, 64, RA_ROPE_NEOX, RA_DTYPE_F16},
+               {5, 6, 2, 128, 64, RA_ROPE_NEOX, RA_DTYPE_F32}};
+  enum { MAX_ITEMS = 35 };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const int n_items = cases[i].n_items;
+    const int64_t hq = cases[i].hq, hkv = cases[i].hkv, hd = cases[i].hd, n_ctx = 64, T = n_items + 2;
+    char desc[112];
+    snprintf(desc, sizeof desc, "%d items heads %lld/%lld hd %lld n_rot %d %s %s", n_items, (long long)hq,
+             (long long)hkv, (long long)hd, cases[i].n_rot, cases[i].style == RA_ROPE_NEOX ? "NEOX" : "NORM",
+             dt_name(cases[i].dt));
+    size_t nq = (size_t)(T * hq * hd), nk = (size_t)(T * hkv * hd), nc = (size_t)(n_ctx * hkv * hd);
+    float *q = rand_vec(nq, 1.0f), *k = rand_vec(nk, 1.0f), *v = rand_vec(nk, 1.0f), *c = NULL, *g = NULL;
+    pair pq, pk, pv, kc[MAX_ITEMS], vc[MAX_ITEMS];
+    memset(&pq, 0, sizeof pq);
+    memset(&pk, 0, sizeof pk);
+    memset(&pv, 0, sizeof pv);
+    memset(kc, 0, sizeof kc);
+    memset(vc, 0, sizeof vc);
+    ra_rope_store_item ic[MAX_ITEMS], ig[MAX_ITEMS];
+    int64_t qs[3] = {T, hq, hd}, ks[3] = {T, hkv, hd};
+    TRY("rope_batch", desc, pair_new(&pq, RA_DTYPE_F32, 3, qs, q, &err));
+    TRY("rope_batch", desc, pair_new(&pk, RA_DTYPE_F32, 3, ks, k, &err));
+    TRY("rope_batch", desc, pair_new(&pv, RA_DTYPE_F32, 3, ks, v, &err));
+    for (int j = 0, r0 = 0; j < n_items; j++) {
+      const int64_t n = j == 1 ? 3 : 1, row = (j * 7) % (n_ctx - 3);
+      TRY("rope_batch", desc, make_caches(&kc[j], &vc[j], cases[i].dt, n_ctx, hkv, hd, &err));
+      ic[j] = (ra_rope_store_item){r0, n, 1000 + 977 * (int64_t)j, row, &kc[j].c, &vc[j].c};
+      ig[j] = (ra_rope_store_item){r0, n, 1000 + 977 * (int64_t)j, row, &kc[j].g, &vc[j].g};
+      r0 += (int)n;
+    }
+    TRY("rope_batch", desc, g_cpu->ops->rope_store_batch(g_cpu, &pq.c, &pk.c, &pv.c, ic, n_items, cases[i].n_rot,
+                                                         500000.0f, cases[i].style, &err));
+    TRY("rope_batch", desc, g_gpu->ops->rope_store_batch(g_gpu, &pq.g, &pk.g, &pv.g, ig, n_items, cases[i].n_rot,
+                                                         500000.0f, cases[i].style, &err));
+    /* as rope_store: rope is bit-exact, a 16-bit cache may round a 1-ulp fp32 difference */
+    double tol16 = cases[i].dt == RA_DTYPE_F32 ? 1e-5 : 1e-2, worst_k = 0.0, worst_v = 0.0;
+    TRY("rope_batch", desc, fetch_pair(&pq, &c, &g, &err));
+    report("rope_batch", "abs", max_abs(c, g, nq), 1e-5, "q %s", desc);
+    for (int j = 0; j < n_items; j++) {
+      free(c);
+      free(g);
+      c = g = NULL;
+      TRY("rope_batch", desc, fetch_pair(&kc[j], &c, &g, &err));
+      double e = max_abs(c, g, nc);
+      worst_k = e > worst_k ? e : worst_k;
+      free(c);
+      free(g);
+      c = g = NULL;
+      TRY("rope_batch", desc, fetch_pair(&vc[j], &c, &g, &err));
+      e = max_abs(c, g, nc);
+      worst_v = e > worst_v ? e : worst_v;
+    }
+    report("rope_batch", "abs", worst_k, tol16, "k caches %s", desc);
+    report("rope_batch", "abs", worst_v, tol16, "v caches %s", desc);
+  done:
+    pair_free(&pq);
+    pair_free(&pk);
+    pair_free(&pv);
+    for (int j = 0; j < MAX_ITEMS; j++) {
+      pair_free(&kc[j]);
+      pair_free(&vc[j]);
+    }
+    free(q);
+    free(k);
+    free(v);
+    free(c);
+    free(g);
+  }
+}
+
 static void test_attn_prefill(void) {
   ra_error err;
   /* Tensor cores for head dims 64 and 128: GQA ratios 1, 2, 3, 4, 8, 16, 32 (a block holds
@@ -1542,6 +1622,7 @@ int main(int argc, char **argv) {
   test_norm_matmul();
   test_norm_swiglu();
   test_rope_store();
+  test_rope_store_batch();
   test_attn_prefill();
   test_attn_decode();
   test_attn_decode_batch();
