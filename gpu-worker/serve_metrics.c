@@ -28,6 +28,13 @@ int ra_serve_metrics_new(ra_serve_metrics *m) {
                                    "slowest store's own time, device selection, merge, append, index, retro), "
                                    "summed; divide by store_wait_seconds_count for a step's mean",
                                    NULL, 0);
+  m->engine_parts = ra_metrics_add(r, "engine_step_seconds_total", RA_METRIC_COUNTER,
+                                   "the engine's steps by part (step: all of it; between: from one step's end to "
+                                   "the next one's start; full mode's forward: launching it, logits: waiting for "
+                                   "the device, sample: picking and handing out the tokens), summed; divide by "
+                                   "engine_steps_total for a step's mean",
+                                   NULL, 0);
+  m->engine_steps = ra_metrics_add(r, "engine_steps_total", RA_METRIC_COUNTER, "engine steps that ran sequences", NULL, 0);
   m->store_errors = ra_metrics_add(r, "store_errors_total", RA_METRIC_COUNTER, "sequences failed by a kv-store", NULL, 0);
   m->live_seqs = ra_metrics_add(r, "live_sequences", RA_METRIC_GAUGE, "sequences running or queued", NULL, 0);
   m->cached_seqs = ra_metrics_add(r, "cached_sequences", RA_METRIC_GAUGE, "idle contexts kept for reuse", NULL, 0);
@@ -35,8 +42,9 @@ int ra_serve_metrics_new(ra_serve_metrics *m) {
   m->store_bytes = ra_metrics_add(r, "store_bytes", RA_METRIC_GAUGE, "kv-store memory (Stats)", NULL, 0);
   m->store_up = ra_metrics_add(r, "store_up", RA_METRIC_GAUGE, "kv-store answered Health as serving", NULL, 0);
   ra_metric *all[] = {m->requests, m->prompt_tokens, m->generated_tokens, m->reused_tokens, m->ttft, m->inter_token,
-                      m->batch_size, m->step_tokens, m->store_wait, m->decode_parts, m->store_errors, m->live_seqs, m->cached_seqs,
-                      m->device_bytes, m->store_bytes, m->store_up};
+                      m->batch_size, m->step_tokens, m->store_wait, m->decode_parts, m->engine_parts,
+                      m->engine_steps, m->store_errors, m->live_seqs, m->cached_seqs, m->device_bytes,
+                      m->store_bytes, m->store_up};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     if (!all[i]) {
       ra_serve_metrics_free(m);

@@ -17,6 +17,9 @@ typedef struct ra_serve_metrics {
   ra_metric *store_wait;       /* histogram, seconds: a decode step blocked on the stores */
   ra_metric *decode_parts;     /* counter {part=...}, seconds: offloaded decode steps by part (ra_offload_stats),
                                   summed over sequences; steps: store_wait's count */
+  ra_metric *engine_parts;     /* counter {part=...}, seconds: the engine's steps by part (step; between steps;
+                                  full mode: forward launch, logits wait, sampling); steps: engine_steps */
+  ra_metric *engine_steps;     /* counter: the engine's steps that ran sequences */
   ra_metric *store_errors;     /* counter */
   ra_metric *live_seqs;        /* gauge: sequences running or queued */
   ra_metric *cached_seqs;      /* gauge: idle contexts kept for reuse */

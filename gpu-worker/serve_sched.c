@@ -57,6 +57,8 @@ struct ra_sched {
   int stop, draining, n_live;
   ra_sched_req *queue, *queue_tail; /* submitted, not yet joined */
   seq *running, *cached;            /* lists */
+  double step_end;                  /* when the last step that ran sequences ended; 0 after an idle wait */
+  double forward_s, logits_s;       /* the current step's time launching its forward, waiting for topk_rows */
   int n_cached;
 };
 
@@ -363,6 +365,7 @@ static void sample_rows(ra_sched *s, seq *const *who, int n, const ra_tensor *lo
    * not contiguous, so they take one call each */
   const int whole = s->vocab == logits->shape[1];
   int rc = RA_OK;
+  double t0 = ra_clock_now_s();
   if (whole) rc = be->ops->topk_rows(be, &lr, k, s->ids, s->vals, &err);
   for (int i = 0; !whole && rc == RA_OK && i < n; i++) {
     ra_tensor one = ra_tensor_rows(logits, row0 + i, 1);
@@ -370,14 +373,15 @@ static void sample_rows(ra_sched *s, seq *const *who, int n, const ra_tensor *lo
     one.nbytes = (size_t)s->vocab * sizeof(float);
     rc = be->ops->topk_rows(be, &one, k, s->ids + (size_t)i * (size_t)k, s->vals + (size_t)i * (size_t)k, &err);
   }
+  s->logits_s += ra_clock_now_s() - t0;
   for (int i = 0; i < n; i++) {
     if (rc) leave(s, who[i], NULL, rc, err.msg);
     else take_token(s, who[i], s->ids + (size_t)i * (size_t)k, s->vals + (size_t)i * (size_t)k, seq_k(s, who[i]));
   }
 }
 
-/* Full mode: one batched forward over every running sequence. */
-static void step_full(ra_sched *s) {
+/* Full mode: one batched forward over every running sequence; how many ran. */
+static int step_full(ra_sched *s) {
   ra_batch_item items[256];
   seq *who[256];
   int n = 0;
@@ -397,10 +401,12 @@ static void step_full(ra_sched *s) {
       who[n++] = q;
       tokens += take;
     }
-  if (!n) return;
+  if (!n) return 0;
   ra_error err;
   ra_error_clear(&err);
+  double t0 = ra_clock_now_s();
   int rc = ra_batch_forward(s->batch, items, n, &err);
+  s->forward_s = ra_clock_now_s() - t0;
   ra_metric_observe(s->cfg.metrics->batch_size, n);
   ra_metric_observe(s->cfg.metrics->step_tokens, (double)tokens);
   /* the decoders (rows [0, n_dec)) sample together; a prompt chunk that ends its prompt
@@ -418,6 +424,7 @@ static void step_full(ra_sched *s) {
     else sample_rows(s, &who[i], 1, ra_batch_logits(s->batch), i);
   }
   if (!rc && n_dec > 0) sample_rows(s, who, n_dec, ra_batch_logits(s->batch), 0);
+  return n;
 }
 
 /* A sequence's step result: its store's failure fails it alone. */
@@ -447,8 +454,8 @@ static void offload_done(ra_sched *s, seq *q, size_t take, int rc, const ra_erro
 }
 
 /* Offload modes: a new sequence's prefill alone, then one batched decode step of every other
- * running sequence (ra_offload_decode_batch). */
-static void step_offload(ra_sched *s) {
+ * running sequence (ra_offload_decode_batch); how many ran. */
+static int step_offload(ra_sched *s) {
   enum { MAX = 256 };
   ra_offload *offs[MAX];
   int32_t toks[MAX], rcs[MAX];
@@ -482,6 +489,7 @@ static void step_offload(ra_sched *s) {
     for (int i = 0; i < n; i++) offload_done(s, who[i], 1, rcs[i], &errs[i], &stats[i]);
   }
   if (n + n_prefill) ra_metric_observe(s->cfg.metrics->batch_size, n + n_prefill);
+  return n + n_prefill;
 }
 
 static void *engine(void *arg) {
@@ -493,6 +501,7 @@ static void *engine(void *arg) {
       clock_gettime(CLOCK_REALTIME, &ts);
       ts.tv_sec += 1;
       pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+      s->step_end = 0.0;
       if (!s->queue && s->cached) break; /* idle: expire old contexts */
     }
     ra_sched_req *joining = s->queue;
@@ -519,8 +528,22 @@ static void *engine(void *arg) {
       else if (req_cancelled(q->req)) leave(s, q, NULL, RA_ECANCELED, "serve: the client went away");
     }
     if (stop) break;
-    if (s->cfg.off.mode == RA_MODE_FULL) step_full(s);
-    else step_offload(s);
+    ra_serve_metrics *m = s->cfg.metrics;
+    double t0 = ra_clock_now_s();
+    s->forward_s = s->logits_s = 0.0;
+    int ran = s->cfg.off.mode == RA_MODE_FULL ? step_full(s) : step_offload(s);
+    double t1 = ra_clock_now_s();
+    if (ran) {
+      if (s->step_end > 0.0) ra_metric_add(m->engine_parts, "part=\"between\"", t0 - s->step_end);
+      ra_metric_add(m->engine_parts, "part=\"step\"", t1 - t0);
+      if (s->cfg.off.mode == RA_MODE_FULL) {
+        ra_metric_add(m->engine_parts, "part=\"forward\"", s->forward_s);
+        ra_metric_add(m->engine_parts, "part=\"logits\"", s->logits_s);
+        ra_metric_add(m->engine_parts, "part=\"sample\"", t1 - t0 - s->forward_s - s->logits_s);
+      }
+      ra_metric_add(m->engine_steps, NULL, 1);
+    }
+    s->step_end = ran ? t1 : 0.0;
     cache_evict(s, s->cfg.max_cached, ra_clock_now_s());
     metrics_contexts(s);
   }

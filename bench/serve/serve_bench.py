@@ -11,7 +11,9 @@ Reported per level: the decode phase's aggregate tok/s over the span where all C
 decoding (from the last stream's first token to the first stream's last token) and over the
 whole phase, inter-token p50 / p99, both phases' TTFT p50 / p99, and (offloaded modes) a
 sequence's mean decode step by part over the decode phase, from the server's /metrics
-(ra_serve_decode_step_seconds_total / ra_serve_store_wait_seconds_count). JSON on stdout and --json.
+(ra_serve_decode_step_seconds_total / ra_serve_store_wait_seconds_count), and the engine's mean
+step by part (ra_serve_engine_step_seconds_total / ra_serve_engine_steps_total). JSON on stdout
+and --json.
   serve_bench.py --url http://127.0.0.1:8000 --model m [--concurrency 1,4,16,32]
                  [--prompt-tokens 32768] [--max-tokens 128] [--label TEXT] [--json out.json]"""
 import argparse
@@ -73,26 +75,31 @@ def stream(url, model, text, max_tokens, out):
 
 
 def step_parts(url):
-    """The server's offloaded decode-step counters: ({part: seconds}, steps)."""
+    """The server's step counters: (offloaded decode {part: s}, its steps, engine {part: s}, engine steps)."""
     u = urllib.parse.urlparse(url)
     c = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
     c.request("GET", "/metrics")
     text = c.getresponse().read().decode()
-    parts, steps = {}, 0.0
+    parts, steps, eparts, esteps = {}, 0.0, {}, 0.0
     for line in text.splitlines():
         if line.startswith('ra_serve_decode_step_seconds_total{part="'):
             parts[line.split('"')[1]] = float(line.split()[-1])
+        elif line.startswith('ra_serve_engine_step_seconds_total{part="'):
+            eparts[line.split('"')[1]] = float(line.split()[-1])
         elif line.startswith("ra_serve_store_wait_seconds_count "):
             steps = float(line.split()[-1])
-    return parts, steps
+        elif line.startswith("ra_serve_engine_steps_total "):
+            esteps = float(line.split()[-1])
+    return parts, steps, eparts, esteps
 
 
-def step_ms(before, after):
-    """A sequence's mean decode step by part (ms) between two step_parts() readings."""
-    steps = after[1] - before[1]
+def step_ms(before, after, at=0):
+    """The mean step by part (ms) between two step_parts() readings: a sequence's offloaded decode
+    step (at 0) or the engine's step (at 2)."""
+    steps = after[at + 1] - before[at + 1]
     if steps <= 0:
         return None
-    return {p: round((after[0][p] - before[0].get(p, 0.0)) / steps * 1e3, 3) for p in after[0]}
+    return {p: round((after[at][p] - before[at].get(p, 0.0)) / steps * 1e3, 3) for p in after[at]}
 
 
 def together(args, texts, max_tokens):
@@ -136,7 +143,8 @@ def level(args, n, words):
             "inter_token_mean_s": statistics.mean(gaps) if gaps else None,
             "prefill_ttft_p50_s": pct(ttft_w, 0.5), "prefill_ttft_p99_s": pct(ttft_w, 0.99),
             "reuse_ttft_p50_s": pct(ttft_d, 0.5), "reuse_ttft_p99_s": pct(ttft_d, 0.99),
-            "decode_steps": after[1] - before[1], "decode_step_ms": step_ms(before, after)}
+            "decode_steps": after[1] - before[1], "decode_step_ms": step_ms(before, after),
+            "engine_steps": after[3] - before[3], "engine_step_ms": step_ms(before, after, 2)}
 
 
 def main():

@@ -242,6 +242,16 @@ check(metric("flat", "ra_serve_store_wait_seconds_count") > 0, "store wait obser
 total = metric("flat", 'ra_serve_decode_step_seconds_total{part="total"}')
 wait = metric("flat", 'ra_serve_decode_step_seconds_total{part="wait"}')
 check(total > 0 and 0 < wait <= total, f"decode step parts: total {total} s, wait {wait} s")
+# the engine's steps by part: the full-mode batch server's parts add up to its steps
+steps = metric("batch", "ra_serve_engine_steps_total")
+ep = {p: metric("batch", f'ra_serve_engine_step_seconds_total{{part="{p}"}}')
+      for p in ("step", "forward", "logits", "sample", "between")}
+check(steps > 0 and ep["step"] > 0 and ep["forward"] > 0 and ep["logits"] > 0 and ep["sample"] >= 0
+      and ep["between"] > 0 and abs(ep["forward"] + ep["logits"] + ep["sample"] - ep["step"]) <= 1e-6 * steps,
+      f"engine step parts over {steps} steps: {ep}")
+check(metric("flat", "ra_serve_engine_steps_total") > 0 and
+      metric("flat", 'ra_serve_engine_step_seconds_total{part="forward"}') == 0,
+      "an offloaded server counts its engine steps without the full-mode parts")
 
 # --- a real Prometheus scrapes /metrics; its query API returns the generated-token counter
 if not PROM:
