@@ -362,6 +362,25 @@ int cu_set_rows(ra_backend *be, ra_tensor *table, const int32_t *ids, int64_t n,
   return RA_OK;
 }
 
+/* y [n, m] = xb W^T (+ bias) (+ y) through cuBLAS, xb [n, k] already in W's dtype (the 16-bit
+ * types; F32 with an F32 W). Column-major: y^T [m, n] = W [k, m]^T xb^T [k, n]; a bias is put
+ * into y first and then accumulated with beta = 1. */
+int blas_matmul(cuda_impl *im, const char *op, const void *xb, int64_t n, int64_t k, const ra_tensor *w,
+                const ra_tensor *bias, float *y, int accumulate, ra_error *err) {
+  const int64_t m = n_rows(w);
+  float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  if (bias) {
+    CU_TRY(op, ra_cuda_bias_rows(im->stream, y, bias->data, bias->dtype, n, m, accumulate));
+    beta = 1.0f;
+  }
+  cudaDataType_t ab_type = w->dtype == RA_DTYPE_BF16 ? CUDA_R_16BF : w->dtype == RA_DTYPE_F16 ? CUDA_R_16F : CUDA_R_32F;
+  cublasStatus_t st = cublasGemmEx(im->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)m, (int)n, (int)k, &alpha, w->data, ab_type,
+                                   (int)k, xb, ab_type, (int)k, &beta, y, CUDA_R_32F, (int)m, CUBLAS_COMPUTE_32F,
+                                   CUBLAS_GEMM_DEFAULT);
+  if (st != CUBLAS_STATUS_SUCCESS) return blas_fail(err, op, st);
+  return RA_OK;
+}
+
 int cu_matmul(ra_backend *be, const ra_tensor *x, const ra_tensor *w, const ra_tensor *bias, ra_tensor *y,
               int accumulate, ra_error *err) {
   int rc;
@@ -390,26 +409,13 @@ int cu_matmul(ra_backend *be, const ra_tensor *x, const ra_tensor *w, const ra_t
                                   (float *)y->data, m, k, accumulate));
     return RA_OK;
   }
-  /* cuBLAS, column-major: y^T [m, n] = W [k, m]^T x^T [k, n]; a bias is put into y first and
-   * then accumulated with beta = 1 */
-  float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  if (bp) {
-    CU_TRY("matmul", ra_cuda_bias_rows(im->stream, (float *)y->data, bp, bdt, n, m, accumulate));
-    beta = 1.0f;
-  }
   const void *xb = x->data;
-  cudaDataType_t ab_type = CUDA_R_32F;
   if (w->dtype != RA_DTYPE_F32) {
     if ((rc = grow(&im->xconv, (size_t)n * (size_t)k * 2, "matmul", err))) return rc;
     CU_TRY("matmul", ra_cuda_convert(im->stream, im->xconv.p, w->dtype, x->data, RA_DTYPE_F32, (size_t)n * (size_t)k));
     xb = im->xconv.p;
-    ab_type = w->dtype == RA_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
   }
-  cublasStatus_t st = cublasGemmEx(im->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)m, (int)n, (int)k, &alpha, w->data, ab_type,
-                                   (int)k, xb, ab_type, (int)k, &beta, y->data, CUDA_R_32F, (int)m, CUBLAS_COMPUTE_32F,
-                                   CUBLAS_GEMM_DEFAULT);
-  if (st != CUBLAS_STATUS_SUCCESS) return blas_fail(err, "matmul", st);
-  return RA_OK;
+  return blas_matmul(im, "matmul", xb, n, k, w, bias, (float *)y->data, accumulate, err);
 }
 
 int cu_rmsnorm(ra_backend *be, const ra_tensor *x, const ra_tensor *w, float eps, ra_tensor *y, ra_error *err) {
@@ -496,8 +502,45 @@ bool gemv_output_ok(const ra_tensor *w, const ra_tensor *bias, const ra_tensor *
   return !bias || (bias->data && known_dtype(bias->dtype) && (int64_t)nelem(bias) == m);
 }
 
+/* The GEMM path of the fused ops: x [n, k] F32 with n past the GEMV's rows, its RMSNorm weight,
+ * and weights [m_i, k] of one 16-bit type with their outputs y_i [n, m_i] F32 (and biases). */
+bool gemm_inputs_ok(const cuda_impl *im, const ra_tensor *x, const ra_tensor *norm_w, int n_out,
+                    const ra_tensor *const *w, const ra_tensor *const *bias, ra_tensor *const *y) {
+  if (!x || !x->data || x->dtype != RA_DTYPE_F32 || !norm_w || !norm_w->data || !known_dtype(norm_w->dtype)) return false;
+  const int64_t k = last_dim(x), n = n_rows(x);
+  if (n <= im->gemv_max_x || n > INT32_MAX || k > INT32_MAX || (int64_t)nelem(norm_w) != k) return false;
+  for (int i = 0; i < n_out; i++) {
+    const ra_tensor *b = bias ? bias[i] : nullptr;
+    if (!w[i] || !w[i]->data || w[i]->dtype != w[0]->dtype || (w[i]->dtype != RA_DTYPE_BF16 && w[i]->dtype != RA_DTYPE_F16) ||
+        last_dim(w[i]) != k || n_rows(w[i]) > INT32_MAX || !y[i] || !y[i]->data || y[i]->dtype != RA_DTYPE_F32 ||
+        (int64_t)nelem(y[i]) != n * n_rows(w[i]) || (b && (!b->data || !known_dtype(b->dtype) || (int64_t)nelem(b) != n_rows(w[i]))))
+      return false;
+  }
+  return true;
+}
+
+/* RMSNorm of x straight into the GEMM's 16-bit input (im->xconv, [n, k] of w_dtype): one pass
+ * instead of a norm to F32 and a conversion per matmul. */
+int norm_to_xconv(cuda_impl *im, const char *op, const ra_tensor *x, const ra_tensor *norm_w, float eps, int w_dtype,
+                  ra_error *err) {
+  const int64_t k = last_dim(x), n = n_rows(x);
+  int rc = grow(&im->xconv, (size_t)n * (size_t)k * 2, op, err);
+  if (rc) return rc;
+  CU_TRY(op, ra_cuda_rmsnorm_to(im->stream, (const float *)x->data, norm_w->data, norm_w->dtype, eps, im->xconv.p,
+                                w_dtype, n, k));
+  return RA_OK;
+}
+
 int cu_norm_matmul(ra_backend *be, const ra_tensor *x, const ra_tensor *norm_w, float eps, ra_tensor *xn, int n_out,
                    const ra_tensor *const *w, const ra_tensor *const *bias, ra_tensor *const *y, ra_error *err) {
+  cuda_impl *im = impl_of(be);
+  if (n_out >= 1 && n_out <= 3 && gemm_inputs_ok(im, x, norm_w, n_out, w, bias, y)) {
+    int rc = norm_to_xconv(im, "norm_matmul", x, norm_w, eps, w[0]->dtype, err);
+    for (int i = 0; rc == RA_OK && i < n_out; i++)
+      rc = blas_matmul(im, "norm_matmul", im->xconv.p, n_rows(x), last_dim(x), w[i], bias ? bias[i] : nullptr,
+                       (float *)y[i]->data, 0, err);
+    return rc;
+  }
   bool fuse = n_out >= 1 && n_out <= 3 && gemv_input_ok(x, norm_w);
   const int64_t k = fuse ? (int64_t)nelem(x) : 0;
   for (int i = 0; fuse && i < n_out; i++) fuse = gemv_output_ok(w[i], bias ? bias[i] : nullptr, y[i], k, w[0]->dtype);
@@ -523,6 +566,18 @@ int cu_norm_matmul(ra_backend *be, const ra_tensor *x, const ra_tensor *norm_w, 
 
 int cu_norm_swiglu(ra_backend *be, const ra_tensor *x, const ra_tensor *norm_w, float eps, ra_tensor *xn,
                    const ra_tensor *w_gate, const ra_tensor *w_up, ra_tensor *up, ra_tensor *out, ra_error *err) {
+  cuda_impl *im = impl_of(be);
+  const ra_tensor *ws[2] = {w_gate, w_up};
+  ra_tensor *ys[2] = {out, up};
+  if (gemm_inputs_ok(im, x, norm_w, 2, ws, nullptr, ys) && nelem(up) == nelem(out)) {
+    int rc = norm_to_xconv(im, "norm_swiglu", x, norm_w, eps, w_gate->dtype, err);
+    if (rc == RA_OK) rc = blas_matmul(im, "norm_swiglu", im->xconv.p, n_rows(x), last_dim(x), w_gate, nullptr,
+                                      (float *)out->data, 0, err);
+    if (rc == RA_OK) rc = blas_matmul(im, "norm_swiglu", im->xconv.p, n_rows(x), last_dim(x), w_up, nullptr,
+                                      (float *)up->data, 0, err);
+    if (rc == RA_OK) rc = cu_swiglu(be, out, up, out, err);
+    return rc;
+  }
   bool fuse = gemv_input_ok(x, norm_w);
   const int64_t k = fuse ? (int64_t)nelem(x) : 0;
   fuse = fuse && gemv_output_ok(w_gate, nullptr, out, k, w_gate->dtype) &&

@@ -242,11 +242,12 @@ __global__ void bias_rows_kernel(float *__restrict__ y, const void *__restrict__
 
 /* One block per row. The sum of squares is accumulated in double, as the CPU backend does, so
  * the scale factors agree to the last bit nearly always. */
-__global__ void rmsnorm_kernel(const float *x, const void *__restrict__ w, int w_dtype, float eps, float *y, int64_t d) {
+template <typename Y>
+__global__ void rmsnorm_kernel(const float *x, const void *__restrict__ w, int w_dtype, float eps, Y *y, int64_t d) {
   __shared__ double part[kThreads / 32];
   ra_cuda_pdl_entry();
   const float *xr = x + (int64_t)blockIdx.x * d;
-  float *yr = y + (int64_t)blockIdx.x * d;
+  Y *yr = y + (int64_t)blockIdx.x * d;
   double ss = 0.0;
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) ss += (double)xr[j] * (double)xr[j];
   for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
@@ -259,7 +260,8 @@ __global__ void rmsnorm_kernel(const float *x, const void *__restrict__ w, int w
   }
   __syncthreads();
   float inv = (float)(1.0 / sqrt(part[0] / (double)d + (double)eps));
-  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) yr[j] = mul(mul(xr[j], inv), ra_cuda_load(w, w_dtype, j));
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
+    yr[j] = ra_cuda_from_f32<Y>(mul(mul(xr[j], inv), ra_cuda_load(w, w_dtype, j)));
 }
 
 /* Rotation of pair j of one head (x: its hd values) of a token at position pos: angle in double
@@ -480,7 +482,20 @@ cudaError_t ra_cuda_bias_rows(cudaStream_t s, float *y, const void *bias, int bi
 cudaError_t ra_cuda_rmsnorm(cudaStream_t s, const float *x, const void *w, int w_dtype, float eps, float *y, int64_t n,
                             int64_t d) {
   if (n == 0) return cudaSuccess;
-  return ra_cuda_launch(rmsnorm_kernel, (unsigned)n, kThreads, 0, s, x, w, w_dtype, eps, y, d);
+  return ra_cuda_launch(rmsnorm_kernel<float>, (unsigned)n, kThreads, 0, s, x, w, w_dtype, eps, y, d);
+}
+
+cudaError_t ra_cuda_rmsnorm_to(cudaStream_t s, const float *x, const void *w, int w_dtype, float eps, void *y,
+                               int y_dtype, int64_t n, int64_t d) {
+  if (n == 0) return cudaSuccess;
+  switch (y_dtype) {
+    case RA_DTYPE_F32: return ra_cuda_rmsnorm(s, x, w, w_dtype, eps, (float *)y, n, d);
+    case RA_DTYPE_F16:
+      return ra_cuda_launch(rmsnorm_kernel<__half>, (unsigned)n, kThreads, 0, s, x, w, w_dtype, eps, (__half *)y, d);
+    default:
+      return ra_cuda_launch(rmsnorm_kernel<__nv_bfloat16>, (unsigned)n, kThreads, 0, s, x, w, w_dtype, eps,
+                            (__nv_bfloat16 *)y, d);
+  }
 }
 
 cudaError_t ra_cuda_rope(cudaStream_t s, float *x, int64_t n, int64_t heads, int64_t hd, int64_t pos0, int n_rot,

@@ -203,6 +203,10 @@ cudaError_t ra_cuda_gemv(cudaStream_t s, int n_sm, const void *w, int w_dtype, c
 /* y = x / sqrt(mean(x^2) + eps) * w.  x, y: [n, d] F32 (may alias), w: [d] of w_dtype */
 cudaError_t ra_cuda_rmsnorm(cudaStream_t s, const float *x, const void *w, int w_dtype, float eps, float *y, int64_t n,
                             int64_t d);
+/* As ra_cuda_rmsnorm, y of y_dtype (F32, F16 or BF16: rounded as ra_cuda_convert rounds): the
+ * input of a 16-bit GEMM without a conversion pass of its own. */
+cudaError_t ra_cuda_rmsnorm_to(cudaStream_t s, const float *x, const void *w, int w_dtype, float eps, void *y,
+                               int y_dtype, int64_t n, int64_t d);
 /* In place.  x: [n, heads, hd] F32 */
 cudaError_t ra_cuda_rope(cudaStream_t s, float *x, int64_t n, int64_t heads, int64_t hd, int64_t pos0, int n_rot,
                          float theta, int neox);

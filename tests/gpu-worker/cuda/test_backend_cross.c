@@ -654,7 +654,9 @@ static void test_norm_matmul(void) {
   } cases[] = {
       {1, 4096, {4096, 1024, 1024}, 3, 0, 0}, {1, 576, {576, 192, 192}, 3, 1, 0}, {1, 256, {40, 0, 0}, 1, 1, 1},
       {1, 20480, {16, 8, 0}, 2, 0, 0} /* x beyond shared memory: the sequence */,
-      {3, 256, {64, 32, 32}, 3, 1, 0} /* prefill rows: the sequence */,
+      {3, 256, {64, 32, 32}, 3, 1, 0} /* GEMV rows: the sequence */,
+      {16, 4096, {4096, 1024, 1024}, 3, 0, 0} /* serve's 16 sequences: norm into the GEMM's input */,
+      {37, 576, {576, 192, 192}, 3, 1, 1} /* prefill rows, F16, biases */,
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     int64_t n = cases[i].n, k = cases[i].k;
@@ -700,9 +702,10 @@ static void test_norm_matmul(void) {
     TRY("norm_matmul", desc, g_gpu->ops->norm_matmul(g_gpu, &px.g, &pn.g, 1e-5f, &pxn.g, no, wgs, bgs, ygs, &err));
     for (int o = 0; o < no; o++) {
       TRY("norm_matmul", desc, fetch_pair(&py[o], &c, &g, &err));
-      /* one row: the fused GEMV (fp32 x); more: the sequence's cuBLAS (x rounded to BF16/FP16) */
+      /* one row: the fused GEMV (fp32 x); 2-3: the sequence's GEMVs; more: the norm written in the
+       * weights' type into cuBLAS (x rounded to BF16/FP16) */
       report("norm_matmul", "rel", max_rel(c, g, (size_t)(n * cases[i].m[o])), n == 1 ? 1e-4 : 0x1p-8, "y%d %s%s", o,
-             desc, n == 1 ? " [fused]" : " [sequence]");
+             desc, n == 1 ? " [fused]" : n <= RA_CUDA_GEMV_MAX_X ? " [sequence]" : " [gemm]");
       free(c);
       free(g);
       c = g = NULL;
@@ -729,7 +732,8 @@ static void test_norm_swiglu(void) {
   const struct {
     int64_t n, k, ffn;
     int f16;
-  } cases[] = {{1, 4096, 14336, 0}, {1, 576, 1536, 1}, {2, 576, 1536, 0} /* prefill rows: the sequence */};
+  } cases[] = {{1, 4096, 14336, 0}, {1, 576, 1536, 1}, {2, 576, 1536, 0} /* GEMV rows: the sequence */,
+               {16, 4096, 14336, 0} /* norm into the GEMM's input */, {37, 576, 1536, 1}};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     int64_t n = cases[i].n, k = cases[i].k, f = cases[i].ffn;
     char desc[112];
@@ -759,7 +763,7 @@ static void test_norm_swiglu(void) {
     TRY("norm_swiglu", desc, g_gpu->ops->norm_swiglu(g_gpu, &px.g, &pn.g, 1e-5f, &pxn.g, &gg, &ug, &pu.g, &po.g, &err));
     TRY("norm_swiglu", desc, fetch_pair(&po, &c, &g, &err));
     report("norm_swiglu", "rel", max_rel(c, g, (size_t)(n * f)), n == 1 ? 1e-4 : 0x1p-8, "%s%s", desc,
-           n == 1 ? " [fused]" : " [sequence]");
+           n == 1 ? " [fused]" : n <= RA_CUDA_GEMV_MAX_X ? " [sequence]" : " [gemm]");
   done:
     ra_tensor_free(&gc);
     ra_tensor_free(&gg);
