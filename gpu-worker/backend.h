@@ -99,6 +99,17 @@ typedef struct ra_wave_cluster_params {
  * 0 for n <= 0, -1 when seg_len or cluster_size is not positive. */
 int64_t ra_wave_n_clusters(int64_t n, int64_t seg_len, int64_t cluster_size);
 
+/* One sequence of wave_select_batch: wave_select's arguments for that sequence (vsum, o and ml
+ * all three or none). */
+typedef struct ra_wave_select_item {
+  const ra_tensor *q, *centroid, *size;
+  int64_t n_clusters;
+  int r, e;
+  int32_t *idx;
+  const ra_tensor *vsum;
+  ra_tensor *o, *ml;
+} ra_wave_select_item;
+
 typedef struct ra_backend_ops {
   /* ---- memory ---- */
   /* Allocates t->data for t->dtype/ndim/shape (set by the caller) and zero-fills it. */
@@ -205,6 +216,11 @@ typedef struct ra_backend_ops {
   int (*wave_select)(ra_backend *be, const ra_tensor *q, const ra_tensor *centroid, const ra_tensor *size,
                      int64_t n_clusters, float scale, int r, int e, int32_t *idx, const ra_tensor *vsum,
                      ra_tensor *o, ra_tensor *ml, ra_error *err);
+  /* wave_select of several sequences (a batched decode step's offloaded ones, one scale): each
+   * item as wave_select, with one synchronization for all their idx instead of one per item.
+   * Every item is checked before any runs. items: host [n_items] */
+  int (*wave_select_batch)(ra_backend *be, const ra_wave_select_item *items, int n_items, float scale,
+                           ra_error *err);
   /* The estimation zone's partial per q head, in attn_decode's (o, ml) convention: each key of
    * a cluster is approximated by its centroid. For the clusters c of the head's kv head kvh,
    * ids[kvh * ld + j], j < n_ids (-1 entries and size-0 clusters are skipped; others must be

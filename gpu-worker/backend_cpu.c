@@ -669,6 +669,7 @@ static const ra_backend_ops cpu_ops = {
     .topk_rows = cpu_topk_rows,
     .cluster_keys = ra_cpu_cluster_keys,
     .wave_select = ra_cpu_wave_select,
+    .wave_select_batch = ra_backend_seq_wave_select_batch,
     .wave_estimate = ra_cpu_wave_estimate,
     .norm_matmul = ra_backend_seq_norm_matmul,
     .norm_swiglu = ra_backend_seq_norm_swiglu,

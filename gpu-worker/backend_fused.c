@@ -1,5 +1,7 @@
 #include "backend_fused.h"
 
+#include "backend_check_wave.h"
+
 static size_t nelem(const ra_tensor *t) {
   size_t n = 1;
   for (int i = 0; i < t->ndim; i++) n *= (size_t)t->shape[i];
@@ -59,5 +61,23 @@ int ra_backend_seq_rope_store_batch(ra_backend *be, ra_tensor *q, ra_tensor *k, 
       return rc;
     }
   }
+  return RA_OK;
+}
+
+int ra_backend_seq_wave_select_batch(ra_backend *be, const ra_wave_select_item *items, int n_items, float scale,
+                                     ra_error *err) {
+  if (n_items < 1 || !items) return ra_errorf(err, RA_EINVAL, "%s wave_select_batch: %d items", be->name, n_items);
+  for (int pass = 0; pass < 2; pass++)
+    for (int i = 0; i < n_items; i++) {
+      const ra_wave_select_item *it = &items[i];
+      int rc = pass == 0 ? ra_backend_check_wave_select(be->name, it->q, it->centroid, it->size, it->n_clusters, it->r,
+                                                        it->e, it->idx, it->vsum, it->o, it->ml, err)
+                         : be->ops->wave_select(be, it->q, it->centroid, it->size, it->n_clusters, scale, it->r, it->e,
+                                                it->idx, it->vsum, it->o, it->ml, err);
+      if (rc) {
+        ra_error_wrap(err, "item %d", i);
+        return rc;
+      }
+    }
   return RA_OK;
 }

@@ -18,5 +18,8 @@ int ra_backend_seq_rope_store(ra_backend *be, ra_tensor *q, ra_tensor *k, const 
 int ra_backend_seq_rope_store_batch(ra_backend *be, ra_tensor *q, ra_tensor *k, const ra_tensor *v,
                                     const ra_rope_store_item *items, int n_items, int n_rot, float theta,
                                     ra_rope_style style, ra_error *err);
+/* Every item checked (backend_check_wave.h), then wave_select item by item. */
+int ra_backend_seq_wave_select_batch(ra_backend *be, const ra_wave_select_item *items, int n_items, float scale,
+                                     ra_error *err);
 
 #endif

@@ -16,6 +16,7 @@ struct ra_batch {
   ra_tensor last, last_n;                  /* [max_items, dim]: the items' last rows, normed */
   ra_tensor logits;                        /* [max_items, vocab] */
   int32_t *tokens;                         /* [max_tokens] host */
+  unsigned char *flush_at;                 /* [max_items]: the first item of its attn group */
 };
 
 void ra_batch_free(ra_batch *b) {
@@ -23,6 +24,7 @@ void ra_batch_free(ra_batch *b) {
   ra_tensor *all[] = {&b->x, &b->xn, &b->q, &b->k, &b->v, &b->att, &b->gate, &b->up, &b->ml, &b->last, &b->last_n, &b->logits};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) ra_tensor_free(all[i]);
   free(b->tokens);
+  free(b->flush_at);
   free(b->dec);
   free(b->rope);
   free(b->dec_q);
@@ -43,7 +45,8 @@ int ra_batch_new(const ra_model *m, int64_t max_tokens, int max_items, ra_batch 
           sf[2] = {t, c->ffn_dim}, sml[2] = {(int64_t)max_items * c->n_heads, 2}, sl[2] = {max_items, c->dim}, slg[2] = {max_items, c->vocab};
   int rc;
   if (!(b->tokens = malloc(sizeof(int32_t) * (size_t)t)) || !(b->dec = calloc((size_t)max_items, sizeof *b->dec)) ||
-      !(b->rope = calloc((size_t)max_items, sizeof *b->rope)) || !(b->dec_q = calloc(3 * (size_t)max_items, sizeof *b->dec_q)))
+      !(b->rope = calloc((size_t)max_items, sizeof *b->rope)) || !(b->dec_q = calloc(3 * (size_t)max_items, sizeof *b->dec_q)) ||
+      !(b->flush_at = calloc((size_t)max_items, 1)))
     rc = ra_errorf(err, RA_ENOMEM, "batch: out of memory");
   else if ((rc = ra_tensor_new(m->be, &b->x, RA_DTYPE_F32, 2, sx, err)) ||
            (rc = ra_tensor_new(m->be, &b->xn, RA_DTYPE_F32, 2, sx, err)) ||
@@ -113,6 +116,11 @@ int ra_batch_forward(ra_batch *b, const ra_batch_item *items, int n_items, ra_er
     memcpy(b->tokens + t, it->tokens, sizeof(int32_t) * (size_t)it->n);
     t += it->n;
   }
+  for (int i = 0; i < n_items; i++) {
+    const ra_batch_attn *a = items[i].attn;
+    b->flush_at[i] = a && a->flush;
+    for (int j = 0; b->flush_at[i] && j < i; j++) b->flush_at[i] = items[j].attn != a;
+  }
   ra_tensor x = ra_tensor_rows(&b->x, 0, t), xn = ra_tensor_rows(&b->xn, 0, t), q = ra_tensor_rows(&b->q, 0, t),
             k = ra_tensor_rows(&b->k, 0, t), v = ra_tensor_rows(&b->v, 0, t), att = ra_tensor_rows(&b->att, 0, t),
             gate = ra_tensor_rows(&b->gate, 0, t), up = ra_tensor_rows(&b->up, 0, t);
@@ -128,15 +136,18 @@ int ra_batch_forward(ra_batch *b, const ra_batch_item *items, int n_items, ra_er
       const ra_batch_item *it = &items[i];
       ra_tensor qi = ra_tensor_rows(&b->q, r0, it->n), ki = ra_tensor_rows(&b->k, r0, it->n),
                 vi = ra_tensor_rows(&b->v, r0, it->n);
-      rc = it->attn ? it->attn->begin(it->attn->ctx, l, &qi, &ki, &vi, err) : item_attend(b, it, r0, l, &n_dec, err);
+      if (!it->attn) rc = item_attend(b, it, r0, l, &n_dec, err);
+      else if (it->attn->begin) rc = it->attn->begin(it->attn->ctx, (int)i, l, &qi, &ki, &vi, err);
     }
+    for (int i = 0; rc == RA_OK && i < n_items; i++)
+      if (b->flush_at[i]) rc = items[i].attn->flush(items[i].attn->ctx, l, &q, &k, &v, err);
     if (rc == RA_OK && n_dec > 0)
       rc = op->rope_store_batch(be, &q, &k, &v, b->rope, n_dec, c->n_rot, c->rope_theta, c->rope_style, err);
     if (rc == RA_OK && n_dec > 0) rc = op->attn_decode_batch(be, b->dec, n_dec, 1.0f / sqrtf((float)c->head_dim), err);
     for (int64_t i = 0, r0 = 0; rc == RA_OK && i < n_items; r0 += items[i].n, i++) {
       const ra_batch_item *it = &items[i];
       ra_tensor qi = ra_tensor_rows(&b->q, r0, it->n), atti = ra_tensor_rows(&b->att, r0, it->n);
-      if (it->attn) rc = it->attn->end(it->attn->ctx, l, &qi, &atti, err);
+      if (it->attn) rc = it->attn->end(it->attn->ctx, (int)i, l, &qi, &atti, err);
     }
     if (rc == RA_OK) rc = op->matmul(be, &att, &w->wo, NULL, &x, 1, err);
     if (rc == RA_OK) rc = op->norm_swiglu(be, &x, &w->ffn_norm, c->norm_eps, &xn, &w->w_gate, &w->w_up, &up, &gate, err);

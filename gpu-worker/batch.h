@@ -23,14 +23,19 @@
 
 typedef struct ra_batch ra_batch;
 
-/* An item's own attention, instead of RoPE + attention over its cache: per layer, begin runs for
- * every item before end runs for any, so that work begin starts (an offloaded sequence's store
- * requests) proceeds for all items together. q, k, v: the item's rows of the step, before RoPE,
- * [n, n_heads | n_kv_heads, head_dim]; end writes att [n, n_heads, head_dim]. */
+/* Items' own attention, instead of RoPE + attention over their caches. Items that point at the
+ * same ra_batch_attn form a group (an offloaded runtime's sequences, say); per layer, begin runs
+ * for each item of every group, then flush once per group, and only then end for each item, so
+ * that work begun for one item (its store requests) proceeds while the others' goes out. item:
+ * the item's index in ra_batch_forward's items (its rows follow from the items before it).
+ * begin gets the item's rows of the step, before RoPE: q [n, n_heads, head_dim], k, v [n,
+ * n_kv_heads, head_dim]; flush gets the step's whole q, k, v [T, ...]; end writes the item's att
+ * [n, n_heads, head_dim]. begin and flush may be NULL. */
 typedef struct ra_batch_attn {
   void *ctx;
-  int (*begin)(void *ctx, int layer, ra_tensor *q, ra_tensor *k, ra_tensor *v, ra_error *err);
-  int (*end)(void *ctx, int layer, ra_tensor *q, ra_tensor *att, ra_error *err);
+  int (*begin)(void *ctx, int item, int layer, ra_tensor *q, ra_tensor *k, ra_tensor *v, ra_error *err);
+  int (*flush)(void *ctx, int layer, ra_tensor *q, ra_tensor *k, ra_tensor *v, ra_error *err);
+  int (*end)(void *ctx, int item, int layer, ra_tensor *q, ra_tensor *att, ra_error *err);
 } ra_batch_attn;
 
 typedef struct ra_batch_item {

@@ -237,6 +237,10 @@ static const ra_opt rows[] = {
      .dflt = "the model file's name without .gguf", .scope = SERVE},
     {"max-seqs", RA_OPT_INT, AT(max_seqs), .lo = 1, .hi = 256, .meta = "N",
      .help = "serve: sequences running at once; more get 429", .scope = SERVE},
+    {"select-group", RA_OPT_INT, AT(off.select_group), .lo = 1, .hi = RA_OFFLOAD_MAX_BATCH, .meta = "N",
+     .help = "serve, wave: a batched step ranks N sequences' clusters per device call and sends their "
+             "requests before ranking the next N",
+     .scope = SERVE},
     {"max-cached", RA_OPT_INT, AT(max_cached), .lo = 0, .hi = 4096, .meta = "N",
      .help = "serve: finished contexts kept for reuse by a request that extends them (LRU); 0: no reuse",
      .scope = SERVE},

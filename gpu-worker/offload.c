@@ -13,7 +13,7 @@
  * fp32: 2 GiB at 128K keys. */
 void ra_offload_config_default(ra_offload_config *c) {
   *c = (ra_offload_config){.mode = RA_MODE_ROAR, .n_sink = 128, .n_window = 512, .top_k = 100,
-                           .knn_nq = 100, .build_queries = 4096, .key_top_queries = 4, .build_layers = 3, .kv_dtype = RA_DTYPE_F32,
+                           .knn_nq = 100, .build_queries = 4096, .key_top_queries = 4, .build_layers = 3, .select_group = 4, .kv_dtype = RA_DTYPE_F32,
                            .store_dtype = RA_DTYPE_F16, .max_ctx = 8192, .max_prompt = 8192,
                            .timeout_ms = 10000};
   ra_wave_config_default(&c->wave);
@@ -35,6 +35,7 @@ typedef struct decode_step {
   const ra_tensor *est_o, *est_ml;
   ra_wave_buffer_stats b0;
   ra_offload_stats s;
+  int64_t evicted;       /* the position whose appends are in flight, or -1 */
   int rc; /* batched: the sequence's first failure, and its message */
   ra_error err;
 } decode_step;
@@ -185,6 +186,8 @@ int ra_offload_new(const ra_model *m, const ra_offload_plan *plan, const ra_offl
     return ra_errorf(err, RA_EINVAL, "offload: wave mode takes no replicas (its cluster ids are per store)");
   if (ra_mode_has_index(cfg->mode) && (cfg->knn_nq < 2 || cfg->build_queries < 1))
     return ra_errorf(err, RA_EINVAL, "offload: index build needs knn_nq >= 2 and build_queries >= 1");
+  if (cfg->select_group < 1 || cfg->select_group > RA_OFFLOAD_MAX_BATCH)
+    return ra_errorf(err, RA_EINVAL, "offload: select_group %u (1 to %d)", cfg->select_group, RA_OFFLOAD_MAX_BATCH);
   if (cfg->build_layers < 1 || cfg->build_layers > RA_OFFLOAD_MAX_BUILD_LAYERS)
     return ra_errorf(err, RA_EINVAL, "offload: build_layers %u (1 to %d)", cfg->build_layers,
                      RA_OFFLOAD_MAX_BUILD_LAYERS);
@@ -897,8 +900,9 @@ int ra_offload_seed(ra_offload *o, const ra_prefill_capture *cap, ra_offload_sta
   return RA_OK;
 }
 
-/* The evicted position's K/V of every layer, from the rings, to its stores. */
-static int decode_evict(ra_offload *o, int64_t pos, ra_offload_stats *s, ra_error *err) {
+/* The evicted position's K/V of every layer, from the rings, to its stores: the appends start
+ * here and are waited for in evict_end. */
+static int evict_begin(ra_offload *o, int64_t pos, ra_offload_stats *s, ra_error *err) {
   ra_backend *be = o->m->be;
   ra_state *st = o->st;
   uint64_t t0 = uv_hrtime();
@@ -909,12 +913,19 @@ static int decode_evict(ra_offload *o, int64_t pos, ra_offload_stats *s, ra_erro
     if (rc == RA_OK) rc = be->ops->copy(be, &o->evict_dev, (nl + l) * o->kv_row, &st->v_cache[l], row, o->kv_row, err);
   }
   if (rc == RA_OK) rc = be->ops->download(be, &o->evict_dev, 0, o->evict_k, 2 * nl * o->kv_row, err);
-  if (rc == RA_OK) rc = ra_remote_append(o->remote, (uint64_t)pos, o->evict_k, o->evict_v, err);
+  if (rc == RA_OK) rc = ra_remote_append_start(o->remote, (uint64_t)pos, o->evict_k, o->evict_v, err);
+  s->append_us += (double)(uv_hrtime() - t0) / 1e3;
+  return rc;
+}
+
+static int evict_end(ra_offload *o, int64_t pos, ra_offload_stats *s, ra_error *err) {
+  uint64_t t0 = uv_hrtime();
+  int rc = ra_remote_append_wait(o->remote, err);
   uint64_t t1 = uv_hrtime();
   s->append_us += (double)(t1 - t0) / 1e3;
   /* wave: the rows are lag rows at the stores now; the growth block may turn them into clusters */
   if (rc == RA_OK && o->wave) {
-    rc = ra_wave_evict(o->wave, pos, st->k_cache, st->v_cache, ring_row(o, pos), err);
+    rc = ra_wave_evict(o->wave, pos, o->st->k_cache, o->st->v_cache, ring_row(o, pos), err);
     s->index_us += (double)(uv_hrtime() - t1) / 1e3;
   }
   return rc;
@@ -965,15 +976,17 @@ static int retro_keep(ra_offload *o, int l, uint64_t step, const ra_tensor *att1
   return rc;
 }
 
-/* Step setup: the evicted token to its stores, the device's ranges (sink + window). */
-static int decode_setup(ra_offload *o, decode_step *d, ra_error *err) {
+/* Step setup: the evicted token's appends to its stores started (d->evicted), the device's
+ * ranges (sink + window). decode_setup_end waits for the appends. */
+static int decode_setup_begin(ra_offload *o, decode_step *d, ra_error *err) {
   memset(d, 0, sizeof *d);
+  d->evicted = -1;
   d->t0 = uv_hrtime();
   int64_t n = d->n = o->st->pos; /* the new token's position */
   if (n == 0) return ra_errorf(err, RA_ESTATE, "offload: decode before prefill");
   int rc = RA_OK;
   int64_t ev = ra_partition_evicted(o->cfg.n_sink, o->cfg.n_window, (uint64_t)n);
-  if (ev >= 0 && o->remote) rc = decode_evict(o, ev, &d->s, err);
+  if (ev >= 0 && o->remote && (rc = evict_begin(o, ev, &d->s, err)) == RA_OK) d->evicted = ev;
   /* After this step the stores hold [S, n + 1 - W); the ring holds the sink and the window. */
   ra_partition_offloaded(o->cfg.n_sink, o->cfg.n_window, (uint64_t)n + 1, &d->off_b, &d->off_e);
   d->remote = o->remote && d->off_e > d->off_b;
@@ -994,36 +1007,54 @@ static int decode_setup(ra_offload *o, decode_step *d, ra_error *err) {
   return rc;
 }
 
+static int decode_setup_end(ra_offload *o, decode_step *d, ra_error *err) {
+  if (d->evicted < 0) return RA_OK;
+  int64_t ev = d->evicted;
+  d->evicted = -1;
+  return evict_end(o, ev, &d->s, err);
+}
+
+static int decode_setup(ra_offload *o, decode_step *d, ra_error *err) {
+  int rc = decode_setup_begin(o, d, err);
+  int rc2 = decode_setup_end(o, d, err);
+  return rc ? rc : rc2;
+}
+
+/* Layer l, wave: the zones ranked on the device for the new token's q1 [1, n_heads, hd]. */
+static int decode_layer_select(ra_offload *o, decode_step *d, int l, const ra_tensor *q1, ra_error *err) {
+  uint64_t ts = uv_hrtime();
+  int rc = ra_wave_select(o->wave, l, q1, d->scale, d->step, d->P, &d->sel, &d->est_o, &d->est_ml, err);
+  d->s.select_us += (double)(uv_hrtime() - ts) / 1e3;
+  return rc;
+}
+
+/* Layer l, the new token's q in o->q_host: the stores' requests (wave: the selection's). */
+static int decode_layer_request(ra_offload *o, decode_step *d, int l, ra_error *err) {
+  if (d->remote && d->retro) retro_gather_q(o, l, d->step, d->P);
+  if (d->remote && d->sel)
+    return ra_remote_attend_begin_wave(o->remote, (uint32_t)l, o->q_host, d->sel, d->step, d->retro ? d->P : 0, o->rq,
+                                       err);
+  if (d->remote && d->retro) return ra_remote_attend_begin_retro(o->remote, (uint32_t)l, o->q_host, d->step, d->P, o->rq, err);
+  if (d->remote) return ra_remote_attend_begin(o->remote, (uint32_t)l, o->q_host, err);
+  return RA_OK;
+}
+
 /* Layer l, the new token's q1 [1, n_heads, hd]: the stores' requests (wave: after ranking the
  * zones on the device, since the requests carry the retrieval zone). */
 static int decode_layer_send(ra_offload *o, decode_step *d, int l, const ra_tensor *q1, ra_error *err) {
   ra_backend *be = o->m->be;
   size_t hq = (size_t)o->m->cfg.n_heads * (size_t)o->m->cfg.head_dim;
-  int rc = RA_OK;
   d->sel = NULL;
   d->est_o = d->est_ml = NULL;
-  if (d->remote && o->wave) {
-    uint64_t ts = uv_hrtime();
-    rc = ra_wave_select(o->wave, l, q1, d->scale, d->step, d->P, &d->sel, &d->est_o, &d->est_ml, err);
-    d->s.select_us += (double)(uv_hrtime() - ts) / 1e3;
-  }
+  int rc = d->remote && o->wave ? decode_layer_select(o, d, l, q1, err) : RA_OK;
   if (rc == RA_OK && (d->remote || d->retro)) rc = be->ops->download(be, q1, 0, o->q_host, hq, err);
-  if (rc == RA_OK && d->remote && d->retro) retro_gather_q(o, l, d->step, d->P);
-  if (rc == RA_OK && d->remote && d->sel) {
-    rc = ra_remote_attend_begin_wave(o->remote, (uint32_t)l, o->q_host, d->sel, d->step, d->retro ? d->P : 0, o->rq,
-                                     err);
-  } else if (rc == RA_OK && d->remote && d->retro) {
-    rc = ra_remote_attend_begin_retro(o->remote, (uint32_t)l, o->q_host, d->step, d->P, o->rq, err);
-  } else if (rc == RA_OK && d->remote) {
-    rc = ra_remote_attend_begin(o->remote, (uint32_t)l, o->q_host, err);
-  }
-  return rc;
+  return rc == RA_OK ? decode_layer_request(o, d, l, err) : rc;
 }
 
 /* Layer l: the device's own partial over sink + window (and wave's estimate and buffer), then the
  * stores' merged partial waited for and merged in: att1 [1, n_heads, hd]. */
 static int decode_layer_attend(ra_offload *o, decode_step *d, int l, const ra_tensor *q1, ra_tensor *att1,
-                               ra_error *err) {
+                               int sync_first, ra_error *err) {
   ra_backend *be = o->m->be;
   ra_state *st = o->st;
   const ra_model_config *c = &o->m->cfg;
@@ -1038,7 +1069,9 @@ static int decode_layer_attend(ra_offload *o, decode_step *d, int l, const ra_te
     if (rc == RA_OK && buf_o) rc = be->ops->attn_merge(be, att1, &st->dec_ml, buf_o, buf_ml, err);
   }
   if (rc == RA_OK && d->remote) {
-    rc = be->ops->sync(be, err);
+    /* alone, the wait is timed from the device's own partial on; in a batch the device keeps
+     * working on the other sequences while this one's replies are awaited */
+    if (sync_first) rc = be->ops->sync(be, err);
     uint64_t tw = uv_hrtime();
     ra_remote_stats rs;
     if (rc == RA_OK)
@@ -1122,7 +1155,7 @@ int ra_offload_decode(ra_offload *o, int32_t token, ra_offload_stats *stats, ra_
     rc = ra_step_layer_qkv(st, l, err);
     ra_tensor q1 = ra_tensor_rows(&st->cur_q, P, 1), att1 = ra_tensor_rows(&st->cur_att, P, 1);
     if (rc == RA_OK) rc = decode_layer_send(o, d, l, &q1, err);
-    if (rc == RA_OK) rc = decode_layer_attend(o, d, l, &q1, &att1, err);
+    if (rc == RA_OK) rc = decode_layer_attend(o, d, l, &q1, &att1, 1, err);
     if (rc == RA_OK && retro) {
       uint64_t tr = uv_hrtime();
       retro_merge(o, l, step, P, d->remote);
@@ -1149,30 +1182,107 @@ int ra_offload_decode(ra_offload *o, int32_t token, ra_offload_stats *stats, ra_
   return decode_finish(o, d, token, stats, err);
 }
 
-/* ---- batched decode: the runtime as a ra_batch item (batch.h) ----
- * A sequence's failure (a store's, say) is kept in its step (d->rc) rather than failing the
- * batch: its later layers attend on the device only and it reports the error after the step. */
+/* ---- batched decode: the runtimes of a step as one group of ra_batch items (batch.h) ----
+ * Per layer, the group's RoPE and cache rows are one op, wave's rankings one backend call with
+ * one synchronization, q one download; then every sequence's requests go out, and each one's
+ * end merges its stores' partial without waiting for the device. A sequence's failure (a
+ * store's, say) is kept in its step (d->rc) rather than failing the batch: its later layers
+ * attend on the device only and it reports the error after the step. */
 
-static int batch_attn_begin(void *ctx, int l, ra_tensor *q, ra_tensor *k, ra_tensor *v, ra_error *err) {
-  ra_offload *o = ctx;
-  decode_step *d = &o->ds;
-  const ra_model_config *c = &o->m->cfg;
-  int rc = o->m->be->ops->rope_store(o->m->be, q, k, v, d->n, c->n_rot, c->rope_theta, c->rope_style,
-                                     &o->st->k_cache[l], &o->st->v_cache[l], ring_row(o, d->n), err);
-  if (rc == RA_OK && d->rc == RA_OK) d->rc = decode_layer_send(o, d, l, q, &d->err);
+typedef struct offload_group {
+  ra_offload *const *os;    /* item j (row j of the step) is os[which[j]] */
+  const int *which;
+  int n;
+  ra_rope_store_item *rope; /* [n] */
+  ra_wave **ws;             /* [n]: the wave items of a layer, */
+  const ra_tensor **qs;     /* their q rows, */
+  ra_tensor *qv;
+  ra_wave_selection *sel;   /* their selections, */
+  int *wj;                  /* and their items */
+  float *q_host;            /* [select_group, n_heads, head_dim] */
+} offload_group;
+
+static ra_offload *group_item(const offload_group *g, int j) { return g->os[g->which[j]]; }
+
+/* Wave items among [j0, j1): their zones in one ranking call; a failure fails those sequences
+ * alone. */
+static void group_select(offload_group *g, int l, const ra_tensor *q, int j0, int j1) {
+  int nw = 0;
+  for (int j = j0; j < j1; j++) {
+    ra_offload *o = group_item(g, j);
+    decode_step *d = &o->ds;
+    d->sel = NULL;
+    d->est_o = d->est_ml = NULL;
+    if (d->rc != RA_OK || !d->remote || !o->wave) continue;
+    g->wj[nw] = j;
+    g->ws[nw] = o->wave;
+    g->qv[nw] = ra_tensor_rows(q, j, 1);
+    g->qs[nw] = &g->qv[nw];
+    nw++;
+  }
+  if (!nw) return;
+  ra_error e;
+  uint64_t ts = uv_hrtime();
+  int rc = ra_wave_select_batch(g->ws, g->qs, nw, l, group_item(g, 0)->ds.scale, g->sel, &e);
+  const double share = (double)(uv_hrtime() - ts) / 1e3 / nw;
+  for (int i = 0; i < nw; i++) {
+    decode_step *d = &group_item(g, g->wj[i])->ds;
+    d->s.select_us += share;
+    if (rc) {
+      d->rc = rc;
+      d->err = e;
+      continue;
+    }
+    d->sel = g->sel[i].sel;
+    d->est_o = g->sel[i].est_o;
+    d->est_ml = g->sel[i].est_ml;
+  }
+}
+
+/* The group's RoPE and cache rows, then per chunk of select_group sequences: their zones ranked,
+ * their q downloaded and their requests sent, so that the stores start on a chunk while the
+ * device ranks the next. */
+static int group_flush(void *ctx, int l, ra_tensor *q, ra_tensor *k, ra_tensor *v, ra_error *err) {
+  offload_group *g = ctx;
+  const ra_offload *o0 = group_item(g, 0);
+  const ra_model_config *c = &o0->m->cfg;
+  ra_backend *be = o0->m->be;
+  const size_t hq = (size_t)c->n_heads * (size_t)c->head_dim;
+  for (int j = 0; j < g->n; j++) {
+    ra_offload *o = group_item(g, j);
+    g->rope[j] = (ra_rope_store_item){j, 1, o->ds.n, ring_row(o, o->ds.n), &o->st->k_cache[l], &o->st->v_cache[l]};
+  }
+  int rc = be->ops->rope_store_batch(be, q, k, v, g->rope, g->n, c->n_rot, c->rope_theta, c->rope_style, err);
+  const int chunk = (int)o0->cfg.select_group;
+  for (int j0 = 0; rc == RA_OK && j0 < g->n; j0 += chunk) {
+    const int j1 = j0 + chunk < g->n ? j0 + chunk : g->n;
+    group_select(g, l, q, j0, j1);
+    int asks = 0;
+    for (int j = j0; j < j1; j++) asks |= group_item(g, j)->ds.rc == RA_OK && group_item(g, j)->ds.remote;
+    if (!asks) continue;
+    ra_tensor qc = ra_tensor_rows(q, j0, j1 - j0);
+    if ((rc = be->ops->download(be, &qc, 0, g->q_host, (size_t)(j1 - j0) * hq, err))) break;
+    for (int j = j0; j < j1; j++) {
+      ra_offload *o = group_item(g, j);
+      decode_step *d = &o->ds;
+      if (d->rc != RA_OK || !d->remote) continue;
+      memcpy(o->q_host, g->q_host + (size_t)(j - j0) * hq, hq * sizeof(float));
+      d->rc = decode_layer_request(o, d, l, &d->err);
+    }
+  }
   return rc;
 }
 
-static int batch_attn_end(void *ctx, int l, ra_tensor *q, ra_tensor *att, ra_error *err) {
-  ra_offload *o = ctx;
+static int group_end(void *ctx, int j, int l, ra_tensor *q, ra_tensor *att, ra_error *err) {
+  ra_offload *o = group_item(ctx, j);
   decode_step *d = &o->ds;
   if (d->rc) {
     d->remote = 0;
     d->sel = NULL;
     d->est_o = d->est_ml = NULL;
-    return decode_layer_attend(o, d, l, q, att, err);
+    return decode_layer_attend(o, d, l, q, att, 0, err);
   }
-  d->rc = decode_layer_attend(o, d, l, q, att, &d->err);
+  d->rc = decode_layer_attend(o, d, l, q, att, 0, &d->err);
   return RA_OK;
 }
 
@@ -1180,11 +1290,19 @@ static int batchable(const ra_offload *o) { return o->cfg.retro_window == 0 && !
 
 int ra_offload_decode_batch(ra_offload *const *os, const int32_t *tokens, int n, ra_batch *b, int *rcs,
                             ra_error *errs, ra_offload_stats *stats, ra_error *err) {
-  enum { MAX = 256 };
+  enum { MAX = RA_OFFLOAD_MAX_BATCH };
   if (n < 1 || n > MAX) return ra_errorf(err, RA_EINVAL, "offload: a batch of %d sequences (1 to %d)", n, MAX);
   ra_batch_item items[MAX];
-  ra_batch_attn attn[MAX];
-  int which[MAX], n_items = 0;
+  ra_rope_store_item rope[MAX];
+  ra_wave *ws[MAX];
+  const ra_tensor *qs[MAX];
+  ra_tensor qv[MAX];
+  ra_wave_selection sel[MAX];
+  int which[MAX], wj[MAX], n_items = 0;
+  offload_group g = {os, which, 0, rope, ws, qs, qv, sel, wj, NULL};
+  const ra_batch_attn attn = {&g, NULL, group_flush, group_end};
+  for (int i = 1; i < n; i++)
+    if (os[i]->m != os[0]->m) return ra_errorf(err, RA_EINVAL, "offload: sequence %d of a batch runs another model", i);
   for (int i = 0; i < n; i++) {
     ra_offload *o = os[i];
     ra_error_clear(&errs[i]);
@@ -1192,15 +1310,33 @@ int ra_offload_decode_batch(ra_offload *const *os, const int32_t *tokens, int n,
       rcs[i] = ra_offload_decode(o, tokens[i], stats ? &stats[i] : NULL, &errs[i]);
       continue;
     }
-    if ((rcs[i] = decode_setup(o, &o->ds, &errs[i])) != RA_OK) continue;
-    attn[n_items] = (ra_batch_attn){o, batch_attn_begin, batch_attn_end};
-    items[n_items] = (ra_batch_item){o->st, &tokens[i], 1, &attn[n_items]};
+    /* every sequence's appends in flight before any is waited for */
+    if ((rcs[i] = decode_setup_begin(o, &o->ds, &errs[i])) != RA_OK) {
+      decode_setup_end(o, &o->ds, &errs[i]);
+      continue;
+    }
+    items[n_items] = (ra_batch_item){o->st, &tokens[i], 1, &attn};
     which[n_items++] = i;
   }
+  int n_set = 0;
+  for (int j = 0; j < n_items; j++) {
+    const int i = which[j];
+    if ((rcs[i] = decode_setup_end(os[i], &os[i]->ds, &errs[i])) != RA_OK) continue;
+    items[n_set] = items[j];
+    which[n_set++] = i;
+  }
+  n_items = n_set;
   if (!n_items) return RA_OK;
+  g.n = n_items;
+  const ra_model_config *c = &os[which[0]]->m->cfg;
+  const uint32_t group = os[which[0]]->cfg.select_group;
+  const size_t chunk = group < (uint32_t)n_items ? group : (size_t)n_items;
+  g.q_host = malloc(chunk * (size_t)c->n_heads * (size_t)c->head_dim * sizeof(float));
   ra_backend *be = os[which[0]]->m->be;
-  const size_t vocab = (size_t)os[which[0]]->m->cfg.vocab;
-  int rc = ra_batch_forward(b, items, n_items, err);
+  const size_t vocab = (size_t)c->vocab;
+  int rc = g.q_host ? ra_batch_forward(b, items, n_items, err)
+                    : ra_errorf(err, RA_ENOMEM, "offload: out of memory for %d sequences' queries", n_items);
+  free(g.q_host);
   if (rc == RA_OK) rc = be->ops->sync(be, err);
   for (int j = 0; j < n_items; j++) {
     int i = which[j];

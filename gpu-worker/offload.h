@@ -46,6 +46,8 @@ typedef struct ra_offload_progress {
 } ra_offload_progress;
 
 #define RA_OFFLOAD_MAX_BUILD_LAYERS 8
+/* Sequences in one batched decode step at most (ra_offload_decode_batch). */
+#define RA_OFFLOAD_MAX_BATCH 256
 /* Past steps retrospective correction may look back (the stores keep that many sets). */
 #define RA_OFFLOAD_MAX_RETRO 16
 
@@ -74,6 +76,13 @@ typedef struct ra_offload_config {
   uint32_t key_top_queries; /* roar: send every offloaded key's best t queries of its build
                              (computed on the backend), so that the stores link the keys no
                              query list covers without beam searches (default 4; 0: off) */
+  uint32_t select_group; /* a batched decode step (ra_offload_decode_batch) ranks the wave
+                             sequences' clusters this many per device call (one sync each) and
+                             sends their requests before ranking the next ones, so that the
+                             stores start while the device ranks (1..RA_OFFLOAD_MAX_BATCH; the
+                             batch's first runtime's value counts; default 4: 32 sequences of
+                             32K on the H200 decode 1.05-1.25x faster than one at a time, all 32
+                             at once 0.85x, bench/results/serve-h200/README.md) */
   uint32_t build_layers;  /* index builds of up to this many layers in flight at the stores
                              (1..RA_OFFLOAD_MAX_BUILD_LAYERS, default 3): a layer's builds start
                              while the previous layers' still run, so that the threads one layer's
@@ -112,7 +121,8 @@ typedef struct ra_offload_stats {
   double download_us;  /* prefill: the offloaded K/V from the device to host memory */
   double index_us;     /* prefill: kNN on the backend + index builds (wave: the clustering and
                         * PutClusters); decode, wave: clustering a full growth block */
-  double select_us;    /* decode, wave: ranking the clusters and the estimation zone on the device,
+  double select_us;    /* decode, wave: ranking the clusters and the estimation zone on the device
+                        * (batched: the sequence's share of the layers' ranking calls),
                         * with the selection's host lists */
   double merge_us;     /* decode: the stores' partial (and wave's estimate) uploaded and merged */
   uint64_t n_scanned;  /* keys the stores scored, all layers and heads */
@@ -155,10 +165,11 @@ int ra_offload_seed(ra_offload *o, const ra_prefill_capture *cap, ra_offload_sta
 int ra_offload_decode(ra_offload *o, int32_t token, ra_offload_stats *stats, ra_error *err);
 
 /* One decode step of n runtimes (of one model), token i fed to os[i], in one batched forward
- * (batch.h): the dense work over [n, dim] (weights read once per step); per layer, every
- * sequence's store requests are sent before any is waited for, so the stores work on all
- * sequences at once, then each sequence's device attention (its sink + window), its stores'
- * partial and the merge. A runtime with retrospective correction or an on_attn hook decodes alone
+ * (batch.h): the dense work over [n, dim] (weights read once per step); per layer, one RoPE op
+ * for all, wave's rankings in one backend call (one synchronization for the step's layer, not one
+ * per sequence), q in one download, every sequence's store requests sent before any is waited
+ * for (the stores work on all sequences at once), then each sequence's device attention (its
+ * sink + window), its stores' partial and the merge. A runtime with retrospective correction or an on_attn hook decodes alone
  * (ra_offload_decode) within the call. A sequence's own failure (its store's) fails only it:
  * rcs[i] / errs[i], its position unchanged; each success leaves its logits in its state and its
  * timings in stats[i] (optional). Returns the batch's own failure (the backend's), which is every

@@ -81,6 +81,8 @@ struct ra_remote {
   int keep_sessions; /* close leaves the sessions on the stores (a saved context) */
   size_t next_spare; /* cfg.spares[next_spare] is the next spare to take */
   uint64_t pos_end;  /* positions [n_sink, pos_end) have been written to the stores */
+  uint64_t append_pos; /* the append in flight (appending), between ra_remote_append_start and _wait */
+  int appending;
   uint64_t t_begin;
   ra_partial *acc; /* [n_q_heads] merge accumulators */
   float *q_step;   /* [n_q_heads, head_dim]: the attend's q, for heads sent again to another owner */
@@ -735,6 +737,12 @@ static int append_recover(ra_remote *r, size_t i, ra_error *e, ra_error *err) {
 }
 
 int ra_remote_append(ra_remote *r, uint64_t pos, const float *k, const float *v, ra_error *err) {
+  int rc = ra_remote_append_start(r, pos, k, v, err);
+  return rc ? rc : ra_remote_append_wait(r, err);
+}
+
+int ra_remote_append_start(ra_remote *r, uint64_t pos, const float *k, const float *v, ra_error *err) {
+  if (r->appending) return ra_errorf(err, RA_ESTATE, "remote: an append is in flight already");
   int rc = remote_check(r, err);
   if (rc) return rc;
   restore_replicas(r);
@@ -761,7 +769,7 @@ int ra_remote_append(ra_remote *r, uint64_t pos, const float *k, const float *v,
     }
   }
   if (rc) return rc;
-  /* every store's append in flight at once, then each waited for; a failed one recovers after */
+  /* every store's append in flight at once (each waited for in ra_remote_append_wait) */
   for (size_t i = 0; i < r->n_stores; i++) {
     remote_store *s = &r->stores[i];
     s->append = NULL;
@@ -769,6 +777,16 @@ int ra_remote_append(ra_remote *r, uint64_t pos, const float *k, const float *v,
     if (s->n_rows && !s->down)
       s->append_rc = ra_kvclient_append_start(s->client, &s->session, s->rows, s->n_rows, &s->append, &s->append_err);
   }
+  r->append_pos = pos;
+  r->appending = 1;
+  return RA_OK;
+}
+
+int ra_remote_append_wait(ra_remote *r, ra_error *err) {
+  if (!r->appending) return ra_errorf(err, RA_ESTATE, "remote: no append in flight");
+  r->appending = 0;
+  const uint64_t pos = r->append_pos;
+  int rc = RA_OK;
   for (size_t i = 0; i < r->n_stores; i++) {
     remote_store *s = &r->stores[i];
     if (s->append) s->append_rc = ra_kvclient_append_wait(s->append, &s->append_err);

@@ -114,6 +114,12 @@ size_t ra_remote_builds_in_flight(const ra_remote *r);
 /* Decode: the position that left the window, for every layer. k, v: [n_layers, n_kv_heads,
  * head_dim] fp32. One Append call per store. */
 int ra_remote_append(ra_remote *r, uint64_t pos, const float *k, const float *v, ra_error *err);
+/* ra_remote_append in two halves, so that several runtimes' appends are in flight together:
+ * start sends every store its rows (k, v may go away after it), wait waits for them, recovers a
+ * failed store as ra_remote_append does and returns the first failure. One append in flight at a
+ * time (RA_ESTATE otherwise, and for a wait without a start); a start that fails leaves none. */
+int ra_remote_append_start(ra_remote *r, uint64_t pos, const float *k, const float *v, ra_error *err);
+int ra_remote_append_wait(ra_remote *r, ra_error *err);
 
 /* The merged partial over the offloaded tokens of `layer` for every q head.
  * q: [n_q_heads, head_dim] (RoPE applied); o: [n_q_heads, head_dim]; ml: [n_q_heads, 2], (m, l)

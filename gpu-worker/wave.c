@@ -574,9 +574,13 @@ static void retro_select_finish(ra_wave *w, uint32_t n_past) {
   }
 }
 
-int ra_wave_select(ra_wave *w, int l, const ra_tensor *q, float scale, uint64_t step, uint32_t n_past,
-                   const ra_remote_wave_sel **sel, const ra_tensor **est_o, const ra_tensor **est_ml, ra_error *err) {
-  const size_t ns = w->plan->n_stores, nkv = (size_t)w->n_kv;
+/* A selection's first half, before the ranking: the buffer's admissions of layer l's last step
+ * installed, the selection emptied, the zones' sizes. *it: the ranking's arguments; *run = 0
+ * when no zone holds a cluster (nothing to rank: the selection stays empty). */
+static int select_begin(ra_wave *w, int l, const ra_tensor *q, uint64_t step, uint32_t n_past,
+                        ra_wave_select_item *it, int *run, ra_error *err) {
+  const size_t ns = w->plan->n_stores;
+  *run = 0;
   if (w->buf) {
     int rc = admit_finish(w, l, err);
     if (rc) return rc;
@@ -586,27 +590,27 @@ int ra_wave_select(ra_wave *w, int l, const ra_tensor *q, float scale, uint64_t 
   const int64_t r = ra_wave_retrieve_clusters(&w->cfg, nc);
   int64_t e = ra_wave_budget_clusters(w->cfg.estimate, nc, w->cfg.cluster);
   if (e > nc - r) e = nc - r;
-  *est_o = *est_ml = NULL;
   for (size_t s = 0; s < ns; s++) w->sel[s] = (ra_remote_wave_sel){0};
-  *sel = w->sel;
-  const int retro = w->retro != NULL;
-  if (!retro) n_past = 0;
-  else if (step == 0 || n_past > w->retro_w || n_past >= step)
+  if (w->retro && (step == 0 || n_past > w->retro_w || n_past >= step))
     return ra_errorf(err, RA_EINVAL, "wave: retro step %llu with %u past steps (window %u)", (unsigned long long)step,
                      n_past, w->retro_w);
   if (r + e < 1) {
-    for (int g = 0; retro && g < w->n_kv; g++) ra_wave_retro_record(w->retro, l, g, step, nc, NULL, 0);
+    for (int g = 0; w->retro && g < w->n_kv; g++) ra_wave_retro_record(w->retro, l, g, step, nc, NULL, 0);
     return RA_OK;
   }
-  ra_backend *be = w->be;
-  int rc = be->ops->wave_select(be, q, &w->centroid[l], &w->size[l], nc, scale, (int)r, (int)e, w->idx,
-                                e ? &w->vsum[l] : NULL, e ? &w->est_o : NULL, e ? &w->est_ml : NULL, err);
-  if (rc) return rc;
-  if (e) {
-    *est_o = &w->est_o;
-    *est_ml = &w->est_ml;
-  }
-  /* per kv head, each store's retrieved ids, appended to its list in kv head order */
+  *it = (ra_wave_select_item){q,         &w->centroid[l], &w->size[l], nc, (int)r, (int)e, w->idx,
+                              e ? &w->vsum[l] : NULL, e ? &w->est_o : NULL, e ? &w->est_ml : NULL};
+  *run = 1;
+  return RA_OK;
+}
+
+/* The second half, once the ranking `it` is in w->idx: per kv head, each store's retrieved ids,
+ * appended to its list in kv head order (the buffer's hits left out and its misses queued for
+ * admission; retro's past-step lists). */
+static void select_end(ra_wave *w, int l, const ra_wave_select_item *it, uint64_t step, uint32_t n_past) {
+  const size_t ns = w->plan->n_stores, nkv = (size_t)w->n_kv;
+  const int64_t nc = it->n_clusters, r = it->r, e = it->e;
+  const int retro = w->retro != NULL;
   size_t *fill = w->sel_fill, *start = w->sel_fill + ns;
   memset(fill, 0, ns * sizeof *fill);
   if (retro) {
@@ -649,6 +653,60 @@ int ra_wave_select(ra_wave *w, int l, const ra_tensor *q, float scale, uint64_t 
     w->sel[s].kv_heads = w->sel_heads + s * nkv;
     w->sel[s].counts = w->sel_counts + s * nkv;
     w->sel[s].clusters = w->sel_ids + s * nkv * (size_t)w->cap;
+  }
+}
+
+static void select_outputs(ra_wave *w, const ra_wave_select_item *it, int run, ra_wave_selection *out) {
+  out->sel = w->sel;
+  out->est_o = run && it->e ? &w->est_o : NULL;
+  out->est_ml = run && it->e ? &w->est_ml : NULL;
+}
+
+int ra_wave_select(ra_wave *w, int l, const ra_tensor *q, float scale, uint64_t step, uint32_t n_past,
+                   const ra_remote_wave_sel **sel, const ra_tensor **est_o, const ra_tensor **est_ml, ra_error *err) {
+  if (!w->retro) step = 0, n_past = 0;
+  ra_wave_select_item it;
+  int run;
+  ra_wave_selection out;
+  int rc = select_begin(w, l, q, step, n_past, &it, &run, err);
+  if (rc == RA_OK && run)
+    rc = w->be->ops->wave_select(w->be, it.q, it.centroid, it.size, it.n_clusters, scale, it.r, it.e, it.idx, it.vsum,
+                                 it.o, it.ml, err);
+  if (rc) return rc;
+  if (run) select_end(w, l, &it, step, n_past);
+  select_outputs(w, &it, run, &out);
+  *sel = out.sel;
+  *est_o = out.est_o;
+  *est_ml = out.est_ml;
+  return RA_OK;
+}
+
+int ra_wave_select_batch(ra_wave *const *ws, const ra_tensor *const *qs, int n, int l, float scale,
+                         ra_wave_selection *out, ra_error *err) {
+  enum { MAX = 256 };
+  if (n < 1 || n > MAX) return ra_errorf(err, RA_EINVAL, "wave: a batch selection of %d sequences (1 to %d)", n, MAX);
+  ra_wave_select_item items[MAX];
+  int run[MAX], n_run = 0;
+  for (int i = 0; i < n; i++) {
+    if (ws[i]->retro) return ra_errorf(err, RA_EINVAL, "wave: sequence %d: a batch selection takes no retro", i);
+    if (ws[i]->be != ws[0]->be) return ra_errorf(err, RA_EINVAL, "wave: sequence %d is on another backend", i);
+  }
+  for (int i = 0; i < n; i++) {
+    int rc = select_begin(ws[i], l, qs[i], 0, 0, &items[n_run], &run[i], err);
+    if (rc) {
+      ra_error_wrap(err, "sequence %d", i);
+      return rc;
+    }
+    n_run += run[i];
+  }
+  if (n_run) {
+    int rc = ws[0]->be->ops->wave_select_batch(ws[0]->be, items, n_run, scale, err);
+    if (rc) return rc;
+  }
+  for (int i = 0, j = 0; i < n; i++) {
+    if (run[i]) select_end(ws[i], l, &items[j], 0, 0);
+    select_outputs(ws[i], &items[j], run[i], &out[i]);
+    j += run[i];
   }
   return RA_OK;
 }

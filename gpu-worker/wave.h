@@ -97,6 +97,19 @@ int ra_wave_prefill_layer(ra_wave *w, int l, const ra_tensor *kc, const ra_tenso
 int ra_wave_select(ra_wave *w, int l, const ra_tensor *q, float scale, uint64_t step, uint32_t n_past,
                    const ra_remote_wave_sel **sel, const ra_tensor **est_o, const ra_tensor **est_ml, ra_error *err);
 
+/* One sequence's selection of a step's layer: ra_wave_select's outputs. */
+typedef struct ra_wave_selection {
+  const ra_remote_wave_sel *sel;
+  const ra_tensor *est_o, *est_ml;
+} ra_wave_selection;
+
+/* ra_wave_select of layer l for n sequences of one batched step (1 <= n <= 256, one backend,
+ * none with retro): ws[i] with q qs[i] to out[i], the rankings in one backend call
+ * (wave_select_batch: one synchronization for them all, not one per sequence). Each out[i]
+ * stays valid until ws[i]'s next selection. On failure no selection is usable. */
+int ra_wave_select_batch(ra_wave *const *ws, const ra_tensor *const *qs, int n, int l, float scale,
+                         ra_wave_selection *out, ra_error *err);
+
 /* Decode, layer l, after ra_wave_select (with the stores' requests in flight): the partial of
  * the retrieval zone's clusters the buffer holds, over their rows on the device (*o, *ml as
  * est_o / est_ml; NULL when none hit or the buffer is off). */

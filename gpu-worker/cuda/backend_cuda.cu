@@ -42,6 +42,7 @@ struct cuda_impl {
   scratch topk;   /* topk_rows: idx + val of a batch of rows */
   scratch raw;    /* load_weight: raw GGUF bytes */
   ra_cuda_wave_scratch wave = {nullptr, 0}; /* cluster_keys, wave_select, wave_estimate */
+  ra_cuda_wave_scratch wave_pinned = {nullptr, 0}; /* wave_select's ids, host */
   void *stage = nullptr; /* [RA_CUDA_STAGE_BYTES] pinned host memory: download's bounce buffer */
   scratch widen;         /* download into pinned memory: a chunk widened to fp32 on the device */
 };
@@ -845,7 +846,7 @@ int cu_topk_rows(ra_backend *be, const ra_tensor *x, int k, int32_t *idx, float 
 
 ra_cuda_wave_ctx wave_ctx(ra_backend *be) {
   cuda_impl *im = impl_of(be);
-  return ra_cuda_wave_ctx{im->stream, im->blas, &im->wave};
+  return ra_cuda_wave_ctx{im->stream, im->blas, &im->wave, &im->wave_pinned};
 }
 
 int cu_cluster_keys(ra_backend *be, const ra_tensor *kc, const ra_tensor *vc, int64_t row0, int64_t n,
@@ -860,6 +861,11 @@ int cu_wave_select(ra_backend *be, const ra_tensor *q, const ra_tensor *centroid
                    ra_tensor *ml, ra_error *err) {
   const ra_cuda_wave_ctx ctx = wave_ctx(be);
   return ra_cuda_wave_select(&ctx, q, centroid, size, n_clusters, scale, r, e, idx, vsum, o, ml, err);
+}
+
+int cu_wave_select_batch(ra_backend *be, const ra_wave_select_item *items, int n_items, float scale, ra_error *err) {
+  const ra_cuda_wave_ctx ctx = wave_ctx(be);
+  return ra_cuda_wave_select_batch(&ctx, items, n_items, scale, err);
 }
 
 int cu_wave_estimate(ra_backend *be, const ra_tensor *q, const ra_tensor *centroid, const ra_tensor *size,
@@ -887,6 +893,7 @@ void cu_destroy(ra_backend *be) {
     release(&im->raw);
     release(&im->widen);
     ra_cuda_wave_scratch_release(&im->wave);
+    ra_cuda_wave_pinned_release(&im->wave_pinned);
     if (im->stage) cudaFreeHost(im->stage);
     if (im->blas) cublasDestroy(im->blas);
     if (im->stream) cudaStreamDestroy(im->stream);
@@ -920,6 +927,7 @@ ra_backend_ops make_ops() {
   o.topk_rows = cu_topk_rows;
   o.cluster_keys = cu_cluster_keys;
   o.wave_select = cu_wave_select;
+  o.wave_select_batch = cu_wave_select_batch;
   o.wave_estimate = cu_wave_estimate;
   o.norm_matmul = cu_norm_matmul;
   o.norm_swiglu = cu_norm_swiglu;

@@ -786,6 +786,12 @@ void ra_cuda_wave_scratch_release(ra_cuda_wave_scratch *s) {
   s->cap = 0;
 }
 
+void ra_cuda_wave_pinned_release(ra_cuda_wave_scratch *s) {
+  if (s->p) cudaFreeHost(s->p);
+  s->p = nullptr;
+  s->cap = 0;
+}
+
 int ra_cuda_cluster_keys(const ra_cuda_wave_ctx *ctx, const ra_tensor *kc, const ra_tensor *vc, int64_t row0,
                          int64_t n, const ra_wave_cluster_params *p, ra_tensor *centroid, ra_tensor *size,
                          ra_tensor *vsum, int64_t c0, ra_tensor *out_k, ra_tensor *out_v, int32_t *perm,
@@ -850,84 +856,185 @@ int ra_cuda_cluster_keys(const ra_cuda_wave_ctx *ctx, const ra_tensor *kc, const
   return RA_OK;
 }
 
+/* One item's shapes and scratch in wave_select_batch. */
+struct sel_plan {
+  int hkv, hd, group, k_pow2, nb, cand_cap, n_est, nbe;
+  int64_t nc, ld, k;
+  size_t hq, bytes;
+};
+
+int sel_plan_of(const ra_wave_select_item *it, sel_plan *p, ra_error *err) {
+  const char *op = "wave_select";
+  int rc = ra_backend_check_wave_select("cuda", it->q, it->centroid, it->size, it->n_clusters, it->r, it->e, it->idx,
+                                        it->vsum, it->o, it->ml, err);
+  if (rc) return rc;
+  p->hkv = (int)it->centroid->shape[0];
+  p->hd = (int)it->centroid->shape[2];
+  p->group = (int)((int64_t)(nelem_of(it->q)) / p->hd / p->hkv);
+  if ((rc = check_limits(op, p->hd, p->group, err))) return rc;
+  p->nc = it->n_clusters;
+  p->ld = (int64_t)it->r + it->e;
+  p->k = p->ld < p->nc ? p->ld : p->nc;
+  if (p->k > kMaxRank)
+    return ra_errorf(err, RA_EUNSUPPORTED, "cuda %s: %lld ranked clusters (r + e at most %d)", op, (long long)p->k,
+                     kMaxRank);
+  p->k_pow2 = 1;
+  while (p->k_pow2 < p->k) p->k_pow2 <<= 1;
+  p->hq = (size_t)p->hkv * (size_t)p->group;
+  p->nb = (int)((p->nc + kSelChunk - 1) / kSelChunk);
+  /* candidates of the threshold bin's keys and above: up to twice the top k before falling back */
+  p->cand_cap = 2 * p->k_pow2 < kMaxRank ? 2 * p->k_pow2 : (p->k_pow2 > kMaxRank ? p->k_pow2 : kMaxRank);
+  p->n_est = it->o && p->ld > it->r ? (int)(p->ld - it->r) : 0;
+  p->nbe = (p->n_est + kEstSlice - 1) / kEstSlice;
+  const size_t nb1 = p->nb ? (size_t)p->nb : 1, nbe1 = p->nbe ? (size_t)p->nbe : 1;
+  p->bytes = align256(p->hq * (size_t)p->nc * 4) + align256((size_t)p->hkv * (size_t)p->nc * 4) +
+             align256((size_t)p->hkv * (size_t)p->ld * 4) + align256(p->hq * nb1 * 8) +
+             align256(nbe1 * p->hq * (size_t)p->hd * 4) + align256(nbe1 * p->hq * 2 * 4) +
+             align256(((size_t)p->hkv * kBins + 2 * (size_t)p->hkv) * 4) + align256((size_t)p->hkv * p->cand_cap * 8);
+  return RA_OK;
+}
+
+/* An item's pieces of scratch, carved in sel_plan's order. */
+struct sel_bufs {
+  float *z, *key, *o_part, *ml_part;
+  int32_t *d_idx;
+  float2 *part;
+  unsigned *hist, *thr, *n_cand;
+  unsigned long long *cand;
+};
+
+sel_bufs sel_carve(carver *cv, const sel_plan *p) {
+  sel_bufs b;
+  const size_t nb1 = p->nb ? (size_t)p->nb : 1, nbe1 = p->nbe ? (size_t)p->nbe : 1;
+  b.z = cv->take<float>(p->hq * (size_t)p->nc);
+  b.key = cv->take<float>((size_t)p->hkv * (size_t)p->nc);
+  b.d_idx = cv->take<int32_t>((size_t)p->hkv * (size_t)p->ld);
+  b.part = cv->take<float2>(p->hq * nb1);
+  b.hist = cv->take<unsigned>((size_t)p->hkv * kBins + 2 * (size_t)p->hkv);
+  b.thr = b.hist + (size_t)p->hkv * kBins;
+  b.n_cand = b.thr + p->hkv;
+  b.cand = cv->take<unsigned long long>((size_t)p->hkv * (size_t)p->cand_cap);
+  b.o_part = cv->take<float>(nbe1 * p->hq * (size_t)p->hd);
+  b.ml_part = cv->take<float>(nbe1 * p->hq * 2);
+  return b;
+}
+
+/* The ranking of one item, to b.d_idx [hkv, ld]. */
+int sel_rank(cudaStream_t s, const ra_wave_select_item *it, float scale, const sel_plan *p, const sel_bufs *b,
+             ra_error *err) {
+  const char *op = "wave_select";
+  WV_TRY(op, launch_scores(s, (const float *)it->q->data, it->centroid, p->nc, nullptr, p->hkv, p->group, p->hd, scale,
+                           b->z));
+  const float *sz = (const float *)it->size->data;
+  const int64_t cap = it->centroid->shape[1];
+  WV_TRY(op, cudaMemsetAsync(b->hist, 0, ((size_t)p->hkv * kBins + 2 * (size_t)p->hkv) * 4, s));
+  if (p->nb > 0) {
+    const dim3 grid((unsigned)p->nb, (unsigned)p->hkv);
+    WV_TRY(op, ra_cuda_launch(sel_stats_kernel, grid, dim3(kSelThreads), 0, s, (const float *)b->z, p->nc, p->group,
+                              sz, cap, p->nb, b->part));
+    WV_TRY(op, ra_cuda_launch(sel_key_kernel, grid, dim3(kSelThreads), 0, s, (const float *)b->z, p->nc, p->group, sz,
+                              cap, p->nb, (const float2 *)b->part, b->key, b->hist));
+    WV_TRY(op, ra_cuda_launch(sel_thresh_kernel, dim3((unsigned)p->hkv), dim3(RA_CUDA_TOPK_THREADS), 0, s,
+                              (const unsigned *)b->hist, p->nc, (int)p->ld, b->thr));
+    WV_TRY(op, ra_cuda_launch(sel_compact_kernel, grid, dim3(kSelThreads), 0, s, (const float *)b->key, p->nc,
+                              (const unsigned *)b->thr, p->cand_cap, b->cand, b->n_cand));
+  }
+  const size_t smem = (size_t)p->cand_cap * 8;
+  WV_TRY(op, cudaFuncSetAttribute(sel_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  WV_TRY(op, ra_cuda_launch(sel_topk_kernel, dim3((unsigned)p->hkv), dim3(RA_CUDA_TOPK_THREADS), smem, s,
+                            (const float *)b->key, p->nc, (int)p->ld, (const unsigned long long *)b->cand,
+                            (const unsigned *)b->n_cand, p->cand_cap, b->d_idx));
+  return RA_OK;
+}
+
+/* The estimation zone's partial of one item (after its ranking), when it asks for one. */
+int sel_estimate(cudaStream_t s, const ra_wave_select_item *it, const sel_plan *p, const sel_bufs *b, ra_error *err) {
+  const char *op = "wave_select";
+  if (!it->o) return RA_OK;
+  float *out_o = (float *)it->o->data, *out_ml = (float *)it->ml->data;
+  if (p->nbe == 0) { /* no estimation zone: the merge of no parts is the empty partial */
+    WV_TRY(op, ra_cuda_launch(sel_est_merge_kernel, dim3((unsigned)p->hq), dim3(128), 0, s, (const float *)b->o_part,
+                              (const float *)b->ml_part, 0, p->hd, out_o, out_ml));
+    return RA_OK;
+  }
+  est_args a = {(const float *)it->size->data, (const float *)it->vsum->data, b->o_part, b->ml_part,
+                it->centroid->shape[1]};
+  const size_t esm = est_smem(p->hd);
+  WV_TRY(op, cudaFuncSetAttribute(sel_est_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)esm));
+  WV_TRY(op, ra_cuda_launch(sel_est_kernel, dim3((unsigned)p->nbe, (unsigned)p->hkv), dim3(RA_CUDA_TOPK_THREADS), esm,
+                            s, (const float *)b->z, p->nc, p->group, p->hd, it->r, (int)p->ld,
+                            (const int32_t *)b->d_idx, a));
+  WV_TRY(op, ra_cuda_launch(sel_est_merge_kernel, dim3((unsigned)p->hq), dim3(128), 0, s, (const float *)b->o_part,
+                            (const float *)b->ml_part, p->nbe, p->hd, out_o, out_ml));
+  return RA_OK;
+}
+
+int grow_pinned(ra_cuda_wave_scratch *s, size_t bytes, ra_error *err) {
+  if (bytes <= s->cap) return RA_OK;
+  if (s->p) cudaFreeHost(s->p);
+  s->p = nullptr;
+  s->cap = 0;
+  size_t cap = bytes + bytes / 4;
+  cudaError_t e = cudaHostAlloc(&s->p, cap, cudaHostAllocPortable);
+  if (e != cudaSuccess) {
+    s->p = nullptr;
+    return ra_errorf(err, RA_ENOMEM, "cuda wave_select: cannot pin %zu bytes for the ids: %s", cap,
+                     cudaGetErrorString(e));
+  }
+  s->cap = cap;
+  return RA_OK;
+}
+
+int ra_cuda_wave_select_batch(const ra_cuda_wave_ctx *ctx, const ra_wave_select_item *items, int n_items,
+                              float scale, ra_error *err) {
+  const char *op = "wave_select";
+  if (n_items < 1 || !items) return ra_errorf(err, RA_EINVAL, "cuda wave_select_batch: %d items", n_items);
+  sel_plan *plan = (sel_plan *)malloc(sizeof(sel_plan) * (size_t)n_items);
+  sel_bufs *bufs = (sel_bufs *)malloc(sizeof(sel_bufs) * (size_t)n_items);
+  size_t bytes = 0, id_bytes = 0;
+  int rc = plan && bufs ? RA_OK : ra_errorf(err, RA_ENOMEM, "cuda wave_select_batch: out of memory");
+  for (int i = 0; rc == RA_OK && i < n_items; i++) {
+    if ((rc = sel_plan_of(&items[i], &plan[i], err)) != RA_OK) ra_error_wrap(err, "item %d", i);
+    bytes += rc == RA_OK ? plan[i].bytes : 0;
+    id_bytes += rc == RA_OK ? align256((size_t)plan[i].hkv * (size_t)plan[i].ld * 4) : 0;
+  }
+  if (rc == RA_OK) rc = grow(ctx->scratch, bytes, op, err);
+  if (rc == RA_OK) rc = grow_pinned(ctx->pinned, id_bytes, err);
+  /* every item's ranking and its ids into pinned memory, one sync for all of them, then the
+   * estimation zones (which the stores' requests need not wait for) */
+  carver cv = {rc == RA_OK ? (char *)ctx->scratch->p : nullptr, 0};
+  char *ids = rc == RA_OK ? (char *)ctx->pinned->p : nullptr;
+  size_t off = 0;
+  for (int i = 0; rc == RA_OK && i < n_items; i++) {
+    const size_t nb = (size_t)plan[i].hkv * (size_t)plan[i].ld * 4;
+    bufs[i] = sel_carve(&cv, &plan[i]);
+    if ((rc = sel_rank(ctx->stream, &items[i], scale, &plan[i], &bufs[i], err)) == RA_OK) {
+      cudaError_t e = cudaMemcpyAsync(ids + off, bufs[i].d_idx, nb, cudaMemcpyDeviceToHost, ctx->stream);
+      if (e != cudaSuccess) rc = fail(err, op, "cudaMemcpyAsync(idx)", e);
+    }
+    off += align256(nb);
+  }
+  if (rc == RA_OK) {
+    cudaError_t e = cudaStreamSynchronize(ctx->stream);
+    if (e != cudaSuccess) rc = fail(err, op, "cudaStreamSynchronize", e);
+  }
+  off = 0;
+  for (int i = 0; rc == RA_OK && i < n_items; i++) {
+    const size_t nb = (size_t)plan[i].hkv * (size_t)plan[i].ld * 4;
+    memcpy(items[i].idx, ids + off, nb);
+    off += align256(nb);
+  }
+  for (int i = 0; rc == RA_OK && i < n_items; i++) rc = sel_estimate(ctx->stream, &items[i], &plan[i], &bufs[i], err);
+  free(plan);
+  free(bufs);
+  return rc;
+}
+
 int ra_cuda_wave_select(const ra_cuda_wave_ctx *ctx, const ra_tensor *q, const ra_tensor *centroid,
                         const ra_tensor *size, int64_t n_clusters, float scale, int r, int e, int32_t *idx,
                         const ra_tensor *vsum, ra_tensor *o, ra_tensor *ml, ra_error *err) {
-  const char *op = "wave_select";
-  int rc = ra_backend_check_wave_select("cuda", q, centroid, size, n_clusters, r, e, idx, vsum, o, ml, err);
-  if (rc) return rc;
-  const int hkv = (int)centroid->shape[0], hd = (int)centroid->shape[2];
-  const int group = (int)((int64_t)(nelem_of(q)) / hd / hkv);
-  if ((rc = check_limits(op, hd, group, err))) return rc;
-  const int64_t nc = n_clusters, ld = (int64_t)r + e, k = ld < nc ? ld : nc;
-  if (k > kMaxRank)
-    return ra_errorf(err, RA_EUNSUPPORTED, "cuda %s: %lld ranked clusters (r + e at most %d)", op, (long long)k,
-                     kMaxRank);
-  int k_pow2 = 1;
-  while (k_pow2 < k) k_pow2 <<= 1;
-  const size_t hq = (size_t)hkv * (size_t)group;
-  const int nb = (int)((nc + kSelChunk - 1) / kSelChunk);
-  /* candidates of the threshold bin's keys and above: up to twice the top k before falling back */
-  const int cand_cap = 2 * k_pow2 < kMaxRank ? 2 * k_pow2 : (k_pow2 > kMaxRank ? k_pow2 : kMaxRank);
-  const int n_est = o && ld > r ? (int)(ld - r) : 0, nbe = (n_est + kEstSlice - 1) / kEstSlice;
-  if ((rc = grow(ctx->scratch,
-                 align256(hq * (size_t)nc * 4) + align256((size_t)hkv * (size_t)nc * 4) +
-                     align256((size_t)hkv * (size_t)ld * 4) + align256(hq * (size_t)(nb ? nb : 1) * 8) +
-                     align256((size_t)(nbe ? nbe : 1) * hq * (size_t)hd * 4) +
-                     align256((size_t)(nbe ? nbe : 1) * hq * 2 * 4) +
-                     align256(((size_t)hkv * kBins + 2 * (size_t)hkv) * 4) + align256((size_t)hkv * cand_cap * 8),
-                 op, err)))
-    return rc;
-  carver cv = {(char *)ctx->scratch->p, 0};
-  float *z = cv.take<float>(hq * (size_t)nc), *key = cv.take<float>((size_t)hkv * (size_t)nc);
-  int32_t *d_idx = cv.take<int32_t>((size_t)hkv * (size_t)ld);
-  float2 *part = cv.take<float2>(hq * (size_t)(nb ? nb : 1));
-  unsigned *hist = cv.take<unsigned>((size_t)hkv * kBins + 2 * (size_t)hkv), *thr = hist + (size_t)hkv * kBins,
-           *n_cand = thr + hkv;
-  unsigned long long *cand = cv.take<unsigned long long>((size_t)hkv * (size_t)cand_cap);
-  float *o_part = cv.take<float>((size_t)(nbe ? nbe : 1) * hq * (size_t)hd);
-  float *ml_part = cv.take<float>((size_t)(nbe ? nbe : 1) * hq * 2);
-  cudaStream_t s = ctx->stream;
-  WV_TRY(op, launch_scores(s, (const float *)q->data, centroid, nc, nullptr, hkv, group, hd, scale, z));
-  const float *sz = (const float *)size->data;
-  const int64_t cap = centroid->shape[1];
-  WV_TRY(op, cudaMemsetAsync(hist, 0, ((size_t)hkv * kBins + 2 * (size_t)hkv) * 4, s));
-  if (nb > 0) {
-    const dim3 grid((unsigned)nb, (unsigned)hkv);
-    WV_TRY(op, ra_cuda_launch(sel_stats_kernel, grid, dim3(kSelThreads), 0, s, (const float *)z, nc, group, sz, cap,
-                              nb, part));
-    WV_TRY(op, ra_cuda_launch(sel_key_kernel, grid, dim3(kSelThreads), 0, s, (const float *)z, nc, group, sz, cap,
-                              nb, (const float2 *)part, key, hist));
-    WV_TRY(op, ra_cuda_launch(sel_thresh_kernel, dim3((unsigned)hkv), dim3(RA_CUDA_TOPK_THREADS), 0, s,
-                              (const unsigned *)hist, nc, (int)ld, thr));
-    WV_TRY(op, ra_cuda_launch(sel_compact_kernel, grid, dim3(kSelThreads), 0, s, (const float *)key, nc,
-                              (const unsigned *)thr, cand_cap, cand, n_cand));
-  }
-  const size_t smem = (size_t)cand_cap * 8;
-  WV_TRY(op, cudaFuncSetAttribute(sel_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  WV_TRY(op, ra_cuda_launch(sel_topk_kernel, dim3((unsigned)hkv), dim3(RA_CUDA_TOPK_THREADS), smem, s,
-                            (const float *)key, nc, (int)ld, (const unsigned long long *)cand, (const unsigned *)n_cand,
-                            cand_cap, d_idx));
-  /* idx first: the stores' requests go out while the estimation zone computes */
-  WV_TRY(op, cudaMemcpyAsync(idx, d_idx, sizeof(int32_t) * (size_t)hkv * (size_t)ld, cudaMemcpyDeviceToHost,
-                             ctx->stream));
-  WV_TRY(op, cudaStreamSynchronize(ctx->stream));
-  if (o) {
-    float *out_o = (float *)o->data, *out_ml = (float *)ml->data;
-    if (nbe == 0) { /* no estimation zone: the merge of no parts is the empty partial */
-      WV_TRY(op, ra_cuda_launch(sel_est_merge_kernel, dim3((unsigned)hq), dim3(128), 0, s, (const float *)o_part,
-                                (const float *)ml_part, 0, hd, out_o, out_ml));
-    } else {
-      est_args a = {sz, (const float *)vsum->data, o_part, ml_part, cap};
-      const size_t esm = est_smem(hd);
-      WV_TRY(op, cudaFuncSetAttribute(sel_est_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)esm));
-      WV_TRY(op, ra_cuda_launch(sel_est_kernel, dim3((unsigned)nbe, (unsigned)hkv), dim3(RA_CUDA_TOPK_THREADS), esm,
-                                s, (const float *)z, nc, group, hd, r, (int)ld, (const int32_t *)d_idx, a));
-      WV_TRY(op, ra_cuda_launch(sel_est_merge_kernel, dim3((unsigned)hq), dim3(128), 0, s, (const float *)o_part,
-                                (const float *)ml_part, nbe, hd, out_o, out_ml));
-    }
-  }
-  return RA_OK;
+  const ra_wave_select_item it = {q, centroid, size, n_clusters, r, e, idx, vsum, o, ml};
+  return ra_cuda_wave_select_batch(ctx, &it, 1, scale, err);
 }
 
 int ra_cuda_wave_estimate(const ra_cuda_wave_ctx *ctx, const ra_tensor *q, const ra_tensor *centroid,

@@ -1,4 +1,5 @@
-/* The CUDA backend's wave ops (backend.h: cluster_keys, wave_select, wave_estimate), CUDA C++
+/* The CUDA backend's wave ops (backend.h: cluster_keys, wave_select, wave_select_batch,
+ * wave_estimate), CUDA C++
  * only: backend_cuda.cu forwards its table entries here with its stream, cuBLAS handle and a
  * scratch buffer these ops own. */
 #ifndef RA_CUDA_WAVE_CUH
@@ -21,9 +22,11 @@ typedef struct ra_cuda_wave_ctx {
   cudaStream_t stream;
   cublasHandle_t blas;
   ra_cuda_wave_scratch *scratch;
+  ra_cuda_wave_scratch *pinned; /* host memory, pinned: wave_select's ids land there */
 } ra_cuda_wave_ctx;
 
 void ra_cuda_wave_scratch_release(ra_cuda_wave_scratch *s);
+void ra_cuda_wave_pinned_release(ra_cuda_wave_scratch *s);
 
 int ra_cuda_cluster_keys(const ra_cuda_wave_ctx *ctx, const ra_tensor *k_cache, const ra_tensor *v_cache,
                          int64_t row0, int64_t n, const ra_wave_cluster_params *p, ra_tensor *centroid,
@@ -32,6 +35,8 @@ int ra_cuda_cluster_keys(const ra_cuda_wave_ctx *ctx, const ra_tensor *k_cache, 
 int ra_cuda_wave_select(const ra_cuda_wave_ctx *ctx, const ra_tensor *q, const ra_tensor *centroid,
                         const ra_tensor *size, int64_t n_clusters, float scale, int r, int e, int32_t *idx,
                         const ra_tensor *vsum, ra_tensor *o, ra_tensor *ml, ra_error *err);
+int ra_cuda_wave_select_batch(const ra_cuda_wave_ctx *ctx, const ra_wave_select_item *items, int n_items,
+                              float scale, ra_error *err);
 int ra_cuda_wave_estimate(const ra_cuda_wave_ctx *ctx, const ra_tensor *q, const ra_tensor *centroid,
                           const ra_tensor *size, const ra_tensor *vsum, int64_t n_clusters, const int32_t *ids,
                           int n_ids, int64_t ld, float scale, ra_tensor *o, ra_tensor *ml, ra_error *err);

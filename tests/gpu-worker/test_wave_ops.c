@@ -510,6 +510,57 @@ static void test_select_and_fused_estimate(void **state) {
   }
 }
 
+/* wave_select_batch: every item as its own wave_select (the reference ranking and estimate);
+ * a bad item anywhere fails the call, naming it, before any item is ranked. */
+static void test_select_batch(void **state) {
+  (void)state;
+  enum { N = 3 };
+  const sel_case cases[N] = {{8, 2, 16, 60, 50, 5, 10}, {4, 1, 32, 300, 257, 9, 0}, {6, 3, 8, 20, 7, 5, 10}};
+  sel_data d[N];
+  ra_tensor o[N], ml[N];
+  int32_t *idx[N], *ref[N];
+  ra_wave_select_item items[N];
+  const float scale = 0.25f;
+  for (int i = 0; i < N; i++) {
+    const sel_case *sc = &cases[i];
+    d[i] = make_sel(sc, 500 + (uint64_t)i, 0);
+    int64_t ld = sc->r + sc->e, os[2] = {sc->hq, sc->hd}, ms[2] = {sc->hq, 2};
+    idx[i] = xcalloc((size_t)(sc->hkv * ld), 4);
+    ref[i] = xcalloc((size_t)(sc->hkv * ld), 4);
+    assert_int_equal(ra_tensor_new(be, &o[i], RA_DTYPE_F32, 2, os, NULL), RA_OK);
+    assert_int_equal(ra_tensor_new(be, &ml[i], RA_DTYPE_F32, 2, ms, NULL), RA_OK);
+    const int est = i != 1; /* item 1 asks for no estimate */
+    items[i] = (ra_wave_select_item){&d[i].tq, &d[i].tc, &d[i].ts, sc->nc, (int)sc->r, (int)sc->e, idx[i],
+                                     est ? &d[i].tv : NULL, est ? &o[i] : NULL, est ? &ml[i] : NULL};
+  }
+  ra_error err;
+  ra_wave_select_item bad[N] = {items[0], items[1], items[2]};
+  bad[2].idx = NULL;
+  assert_int_equal(be->ops->wave_select_batch(be, bad, N, scale, &err), RA_EINVAL);
+  assert_non_null(strstr(err.msg, "item 2"));
+  for (int i = 0; i < N; i++) /* nothing ran: the first items' ids are untouched */
+    for (int64_t j = 0; j < cases[i].hkv * (cases[i].r + cases[i].e); j++) assert_int_equal(idx[i][j], 0);
+  assert_int_equal(be->ops->wave_select_batch(be, items, 0, scale, &err), RA_EINVAL);
+  int rc = be->ops->wave_select_batch(be, items, N, scale, &err);
+  if (rc) fail_msg("wave_select_batch: %s", err.msg);
+  for (int i = 0; i < N; i++) {
+    const sel_case *sc = &cases[i];
+    int64_t ld = sc->r + sc->e;
+    ref_select(sc, &d[i], scale, ref[i]);
+    assert_memory_equal(idx[i], ref[i], sizeof(int32_t) * (size_t)(sc->hkv * ld));
+    if (items[i].o) {
+      float *go = fetch(&o[i]), *gml = fetch(&ml[i]), *ro = xcalloc((size_t)(sc->hq * sc->hd), 4),
+            *rml = xcalloc((size_t)sc->hq * 2, 4);
+      ref_estimate(sc, &d[i], ref[i] + sc->r, sc->e, ld, scale, ro, rml);
+      assert_partial(go, gml, ro, rml, sc->hq, sc->hd);
+      free(go), free(gml), free(ro), free(rml);
+    }
+    free(idx[i]), free(ref[i]);
+    ra_tensor_free(&o[i]), ra_tensor_free(&ml[i]);
+    free_sel(&d[i]);
+  }
+}
+
 static void test_estimate(void **state) {
   (void)state;
   sel_case sc = {6, 2, 16, 40, 33, 0, 0};
@@ -670,6 +721,7 @@ int main(void) {
       cmocka_unit_test(test_cluster_random),
       cmocka_unit_test(test_cluster_degenerate),
       cmocka_unit_test(test_select_and_fused_estimate),
+      cmocka_unit_test(test_select_batch),
       cmocka_unit_test(test_estimate),
       cmocka_unit_test(test_estimate_exact_on_identical_keys),
       cmocka_unit_test(test_bad_args),

@@ -8,7 +8,9 @@
  *     closer to full attention than dropping the middle (streaming);
  *   - a runtime seeded from a captured prefill decodes as the one that ran the prefill;
  *   - the device buffer of retrieved clusters changes nothing but where they are attended: on
- *     equals off across growth blocks, with hits on a steady decode, under eviction, in f16. */
+ *     equals off across growth blocks, with hits on a steady decode, under eviction, in f16;
+ *   - a batched decode step (one ranking call for the step's wave sequences) equals each
+ *     sequence decoding alone. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -423,6 +425,94 @@ static void test_buffer_int8_stores(void **state) {
   plan_free(&p);
 }
 
+/* ra_offload_decode_batch: wave sequences (one with a device buffer, one across growth blocks)
+ * and a flat one, ranked in two groups, decode in one batched step each as they decode alone,
+ * step after step, with the same keys scanned; a batch mixing two models is refused. */
+static void test_decode_batch_equals_alone(void **state) {
+  (void)state;
+  enum { N = 3, STEPS = 40, BLOCK = 16 };
+  const int vocab = F.m->cfg.vocab;
+  plan_of p;
+  plan_make(&p, NULL, SINK, WINDOW);
+  ra_offload_config c[N];
+  wave_config(&c[0], &p.plan, 0.15, 0.3, BLOCK, STEPS);
+  c[0].select_group = 2; /* the batch's first runtime's: ranked in chunks {0, 1}, {2} */
+  wave_config(&c[1], &p.plan, 0.1, 0.2, 0, STEPS);
+  c[1].wave.buffer = 32;
+  wave_config(&c[2], &p.plan, 0, 0, 0, STEPS);
+  c[2].mode = RA_MODE_FLAT;
+  c[2].top_k = 40;
+  ra_offload *alone[N], *batched[N];
+  int32_t toks[N][N_PROMPT + STEPS];
+  ra_error err;
+  for (int i = 0; i < N; i++) {
+    for (int t = 0; t < N_PROMPT + STEPS; t++) toks[i][t] = F.tokens[(t + 53 * i) % (N_PROMPT + MAX_DECODE)];
+    alone[i] = offload_new(&p.plan, &c[i]);
+    batched[i] = offload_new(&p.plan, &c[i]);
+    ok(ra_offload_prefill(alone[i], toks[i], N_PROMPT, NULL, &err), &err);
+    ok(ra_offload_prefill(batched[i], toks[i], N_PROMPT, NULL, &err), &err);
+  }
+  ra_batch *b;
+  ok(ra_batch_new(F.m, N, N, &b, &err), &err);
+  float *want = malloc((size_t)vocab * sizeof *want), *got = malloc((size_t)vocab * sizeof *got);
+  assert_non_null(want);
+  assert_non_null(got);
+  double worst = 0;
+  for (int t = 0; t < STEPS; t++) {
+    int32_t next[N];
+    int rcs[N];
+    ra_error errs[N];
+    ra_offload_stats sa[N], sb[N];
+    for (int i = 0; i < N; i++) {
+      next[i] = toks[i][N_PROMPT + t];
+      ok(ra_offload_decode(alone[i], next[i], &sa[i], &err), &err);
+    }
+    ok(ra_offload_decode_batch(batched, next, N, b, rcs, errs, sb, &err), &err);
+    for (int i = 0; i < N; i++) {
+      ok(rcs[i], &errs[i]);
+      assert_int_equal(sb[i].n_scanned, sa[i].n_scanned);
+      last_logits(ra_offload_state(alone[i]), want);
+      last_logits(ra_offload_state(batched[i]), got);
+      for (int v = 0; v < vocab; v++) worst = fmax(worst, fabs((double)want[v] - got[v]));
+    }
+  }
+  print_message("batched wave (f32, buffer, growth) + flat decode: max |logit diff| from alone %.2e over %d steps\n",
+                worst, STEPS);
+  assert_true(worst < 1e-4);
+  ra_wave_buffer_stats bt;
+  ra_wave_buffer_totals(ra_offload_wave(batched[1]), &bt);
+  assert_true(bt.hits > 0);
+  /* a group of 0 sequences is refused when the runtime is made */
+  ra_offload_config zero = c[0];
+  zero.select_group = 0;
+  ra_offload *none = NULL;
+  assert_int_equal(ra_offload_new(F.m, &p.plan, &zero, &none, &err), RA_EINVAL);
+  assert_non_null(strstr(err.msg, "select_group"));
+  assert_null(none);
+  /* one batch, one model */
+  ra_model *other;
+  ok(ra_model_random(F.be, &F.m->cfg, 12, &other, &err), &err);
+  ra_offload_config oc = c[0];
+  ra_offload *foreign;
+  ok(ra_offload_new(other, &p.plan, &oc, &foreign, &err), &err);
+  ra_offload *mixed[2] = {batched[0], foreign};
+  int32_t two[2] = {1, 2};
+  int rcs[2];
+  ra_error errs[2];
+  assert_int_equal(ra_offload_decode_batch(mixed, two, 2, b, rcs, errs, NULL, &err), RA_EINVAL);
+  assert_non_null(strstr(err.msg, "another model"));
+  ra_offload_free(foreign);
+  ra_model_free(other);
+  free(want);
+  free(got);
+  ra_batch_free(b);
+  for (int i = 0; i < N; i++) {
+    ra_offload_free(alone[i]);
+    ra_offload_free(batched[i]);
+  }
+  plan_free(&p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_all_retrieved_equals_full),
@@ -434,6 +524,7 @@ int main(void) {
       cmocka_unit_test(test_buffer_steady_hits),
       cmocka_unit_test(test_buffer_evicts_and_splits),
       cmocka_unit_test(test_buffer_int8_stores),
+      cmocka_unit_test(test_decode_batch_equals_alone),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1440,6 +1440,84 @@ static void test_wave_select_estimate(void) {
   }
 }
 
+/* wave_select_batch on the GPU: several sequences' rankings in one call (one sync) equal each
+ * ranked alone by wave_select, which test_wave_select_estimate checks against the CPU: the same
+ * ids and estimates to the bit, whatever the other items' shapes. */
+static void test_wave_select_batch(void) {
+  enum { N = 3 };
+  ra_error err;
+  const struct {
+    int64_t hq, hkv, hd, cap, nc;
+    int r, e, est;
+  } cases[N] = {{32, 8, 128, 8192, 8000, 147, 1856, 1}, {12, 4, 64, 300, 250, 20, 60, 0}, {32, 8, 128, 4096, 3000, 64, 700, 1}};
+  pair q[N], cen[N], sz[N], vs[N], o[N], ml[N], o1[N], ml1[N];
+  memset(q, 0, sizeof q), memset(cen, 0, sizeof cen), memset(sz, 0, sizeof sz), memset(vs, 0, sizeof vs);
+  memset(o, 0, sizeof o), memset(ml, 0, sizeof ml), memset(o1, 0, sizeof o1), memset(ml1, 0, sizeof ml1);
+  int32_t *ib[N] = {0}, *i1[N] = {0};
+  ra_wave_select_item items[N];
+  const float scale = 0.088f;
+  for (int i = 0; i < N; i++) {
+    int64_t hq = cases[i].hq, hkv = cases[i].hkv, hd = cases[i].hd, cap = cases[i].cap;
+    int64_t qs[2] = {hq, hd}, cl[3] = {hkv, cap, hd}, ms[2] = {hq, 2}, ld = cases[i].r + cases[i].e;
+    float *hqv = rand_vec((size_t)(hq * hd), 3.0f), *hc = rand_vec((size_t)(hkv * cap * hd), 1.0f);
+    float *hvs = rand_vec((size_t)(hkv * cap * hd), 8.0f), *hs = xmalloc(sizeof(float) * (size_t)(hkv * cap));
+    for (int64_t j = 0; j < hkv * cap; j++) hs[j] = j % 7 == 3 ? 0.0f : (float)(1 + rnext() % 40);
+    ib[i] = xmalloc(sizeof(int32_t) * (size_t)(hkv * ld));
+    i1[i] = xmalloc(sizeof(int32_t) * (size_t)(hkv * ld));
+    int rc = pair_new(&q[i], RA_DTYPE_F32, 2, qs, hqv, &err);
+    if (!rc) rc = pair_new(&cen[i], RA_DTYPE_F32, 3, cl, hc, &err);
+    if (!rc) rc = pair_new(&vs[i], RA_DTYPE_F32, 3, cl, hvs, &err);
+    if (!rc) rc = pair_new(&sz[i], RA_DTYPE_F32, 2, cl, hs, &err);
+    if (!rc) rc = pair_new(&o[i], RA_DTYPE_F32, 2, qs, NULL, &err);
+    if (!rc) rc = pair_new(&ml[i], RA_DTYPE_F32, 2, ms, NULL, &err);
+    if (!rc) rc = pair_new(&o1[i], RA_DTYPE_F32, 2, qs, NULL, &err);
+    if (!rc) rc = pair_new(&ml1[i], RA_DTYPE_F32, 2, ms, NULL, &err);
+    free(hqv), free(hc), free(hvs), free(hs);
+    TRY("wave_select_batch", "setup", rc);
+    const int est = cases[i].est;
+    items[i] = (ra_wave_select_item){&q[i].g, &cen[i].g, &sz[i].g, cases[i].nc, cases[i].r, cases[i].e, ib[i],
+                                     est ? &vs[i].g : NULL, est ? &o[i].g : NULL, est ? &ml[i].g : NULL};
+  }
+  TRY("wave_select_batch", "3 items", g_gpu->ops->wave_select_batch(g_gpu, items, N, scale, &err));
+  for (int i = 0; i < N; i++) {
+    const ra_wave_select_item *it = &items[i];
+    const int est = cases[i].est;
+    char desc[96];
+    snprintf(desc, sizeof desc, "item %d of %d: nc %lld r %d e %d%s", i, N, (long long)it->n_clusters, it->r, it->e,
+             est ? "" : ", no estimate");
+    TRY("wave_select_batch", desc, g_gpu->ops->wave_select(g_gpu, it->q, it->centroid, it->size, it->n_clusters, scale,
+                                                           it->r, it->e, i1[i], est ? &vs[i].g : NULL,
+                                                           est ? &o1[i].g : NULL, est ? &ml1[i].g : NULL, &err));
+    const size_t n_idx = (size_t)(cases[i].hkv * (cases[i].r + cases[i].e));
+    size_t bad = 0;
+    for (size_t j = 0; j < n_idx; j++) bad += ib[i][j] != i1[i][j];
+    report("wave_select_batch", "elems", (double)bad, 0, "idx %s", desc);
+    if (!est) continue;
+    float *ob = NULL, *oa = NULL, *mb = NULL, *ma = NULL;
+    int rc = fetch(&o[i].g, &ob, &err);
+    if (!rc) rc = fetch(&o1[i].g, &oa, &err);
+    if (!rc) rc = fetch(&ml[i].g, &mb, &err);
+    if (!rc) rc = fetch(&ml1[i].g, &ma, &err);
+    if (!rc) {
+      report("wave_select_batch", "abs", max_abs(oa, ob, (size_t)(cases[i].hq * cases[i].hd)), 0, "o %s", desc);
+      report("wave_select_batch", "abs", max_abs(ma, mb, (size_t)(cases[i].hq * 2)), 0, "ml %s", desc);
+    }
+    free(ob), free(oa), free(mb), free(ma);
+    TRY("wave_select_batch", desc, rc);
+  }
+  /* a bad item fails the call before any item runs, naming it */
+  ra_wave_select_item bad[2] = {items[0], items[1]};
+  bad[1].r = -1;
+  int rc = g_gpu->ops->wave_select_batch(g_gpu, bad, 2, scale, &err);
+  report("wave_select_batch", "elems", rc == RA_EINVAL && strstr(err.msg, "item 1") ? 0 : 1, 0, "bad item 1 refused");
+done:
+  for (int i = 0; i < N; i++) {
+    pair_free(&q[i]), pair_free(&cen[i]), pair_free(&sz[i]), pair_free(&vs[i]);
+    pair_free(&o[i]), pair_free(&ml[i]), pair_free(&o1[i]), pair_free(&ml1[i]);
+    free(ib[i]), free(i1[i]);
+  }
+}
+
 /* ---------- whole forward passes ---------- */
 
 static int argmax(const float *v, int n) {
@@ -1634,6 +1712,7 @@ int main(int argc, char **argv) {
   test_topk();
   test_wave_cluster();
   test_wave_select_estimate();
+  test_wave_select_batch();
   test_forward_random();
   test_forward_smollm2();
   clock_gettime(CLOCK_MONOTONIC, &t1);
