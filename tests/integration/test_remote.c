@@ -1,7 +1,8 @@
 /* The worker's remote attention against real kv-store processes: prefill put, decode-time
  * appends of evicted tokens, per-layer fan-out and merge, with one kv head split across two
- * stores by token range; merged with the local sink + window partial it equals direct attention.
- * A store killed mid-decode fails the step with its address, fast, and stops the remote. */
+ * stores by token range; merged with the local sink + window partial it equals direct attention,
+ * also with two runtimes' appends in flight together. A store killed mid-decode fails the step
+ * with its address, fast, and stops the remote. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -137,6 +138,37 @@ static void test_full_mode_matches_direct_attention_through_decode(void **state)
   fixture_stop(&f);
 }
 
+/* Two runtimes' appends in flight together (ra_remote_append_start on both before either
+ * _wait: a batched decode step's), each still exact; a wait with nothing in flight and a second
+ * start before the wait are refused. */
+static void test_appends_in_flight_together(void **state) {
+  (void)state;
+  fixture f;
+  memset(&f, 0, sizeof f);
+  fixture_start(&f);
+  ra_remote *r[2];
+  ra_error err;
+  ra_remote_config cfg = {.dtype = RA_DTYPE_F16, .mode = RA_MODE_FULL, .timeout_ms = 10000};
+  const uint64_t n0 = N_TOKENS - STEPS;
+  for (int i = 0; i < 2; i++) {
+    ok(ra_remote_open(&f.plan, HD, &cfg, &r[i], &err), &err);
+    prefill(r[i], &f, n0);
+  }
+  assert_int_equal(ra_remote_append_wait(r[0], &err), RA_ESTATE);
+  float k[N_LAYERS * N_KV * HD], v[N_LAYERS * N_KV * HD];
+  for (uint64_t n = n0; n < n0 + (uint64_t)STEPS; n++) {
+    int64_t ev = ra_offload_plan_evicted(&f.plan, n);
+    for (uint32_t l = 0; l < N_LAYERS; l++)
+      layer_rows(&f.d, l, (uint64_t)ev, (uint64_t)ev + 1, k + l * N_KV * HD, v + l * N_KV * HD);
+    for (int i = 0; i < 2; i++) ok(ra_remote_append_start(r[i], (uint64_t)ev, k, v, &err), &err);
+    if (n == n0) assert_int_equal(ra_remote_append_start(r[1], (uint64_t)ev, k, v, &err), RA_ESTATE);
+    for (int i = 0; i < 2; i++) ok(ra_remote_append_wait(r[i], &err), &err);
+    for (int i = 0; i < 2; i++) assert_true(check_context(r[i], &f, n + 1, n + 40 * (uint64_t)i) < 1e-4);
+  }
+  for (int i = 0; i < 2; i++) ra_remote_close(r[i]);
+  fixture_stop(&f);
+}
+
 /* With k at least the offloaded count, exact top-k keeps every token: flat equals full. */
 static void test_flat_with_k_covering_everything_equals_full(void **state) {
   fixture f;
@@ -251,6 +283,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_full_mode_matches_direct_attention_through_decode),
       cmocka_unit_test(test_flat_with_k_covering_everything_equals_full),
+      cmocka_unit_test(test_appends_in_flight_together),
       cmocka_unit_test(test_builds_in_flight_together_and_a_refused_one_is_reported),
       cmocka_unit_test(test_store_killed_mid_decode_fails_fast_and_names_it),
       cmocka_unit_test(test_unreachable_store_is_named_at_open),
