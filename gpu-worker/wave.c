@@ -598,7 +598,7 @@ static int select_begin(ra_wave *w, int l, const ra_tensor *q, uint64_t step, ui
     for (int g = 0; w->retro && g < w->n_kv; g++) ra_wave_retro_record(w->retro, l, g, step, nc, NULL, 0);
     return RA_OK;
   }
-  *it = (ra_wave_select_item){q,         &w->centroid[l], &w->size[l], nc, (int)r, (int)e, w->idx,
+  *it = (ra_wave_select_item){q, &w->centroid[l], &w->size[l], nc, (int)r, (int)e, w->idx,
                               e ? &w->vsum[l] : NULL, e ? &w->est_o : NULL, e ? &w->est_ml : NULL};
   *run = 1;
   return RA_OK;
