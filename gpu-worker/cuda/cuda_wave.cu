@@ -894,7 +894,8 @@ int sel_plan_of(const ra_wave_select_item *it, sel_plan *p, ra_error *err) {
   return RA_OK;
 }
 
-/* An item's pieces of scratch, carved in sel_plan's order. */
+/* An item's pieces of scratch, carved in the order and sizes sel_plan_of sums (keep the two
+ * together). */
 struct sel_bufs {
   float *z, *key, *o_part, *ml_part;
   int32_t *d_idx;
