@@ -8,6 +8,7 @@
 # tokenizer, backend and batch (e.g. --backend cuda --model random:llama3-8b --tokenizer tok.gguf
 # --kv-dtype bf16 --batch 8192); the HF peer builds Llama-3-8B's geometry with random weights.
 # Writes OUTDIR/gen-BYTES-R.json, OUTDIR/hf.jsonl and OUTDIR/summary.json.
+#   env HF_PREFILL: the peer script (default bench/model/hf_prefill.py; its arguments and output)
 set -euo pipefail
 [ $# -ge 6 ] && [ "$6" = "--" ] || { echo "usage: $0 OUTDIR BIN_DIR PROSE \"BYTES ...\" REPS -- GENERATE_ARGS..." >&2; exit 2; }
 out=$1 bin=$2 prose=$3 sizes=$4 reps=$5
@@ -29,6 +30,6 @@ for bytes in $sizes; do
   rm -f "$out/prompt-$bytes.txt"
 done
 echo "== HF SDPA at ${counts[*]} tokens" >&2
-python3 "$here/hf_prefill.py" "${counts[@]}" --reps "$reps" >"$out/hf.jsonl"
+python3 "${HF_PREFILL:-$here/hf_prefill.py}" "${counts[@]}" --reps "$reps" >"$out/hf.jsonl"
 python3 "$here/prefill_summary.py" "$out" >"$out/summary.json"
 cat "$out/summary.json"
