@@ -118,7 +118,7 @@ int ra_batch_forward(ra_batch *b, const ra_batch_item *items, int n_items, ra_er
   }
   for (int i = 0; i < n_items; i++) {
     const ra_batch_attn *a = items[i].attn;
-    b->flush_at[i] = a && a->flush;
+    b->flush_at[i] = a != NULL;
     for (int j = 0; b->flush_at[i] && j < i; j++) b->flush_at[i] = items[j].attn != a;
   }
   ra_tensor x = ra_tensor_rows(&b->x, 0, t), xn = ra_tensor_rows(&b->xn, 0, t), q = ra_tensor_rows(&b->q, 0, t),
@@ -132,13 +132,8 @@ int ra_batch_forward(ra_batch *b, const ra_batch_item *items, int n_items, ra_er
     ra_tensor *ys[3] = {&q, &k, &v};
     rc = op->norm_matmul(be, &x, &w->attn_norm, c->norm_eps, &xn, 3, ws, bs, ys, err);
     int n_dec = 0;
-    for (int64_t i = 0, r0 = 0; rc == RA_OK && i < n_items; r0 += items[i].n, i++) {
-      const ra_batch_item *it = &items[i];
-      ra_tensor qi = ra_tensor_rows(&b->q, r0, it->n), ki = ra_tensor_rows(&b->k, r0, it->n),
-                vi = ra_tensor_rows(&b->v, r0, it->n);
-      if (!it->attn) rc = item_attend(b, it, r0, l, &n_dec, err);
-      else if (it->attn->begin) rc = it->attn->begin(it->attn->ctx, (int)i, l, &qi, &ki, &vi, err);
-    }
+    for (int64_t i = 0, r0 = 0; rc == RA_OK && i < n_items; r0 += items[i].n, i++)
+      if (!items[i].attn) rc = item_attend(b, &items[i], r0, l, &n_dec, err);
     for (int i = 0; rc == RA_OK && i < n_items; i++)
       if (b->flush_at[i]) rc = items[i].attn->flush(items[i].attn->ctx, l, &q, &k, &v, err);
     if (rc == RA_OK && n_dec > 0)

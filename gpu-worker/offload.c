@@ -1300,7 +1300,7 @@ int ra_offload_decode_batch(ra_offload *const *os, const int32_t *tokens, int n,
   ra_wave_selection sel[MAX];
   int which[MAX], wj[MAX], n_items = 0;
   offload_group g = {os, which, 0, rope, ws, qs, qv, sel, wj, NULL};
-  const ra_batch_attn attn = {&g, NULL, group_flush, group_end};
+  const ra_batch_attn attn = {&g, group_flush, group_end};
   for (int i = 1; i < n; i++)
     if (os[i]->m != os[0]->m) return ra_errorf(err, RA_EINVAL, "offload: sequence %d of a batch runs another model", i);
   for (int i = 0; i < n; i++) {
