@@ -482,6 +482,19 @@ static void test_decode_batch_equals_alone(void **state) {
   ra_wave_buffer_stats bt;
   ra_wave_buffer_totals(ra_offload_wave(batched[1]), &bt);
   assert_true(bt.hits > 0);
+  /* a batch selection of no sequences, or of a runtime with retro (which decodes alone), is
+   * refused */
+  ra_wave_selection out[1];
+  assert_int_equal(ra_wave_select_batch(NULL, NULL, 0, 0, 1.0f, out, &err), RA_EINVAL);
+  ra_offload_config rc_cfg = c[0];
+  rc_cfg.retro_window = 2;
+  ra_offload *with_retro = offload_new(&p.plan, &rc_cfg);
+  ok(ra_offload_prefill(with_retro, toks[0], N_PROMPT, NULL, &err), &err);
+  ra_wave *rw = (ra_wave *)ra_offload_wave(with_retro);
+  const ra_tensor *rq = &ra_offload_state(with_retro)->cur_q;
+  assert_int_equal(ra_wave_select_batch(&rw, &rq, 1, 0, 1.0f, out, &err), RA_EINVAL);
+  assert_non_null(strstr(err.msg, "retro"));
+  ra_offload_free(with_retro);
   /* a group of 0 sequences is refused when the runtime is made */
   ra_offload_config zero = c[0];
   zero.select_group = 0;
