@@ -261,6 +261,16 @@ static void seq_retire(ra_sched *s, seq *q, int reusable) {
   cache_evict(s, s->cfg.max_cached, q->last_used);
 }
 
+/* A request's admission slot (--max-seqs) given back. Before its client can see the request end:
+ * a client that sends its next request as soon as the last one ended must find the slot free
+ * (the sequence's memory is the engine thread's to retire before it admits another). */
+static void live_release(ra_sched *s) {
+  pthread_mutex_lock(&s->mu);
+  s->n_live--;
+  pthread_cond_broadcast(&s->idle_cv);
+  pthread_mutex_unlock(&s->mu);
+}
+
 /* ---------- the engine ---------- */
 
 /* A new request becomes a running sequence. */
@@ -283,10 +293,8 @@ static void join(ra_sched *s, ra_sched_req *r) {
   }
   if (rc) {
     seq_free(q);
+    live_release(s);
     req_finish(r, NULL, rc, err.msg);
-    pthread_mutex_lock(&s->mu);
-    s->n_live--;
-    pthread_mutex_unlock(&s->mu);
     req_unref(r);
     return;
   }
@@ -312,12 +320,9 @@ static void leave(ra_sched *s, seq *q, const char *finish, int code, const char 
   q->next = NULL;
   ra_sched_req *r = q->req;
   int cancelled = req_cancelled(r);
+  live_release(s);
   req_finish(r, finish, code, msg);
   seq_retire(s, q, code == RA_OK && !cancelled);
-  pthread_mutex_lock(&s->mu);
-  s->n_live--;
-  pthread_cond_broadcast(&s->idle_cv);
-  pthread_mutex_unlock(&s->mu);
   req_unref(r);
 }
 
@@ -512,10 +517,8 @@ static void *engine(void *arg) {
       ra_sched_req *r = joining;
       joining = r->next;
       if (stop) {
+        live_release(s);
         req_finish(r, NULL, RA_ECANCELED, "serve: shutting down");
-        pthread_mutex_lock(&s->mu);
-        s->n_live--;
-        pthread_mutex_unlock(&s->mu);
         req_unref(r);
       } else {
         join(s, r);
