@@ -67,43 +67,10 @@ struct ra_rpc_call {
 
 /* ---------------------------------------------------------------- status mapping */
 
-static grpc_status_code code_to_grpc(int code) {
-  switch (code) {
-    case RA_OK: return GRPC_STATUS_OK;
-    case RA_EINVAL:
-    case RA_EFORMAT: return GRPC_STATUS_INVALID_ARGUMENT;
-    case RA_ENOTFOUND: return GRPC_STATUS_NOT_FOUND;
-    case RA_ENOMEM: return GRPC_STATUS_RESOURCE_EXHAUSTED;
-    case RA_EEXIST: return GRPC_STATUS_ALREADY_EXISTS;
-    case RA_ESTATE: return GRPC_STATUS_FAILED_PRECONDITION;
-    case RA_EUNSUPPORTED: return GRPC_STATUS_UNIMPLEMENTED;
-    case RA_ETIMEDOUT: return GRPC_STATUS_DEADLINE_EXCEEDED;
-    case RA_EUNAVAIL: return GRPC_STATUS_UNAVAILABLE;
-    case RA_ECANCELED: return GRPC_STATUS_CANCELLED;
-    case RA_EAUTH: return GRPC_STATUS_UNAUTHENTICATED;
-    case RA_EPERM: return GRPC_STATUS_PERMISSION_DENIED;
-    default: return GRPC_STATUS_INTERNAL;
-  }
-}
-
-static int code_from_grpc(grpc_status_code s) {
-  switch (s) {
-    case GRPC_STATUS_OK: return RA_OK;
-    case GRPC_STATUS_INVALID_ARGUMENT:
-    case GRPC_STATUS_OUT_OF_RANGE: return RA_EINVAL;
-    case GRPC_STATUS_NOT_FOUND: return RA_ENOTFOUND;
-    case GRPC_STATUS_RESOURCE_EXHAUSTED: return RA_ENOMEM;
-    case GRPC_STATUS_ALREADY_EXISTS: return RA_EEXIST;
-    case GRPC_STATUS_FAILED_PRECONDITION: return RA_ESTATE;
-    case GRPC_STATUS_UNIMPLEMENTED: return RA_EUNSUPPORTED;
-    case GRPC_STATUS_DEADLINE_EXCEEDED: return RA_ETIMEDOUT;
-    case GRPC_STATUS_UNAVAILABLE: return RA_EUNAVAIL;
-    case GRPC_STATUS_CANCELLED: return RA_ECANCELED;
-    case GRPC_STATUS_UNAUTHENTICATED: return RA_EAUTH;
-    case GRPC_STATUS_PERMISSION_DENIED: return RA_EPERM;
-    default: return RA_EINTERNAL;
-  }
-}
+/* The mapping is common/status.c's; gRPC's enum holds the same wire numbers. */
+_Static_assert(GRPC_STATUS_INVALID_ARGUMENT == 3 && GRPC_STATUS_UNAUTHENTICATED == 16, "gRPC status numbers");
+static grpc_status_code code_to_grpc(int code) { return (grpc_status_code)ra_status_to_grpc(code); }
+static int code_from_grpc(grpc_status_code s) { return ra_status_from_grpc((int)s); }
 
 static const char *grpc_code_name(grpc_status_code s) {
   static const char *names[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT",

@@ -82,3 +82,48 @@ void ra_error_clear(ra_error *err) {
     err->msg[0] = '\0';
   }
 }
+
+/* gRPC's status codes by wire number (grpc/status.h; fixed by the gRPC protocol). */
+enum {
+  G_OK = 0, G_CANCELLED = 1, G_INVALID_ARGUMENT = 3, G_DEADLINE_EXCEEDED = 4, G_NOT_FOUND = 5,
+  G_ALREADY_EXISTS = 6, G_PERMISSION_DENIED = 7, G_RESOURCE_EXHAUSTED = 8, G_FAILED_PRECONDITION = 9,
+  G_OUT_OF_RANGE = 11, G_UNIMPLEMENTED = 12, G_INTERNAL = 13, G_UNAVAILABLE = 14, G_UNAUTHENTICATED = 16,
+};
+
+int ra_status_to_grpc(int code) {
+  switch (code) {
+    case RA_OK: return G_OK;
+    case RA_EINVAL:
+    case RA_EFORMAT: return G_INVALID_ARGUMENT;
+    case RA_ENOTFOUND: return G_NOT_FOUND;
+    case RA_ENOMEM: return G_RESOURCE_EXHAUSTED;
+    case RA_EEXIST: return G_ALREADY_EXISTS;
+    case RA_ESTATE: return G_FAILED_PRECONDITION;
+    case RA_EUNSUPPORTED: return G_UNIMPLEMENTED;
+    case RA_ETIMEDOUT: return G_DEADLINE_EXCEEDED;
+    case RA_EUNAVAIL: return G_UNAVAILABLE;
+    case RA_ECANCELED: return G_CANCELLED;
+    case RA_EAUTH: return G_UNAUTHENTICATED;
+    case RA_EPERM: return G_PERMISSION_DENIED;
+    default: return G_INTERNAL;
+  }
+}
+
+int ra_status_from_grpc(int status) {
+  switch (status) {
+    case G_OK: return RA_OK;
+    case G_INVALID_ARGUMENT:
+    case G_OUT_OF_RANGE: return RA_EINVAL;
+    case G_NOT_FOUND: return RA_ENOTFOUND;
+    case G_RESOURCE_EXHAUSTED: return RA_ENOMEM;
+    case G_ALREADY_EXISTS: return RA_EEXIST;
+    case G_FAILED_PRECONDITION: return RA_ESTATE;
+    case G_UNIMPLEMENTED: return RA_EUNSUPPORTED;
+    case G_DEADLINE_EXCEEDED: return RA_ETIMEDOUT;
+    case G_UNAVAILABLE: return RA_EUNAVAIL;
+    case G_CANCELLED: return RA_ECANCELED;
+    case G_UNAUTHENTICATED: return RA_EAUTH;
+    case G_PERMISSION_DENIED: return RA_EPERM;
+    default: return RA_EINTERNAL;
+  }
+}

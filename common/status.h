@@ -49,4 +49,10 @@ int ra_error_wrap(ra_error *err, const char *fmt, ...) __attribute__((format(pri
 
 void ra_error_clear(ra_error *err);
 
+/* The gRPC status code (its wire number: 0 OK, 3 INVALID_ARGUMENT, ...) that stands for an RA
+ * code, and back (a status with no RA meaning of its own is RA_EINTERNAL). common/rpc.c ends
+ * calls with it; a message that carries several outcomes (proto AttendItemReply) carries it too. */
+int ra_status_to_grpc(int code);
+int ra_status_from_grpc(int status);
+
 #endif

@@ -48,7 +48,7 @@ typedef struct opts {
   const char *cmd, *model, *tokenizer, *prompt_file, *prompt, *backend, *json, *out, *layers;
   const char *stores, *shard_map, *save_context, *context, *spare_stores;
   const char *listen, *ready_file, *model_name; /* serve */
-  int max_seqs, max_cached, max_conns, drain_ms;
+  int max_seqs, max_cached, max_conns, drain_ms, attend_batch;
   uint64_t max_body;
   double cache_ttl;
   const char *store_tls_ca, *store_tls_cert, *store_tls_key, *auth_token_file;
@@ -64,7 +64,7 @@ typedef struct opts {
 /* The defaults of every option, the offload's from the offload runtime. */
 static void opts_default(opts *o) {
   *o = (opts){.backend = "cpu", .tp = 1, .max_new = 64, .replicas = 1, .batch = 512, .top_p = 0.95f, .top_k = 40, .seed = 1,
-              .kv_dtype = RA_DTYPE_F32, .dump_dtype = RA_DTYPE_F16, .max_seqs = 16, .max_cached = 16,
+              .kv_dtype = RA_DTYPE_F32, .dump_dtype = RA_DTYPE_F16, .max_seqs = 16, .max_cached = 16, .attend_batch = 1,
               .max_conns = 256, .drain_ms = 30000, .max_body = 1u << 20, .cache_ttl = 600};
   ra_offload_config_default(&o->off);
   o->off.mode = RA_MODE_FULL;
@@ -240,6 +240,10 @@ static const ra_opt rows[] = {
     {"select-group", RA_OPT_INT, AT(off.select_group), .lo = 1, .hi = RA_OFFLOAD_MAX_BATCH, .meta = "N",
      .help = "serve, wave: a batched step ranks N sequences' clusters per device call and sends their "
              "requests before ranking the next N",
+     .scope = SERVE},
+    {"attend-batch", RA_OPT_INT, AT(attend_batch), .lo = 0, .hi = 1, .meta = "0|1",
+     .help = "serve, offload modes: per layer, one AttendBatch message per store for each --select-group "
+             "sequences; 0: one Attend request per sequence and store",
      .scope = SERVE},
     {"max-cached", RA_OPT_INT, AT(max_cached), .lo = 0, .hi = 4096, .meta = "N",
      .help = "serve: finished contexts kept for reuse by a request that extends them (LRU); 0: no reuse",
@@ -785,7 +789,8 @@ static int cmd_serve(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_err
       .max_conns = o->max_conns, .drain_timeout_ms = o->drain_ms, .weight_bytes = weight_bytes(m),
       .sched = {.m = m, .tok = tok, .off = o->off, .plan = with_stores ? &plan : NULL, .max_seqs = o->max_seqs,
                 .max_ctx = o->ctx ? o->ctx : 2048, .prefill_chunk = o->batch, .max_cached = o->max_cached,
-                .cache_ttl_s = o->cache_ttl, .kv_dtype = o->kv_dtype, .top_k = o->top_k}};
+                .cache_ttl_s = o->cache_ttl, .kv_dtype = o->kv_dtype, .top_k = o->top_k,
+                .attend_batch = o->attend_batch}};
   rc = ra_serve_run(&sc, err);
   ra_offload_plan_free(&plan);
   ra_shard_map_free(&map);

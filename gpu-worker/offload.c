@@ -1200,6 +1200,7 @@ typedef struct offload_group {
   ra_wave_selection *sel;   /* their selections, */
   int *wj;                  /* and their items */
   float *q_host;            /* [select_group, n_heads, head_dim] */
+  ra_remote_batch *rb;      /* NULL: each sequence's requests on its own streams */
 } offload_group;
 
 static ra_offload *group_item(const offload_group *g, int j) { return g->os[g->which[j]]; }
@@ -1267,8 +1268,10 @@ static int group_flush(void *ctx, int l, ra_tensor *q, ra_tensor *k, ra_tensor *
       decode_step *d = &o->ds;
       if (d->rc != RA_OK || !d->remote) continue;
       memcpy(o->q_host, g->q_host + (size_t)(j - j0) * hq, hq * sizeof(float));
+      if (g->rb) ra_remote_attend_via(o->remote, g->rb);
       d->rc = decode_layer_request(o, d, l, &d->err);
     }
+    if (g->rb) ra_remote_batch_send(g->rb);
   }
   return rc;
 }
@@ -1288,8 +1291,8 @@ static int group_end(void *ctx, int j, int l, ra_tensor *q, ra_tensor *att, ra_e
 
 static int batchable(const ra_offload *o) { return o->cfg.retro_window == 0 && !o->cfg.on_attn; }
 
-int ra_offload_decode_batch(ra_offload *const *os, const int32_t *tokens, int n, ra_batch *b, int *rcs,
-                            ra_error *errs, ra_offload_stats *stats, ra_error *err) {
+int ra_offload_decode_batch(ra_offload *const *os, const int32_t *tokens, int n, ra_batch *b, ra_remote_batch *rb,
+                            int *rcs, ra_error *errs, ra_offload_stats *stats, ra_error *err) {
   enum { MAX = RA_OFFLOAD_MAX_BATCH };
   if (n < 1 || n > MAX) return ra_errorf(err, RA_EINVAL, "offload: a batch of %d sequences (1 to %d)", n, MAX);
   ra_batch_item items[MAX];
@@ -1299,7 +1302,7 @@ int ra_offload_decode_batch(ra_offload *const *os, const int32_t *tokens, int n,
   ra_tensor qv[MAX];
   ra_wave_selection sel[MAX];
   int which[MAX], wj[MAX], n_items = 0;
-  offload_group g = {os, which, 0, rope, ws, qs, qv, sel, wj, NULL};
+  offload_group g = {os, which, 0, rope, ws, qs, qv, sel, wj, NULL, rb};
   const ra_batch_attn attn = {&g, group_flush, group_end};
   for (int i = 1; i < n; i++)
     if (os[i]->m != os[0]->m) return ra_errorf(err, RA_EINVAL, "offload: sequence %d of a batch runs another model", i);
@@ -1337,6 +1340,7 @@ int ra_offload_decode_batch(ra_offload *const *os, const int32_t *tokens, int n,
   int rc = g.q_host ? ra_batch_forward(b, items, n_items, err)
                     : ra_errorf(err, RA_ENOMEM, "offload: out of memory for %d sequences' queries", n_items);
   free(g.q_host);
+  if (rb) ra_remote_batch_end_step(rb);
   if (rc == RA_OK) rc = be->ops->sync(be, err);
   for (int j = 0; j < n_items; j++) {
     int i = which[j];

@@ -28,6 +28,7 @@
 #define RA_OFFLOAD_H
 
 #include "batch.h"
+#include "remote_batch.h"
 #include "model.h"
 #include "modes.h"
 #include "offload_plan.h"
@@ -173,9 +174,11 @@ int ra_offload_decode(ra_offload *o, int32_t token, ra_offload_stats *stats, ra_
  * (ra_offload_decode) within the call. A sequence's own failure (its store's) fails only it:
  * rcs[i] / errs[i], its position unchanged; each success leaves its logits in its state and its
  * timings in stats[i] (optional). Returns the batch's own failure (the backend's), which is every
- * batched sequence's. b: ra_batch_new with max_items >= n. */
-int ra_offload_decode_batch(ra_offload *const *os, const int32_t *tokens, int n, ra_batch *b, int *rcs,
-                            ra_error *errs, ra_offload_stats *stats, ra_error *err);
+ * batched sequence's. b: ra_batch_new with max_items >= n. rb (remote_batch.h; NULL: none): the
+ * requests of each group of select_group sequences (in every mode) go to each store as one
+ * AttendBatch message per layer instead of one Attend request per sequence. */
+int ra_offload_decode_batch(ra_offload *const *os, const int32_t *tokens, int n, ra_batch *b, ra_remote_batch *rb,
+                            int *rcs, ra_error *errs, ra_offload_stats *stats, ra_error *err);
 
 /* The roar build's key lists (config key_top_queries): every key of keys [n_keys, head_dim] (an
  * fp32 tensor on be) gets the t queries of queries [n_q, head_dim] with the largest margin

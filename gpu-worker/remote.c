@@ -1,6 +1,7 @@
 #include "remote.h"
 
 #include "log.h"
+#include "remote_batch.h"
 #include "merge.h"
 
 #include <math.h>
@@ -38,6 +39,8 @@ typedef struct remote_store {
   size_t req_begin;            /* the request in flight asks heads [req_begin, n_heads) */
   int pending;                 /* a request is in flight */
   ra_kvclient_attend_req req;  /* the request in flight */
+  int batched;                 /* it went through the attend's batch (ticket), not the stream */
+  ra_remote_batch_ticket ticket;
   ra_kvclient_rows *rows;      /* [n_shards + n_layers * n_kv_heads]: put / append blocks */
   size_t n_rows;               /* blocks staged in rows */
   uint64_t tokens;             /* rows this store acknowledged (puts and appends) */
@@ -75,6 +78,9 @@ struct ra_remote {
   int in_flight;   /* attend_begin sent, attend_end not yet called */
   uint32_t layer;  /* of the attend in flight */
   const ra_remote_wave_sel *sel; /* wave: its selection (the caller's, valid until attend_end) */
+  ra_remote_batch *via_next; /* ra_remote_attend_via: the next attend's batch */
+  ra_remote_batch *via;      /* the attend in flight's batch (NULL: the stores' own streams, and
+                                after a failure: what is sent again goes on them) */
   ra_kvclient_build **builds; /* index builds started, not yet waited for */
   size_t *build_store;        /* [cap_builds]: the store of each */
   size_t n_builds, cap_builds;
@@ -852,7 +858,9 @@ static int send_pending(ra_remote *r, const float *q, int *resend, ra_error *err
       }
     }
     ra_error e;
-    if (ra_kvclient_attend_send(s->stream, &s->req, &e) == RA_OK) {
+    ra_kvclient_options opt = store_options(r);
+    s->batched = r->via && ra_remote_batch_stage(r->via, s->addr, &opt, &s->session, &s->req, &s->ticket, &e) == RA_OK;
+    if (s->batched || ra_kvclient_attend_send(s->stream, &s->req, &e) == RA_OK) {
       s->pending = 1;
       continue;
     }
@@ -884,6 +892,9 @@ static int choose_and_send(ra_remote *r, ra_error *err) {
  * step `step`. */
 static int attend_begin(ra_remote *r, uint32_t layer, const float *q, const ra_remote_wave_sel *sel, uint64_t step,
                         uint32_t n_past, const float *q_past, ra_error *err) {
+  /* retro's supplementary partials do not travel in a batch */
+  r->via = q_past ? NULL : r->via_next;
+  r->via_next = NULL;
   int rc = remote_check(r, err);
   if (rc) return rc;
   const ra_offload_plan *p = r->plan;
@@ -901,6 +912,7 @@ static int attend_begin(ra_remote *r, uint32_t layer, const float *q, const ra_r
     remote_store *s = &r->stores[i];
     s->n_heads = 0;
     s->pending = 0;
+    s->batched = 0;
     if (s->slot)
       for (uint32_t h = 0; h < p->n_q_heads; h++) s->slot[h] = -1;
   }
@@ -910,6 +922,8 @@ static int attend_begin(ra_remote *r, uint32_t layer, const float *q, const ra_r
   r->in_flight = 1;
   return RA_OK;
 }
+
+void ra_remote_attend_via(ra_remote *r, ra_remote_batch *b) { r->via_next = b; }
 
 int ra_remote_attend_begin(ra_remote *r, uint32_t layer, const float *q, ra_error *err) {
   return attend_begin(r, layer, q, NULL, 0, 0, NULL, err);
@@ -973,8 +987,13 @@ static int receive_all(ra_remote *r, ra_remote_stats *st, int want_past, ra_erro
       uint64_t compute_us = 0, retro_us = 0;
       ra_error e;
       s->pending = 0;
-      if (ra_kvclient_attend_recv_retro(s->stream, &s->req, s->parts + s->req_begin, s->rparts, r->cfg.timeout_ms,
-                                        &compute_us, &retro_us, &e) == RA_OK) {
+      int rc = s->batched ? ra_remote_batch_take(r->via, &s->ticket, &s->session, &s->req, s->parts + s->req_begin,
+                                                 r->cfg.timeout_ms, &compute_us, &e)
+                          : ra_kvclient_attend_recv_retro(s->stream, &s->req, s->parts + s->req_begin, s->rparts,
+                                                          r->cfg.timeout_ms, &compute_us, &retro_us, &e);
+      if (rc != RA_OK && s->batched) r->via = NULL; /* the heads sent again go on the streams */
+      s->batched = 0;
+      if (rc == RA_OK) {
         if ((double)compute_us > st->store_us) st->store_us = (double)compute_us;
         if ((double)retro_us > st->retro_us) st->retro_us = (double)retro_us;
         /* retro: each past query's supplementary partials, merged as their replies come */
@@ -987,7 +1006,7 @@ static int receive_all(ra_remote *r, ra_remote_stats *st, int want_past, ra_erro
         continue;
       }
       int back, landed;
-      int rc = store_failed(r, i, &e, &back, err);
+      rc = store_failed(r, i, &e, &back, err);
       if (rc == RA_OK && back && (rc = store_check_held(s, 0, &landed, err)) != RA_OK) rc = remote_fail(r, rc, err);
       if (rc) return rc;
       for (size_t j = s->req_begin; j < s->n_heads; j++) s->slot[s->heads[j]] = -1;
@@ -1020,6 +1039,7 @@ int ra_remote_attend_end_retro(ra_remote *r, float *o, float *ml, float *o_past,
     ra_partial_reset(&r->racc[i], (int)hd);
   }
   rc = receive_all(r, &st, n_past > 0, err);
+  r->via = NULL;
   for (size_t i = 0; i < (size_t)n_past * p->n_q_heads; i++) {
     ml_past[2 * i] = r->racc[i].m;
     ml_past[2 * i + 1] = r->racc[i].l;

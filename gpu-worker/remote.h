@@ -131,6 +131,11 @@ int ra_remote_attend(ra_remote *r, uint32_t layer, const float *q, float *o, flo
 /* attend in two halves: begin sends the requests of every store, end waits for the replies and
  * merges; the caller computes its own sink + window attention in between. */
 int ra_remote_attend_begin(ra_remote *r, uint32_t layer, const float *q, ra_error *err);
+/* The next attend (begin ... end; not one with retro) goes through batch b (remote_batch.h):
+ * begin stages its requests there, the caller sends the batch, end takes the replies from it.
+ * What a failed store's heads are sent again on goes on the remote's own streams. */
+typedef struct ra_remote_batch ra_remote_batch;
+void ra_remote_attend_via(ra_remote *r, ra_remote_batch *b);
 /* Wave mode's selection for one store: kv head kv_heads[i] selects counts[i] cluster ids, the
  * next ones of clusters (the request fields of client.h ra_kvclient_attend_req). With retro,
  * past step j's clusters for kv head kv_heads[i]: retro_counts[(j - 1) * n_heads + i] ids, the

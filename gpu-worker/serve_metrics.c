@@ -36,6 +36,9 @@ int ra_serve_metrics_new(ra_serve_metrics *m) {
                                    NULL, 0);
   m->engine_steps = ra_metrics_add(r, "engine_steps_total", RA_METRIC_COUNTER, "engine steps that ran sequences", NULL, 0);
   m->store_errors = ra_metrics_add(r, "store_errors_total", RA_METRIC_COUNTER, "sequences failed by a kv-store", NULL, 0);
+  m->attend_batch = ra_metrics_add(r, "attend_batch_total", RA_METRIC_COUNTER,
+                                   "AttendBatch messages sent to the kv-stores and the sequences' requests in them",
+                                   NULL, 0);
   m->live_seqs = ra_metrics_add(r, "live_sequences", RA_METRIC_GAUGE, "sequences running or queued", NULL, 0);
   m->cached_seqs = ra_metrics_add(r, "cached_sequences", RA_METRIC_GAUGE, "idle contexts kept for reuse", NULL, 0);
   m->device_bytes = ra_metrics_add(r, "device_bytes", RA_METRIC_GAUGE, "device memory: weights and KV caches", NULL, 0);
@@ -43,7 +46,7 @@ int ra_serve_metrics_new(ra_serve_metrics *m) {
   m->store_up = ra_metrics_add(r, "store_up", RA_METRIC_GAUGE, "kv-store answered Health as serving", NULL, 0);
   ra_metric *all[] = {m->requests, m->prompt_tokens, m->generated_tokens, m->reused_tokens, m->ttft, m->inter_token,
                       m->batch_size, m->step_tokens, m->store_wait, m->decode_parts, m->engine_parts,
-                      m->engine_steps, m->store_errors, m->live_seqs, m->cached_seqs, m->device_bytes,
+                      m->engine_steps, m->store_errors, m->attend_batch, m->live_seqs, m->cached_seqs, m->device_bytes,
                       m->store_bytes, m->store_up};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     if (!all[i]) {

@@ -21,6 +21,8 @@ typedef struct ra_serve_metrics {
                                   full mode: forward launch, logits wait, sampling); steps: engine_steps */
   ra_metric *engine_steps;     /* counter: the engine's steps that ran sequences */
   ra_metric *store_errors;     /* counter */
+  ra_metric *attend_batch;     /* counter {kind="messages"|"requests"}: AttendBatch messages sent to the stores
+                                  and the per-sequence requests they carried */
   ra_metric *live_seqs;        /* gauge: sequences running or queued */
   ra_metric *cached_seqs;      /* gauge: idle contexts kept for reuse */
   ra_metric *device_bytes;     /* gauge {kind="weights"|"kv"} */

@@ -48,6 +48,7 @@ struct ra_sched_req {
 struct ra_sched {
   ra_sched_config cfg;
   ra_batch *batch;
+  ra_remote_batch *attend_batch; /* NULL: each sequence's requests on its own streams */
   int vocab, k_max;
   int32_t *ids;
   float *vals;
@@ -490,7 +491,14 @@ static int step_offload(ra_sched *s) {
     ra_error err;
     ra_error_clear(&err);
     memset(stats, 0, sizeof(ra_offload_stats) * (size_t)n);
-    ra_offload_decode_batch(offs, toks, n, s->batch, rcs, errs, stats, &err);
+    uint64_t msgs0 = 0, reqs0 = 0, msgs = 0, reqs = 0;
+    if (s->attend_batch) ra_remote_batch_counts(s->attend_batch, &msgs0, &reqs0);
+    ra_offload_decode_batch(offs, toks, n, s->batch, s->attend_batch, rcs, errs, stats, &err);
+    if (s->attend_batch) {
+      ra_remote_batch_counts(s->attend_batch, &msgs, &reqs);
+      ra_metric_add(s->cfg.metrics->attend_batch, "kind=\"messages\"", (double)(msgs - msgs0));
+      ra_metric_add(s->cfg.metrics->attend_batch, "kind=\"requests\"", (double)(reqs - reqs0));
+    }
     for (int i = 0; i < n; i++) offload_done(s, who[i], 1, rcs[i], &errs[i], &stats[i]);
   }
   if (n + n_prefill) ra_metric_observe(s->cfg.metrics->batch_size, n + n_prefill);
@@ -574,7 +582,10 @@ int ra_sched_new(const ra_sched_config *cfg, ra_sched **out, ra_error *err) {
   if (rc == RA_OK)
     rc = ra_batch_new(cfg->m, cfg->off.mode == RA_MODE_FULL ? cfg->prefill_chunk + cfg->max_seqs : cfg->max_seqs,
                       cfg->max_seqs, &s->batch, err);
+  if (rc == RA_OK && cfg->attend_batch && ra_mode_uses_stores(cfg->off.mode))
+    rc = ra_remote_batch_new(&s->attend_batch, err);
   if (rc) {
+    ra_remote_batch_free(s->attend_batch);
     ra_batch_free(s->batch);
     free(s->ids);
     free(s->vals);
@@ -585,6 +596,7 @@ int ra_sched_new(const ra_sched_config *cfg, ra_sched **out, ra_error *err) {
   pthread_cond_init(&s->cv, NULL);
   pthread_cond_init(&s->idle_cv, NULL);
   if (pthread_create(&s->thread, NULL, engine, s) != 0) {
+    ra_remote_batch_free(s->attend_batch);
     ra_batch_free(s->batch);
     free(s->ids);
     free(s->vals);
@@ -603,6 +615,7 @@ void ra_sched_free(ra_sched *s) {
   pthread_mutex_unlock(&s->mu);
   pthread_join(s->thread, NULL);
   cache_evict(s, 0, 1e300);
+  ra_remote_batch_free(s->attend_batch);
   ra_batch_free(s->batch);
   free(s->ids);
   free(s->vals);

@@ -44,6 +44,8 @@ typedef struct ra_sched_config {
   double cache_ttl_s;           /* an idle context older than this is freed */
   ra_dtype kv_dtype;
   int top_k;                    /* candidates when sampling */
+  int attend_batch;             /* offload modes: the step's store requests as AttendBatch
+                                   messages (offload.h ra_offload_decode_batch) */
   ra_serve_metrics *metrics;
 } ra_sched_config;
 

@@ -161,7 +161,7 @@ int ra_kvclient_stats(ra_kvclient *c, ra_kvclient_store_stats *out, ra_error *er
                              .bytes_budget = r->bytes_budget,
                              .requests = r->requests,
                              .errors = r->errors,
-                             .attend_requests = r->attend_requests};
+                             .attend_requests = r->attend_requests, .attend_batches = r->attend_batches};
   rakv__stats_reply__free_unpacked(r, NULL);
   return RA_OK;
 }
@@ -701,36 +701,75 @@ static void stream_break(ra_kvclient_stream *st) {
   st->call = NULL;
 }
 
-/* Copies a reply into the caller's partials after checking it answers the request. */
+/* Copies a reply into the caller's partials after checking it answers the request (seq, heads). */
+static int attend_take(const ra_kvclient *c, uint32_t head_dim, uint64_t seq, const ra_kvclient_attend_req *req,
+                       const Rakv__AttendReply *r, ra_head_partial *out, ra_head_partial *retro,
+                       uint64_t *compute_us, uint64_t *retro_us, ra_error *err) {
+  const size_t n_retro = retro ? (size_t)req->n_retro * req->n_heads : 0;
+  if (r->seq != seq || r->n_heads != req->n_heads || r->n_retro != n_retro)
+    return ra_errorf(err, RA_EFORMAT, "%s: AttendReply seq %llu with %zu heads answers no request",
+                     ra_kvclient_addr(c), (unsigned long long)r->seq, r->n_heads);
+  for (size_t i = 0; i < r->n_heads; i++)
+    if (r->heads[i]->q_head != req->q_heads[i] || kvs_wire_partial_from_proto(r->heads[i], head_dim, &out[i]) != RA_OK)
+      return bad_reply(c, "HeadPartial", err);
+  for (size_t i = 0; i < n_retro; i++) {
+    retro[i].ids = NULL;
+    retro[i].ids_cap = 0;
+    if (r->retro[i]->q_head != req->q_heads[i % req->n_heads] ||
+        kvs_wire_partial_from_proto(r->retro[i], head_dim, &retro[i]) != RA_OK)
+      return bad_reply(c, "retro HeadPartial", err);
+  }
+  if (compute_us) *compute_us = r->compute_us;
+  if (retro_us) *retro_us = r->retro_us;
+  return RA_OK;
+}
+
 static int attend_unpack(ra_kvclient_stream *st, const ra_kvclient_attend_req *req,
                          ra_head_partial *out, ra_head_partial *retro, uint64_t *compute_us,
                          uint64_t *retro_us, ra_error *err) {
   Rakv__AttendReply *r = rakv__attend_reply__unpack(NULL, st->rx.len, st->rx.data);
   if (!r) return bad_reply(st->c, "AttendReply", err);
-  int rc = RA_OK;
-  const size_t n_retro = retro ? (size_t)req->n_retro * req->n_heads : 0;
-  if (r->seq != st->seq || r->n_heads != req->n_heads || r->n_retro != n_retro) {
-    rc = ra_errorf(err, RA_EFORMAT, "%s: AttendReply seq %llu with %zu heads answers no request",
-                   ra_kvclient_addr(st->c), (unsigned long long)r->seq, r->n_heads);
-  }
-  for (size_t i = 0; rc == RA_OK && i < r->n_heads; i++) {
-    if (r->heads[i]->q_head != req->q_heads[i] ||
-        kvs_wire_partial_from_proto(r->heads[i], st->s.geo.head_dim, &out[i]) != RA_OK) {
-      rc = bad_reply(st->c, "HeadPartial", err);
-      break;
-    }
-  }
-  for (size_t i = 0; rc == RA_OK && i < n_retro; i++) {
-    retro[i].ids = NULL;
-    retro[i].ids_cap = 0;
-    if (r->retro[i]->q_head != req->q_heads[i % req->n_heads] ||
-        kvs_wire_partial_from_proto(r->retro[i], st->s.geo.head_dim, &retro[i]) != RA_OK)
-      rc = bad_reply(st->c, "retro HeadPartial", err);
-  }
-  if (rc == RA_OK && compute_us) *compute_us = r->compute_us;
-  if (rc == RA_OK && retro_us) *retro_us = r->retro_us;
+  int rc = attend_take(st->c, st->s.geo.head_dim, st->seq, req, r, out, retro, compute_us, retro_us, err);
   rakv__attend_reply__free_unpacked(r, NULL);
   return rc;
+}
+
+/* The request message of req for session s; it points into req and s (and *sp). */
+static int attend_msg(const ra_kvclient_session *s, const ra_kvclient_attend_req *req, uint64_t seq,
+                      Rakv__AttendRequest *m, Rakv__SearchParams *sp, ra_error *err) {
+  rakv__attend_request__init(m);
+  int rc = kvs_wire_mode_to_proto(req->mode, &m->mode, err);
+  if (rc) return rc;
+  m->session_id.data = (uint8_t *)s->id;
+  m->session_id.len = sizeof s->id;
+  m->layer = req->layer;
+  m->n_q_heads = req->n_heads;
+  m->q_heads = (uint32_t *)req->q_heads;
+  m->q.data = (uint8_t *)req->q;
+  m->q.len = req->n_heads * (size_t)s->geo.head_dim * sizeof(float);
+  m->top_k = req->top_k;
+  m->search = kvs_wire_search_spec_to_proto(&req->search, sp) ? sp : NULL;
+  m->seq = seq;
+  m->return_ids = req->want_ids != 0;
+  size_t n_clusters = 0;
+  for (size_t i = 0; req->cluster_counts && i < req->n_cluster_heads; i++) n_clusters += req->cluster_counts[i];
+  m->n_cluster_kv_heads = m->n_cluster_counts = req->n_cluster_heads;
+  m->cluster_kv_heads = (uint32_t *)req->cluster_kv_heads;
+  m->cluster_counts = (uint32_t *)req->cluster_counts;
+  m->n_clusters = n_clusters;
+  m->clusters = (uint32_t *)req->clusters;
+  m->retro_step = req->retro_step;
+  m->retro_window = req->retro_window;
+  m->n_retro = req->n_retro;
+  m->retro_q.data = (uint8_t *)req->retro_q;
+  m->retro_q.len = req->retro_q ? (size_t)req->n_retro * req->n_heads * s->geo.head_dim * sizeof(float) : 0;
+  if (req->retro_cluster_counts) {
+    m->n_retro_cluster_counts = (size_t)req->n_retro * req->n_cluster_heads;
+    m->retro_cluster_counts = (uint32_t *)req->retro_cluster_counts;
+    for (size_t i = 0; i < m->n_retro_cluster_counts; i++) m->n_retro_clusters += req->retro_cluster_counts[i];
+    m->retro_clusters = (uint32_t *)req->retro_clusters;
+  }
+  return RA_OK;
 }
 
 int ra_kvclient_attend_send(ra_kvclient_stream *st, const ra_kvclient_attend_req *req,
@@ -744,38 +783,8 @@ int ra_kvclient_attend_send(ra_kvclient_stream *st, const ra_kvclient_attend_req
     }
   }
   Rakv__SearchParams sp;
-  Rakv__AttendRequest m = RAKV__ATTEND_REQUEST__INIT;
-  if ((rc = kvs_wire_mode_to_proto(req->mode, &m.mode, err))) return rc;
-  m.session_id.data = st->s.id;
-  m.session_id.len = sizeof st->s.id;
-  m.layer = req->layer;
-  m.n_q_heads = req->n_heads;
-  m.q_heads = (uint32_t *)req->q_heads;
-  m.q.data = (uint8_t *)req->q;
-  m.q.len = req->n_heads * (size_t)st->s.geo.head_dim * sizeof(float);
-  m.top_k = req->top_k;
-  m.search = kvs_wire_search_spec_to_proto(&req->search, &sp) ? &sp : NULL;
-  m.seq = ++st->seq;
-  m.return_ids = req->want_ids != 0;
-  size_t n_clusters = 0;
-  for (size_t i = 0; req->cluster_counts && i < req->n_cluster_heads; i++)
-    n_clusters += req->cluster_counts[i];
-  m.n_cluster_kv_heads = m.n_cluster_counts = req->n_cluster_heads;
-  m.cluster_kv_heads = (uint32_t *)req->cluster_kv_heads;
-  m.cluster_counts = (uint32_t *)req->cluster_counts;
-  m.n_clusters = n_clusters;
-  m.clusters = (uint32_t *)req->clusters;
-  m.retro_step = req->retro_step;
-  m.retro_window = req->retro_window;
-  m.n_retro = req->n_retro;
-  m.retro_q.data = (uint8_t *)req->retro_q;
-  m.retro_q.len = req->retro_q ? (size_t)req->n_retro * req->n_heads * st->s.geo.head_dim * sizeof(float) : 0;
-  if (req->retro_cluster_counts) {
-    m.n_retro_cluster_counts = (size_t)req->n_retro * req->n_cluster_heads;
-    m.retro_cluster_counts = (uint32_t *)req->retro_cluster_counts;
-    for (size_t i = 0; i < m.n_retro_cluster_counts; i++) m.n_retro_clusters += req->retro_cluster_counts[i];
-    m.retro_clusters = (uint32_t *)req->retro_clusters;
-  }
+  Rakv__AttendRequest m;
+  if ((rc = attend_msg(&st->s, req, ++st->seq, &m, &sp, err))) return rc;
   rc = pack(&m.base, &st->tx, err);
   if (rc == RA_OK) rc = ra_rpc_call_send(st->call, st->tx.data, st->tx.len, err);
   if (rc) stream_break(st);
@@ -807,4 +816,167 @@ int ra_kvclient_attend(ra_kvclient_stream *st, const ra_kvclient_attend_req *req
                        ra_error *err) {
   int rc = ra_kvclient_attend_send(st, req, err);
   return rc ? rc : ra_kvclient_attend_recv(st, req, out, timeout_ms, compute_us, err);
+}
+
+/* ---- AttendBatch ---- */
+
+typedef struct batch_item {
+  ra_kvclient_session s;
+  ra_kvclient_attend_req req;
+} batch_item;
+
+struct ra_kvclient_batch {
+  ra_kvclient *c;
+  ra_rpc_call *call; /* NULL until the first send, and after a failure */
+  uint64_t seq;      /* of the last message sent */
+  uint64_t acked;    /* of the last reply received */
+  batch_item *items; /* staged for the next send */
+  size_t n_items, cap_items;
+  Rakv__AttendRequest *msgs;
+  Rakv__AttendRequest **ptrs;
+  Rakv__SearchParams *sps;
+  size_t cap_msgs;
+  ra_buf tx, rx;
+};
+
+struct ra_kvclient_batch_reply {
+  const ra_kvclient *c;
+  uint64_t seq;
+  Rakv__AttendBatchReply *r;
+};
+
+int ra_kvclient_batch_open(ra_kvclient *c, ra_kvclient_batch **out, ra_error *err) {
+  ra_kvclient_batch *b = calloc(1, sizeof *b);
+  if (!b) return ra_errorf(err, RA_ENOMEM, "out of memory for an AttendBatch stream");
+  b->c = c;
+  *out = b;
+  return RA_OK;
+}
+
+static void batch_break(ra_kvclient_batch *b) {
+  ra_rpc_call_destroy(b->call);
+  b->call = NULL;
+  b->acked = b->seq;
+}
+
+void ra_kvclient_batch_close(ra_kvclient_batch *b) {
+  if (!b) return;
+  if (b->call && b->acked == b->seq) {
+    ra_error ignored;
+    if (ra_rpc_call_close_send(b->call, &ignored) == RA_OK && ra_rpc_call_recv(b->call, &b->rx, 1000, &ignored) == RA_EOF)
+      ra_rpc_call_finish(b->call, &ignored);
+  }
+  ra_rpc_call_destroy(b->call);
+  free(b->items);
+  free(b->msgs);
+  free(b->ptrs);
+  free(b->sps);
+  ra_buf_free(&b->tx);
+  ra_buf_free(&b->rx);
+  free(b);
+}
+
+const char *ra_kvclient_batch_addr(const ra_kvclient_batch *b) { return ra_kvclient_addr(b->c); }
+
+int ra_kvclient_batch_add(ra_kvclient_batch *b, const ra_kvclient_session *s, const ra_kvclient_attend_req *req,
+                          size_t *item, ra_error *err) {
+  if (req->n_retro)
+    return ra_errorf(err, RA_EINVAL, "%s: an AttendBatch item cannot carry retro queries", ra_kvclient_addr(b->c));
+  if (b->n_items == b->cap_items) {
+    size_t cap = b->cap_items ? 2 * b->cap_items : 8;
+    batch_item *items = realloc(b->items, cap * sizeof *items);
+    if (!items) return ra_errorf(err, RA_ENOMEM, "out of memory staging %zu attends", cap);
+    b->items = items;
+    b->cap_items = cap;
+  }
+  *item = b->n_items;
+  b->items[b->n_items++] = (batch_item){*s, *req};
+  return RA_OK;
+}
+
+size_t ra_kvclient_batch_staged(const ra_kvclient_batch *b) { return b->n_items; }
+
+int ra_kvclient_batch_send(ra_kvclient_batch *b, uint64_t *seq, ra_error *err) {
+  const size_t n = b->n_items;
+  b->n_items = 0;
+  if (n > b->cap_msgs) {
+    free(b->msgs);
+    free(b->ptrs);
+    free(b->sps);
+    b->msgs = malloc(n * sizeof *b->msgs);
+    b->ptrs = malloc(n * sizeof *b->ptrs);
+    b->sps = malloc(n * sizeof *b->sps);
+    b->cap_msgs = b->msgs && b->ptrs && b->sps ? n : 0;
+    if (!b->cap_msgs) return ra_errorf(err, RA_ENOMEM, "out of memory for a batch of %zu attends", n);
+  }
+  int rc = RA_OK;
+  for (size_t i = 0; i < n && rc == RA_OK; i++) {
+    rc = attend_msg(&b->items[i].s, &b->items[i].req, b->seq + 1, &b->msgs[i], &b->sps[i], err);
+    b->ptrs[i] = &b->msgs[i];
+  }
+  if (rc) return rc;
+  if (!b->call && (rc = ra_rpc_call_start(b->c->ch, "/rakv.KvStore/AttendBatch", 0, &b->call, err)) != RA_OK) {
+    b->call = NULL;
+    return rc;
+  }
+  Rakv__AttendBatchRequest m = RAKV__ATTEND_BATCH_REQUEST__INIT;
+  m.seq = ++b->seq;
+  m.n_items = n;
+  m.items = b->ptrs;
+  rc = pack(&m.base, &b->tx, err);
+  if (rc == RA_OK) rc = ra_rpc_call_send(b->call, b->tx.data, b->tx.len, err);
+  if (rc) {
+    batch_break(b);
+    return rc;
+  }
+  *seq = b->seq;
+  return RA_OK;
+}
+
+int ra_kvclient_batch_recv(ra_kvclient_batch *b, int timeout_ms, ra_kvclient_batch_reply **out, ra_error *err) {
+  *out = NULL;
+  if (!b->call || b->acked == b->seq)
+    return ra_errorf(err, RA_ESTATE, "%s: no AttendBatch message in flight", ra_kvclient_addr(b->c));
+  int rc = ra_rpc_call_recv(b->call, &b->rx, timeout_ms, err);
+  if (rc == RA_EOF) rc = ra_errorf(err, RA_EUNAVAIL, "%s: the store ended the AttendBatch stream", ra_kvclient_addr(b->c));
+  Rakv__AttendBatchReply *r = NULL;
+  if (rc == RA_OK && !(r = rakv__attend_batch_reply__unpack(NULL, b->rx.len, b->rx.data)))
+    rc = bad_reply(b->c, "AttendBatchReply", err);
+  if (rc == RA_OK && r->seq != b->acked + 1)
+    rc = ra_errorf(err, RA_EFORMAT, "%s: AttendBatchReply seq %llu, want %llu", ra_kvclient_addr(b->c),
+                   (unsigned long long)r->seq, (unsigned long long)(b->acked + 1));
+  ra_kvclient_batch_reply *rep = NULL;
+  if (rc == RA_OK && !(rep = malloc(sizeof *rep))) rc = ra_errorf(err, RA_ENOMEM, "out of memory for a batch reply");
+  if (rc) {
+    if (r) rakv__attend_batch_reply__free_unpacked(r, NULL);
+    batch_break(b);
+    return rc;
+  }
+  b->acked++;
+  *rep = (ra_kvclient_batch_reply){b->c, r->seq, r};
+  *out = rep;
+  return RA_OK;
+}
+
+int ra_kvclient_batch_reply_item(const ra_kvclient_batch_reply *rep, size_t item, const ra_kvclient_session *s,
+                                 const ra_kvclient_attend_req *req, ra_head_partial *out, uint64_t *compute_us,
+                                 ra_error *err) {
+  const Rakv__AttendBatchReply *r = rep->r;
+  if (item >= r->n_items)
+    return ra_errorf(err, RA_EFORMAT, "%s: AttendBatchReply has %zu items, not item %zu", ra_kvclient_addr(rep->c),
+                     r->n_items, item);
+  const Rakv__AttendItemReply *it = r->items[item];
+  if (it->code != 0) {
+    int code = ra_status_from_grpc((int)it->code);
+    return ra_errorf(err, code == RA_OK ? RA_EINTERNAL : code, "%s: %s", ra_kvclient_addr(rep->c),
+                     it->message ? it->message : "");
+  }
+  if (!it->reply) return bad_reply(rep->c, "AttendItemReply (no reply)", err);
+  return attend_take(rep->c, s->geo.head_dim, rep->seq, req, it->reply, out, NULL, compute_us, NULL, err);
+}
+
+void ra_kvclient_batch_reply_free(ra_kvclient_batch_reply *rep) {
+  if (!rep) return;
+  rakv__attend_batch_reply__free_unpacked(rep->r, NULL);
+  free(rep);
 }

@@ -102,7 +102,7 @@ typedef struct ra_kvclient_rows {
 } ra_kvclient_rows;
 
 typedef struct ra_kvclient_stats {
-  uint64_t sessions, tokens, bytes_used, bytes_budget, requests, errors, attend_requests;
+  uint64_t sessions, tokens, bytes_used, bytes_budget, requests, errors, attend_requests, attend_batches;
 } ra_kvclient_store_stats;
 
 typedef struct ra_kvclient_build_result {
@@ -323,5 +323,40 @@ int ra_kvclient_attend_recv(ra_kvclient_stream *st, const ra_kvclient_attend_req
 int ra_kvclient_attend_recv_retro(ra_kvclient_stream *st, const ra_kvclient_attend_req *req,
                                   ra_head_partial *out, ra_head_partial *retro, int timeout_ms,
                                   uint64_t *compute_us, uint64_t *retro_us, ra_error *err);
+
+/* AttendBatch (proto): the attends of several sessions at this store in one message, e.g. a
+ * batched decode step's, one message per layer for all its sequences. A batch stream belongs to
+ * the client, not to a session:
+ *
+ *   ra_kvclient_batch *b;  ra_kvclient_batch_open(c, &b, &err);
+ *   per item:  ra_kvclient_batch_add(b, &session_i, &req_i, &item_i, &err);  // staged
+ *   ra_kvclient_batch_send(b, &seq, &err);              // one message for every staged item
+ *   ra_kvclient_batch_reply *rep;  ra_kvclient_batch_recv(b, 50, &rep, &err);
+ *   per item:  ra_kvclient_batch_reply_item(rep, item_i, &session_i, &req_i, partials, NULL, &err);
+ *   ra_kvclient_batch_reply_free(rep);  ...  ra_kvclient_batch_close(b);
+ *
+ * A staged request (and the arrays it points to) must stay valid until send, which clears the
+ * staged items; several messages may be in flight, and recv returns their replies in the order
+ * they were sent (seq 1, 2, ...). An item fails alone: reply_item returns the store's error for
+ * it (a bad request, an unknown session) while the others are answered. A send or recv that
+ * fails (the store gone, a timeout) breaks the stream: every message in flight is lost and the
+ * next send opens a fresh stream. retro_q / retro clusters are carried, but not the
+ * supplementary partials: batch requests without retro. */
+typedef struct ra_kvclient_batch ra_kvclient_batch;
+typedef struct ra_kvclient_batch_reply ra_kvclient_batch_reply;
+int ra_kvclient_batch_open(ra_kvclient *c, ra_kvclient_batch **out, ra_error *err);
+void ra_kvclient_batch_close(ra_kvclient_batch *b);
+const char *ra_kvclient_batch_addr(const ra_kvclient_batch *b);
+int ra_kvclient_batch_add(ra_kvclient_batch *b, const ra_kvclient_session *s, const ra_kvclient_attend_req *req,
+                          size_t *item, ra_error *err);
+size_t ra_kvclient_batch_staged(const ra_kvclient_batch *b);
+/* *seq: the message's number (its reply is the seq-th that recv returns) */
+int ra_kvclient_batch_send(ra_kvclient_batch *b, uint64_t *seq, ra_error *err);
+int ra_kvclient_batch_recv(ra_kvclient_batch *b, int timeout_ms, ra_kvclient_batch_reply **out, ra_error *err);
+/* out: [req->n_heads] as for ra_kvclient_attend; *compute_us: the store's time on this item */
+int ra_kvclient_batch_reply_item(const ra_kvclient_batch_reply *rep, size_t item, const ra_kvclient_session *s,
+                                 const ra_kvclient_attend_req *req, ra_head_partial *out, uint64_t *compute_us,
+                                 ra_error *err);
+void ra_kvclient_batch_reply_free(ra_kvclient_batch_reply *rep);
 
 #endif

@@ -94,13 +94,16 @@ static int handle_put_kv(ra_rpc_call *call, void *ctx, ra_error *err) {
   return rc;
 }
 
-static int handle_attend(ra_rpc_call *call, void *ctx, ra_error *err) {
+/* A bidirectional stream of requests each answered by `fn`; a failure ends the stream with its
+ * status. */
+typedef int (*stream_fn)(kvs_service *, const kvs_caller *, const uint8_t *, size_t, ra_buf *, ra_error *);
+static int serve_stream(ra_rpc_call *call, void *ctx, stream_fn fn, ra_error *err) {
   kvs_service *svc = ctx;
   ra_buf in = {0}, out = {0};
   kvs_caller who = caller_of(call);
   int rc;
   while ((rc = ra_rpc_call_recv(call, &in, -1, err)) == RA_OK) {
-    rc = kvs_service_attend(svc, &who, in.data, in.len, &out, err);
+    rc = fn(svc, &who, in.data, in.len, &out, err);
     if (rc) break;
     rc = ra_rpc_call_send(call, out.data, out.len, err);
     if (rc) {
@@ -114,6 +117,13 @@ static int handle_attend(ra_rpc_call *call, void *ctx, ra_error *err) {
   return rc;
 }
 
+static int handle_attend(ra_rpc_call *call, void *ctx, ra_error *err) {
+  return serve_stream(call, ctx, kvs_service_attend, err);
+}
+static int handle_attend_batch(ra_rpc_call *call, void *ctx, ra_error *err) {
+  return serve_stream(call, ctx, kvs_service_attend_batch, err);
+}
+
 int kvs_server_register(ra_rpc_server *s, kvs_service *svc, ra_error *err) {
   static const struct {
     const char *path;
@@ -124,6 +134,7 @@ int kvs_server_register(ra_rpc_server *s, kvs_service *svc, ra_error *err) {
       {KVS_METHOD_APPEND, handle_append},
       {KVS_METHOD_BUILD_INDEX, handle_build_index},
       {KVS_METHOD_ATTEND, handle_attend},
+      {KVS_METHOD_ATTEND_BATCH, handle_attend_batch},
       {KVS_METHOD_PUT_CLUSTERS, handle_put_clusters},
       {KVS_METHOD_FETCH_CLUSTERS, handle_fetch_clusters},
       {KVS_METHOD_CLOSE_SESSION, handle_close_session},

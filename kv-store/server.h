@@ -15,6 +15,7 @@
 #define KVS_METHOD_APPEND "/rakv.KvStore/Append"
 #define KVS_METHOD_BUILD_INDEX "/rakv.KvStore/BuildIndex"
 #define KVS_METHOD_ATTEND "/rakv.KvStore/Attend"
+#define KVS_METHOD_ATTEND_BATCH "/rakv.KvStore/AttendBatch"
 #define KVS_METHOD_PUT_CLUSTERS "/rakv.KvStore/PutClusters"
 #define KVS_METHOD_FETCH_CLUSTERS "/rakv.KvStore/FetchClusters"
 #define KVS_METHOD_CLOSE_SESSION "/rakv.KvStore/CloseSession"

@@ -31,6 +31,7 @@ struct kvs_service {
   atomic_uint_fast64_t requests;
   atomic_uint_fast64_t errors;
   atomic_uint_fast64_t attend_requests;
+  atomic_uint_fast64_t attend_batches;
   kvs_data_dir *data; /* --data-dir (NULL: none) */
   int replaying;      /* kvs_service_create replays journals: the changes are not recorded again */
 };
@@ -477,43 +478,54 @@ int kvs_service_append(kvs_service *svc, const kvs_caller *who, const uint8_t *r
 
 /* ---- Attend ---- */
 
-static int attend_reply(const Rakv__AttendRequest *r, const kvs_session *s,
-                        const kvs_attend_result *res, uint64_t compute_us, ra_buf *reply,
-                        ra_error *err) {
-  size_t n = res->n_heads, n_retro = res->retro ? (size_t)r->n_retro * n : 0;
-  Rakv__HeadPartial *heads = malloc((n + n_retro) * sizeof *heads);
-  Rakv__HeadPartial **ptrs = malloc((n + n_retro) * sizeof *ptrs);
-  int rc = RA_OK;
-  if (!heads || !ptrs) {
-    rc = ra_errorf(err, RA_ENOMEM, "out of memory for %zu head partials", n + n_retro);
-    goto out;
-  }
-  for (size_t i = 0; i < n + n_retro; i++) {
-    kvs_wire_partial_to_proto(i < n ? &res->heads[i] : &res->retro[i - n], s->geo.head_dim, &heads[i]);
-    ptrs[i] = &heads[i];
-  }
-  Rakv__AttendReply out = RAKV__ATTEND_REPLY__INIT;
-  out.seq = r->seq;
-  out.n_heads = n;
-  out.heads = ptrs;
-  out.n_retro = n_retro;
-  out.retro = ptrs + n;
-  out.retro_us = res->retro_us;
-  out.compute_us = compute_us;
-  rc = pack_reply(&out.base, reply, err);
-out:
-  free(heads);
-  free(ptrs);
-  return rc;
+/* One attend's answer, kept until its reply is packed: the reply's head partials point into
+ * res. */
+typedef struct attend_out {
+  kvs_attend_result res;
+  Rakv__HeadPartial *heads;
+  Rakv__HeadPartial **ptrs;
+  Rakv__AttendReply msg;
+} attend_out;
+
+static void attend_out_free(attend_out *o) {
+  kvs_attend_result_free(&o->res);
+  free(o->heads);
+  free(o->ptrs);
+  memset(o, 0, sizeof *o);
 }
 
-static int attend(kvs_service *svc, const kvs_caller *who, const Rakv__AttendRequest *r, ra_buf *reply,
+static int attend_reply(const Rakv__AttendRequest *r, const kvs_session *s, uint64_t compute_us, attend_out *out,
+                        ra_error *err) {
+  const kvs_attend_result *res = &out->res;
+  size_t n = res->n_heads, n_retro = res->retro ? (size_t)r->n_retro * n : 0;
+  out->heads = malloc((n + n_retro) * sizeof *out->heads);
+  out->ptrs = malloc((n + n_retro) * sizeof *out->ptrs);
+  if (!out->heads || !out->ptrs) return ra_errorf(err, RA_ENOMEM, "out of memory for %zu head partials", n + n_retro);
+  for (size_t i = 0; i < n + n_retro; i++) {
+    kvs_wire_partial_to_proto(i < n ? &res->heads[i] : &res->retro[i - n], s->geo.head_dim, &out->heads[i]);
+    out->ptrs[i] = &out->heads[i];
+  }
+  Rakv__AttendReply *m = &out->msg;
+  rakv__attend_reply__init(m);
+  m->seq = r->seq;
+  m->n_heads = n;
+  m->heads = out->ptrs;
+  m->n_retro = n_retro;
+  m->retro = out->ptrs + n;
+  m->retro_us = res->retro_us;
+  m->compute_us = compute_us;
+  return RA_OK;
+}
+
+/* Runs one attend request into out (its reply message); on failure out holds nothing. */
+static int attend(kvs_service *svc, const kvs_caller *who, const Rakv__AttendRequest *r, attend_out *out,
                   ra_error *err) {
+  memset(out, 0, sizeof *out);
+  atomic_fetch_add(&svc->attend_requests, 1);
   kvs_session *s;
   int rc = session_get(svc, who, &r->session_id, &s, err);
   if (rc) return rc;
   float *q = NULL, *retro_q = NULL;
-  kvs_attend_result res = {0};
   uint64_t t0 = ra_clock_now_us();
   size_t want = r->n_q_heads * (size_t)s->geo.head_dim * sizeof(float);
   if (r->n_q_heads > s->geo.n_q_heads) {
@@ -578,10 +590,10 @@ static int attend(kvs_service *svc, const kvs_caller *who, const Rakv__AttendReq
                    r->n_cluster_counts, r->n_cluster_kv_heads);
     goto out;
   }
-  rc = kvs_attend(s, &a, &res, err);
-  if (rc == RA_OK) rc = attend_reply(r, s, &res, ra_clock_now_us() - t0, reply, err);
+  rc = kvs_attend(s, &a, &out->res, err);
+  if (rc == RA_OK) rc = attend_reply(r, s, ra_clock_now_us() - t0, out, err);
 out:
-  kvs_attend_result_free(&res);
+  if (rc) attend_out_free(out);
   free(q);
   free(retro_q);
   kvs_session_release(s);
@@ -590,11 +602,61 @@ out:
 
 int kvs_service_attend(kvs_service *svc, const kvs_caller *who, const uint8_t *req, size_t len, ra_buf *reply,
                        ra_error *err) {
-  atomic_fetch_add(&svc->attend_requests, 1);
   Rakv__AttendRequest *r = rakv__attend_request__unpack(NULL, len, req);
-  if (!r) return counted(svc, malformed(err, "AttendRequest", len));
-  int rc = attend(svc, who, r, reply, err);
+  if (!r) {
+    atomic_fetch_add(&svc->attend_requests, 1);
+    return counted(svc, malformed(err, "AttendRequest", len));
+  }
+  attend_out out;
+  int rc = attend(svc, who, r, &out, err);
+  if (rc == RA_OK) rc = pack_reply(&out.msg.base, reply, err);
+  attend_out_free(&out);
   rakv__attend_request__free_unpacked(r, NULL);
+  return counted(svc, rc);
+}
+
+int kvs_service_attend_batch(kvs_service *svc, const kvs_caller *who, const uint8_t *req, size_t len, ra_buf *reply,
+                             ra_error *err) {
+  atomic_fetch_add(&svc->attend_batches, 1);
+  Rakv__AttendBatchRequest *r = rakv__attend_batch_request__unpack(NULL, len, req);
+  if (!r) return counted(svc, malformed(err, "AttendBatchRequest", len));
+  const size_t n = r->n_items;
+  uint64_t t0 = ra_clock_now_us();
+  attend_out *outs = calloc(n ? n : 1, sizeof *outs);
+  Rakv__AttendItemReply *items = calloc(n ? n : 1, sizeof *items);
+  Rakv__AttendItemReply **ptrs = calloc(n ? n : 1, sizeof *ptrs);
+  ra_error *errs = calloc(n ? n : 1, sizeof *errs);
+  int rc = RA_OK;
+  if (!outs || !items || !ptrs || !errs) {
+    rc = ra_errorf(err, RA_ENOMEM, "out of memory for a batch of %zu attends", n);
+    goto out;
+  }
+  /* Each item counts as a request of its own (errors included); the message as one more. */
+  for (size_t i = 0; i < n; i++) {
+    Rakv__AttendItemReply *it = &items[i];
+    rakv__attend_item_reply__init(it);
+    int irc = counted(svc, attend(svc, who, r->items[i], &outs[i], &errs[i]));
+    if (irc == RA_OK) {
+      it->reply = &outs[i].msg;
+    } else {
+      it->code = (uint32_t)ra_status_to_grpc(irc);
+      it->message = errs[i].msg;
+    }
+    ptrs[i] = it;
+  }
+  Rakv__AttendBatchReply m = RAKV__ATTEND_BATCH_REPLY__INIT;
+  m.seq = r->seq;
+  m.n_items = n;
+  m.items = ptrs;
+  m.compute_us = ra_clock_now_us() - t0;
+  rc = pack_reply(&m.base, reply, err);
+out:
+  for (size_t i = 0; outs && i < n; i++) attend_out_free(&outs[i]);
+  free(outs);
+  free(items);
+  free(ptrs);
+  free(errs);
+  rakv__attend_batch_request__free_unpacked(r, NULL);
   return counted(svc, rc);
 }
 
@@ -858,6 +920,7 @@ int kvs_service_stats(kvs_service *svc, const kvs_caller *who, const uint8_t *re
   out.requests = atomic_load(&svc->requests);
   out.errors = atomic_load(&svc->errors);
   out.attend_requests = atomic_load(&svc->attend_requests);
+  out.attend_batches = atomic_load(&svc->attend_batches);
   int rc = pack_reply(&out.base, reply, err);
   if (rc) atomic_fetch_add(&svc->errors, 1);
   return rc;

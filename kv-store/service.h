@@ -54,6 +54,11 @@ int kvs_service_append(kvs_service *svc, const kvs_caller *who, const uint8_t *r
                        ra_error *err);
 int kvs_service_attend(kvs_service *svc, const kvs_caller *who, const uint8_t *req, size_t len, ra_buf *reply,
                        ra_error *err);
+/* AttendBatch: each item is an attend of its own (its session, its checks, counted as a
+ * request) answered in the reply's item of the same place with its status; items run in order.
+ * Fails as a whole only when the message cannot be parsed or the reply not built. */
+int kvs_service_attend_batch(kvs_service *svc, const kvs_caller *who, const uint8_t *req, size_t len, ra_buf *reply,
+                             ra_error *err);
 /* BuildIndex: builds (layer, q_head)'s index of the kind its params name (over the session's
  * OpenSession IndexParams, over the defaults) on every shard of the kv head held here
  * (kvs_session_build_index). roar needs the q head's prefill queries: `queries` float32

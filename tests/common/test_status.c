@@ -29,10 +29,27 @@ static void test_names_are_distinct(void **state) {
     for (int b = a + 1; b <= RA_EOF; b++) assert_string_not_equal(ra_status_name(a), ra_status_name(b));
 }
 
+/* Every RA code that names a failure survives the trip through its gRPC status (EFORMAT and
+ * EIO have no status of their own), and the numbers are gRPC's. */
+static void test_grpc_round_trip(void **state) {
+  (void)state;
+  const int codes[] = {RA_OK, RA_EINVAL, RA_ENOTFOUND, RA_ENOMEM, RA_EEXIST, RA_EUNAVAIL, RA_ETIMEDOUT,
+                       RA_ECANCELED, RA_EUNSUPPORTED, RA_ESTATE, RA_EAUTH, RA_EPERM};
+  for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++)
+    assert_int_equal(ra_status_from_grpc(ra_status_to_grpc(codes[i])), codes[i]);
+  assert_int_equal(ra_status_to_grpc(RA_EFORMAT), 3);
+  assert_int_equal(ra_status_to_grpc(RA_ENOTFOUND), 5);
+  assert_int_equal(ra_status_to_grpc(RA_EPERM), 7);
+  assert_int_equal(ra_status_to_grpc(RA_EIO), 13);
+  assert_int_equal(ra_status_from_grpc(11), RA_EINVAL); /* OUT_OF_RANGE */
+  assert_int_equal(ra_status_from_grpc(2), RA_EINTERNAL); /* UNKNOWN */
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_errorf_fills_message_and_returns_code),
       cmocka_unit_test(test_names_are_distinct),
+      cmocka_unit_test(test_grpc_round_trip),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

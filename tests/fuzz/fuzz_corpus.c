@@ -135,6 +135,19 @@ int main(int argc, char **argv) {
   at.n_clusters = 2;
   at.clusters = wave_ids;
   write_seed("attend_wave", FUZZ_ATTEND, &at.base);
+  /* a batch: the wave attend, a full one of layer 1, and one of another session */
+  Rakv__AttendRequest at_full = at, at_other = at;
+  at_full.mode = RAKV__ATTEND_MODE__MODE_FULL;
+  at_full.layer = 1;
+  at_full.n_cluster_kv_heads = at_full.n_cluster_counts = at_full.n_clusters = 0;
+  static uint8_t other_id[16] = {1};
+  at_other.session_id.data = other_id;
+  Rakv__AttendRequest *batch_items[3] = {&at, &at_full, &at_other};
+  Rakv__AttendBatchRequest ab = RAKV__ATTEND_BATCH_REQUEST__INIT;
+  ab.seq = 3;
+  ab.n_items = 3;
+  ab.items = batch_items;
+  write_seed("attend_batch", FUZZ_ATTEND_BATCH, &ab.base);
   uint32_t pc_counts[2] = {1, 3}, pc_perm[4] = {2, 0, 3, 1};
   Rakv__PutClustersRequest pc = RAKV__PUT_CLUSTERS_REQUEST__INIT;
   pc.session_id.data = placeholder;

@@ -169,6 +169,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case FUZZ_BUILD: kvs_service_build_index(svc, &who, req, len, &reply, &err); break;
     case FUZZ_PUT_CLUSTERS: kvs_service_put_clusters(svc, &who, req, len, &reply, &err); break;
     case FUZZ_FETCH_CLUSTERS: kvs_service_fetch_clusters(svc, &who, req, len, &reply, &err); break;
+    case FUZZ_ATTEND_BATCH: kvs_service_attend_batch(svc, &who, req, len, &reply, &err); break;
   }
   free(req);
   kvs_session *s;

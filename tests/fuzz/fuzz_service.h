@@ -21,7 +21,8 @@ enum fuzz_call {
   FUZZ_BUILD = 7,
   FUZZ_PUT_CLUSTERS = 8,
   FUZZ_FETCH_CLUSTERS = 9,
-  FUZZ_N_CALLS = 10,
+  FUZZ_ATTEND_BATCH = 10,
+  FUZZ_N_CALLS = 11,
 };
 
 /* The live session: f16, 2 layers, 4 q heads, 2 kv heads, head_dim 8; shards layer 0 kv 0

@@ -184,6 +184,10 @@ for p, x, y in zip(fprompts, falone, ftogether):
 steps_all = metric("flat", "ra_serve_batch_sequences_count")
 check(steps_all - metric("flat", 'ra_serve_batch_sequences_bucket{le="1"}') >= 10,
       f"flat: steps of several sequences ({steps_all} steps, {steps1} of one before the concurrent run)")
+# ... and their store requests went out as AttendBatch messages of several sequences each
+bmsgs = metric("flat", 'ra_serve_attend_batch_total{kind="messages"}')
+breqs = metric("flat", 'ra_serve_attend_batch_total{kind="requests"}')
+check(bmsgs > 0 and breqs > bmsgs, f"flat: {breqs} requests in {bmsgs} AttendBatch messages")
 
 # --- a client that disconnects mid-stream: its sequence stops and the stores free its KV
 

@@ -116,6 +116,21 @@ static ra_offload *offload_new(const ra_offload_plan *plan, const ra_offload_con
   return o;
 }
 
+/* AttendBatch messages both stores have answered. */
+static uint64_t store_attend_batches(void) {
+  uint64_t n = 0;
+  for (int i = 0; i < 2; i++) {
+    ra_kvclient *c;
+    ra_kvclient_store_stats st;
+    ra_error err;
+    ok(ra_kvclient_connect(F.st[i].addr, NULL, &c, &err), &err);
+    ok(ra_kvclient_stats(c, &st, &err), &err);
+    ra_kvclient_close(c);
+    n += st.attend_batches;
+  }
+  return n;
+}
+
 static void last_logits(ra_state *st, float *out) {
   ra_tensor row = ra_tensor_rows(&st->logits, st->n_logits - 1, 1);
   ra_error err;
@@ -427,7 +442,9 @@ static void test_buffer_int8_stores(void **state) {
 
 /* ra_offload_decode_batch: wave sequences (one with a device buffer, one across growth blocks)
  * and a flat one, ranked in two groups, decode in one batched step each as they decode alone,
- * step after step, with the same keys scanned; a batch mixing two models is refused. */
+ * step after step, with the same keys scanned: with each sequence's requests on its own streams,
+ * and as one AttendBatch message per group, layer and store (the stores count them); a batch
+ * mixing two models is refused. */
 static void test_decode_batch_equals_alone(void **state) {
   (void)state;
   enum { N = 3, STEPS = 40, BLOCK = 16 };
@@ -442,43 +459,64 @@ static void test_decode_batch_equals_alone(void **state) {
   wave_config(&c[2], &p.plan, 0, 0, 0, STEPS);
   c[2].mode = RA_MODE_FLAT;
   c[2].top_k = 40;
-  ra_offload *alone[N], *batched[N];
+  ra_offload *alone[N], *batched[N], *via[N];
   int32_t toks[N][N_PROMPT + STEPS];
   ra_error err;
   for (int i = 0; i < N; i++) {
     for (int t = 0; t < N_PROMPT + STEPS; t++) toks[i][t] = F.tokens[(t + 53 * i) % (N_PROMPT + MAX_DECODE)];
     alone[i] = offload_new(&p.plan, &c[i]);
     batched[i] = offload_new(&p.plan, &c[i]);
+    via[i] = offload_new(&p.plan, &c[i]);
     ok(ra_offload_prefill(alone[i], toks[i], N_PROMPT, NULL, &err), &err);
     ok(ra_offload_prefill(batched[i], toks[i], N_PROMPT, NULL, &err), &err);
+    ok(ra_offload_prefill(via[i], toks[i], N_PROMPT, NULL, &err), &err);
   }
+  ra_remote_batch *rb;
+  ok(ra_remote_batch_new(&rb, &err), &err);
+  uint64_t batches0 = store_attend_batches();
   ra_batch *b;
   ok(ra_batch_new(F.m, N, N, &b, &err), &err);
   float *want = malloc((size_t)vocab * sizeof *want), *got = malloc((size_t)vocab * sizeof *got);
   assert_non_null(want);
   assert_non_null(got);
-  double worst = 0;
+  double worst = 0, worst_via = 0;
   for (int t = 0; t < STEPS; t++) {
     int32_t next[N];
     int rcs[N];
     ra_error errs[N];
-    ra_offload_stats sa[N], sb[N];
+    ra_offload_stats sa[N], sb[N], sv[N];
     for (int i = 0; i < N; i++) {
       next[i] = toks[i][N_PROMPT + t];
       ok(ra_offload_decode(alone[i], next[i], &sa[i], &err), &err);
     }
-    ok(ra_offload_decode_batch(batched, next, N, b, rcs, errs, sb, &err), &err);
+    ok(ra_offload_decode_batch(batched, next, N, b, NULL, rcs, errs, sb, &err), &err);
+    for (int i = 0; i < N; i++) ok(rcs[i], &errs[i]);
+    ok(ra_offload_decode_batch(via, next, N, b, rb, rcs, errs, sv, &err), &err);
     for (int i = 0; i < N; i++) {
       ok(rcs[i], &errs[i]);
       assert_int_equal(sb[i].n_scanned, sa[i].n_scanned);
+      assert_int_equal(sv[i].n_scanned, sa[i].n_scanned);
       last_logits(ra_offload_state(alone[i]), want);
       last_logits(ra_offload_state(batched[i]), got);
       for (int v = 0; v < vocab; v++) worst = fmax(worst, fabs((double)want[v] - got[v]));
+      last_logits(ra_offload_state(via[i]), got);
+      for (int v = 0; v < vocab; v++) worst_via = fmax(worst_via, fabs((double)want[v] - got[v]));
     }
   }
-  print_message("batched wave (f32, buffer, growth) + flat decode: max |logit diff| from alone %.2e over %d steps\n",
-                worst, STEPS);
+  print_message("batched wave (f32, buffer, growth) + flat decode: max |logit diff| from alone %.2e over %d steps "
+                "(%.2e in AttendBatch messages)\n",
+                worst, STEPS, worst_via);
   assert_true(worst < 1e-4);
+  assert_true(worst_via < 1e-4);
+  /* per step, layer, ranking group {0, 1} / {2} and store: one message, each sequence's request in it */
+  uint64_t msgs, reqs;
+  ra_remote_batch_counts(rb, &msgs, &reqs);
+  const uint64_t per_layer = 2 * 2; /* groups x stores: every layer has kv heads at both */
+  assert_int_equal(msgs, (uint64_t)STEPS * F.m->cfg.n_layers * per_layer);
+  assert_int_equal(reqs, (uint64_t)STEPS * F.m->cfg.n_layers * N * 2);
+  assert_int_equal(store_attend_batches() - batches0, msgs);
+  ra_remote_batch_free(rb);
+  for (int i = 0; i < N; i++) ra_offload_free(via[i]);
   ra_wave_buffer_stats bt;
   ra_wave_buffer_totals(ra_offload_wave(batched[1]), &bt);
   assert_true(bt.hits > 0);
@@ -512,7 +550,7 @@ static void test_decode_batch_equals_alone(void **state) {
   int32_t two[2] = {1, 2};
   int rcs[2];
   ra_error errs[2];
-  assert_int_equal(ra_offload_decode_batch(mixed, two, 2, b, rcs, errs, NULL, &err), RA_EINVAL);
+  assert_int_equal(ra_offload_decode_batch(mixed, two, 2, b, NULL, rcs, errs, NULL, &err), RA_EINVAL);
   assert_non_null(strstr(err.msg, "another model"));
   ra_offload_free(foreign);
   ra_model_free(other);

@@ -1,8 +1,9 @@
 /* The worker's remote attention against real kv-store processes: prefill put, decode-time
  * appends of evicted tokens, per-layer fan-out and merge, with one kv head split across two
  * stores by token range; merged with the local sink + window partial it equals direct attention,
- * also with two runtimes' appends in flight together. A store killed mid-decode fails the step
- * with its address, fast, and stops the remote. */
+ * also with two runtimes' appends in flight together and with two runtimes' attends in one
+ * AttendBatch message per store. A store killed mid-decode fails the step with its address,
+ * fast, and stops the remote. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -21,6 +22,7 @@
 #include "merge.h"
 #include "offload_plan.h"
 #include "remote.h"
+#include "remote_batch.h"
 
 enum { N_LAYERS = 3, N_Q = 6, N_KV = 3, HD = 64, N_TOKENS = 3000, SINK = 64, WINDOW = 256, STEPS = 12 };
 
@@ -80,29 +82,44 @@ static void prefill(ra_remote *r, const fixture *f, uint64_t n0) {
   free(v);
 }
 
+/* The remote partial o, ml of `layer` (+ the local sink and window) vs direct attention over
+ * [0, n): the largest difference. */
+static double layer_error(const fixture *f, uint32_t layer, uint64_t n, const float *q, float *o, const float *ml) {
+  float o_loc[HD], o_ref[HD];
+  uint64_t b, e;
+  ra_offload_plan_range(&f->plan, n, &b, &e);
+  double worst = 0;
+  for (uint32_t h = 0; h < N_Q; h++) {
+    const float *k = kvdata_k(&f->d, layer, h / (N_Q / N_KV)), *v = kvdata_v(&f->d, layer, h / (N_Q / N_KV));
+    float scale = 1.0f / sqrtf((float)HD);
+    ra_partial acc = {.o = o + h * HD, .m = ml[2 * h], .l = ml[2 * h + 1]}, loc = {.o = o_loc}, ref = {.o = o_ref};
+    ra_partial_attend_f32(q + h * HD, k, v, SINK, HD, scale, &loc);
+    ra_partial_merge(&acc, loc.o, loc.m, loc.l, HD);
+    ra_partial_attend_f32(q + h * HD, k + e * HD, v + e * HD, n - e, HD, scale, &loc);
+    ra_partial_merge(&acc, loc.o, loc.m, loc.l, HD);
+    ra_partial_attend_f32(q + h * HD, k, v, n, HD, scale, &ref);
+    for (int j = 0; j < HD; j++) worst = fmax(worst, fabs((double)acc.o[j] - ref.o[j]));
+  }
+  return worst;
+}
+
+static void query_fill(float *q, uint64_t seed, uint32_t layer) {
+  for (int i = 0; i < N_Q * HD; i++) q[i] = (float)sin((double)(seed * 31 + layer * 7 + (uint64_t)i)) * 0.7f;
+}
+
 /* Remote partial (+ local sink and window) vs direct attention over [0, n) for every layer. */
 static double check_context(ra_remote *r, const fixture *f, uint64_t n, uint64_t seed) {
-  float q[N_Q * HD], o[N_Q * HD], ml[N_Q * 2], o_loc[HD], o_ref[HD];
+  float q[N_Q * HD], o[N_Q * HD], ml[N_Q * 2];
   uint64_t b, e;
   ra_offload_plan_range(&f->plan, n, &b, &e);
   double worst = 0;
   ra_error err;
   for (uint32_t layer = 0; layer < N_LAYERS; layer++) {
-    for (int i = 0; i < N_Q * HD; i++) q[i] = (float)sin((double)(seed * 31 + layer * 7 + (uint64_t)i)) * 0.7f;
+    query_fill(q, seed, layer);
     ra_remote_stats stats;
     ok(ra_remote_attend(r, layer, q, o, ml, &stats, &err), &err);
     assert_int_equal(stats.n_keys, (e - b) * N_Q); /* every offloaded token, once per q head */
-    for (uint32_t h = 0; h < N_Q; h++) {
-      const float *k = kvdata_k(&f->d, layer, h / (N_Q / N_KV)), *v = kvdata_v(&f->d, layer, h / (N_Q / N_KV));
-      float scale = 1.0f / sqrtf((float)HD);
-      ra_partial acc = {.o = o + h * HD, .m = ml[2 * h], .l = ml[2 * h + 1]}, loc = {.o = o_loc}, ref = {.o = o_ref};
-      ra_partial_attend_f32(q + h * HD, k, v, SINK, HD, scale, &loc);
-      ra_partial_merge(&acc, loc.o, loc.m, loc.l, HD);
-      ra_partial_attend_f32(q + h * HD, k + e * HD, v + e * HD, n - e, HD, scale, &loc);
-      ra_partial_merge(&acc, loc.o, loc.m, loc.l, HD);
-      ra_partial_attend_f32(q + h * HD, k, v, n, HD, scale, &ref);
-      for (int j = 0; j < HD; j++) worst = fmax(worst, fabs((double)acc.o[j] - ref.o[j]));
-    }
+    worst = fmax(worst, layer_error(f, layer, n, q, o, ml));
   }
   return worst;
 }
@@ -221,6 +238,102 @@ static void test_store_killed_mid_decode_fails_fast_and_names_it(void **state) {
   fixture_stop(&f);
 }
 
+/* Two remotes' attends through one batch (remote_batch.h: a batched decode step's): per layer,
+ * each store touched gets one AttendBatch message with both remotes' requests, and each remote's
+ * merged partial is exact. A store killed then fails both remotes' attends with its address,
+ * and the batch goes on with the others at the next step. */
+static void test_attends_batched_across_remotes(void **state) {
+  (void)state;
+  fixture f;
+  memset(&f, 0, sizeof f);
+  fixture_start(&f);
+  ra_remote *r[2];
+  ra_error err;
+  ra_remote_config cfg = {.dtype = RA_DTYPE_F16, .mode = RA_MODE_FULL, .timeout_ms = 3000};
+  for (int i = 0; i < 2; i++) {
+    ok(ra_remote_open(&f.plan, HD, &cfg, &r[i], &err), &err);
+    prefill(r[i], &f, N_TOKENS);
+  }
+  ra_remote_batch *rb;
+  ok(ra_remote_batch_new(&rb, &err), &err);
+  float q[2][N_Q * HD], o[2][N_Q * HD], ml[2][N_Q * 2];
+  double worst = 0;
+  for (int step = 0; step < 3; step++) {
+    for (uint32_t layer = 0; layer < N_LAYERS; layer++) {
+      for (int i = 0; i < 2; i++) {
+        query_fill(q[i], (uint64_t)(step * 2 + i), layer);
+        ra_remote_attend_via(r[i], rb);
+        ok(ra_remote_attend_begin(r[i], layer, q[i], &err), &err);
+      }
+      ra_remote_batch_send(rb);
+      for (int i = 0; i < 2; i++) {
+        ok(ra_remote_attend_end(r[i], o[i], ml[i], NULL, &err), &err);
+        worst = fmax(worst, layer_error(&f, layer, N_TOKENS, q[i], o[i], ml[i]));
+      }
+    }
+    ra_remote_batch_end_step(rb);
+  }
+  print_message("two remotes through one batch: max |err| %.2e\n", worst);
+  assert_true(worst < 1e-4);
+  /* per step: layer 0 at store 0, layers 1 and 2 at all three stores */
+  uint64_t msgs, reqs;
+  ra_remote_batch_counts(rb, &msgs, &reqs);
+  assert_int_equal(msgs, 3 * 7);
+  assert_int_equal(reqs, 3 * 7 * 2);
+  /* without a via, the same remote attends on its own streams */
+  assert_true(check_context(r[0], &f, N_TOKENS, 9) < 1e-4);
+  ra_remote_batch_counts(rb, &msgs, &reqs);
+  assert_int_equal(msgs, 3 * 7);
+
+  kill(f.st[1].pid, SIGKILL);
+  waitpid(f.st[1].pid, NULL, 0);
+  f.st[1].pid = 0;
+  for (int i = 0; i < 2; i++) {
+    query_fill(q[i], 50, 1);
+    ra_remote_attend_via(r[i], rb);
+    ok(ra_remote_attend_begin(r[i], 1, q[i], &err), &err);
+  }
+  ra_remote_batch_send(rb);
+  for (int i = 0; i < 2; i++) {
+    int rc = ra_remote_attend_end(r[i], o[i], ml[i], NULL, &err);
+    assert_true(rc == RA_EUNAVAIL || rc == RA_ETIMEDOUT || rc == RA_ECANCELED);
+    assert_non_null(strstr(err.msg, f.st[1].addr));
+  }
+  ra_remote_batch_end_step(rb);
+  /* a third remote, on store 0 alone, batches as before: the batch reconnected nothing it did
+   * not need and carries on */
+  ra_shard_map map0;
+  ra_offload_plan plan0;
+  char text[128];
+  snprintf(text, sizeof text, "%s * * *\n", f.st[0].addr);
+  ok(ra_shard_map_parse(text, &map0, &err), &err);
+  ok(ra_offload_plan_build(&map0, N_LAYERS, N_Q, N_KV, SINK, WINDOW, &plan0, &err), &err);
+  ra_remote *r3;
+  ok(ra_remote_open(&plan0, HD, &cfg, &r3, &err), &err);
+  uint64_t b, e;
+  ra_offload_plan_range(&plan0, N_TOKENS, &b, &e);
+  float *k = malloc((e - b) * N_KV * HD * sizeof(float)), *v = malloc((e - b) * N_KV * HD * sizeof(float));
+  layer_rows(&f.d, 1, b, e, k, v);
+  ok(ra_remote_put(r3, 1, k, v, b, e - b, &err), &err);
+  free(k);
+  free(v);
+  query_fill(q[0], 60, 1);
+  ra_remote_attend_via(r3, rb);
+  ok(ra_remote_attend_begin(r3, 1, q[0], &err), &err);
+  ra_remote_batch_send(rb);
+  ok(ra_remote_attend_end(r3, o[0], ml[0], NULL, &err), &err);
+  assert_true(layer_error(&f, 1, N_TOKENS, q[0], o[0], ml[0]) < 1e-4);
+  ra_remote_batch_counts(rb, &msgs, &reqs);
+  assert_int_equal(msgs, 3 * 7 + 3 + 1);
+  ra_remote_batch_end_step(rb);
+  ra_remote_batch_free(rb);
+  ra_remote_close(r3);
+  ra_offload_plan_free(&plan0);
+  ra_shard_map_free(&map0);
+  for (int i = 0; i < 2; i++) ra_remote_close(r[i]);
+  fixture_stop(&f);
+}
+
 static void test_unreachable_store_is_named_at_open(void **state) {
   ra_shard_map map;
   ra_offload_plan plan;
@@ -286,6 +399,7 @@ int main(void) {
       cmocka_unit_test(test_appends_in_flight_together),
       cmocka_unit_test(test_builds_in_flight_together_and_a_refused_one_is_reported),
       cmocka_unit_test(test_store_killed_mid_decode_fails_fast_and_names_it),
+      cmocka_unit_test(test_attends_batched_across_remotes),
       cmocka_unit_test(test_unreachable_store_is_named_at_open),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -244,7 +244,7 @@ static void test_round_trip(void **state) {
 static void test_garbage_and_truncated(void **state) {
   fx *f = *state;
   static const uint8_t garbage[] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01};
-  unary_fn fns[] = {kvs_service_open_session, kvs_service_append, kvs_service_attend,
+  unary_fn fns[] = {kvs_service_open_session, kvs_service_append, kvs_service_attend, kvs_service_attend_batch,
                     kvs_service_build_index, kvs_service_close_session, kvs_service_stats,
                     kvs_service_health};
   for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
@@ -266,7 +266,7 @@ static void test_garbage_and_truncated(void **state) {
                    RA_EFORMAT);
   expect_msg(f, "chunk 0: KvChunk: malformed");
   Rakv__StatsReply *s = stats(f);
-  assert_int_equal(s->errors, 9);
+  assert_int_equal(s->errors, 10);
   rakv__stats_reply__free_unpacked(s, NULL);
 }
 
@@ -1268,6 +1268,92 @@ static void test_health(void **state) {
   rakv__health_reply__free_unpacked(h, NULL);
 }
 
+
+/* AttendBatch: each item answers as the same Attend alone; a bad item (an unknown session, a q
+ * of the wrong size, another tenant's session) fails alone with its status and message while the
+ * items around it are answered; an unparsable message fails the call; the stores count items as
+ * attend requests and the message as a batch. */
+static void test_attend_batch(void **state) {
+  fx *f = *state;
+  float buf[100 * DIM];
+  Rakv__KvChunk c;
+  chunk_init(&c, f->id, 1, 0, 0, 100, buf, 0.5f);
+  for (int i = 0; i < 100 * DIM; i++) buf[i] = (float)((i * 7919) % 101) / 101.0f - 0.5f;
+  assert_int_equal(put_stream(f, &c), RA_OK);
+  uint32_t heads[2] = {0, 1};
+  float q[2 * DIM];
+  for (int i = 0; i < 2 * DIM; i++) q[i] = (float)(i % 5) - 2.0f;
+  Rakv__AttendRequest good;
+  attend_init(&good, f->id, heads, 2, q);
+  good.mode = RAKV__ATTEND_MODE__MODE_FULL;
+  good.seq = 7;
+  assert_int_equal(call(f, kvs_service_attend, &good.base), RA_OK);
+  Rakv__AttendReply *alone = rakv__attend_reply__unpack(NULL, f->reply.len, f->reply.data);
+  assert_non_null(alone);
+
+  uint8_t unknown[16] = {1, 2, 3};
+  Rakv__AttendRequest lost = good, short_q = good;
+  lost.session_id.data = unknown;
+  short_q.q.len -= 4;
+  Rakv__AttendRequest *items[4] = {&good, &lost, &short_q, &good};
+  Rakv__AttendBatchRequest br = RAKV__ATTEND_BATCH_REQUEST__INIT;
+  br.seq = 41;
+  br.n_items = 4;
+  br.items = items;
+  Rakv__StatsReply *s0 = stats(f);
+  assert_int_equal(call(f, kvs_service_attend_batch, &br.base), RA_OK);
+  Rakv__AttendBatchReply *rep = rakv__attend_batch_reply__unpack(NULL, f->reply.len, f->reply.data);
+  assert_non_null(rep);
+  assert_int_equal(rep->seq, 41);
+  assert_int_equal(rep->n_items, 4);
+  assert_int_equal(rep->items[1]->code, 5); /* NOT_FOUND */
+  assert_null(rep->items[1]->reply);
+  assert_int_equal(rep->items[2]->code, 3); /* INVALID_ARGUMENT */
+  assert_non_null(strstr(rep->items[2]->message, "q is"));
+  for (int k = 0; k < 4; k += 3) {
+    const Rakv__AttendItemReply *it = rep->items[k];
+    assert_int_equal(it->code, 0);
+    assert_non_null(it->reply);
+    assert_int_equal(it->reply->seq, 7);
+    assert_int_equal(it->reply->n_heads, 2);
+    for (int h = 0; h < 2; h++) {
+      const Rakv__HeadPartial *a = alone->heads[h], *b = it->reply->heads[h];
+      assert_int_equal(b->q_head, a->q_head);
+      assert_int_equal(b->n_scanned, 100);
+      assert_true(b->m == a->m && b->l == a->l);
+      assert_memory_equal(b->o.data, a->o.data, DIM * 4);
+    }
+  }
+  rakv__attend_batch_reply__free_unpacked(rep, NULL);
+  Rakv__StatsReply *s1 = stats(f);
+  assert_int_equal(s1->attend_requests - s0->attend_requests, 4);
+  assert_int_equal(s1->attend_batches - s0->attend_batches, 1);
+  assert_int_equal(s1->errors - s0->errors, 2);
+  rakv__stats_reply__free_unpacked(s0, NULL);
+  rakv__stats_reply__free_unpacked(s1, NULL);
+
+  /* another tenant's items are refused one by one */
+  f->who = &tenant_b;
+  Rakv__AttendRequest *one[1] = {&good};
+  br.n_items = 1;
+  br.items = one;
+  assert_int_equal(call(f, kvs_service_attend_batch, &br.base), RA_OK);
+  rep = rakv__attend_batch_reply__unpack(NULL, f->reply.len, f->reply.data);
+  assert_int_equal(rep->items[0]->code, 7); /* PERMISSION_DENIED */
+  rakv__attend_batch_reply__free_unpacked(rep, NULL);
+  f->who = &tenant_a;
+  /* an empty batch is answered empty; garbage is the call's error */
+  br.n_items = 0;
+  assert_int_equal(call(f, kvs_service_attend_batch, &br.base), RA_OK);
+  rep = rakv__attend_batch_reply__unpack(NULL, f->reply.len, f->reply.data);
+  assert_int_equal(rep->n_items, 0);
+  rakv__attend_batch_reply__free_unpacked(rep, NULL);
+  const uint8_t junk[3] = {0xff, 0xff, 0xff};
+  assert_int_equal(kvs_service_attend_batch(f->svc, f->who, junk, sizeof junk, &f->reply, &f->err), RA_EFORMAT);
+  expect_msg(f, "AttendBatchRequest");
+  rakv__attend_reply__free_unpacked(alone, NULL);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_round_trip, fx_setup, fx_teardown),
@@ -1288,6 +1374,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_sessions_bound_to_credential, fx_setup, fx_teardown),
       cmocka_unit_test_setup_teardown(test_attend_memory_charged, fx_setup_8m, fx_teardown),
       cmocka_unit_test_setup_teardown(test_health, fx_setup, fx_teardown),
+      cmocka_unit_test_setup_teardown(test_attend_batch, fx_setup, fx_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
