@@ -858,8 +858,12 @@ static int send_pending(ra_remote *r, const float *q, int *resend, ra_error *err
       }
     }
     ra_error e;
-    ra_kvclient_options opt = store_options(r);
-    s->batched = r->via && ra_remote_batch_stage(r->via, s->addr, &opt, &s->session, &s->req, &s->ticket, &e) == RA_OK;
+    s->batched = 0;
+    if (r->via) {
+      /* a request the batch cannot take (its store unreachable to it) goes on the stream */
+      ra_kvclient_options opt = store_options(r);
+      s->batched = ra_remote_batch_stage(r->via, s->addr, &opt, &s->session, &s->req, &s->ticket, &e) == RA_OK;
+    }
     if (s->batched || ra_kvclient_attend_send(s->stream, &s->req, &e) == RA_OK) {
       s->pending = 1;
       continue;

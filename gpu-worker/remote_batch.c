@@ -5,11 +5,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A message of the step: sent (or its send failed), then its reply received (or lost). */
+/* A message of the step: sent (or its send failed), then its items' replies, in order, until
+ * they are all in or the stream broke. */
 typedef struct batch_msg {
-  int rc; /* the send's or the reply's failure */
+  int rc; /* the send's failure, or the stream's before every reply came */
   ra_error err;
-  ra_kvclient_batch_reply *reply;
+  size_t n_items, n_got;
+  ra_kvclient_batch_reply **replies; /* [n_items]: [0, n_got) received */
 } batch_msg;
 
 typedef struct batch_store {
@@ -18,7 +20,7 @@ typedef struct batch_store {
   ra_kvclient_batch *stream;
   batch_msg *msgs;     /* the step's messages; msgs[n_msgs] is the one being staged */
   size_t n_msgs, cap_msgs;
-  size_t n_done;       /* messages [0, n_done) have their reply or their failure */
+  size_t n_done;       /* messages [0, n_done) have every reply or their failure */
 } batch_store;
 
 struct ra_remote_batch {
@@ -39,7 +41,8 @@ static void store_disconnect(batch_store *s) {
   s->client = NULL;
 }
 
-/* Messages [n_done, n_msgs) of s are lost with e (its stream broke): their requests fail with e. */
+/* The replies not yet in of messages [n_done, n_msgs) of s are lost with e (its stream broke):
+ * their requests fail with e. */
 static void store_lose(batch_store *s, const ra_error *e) {
   for (size_t k = s->n_done; k < s->n_msgs; k++)
     if (s->msgs[k].rc == RA_OK) {
@@ -50,12 +53,18 @@ static void store_lose(batch_store *s, const ra_error *e) {
   store_disconnect(s);
 }
 
+static void msg_free(batch_msg *m) {
+  for (size_t i = 0; i < m->n_got; i++) ra_kvclient_batch_reply_free(m->replies[i]);
+  free(m->replies);
+  *m = (batch_msg){0};
+}
+
 void ra_remote_batch_end_step(ra_remote_batch *b) {
   for (size_t i = 0; i < b->n_stores; i++) {
     batch_store *s = &b->stores[i];
     /* a reply nobody took would answer the next step's first message: start afresh */
     if (s->n_done < s->n_msgs) store_disconnect(s);
-    for (size_t k = 0; k < s->n_msgs; k++) ra_kvclient_batch_reply_free(s->msgs[k].reply);
+    for (size_t k = 0; k < s->n_msgs; k++) msg_free(&s->msgs[k]);
     s->n_msgs = s->n_done = 0;
     /* staged and never sent (the step failed before its send): dropped with the stream */
     if (s->stream && ra_kvclient_batch_staged(s->stream)) store_disconnect(s);
@@ -135,34 +144,35 @@ void ra_remote_batch_send(ra_remote_batch *b) {
     size_t n = s->stream ? ra_kvclient_batch_staged(s->stream) : 0;
     if (!n) continue;
     batch_msg *m = &s->msgs[s->n_msgs++];
-    *m = (batch_msg){0};
-    uint64_t seq;
-    m->rc = ra_kvclient_batch_send(s->stream, &seq, &m->err);
+    *m = (batch_msg){.n_items = n, .replies = malloc(n * sizeof *m->replies)};
     b->messages++;
     b->requests += n;
-    if (m->rc) store_lose(s, &m->err); /* the stream broke: the messages in flight are lost too */
+    m->rc = m->replies ? ra_kvclient_batch_send(s->stream, &m->err)
+                       : ra_errorf(&m->err, RA_ENOMEM, "out of memory for an attend batch's replies");
+    if (m->rc) store_lose(s, &m->err); /* the stream broke: the replies awaited are lost too */
   }
 }
 
 int ra_remote_batch_take(ra_remote_batch *b, const ra_remote_batch_ticket *t, const ra_kvclient_session *sess,
                          const ra_kvclient_attend_req *req, ra_head_partial *out, int timeout_ms, uint64_t *compute_us,
                          ra_error *err) {
-  if (t->store >= b->n_stores || t->msg >= b->stores[t->store].n_msgs)
+  if (t->store >= b->n_stores || t->msg >= b->stores[t->store].n_msgs || t->item >= b->stores[t->store].msgs[t->msg].n_items)
     return ra_errorf(err, RA_ESTATE, "attend batch: a request taken before its message was sent");
   batch_store *s = &b->stores[t->store];
-  while (s->n_done <= t->msg) {
+  batch_msg *m = &s->msgs[t->msg];
+  /* the replies come in order: those before this one's are kept for their takers */
+  while (m->n_got <= t->item && s->n_done <= t->msg) {
+    batch_msg *next = &s->msgs[s->n_done];
     ra_error e;
-    ra_kvclient_batch_reply *rep;
-    if (ra_kvclient_batch_recv(s->stream, timeout_ms, &rep, &e) != RA_OK) {
+    if (ra_kvclient_batch_recv(s->stream, timeout_ms, &next->replies[next->n_got], &e) != RA_OK) {
       store_lose(s, &e);
       break;
     }
-    s->msgs[s->n_done++].reply = rep;
+    if (++next->n_got == next->n_items) s->n_done++;
   }
-  const batch_msg *m = &s->msgs[t->msg];
-  if (m->rc) {
+  if (t->item >= m->n_got) {
     *err = m->err;
-    return m->rc;
+    return m->rc ? m->rc : RA_EINTERNAL;
   }
-  return ra_kvclient_batch_reply_item(m->reply, t->item, sess, req, out, compute_us, err);
+  return ra_kvclient_batch_reply_take(m->replies[t->item], sess, req, out, compute_us, err);
 }

@@ -825,13 +825,20 @@ typedef struct batch_item {
   ra_kvclient_attend_req req;
 } batch_item;
 
+/* A message sent whose replies have not all come: they come in order, one per item. */
+typedef struct batch_flight {
+  uint64_t seq;
+  size_t n_items, n_got;
+} batch_flight;
+
 struct ra_kvclient_batch {
   ra_kvclient *c;
   ra_rpc_call *call; /* NULL until the first send, and after a failure */
   uint64_t seq;      /* of the last message sent */
-  uint64_t acked;    /* of the last reply received */
   batch_item *items; /* staged for the next send */
   size_t n_items, cap_items;
+  batch_flight *flights; /* ring of the messages in flight */
+  size_t flight0, n_flights, cap_flights;
   Rakv__AttendRequest *msgs;
   Rakv__AttendRequest **ptrs;
   Rakv__SearchParams *sps;
@@ -841,7 +848,6 @@ struct ra_kvclient_batch {
 
 struct ra_kvclient_batch_reply {
   const ra_kvclient *c;
-  uint64_t seq;
   Rakv__AttendBatchReply *r;
 };
 
@@ -856,18 +862,19 @@ int ra_kvclient_batch_open(ra_kvclient *c, ra_kvclient_batch **out, ra_error *er
 static void batch_break(ra_kvclient_batch *b) {
   ra_rpc_call_destroy(b->call);
   b->call = NULL;
-  b->acked = b->seq;
+  b->n_flights = 0;
 }
 
 void ra_kvclient_batch_close(ra_kvclient_batch *b) {
   if (!b) return;
-  if (b->call && b->acked == b->seq) {
+  if (b->call && b->n_flights == 0) {
     ra_error ignored;
     if (ra_rpc_call_close_send(b->call, &ignored) == RA_OK && ra_rpc_call_recv(b->call, &b->rx, 1000, &ignored) == RA_EOF)
       ra_rpc_call_finish(b->call, &ignored);
   }
   ra_rpc_call_destroy(b->call);
   free(b->items);
+  free(b->flights);
   free(b->msgs);
   free(b->ptrs);
   free(b->sps);
@@ -875,8 +882,6 @@ void ra_kvclient_batch_close(ra_kvclient_batch *b) {
   ra_buf_free(&b->rx);
   free(b);
 }
-
-const char *ra_kvclient_batch_addr(const ra_kvclient_batch *b) { return ra_kvclient_addr(b->c); }
 
 int ra_kvclient_batch_add(ra_kvclient_batch *b, const ra_kvclient_session *s, const ra_kvclient_attend_req *req,
                           size_t *item, ra_error *err) {
@@ -896,9 +901,8 @@ int ra_kvclient_batch_add(ra_kvclient_batch *b, const ra_kvclient_session *s, co
 
 size_t ra_kvclient_batch_staged(const ra_kvclient_batch *b) { return b->n_items; }
 
-int ra_kvclient_batch_send(ra_kvclient_batch *b, uint64_t *seq, ra_error *err) {
-  const size_t n = b->n_items;
-  b->n_items = 0;
+/* Room for n messages' structures and one more flight. */
+static int batch_reserve(ra_kvclient_batch *b, size_t n, ra_error *err) {
   if (n > b->cap_msgs) {
     free(b->msgs);
     free(b->ptrs);
@@ -909,9 +913,27 @@ int ra_kvclient_batch_send(ra_kvclient_batch *b, uint64_t *seq, ra_error *err) {
     b->cap_msgs = b->msgs && b->ptrs && b->sps ? n : 0;
     if (!b->cap_msgs) return ra_errorf(err, RA_ENOMEM, "out of memory for a batch of %zu attends", n);
   }
-  int rc = RA_OK;
+  if (b->n_flights == b->cap_flights) {
+    size_t cap = b->cap_flights ? 2 * b->cap_flights : 4;
+    batch_flight *f = malloc(cap * sizeof *f);
+    if (!f) return ra_errorf(err, RA_ENOMEM, "out of memory for AttendBatch messages in flight");
+    for (size_t i = 0; i < b->n_flights; i++) f[i] = b->flights[(b->flight0 + i) % b->cap_flights];
+    free(b->flights);
+    b->flights = f;
+    b->flight0 = 0;
+    b->cap_flights = cap;
+  }
+  return RA_OK;
+}
+
+int ra_kvclient_batch_send(ra_kvclient_batch *b, ra_error *err) {
+  const size_t n = b->n_items;
+  b->n_items = 0;
+  if (!n) return ra_errorf(err, RA_EINVAL, "%s: an AttendBatch message of no items", ra_kvclient_addr(b->c));
+  int rc = batch_reserve(b, n, err);
   for (size_t i = 0; i < n && rc == RA_OK; i++) {
-    rc = attend_msg(&b->items[i].s, &b->items[i].req, b->seq + 1, &b->msgs[i], &b->sps[i], err);
+    /* an item's own seq is its layer: its reply echoes it (attend_take checks) */
+    rc = attend_msg(&b->items[i].s, &b->items[i].req, b->items[i].req.layer, &b->msgs[i], &b->sps[i], err);
     b->ptrs[i] = &b->msgs[i];
   }
   if (rc) return rc;
@@ -929,22 +951,23 @@ int ra_kvclient_batch_send(ra_kvclient_batch *b, uint64_t *seq, ra_error *err) {
     batch_break(b);
     return rc;
   }
-  *seq = b->seq;
+  b->flights[(b->flight0 + b->n_flights++) % b->cap_flights] = (batch_flight){m.seq, n, 0};
   return RA_OK;
 }
 
 int ra_kvclient_batch_recv(ra_kvclient_batch *b, int timeout_ms, ra_kvclient_batch_reply **out, ra_error *err) {
   *out = NULL;
-  if (!b->call || b->acked == b->seq)
-    return ra_errorf(err, RA_ESTATE, "%s: no AttendBatch message in flight", ra_kvclient_addr(b->c));
+  if (!b->call || !b->n_flights)
+    return ra_errorf(err, RA_ESTATE, "%s: no AttendBatch reply awaited", ra_kvclient_addr(b->c));
+  batch_flight *f = &b->flights[b->flight0];
   int rc = ra_rpc_call_recv(b->call, &b->rx, timeout_ms, err);
   if (rc == RA_EOF) rc = ra_errorf(err, RA_EUNAVAIL, "%s: the store ended the AttendBatch stream", ra_kvclient_addr(b->c));
   Rakv__AttendBatchReply *r = NULL;
   if (rc == RA_OK && !(r = rakv__attend_batch_reply__unpack(NULL, b->rx.len, b->rx.data)))
     rc = bad_reply(b->c, "AttendBatchReply", err);
-  if (rc == RA_OK && r->seq != b->acked + 1)
-    rc = ra_errorf(err, RA_EFORMAT, "%s: AttendBatchReply seq %llu, want %llu", ra_kvclient_addr(b->c),
-                   (unsigned long long)r->seq, (unsigned long long)(b->acked + 1));
+  if (rc == RA_OK && (r->seq != f->seq || r->item != f->n_got || !r->result))
+    rc = ra_errorf(err, RA_EFORMAT, "%s: AttendBatchReply seq %llu item %u, want seq %llu item %zu",
+                   ra_kvclient_addr(b->c), (unsigned long long)r->seq, r->item, (unsigned long long)f->seq, f->n_got);
   ra_kvclient_batch_reply *rep = NULL;
   if (rc == RA_OK && !(rep = malloc(sizeof *rep))) rc = ra_errorf(err, RA_ENOMEM, "out of memory for a batch reply");
   if (rc) {
@@ -952,27 +975,28 @@ int ra_kvclient_batch_recv(ra_kvclient_batch *b, int timeout_ms, ra_kvclient_bat
     batch_break(b);
     return rc;
   }
-  b->acked++;
-  *rep = (ra_kvclient_batch_reply){b->c, r->seq, r};
+  if (++f->n_got == f->n_items) {
+    b->flight0 = (b->flight0 + 1) % b->cap_flights;
+    b->n_flights--;
+  }
+  *rep = (ra_kvclient_batch_reply){b->c, r};
   *out = rep;
   return RA_OK;
 }
 
-int ra_kvclient_batch_reply_item(const ra_kvclient_batch_reply *rep, size_t item, const ra_kvclient_session *s,
+int ra_kvclient_batch_reply_take(const ra_kvclient_batch_reply *rep, const ra_kvclient_session *s,
                                  const ra_kvclient_attend_req *req, ra_head_partial *out, uint64_t *compute_us,
                                  ra_error *err) {
-  const Rakv__AttendBatchReply *r = rep->r;
-  if (item >= r->n_items)
-    return ra_errorf(err, RA_EFORMAT, "%s: AttendBatchReply has %zu items, not item %zu", ra_kvclient_addr(rep->c),
-                     r->n_items, item);
-  const Rakv__AttendItemReply *it = r->items[item];
+  const Rakv__AttendItemReply *it = rep->r->result;
   if (it->code != 0) {
     int code = ra_status_from_grpc((int)it->code);
     return ra_errorf(err, code == RA_OK ? RA_EINTERNAL : code, "%s: %s", ra_kvclient_addr(rep->c),
                      it->message ? it->message : "");
   }
   if (!it->reply) return bad_reply(rep->c, "AttendItemReply (no reply)", err);
-  return attend_take(rep->c, s->geo.head_dim, rep->seq, req, it->reply, out, NULL, compute_us, NULL, err);
+  int rc = attend_take(rep->c, s->geo.head_dim, req->layer, req, it->reply, out, NULL, NULL, NULL, err);
+  if (rc == RA_OK && compute_us) *compute_us = rep->r->compute_us;
+  return rc;
 }
 
 void ra_kvclient_batch_reply_free(ra_kvclient_batch_reply *rep) {

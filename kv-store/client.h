@@ -325,36 +325,37 @@ int ra_kvclient_attend_recv_retro(ra_kvclient_stream *st, const ra_kvclient_atte
                                   uint64_t *compute_us, uint64_t *retro_us, ra_error *err);
 
 /* AttendBatch (proto): the attends of several sessions at this store in one message, e.g. a
- * batched decode step's, one message per layer for all its sequences. A batch stream belongs to
+ * group of a batched decode step's sequences, one message per layer. A batch stream belongs to
  * the client, not to a session:
  *
  *   ra_kvclient_batch *b;  ra_kvclient_batch_open(c, &b, &err);
  *   per item:  ra_kvclient_batch_add(b, &session_i, &req_i, &item_i, &err);  // staged
- *   ra_kvclient_batch_send(b, &seq, &err);              // one message for every staged item
- *   ra_kvclient_batch_reply *rep;  ra_kvclient_batch_recv(b, 50, &rep, &err);
- *   per item:  ra_kvclient_batch_reply_item(rep, item_i, &session_i, &req_i, partials, NULL, &err);
- *   ra_kvclient_batch_reply_free(rep);  ...  ra_kvclient_batch_close(b);
+ *   ra_kvclient_batch_send(b, &err);                    // one message for every staged item
+ *   per item, in order:  ra_kvclient_batch_reply *rep;  ra_kvclient_batch_recv(b, 50, &rep, &err);
+ *     ra_kvclient_batch_reply_take(rep, &session_i, &req_i, partials, NULL, &err);
+ *     ra_kvclient_batch_reply_free(rep);
+ *   ra_kvclient_batch_close(b);
  *
  * A staged request (and the arrays it points to) must stay valid until send, which clears the
- * staged items; several messages may be in flight, and recv returns their replies in the order
- * they were sent (seq 1, 2, ...). An item fails alone: reply_item returns the store's error for
- * it (a bad request, an unknown session) while the others are answered. A send or recv that
- * fails (the store gone, a timeout) breaks the stream: every message in flight is lost and the
- * next send opens a fresh stream. retro_q / retro clusters are carried, but not the
- * supplementary partials: batch requests without retro. */
+ * staged items (at least one). Several messages may be in flight; the store answers each item as
+ * soon as it is done, so recv returns one reply per item, the first message's items in order,
+ * then the next message's. An item fails alone: reply_take returns the store's error for it (a
+ * bad request, an unknown session) while the others are answered. A send or recv that fails (the
+ * store gone, a timeout, a reply out of order) breaks the stream: every reply still awaited is
+ * lost, and the next send opens a fresh stream. Requests with retro queries are refused. */
 typedef struct ra_kvclient_batch ra_kvclient_batch;
 typedef struct ra_kvclient_batch_reply ra_kvclient_batch_reply;
 int ra_kvclient_batch_open(ra_kvclient *c, ra_kvclient_batch **out, ra_error *err);
 void ra_kvclient_batch_close(ra_kvclient_batch *b);
-const char *ra_kvclient_batch_addr(const ra_kvclient_batch *b);
 int ra_kvclient_batch_add(ra_kvclient_batch *b, const ra_kvclient_session *s, const ra_kvclient_attend_req *req,
                           size_t *item, ra_error *err);
 size_t ra_kvclient_batch_staged(const ra_kvclient_batch *b);
-/* *seq: the message's number (its reply is the seq-th that recv returns) */
-int ra_kvclient_batch_send(ra_kvclient_batch *b, uint64_t *seq, ra_error *err);
+int ra_kvclient_batch_send(ra_kvclient_batch *b, ra_error *err);
+/* The next item's reply (timeout_ms as for ra_kvclient_attend). */
 int ra_kvclient_batch_recv(ra_kvclient_batch *b, int timeout_ms, ra_kvclient_batch_reply **out, ra_error *err);
-/* out: [req->n_heads] as for ra_kvclient_attend; *compute_us: the store's time on this item */
-int ra_kvclient_batch_reply_item(const ra_kvclient_batch_reply *rep, size_t item, const ra_kvclient_session *s,
+/* The item's partials, out [req->n_heads] as for ra_kvclient_attend (s, req: the item's); its
+ * error; *compute_us: the store's time on it. */
+int ra_kvclient_batch_reply_take(const ra_kvclient_batch_reply *rep, const ra_kvclient_session *s,
                                  const ra_kvclient_attend_req *req, ra_head_partial *out, uint64_t *compute_us,
                                  ra_error *err);
 void ra_kvclient_batch_reply_free(ra_kvclient_batch_reply *rep);

@@ -120,8 +120,22 @@ static int serve_stream(ra_rpc_call *call, void *ctx, stream_fn fn, ra_error *er
 static int handle_attend(ra_rpc_call *call, void *ctx, ra_error *err) {
   return serve_stream(call, ctx, kvs_service_attend, err);
 }
+/* Sends one item's reply of an AttendBatch message. */
+static int emit_reply(void *call, const uint8_t *data, size_t len, ra_error *err) {
+  return ra_rpc_call_send(call, data, len, err);
+}
+
 static int handle_attend_batch(ra_rpc_call *call, void *ctx, ra_error *err) {
-  return serve_stream(call, ctx, kvs_service_attend_batch, err);
+  kvs_service *svc = ctx;
+  ra_buf in = {0};
+  kvs_caller who = caller_of(call);
+  int rc;
+  /* the service counts a reply that could not be sent as a failed request */
+  while ((rc = ra_rpc_call_recv(call, &in, -1, err)) == RA_OK)
+    if ((rc = kvs_service_attend_batch(svc, &who, in.data, in.len, emit_reply, call, err)) != RA_OK) break;
+  if (rc == RA_EOF) rc = RA_OK;
+  ra_buf_free(&in);
+  return rc;
 }
 
 int kvs_server_register(ra_rpc_server *s, kvs_service *svc, ra_error *err) {

@@ -615,47 +615,36 @@ int kvs_service_attend(kvs_service *svc, const kvs_caller *who, const uint8_t *r
   return counted(svc, rc);
 }
 
-int kvs_service_attend_batch(kvs_service *svc, const kvs_caller *who, const uint8_t *req, size_t len, ra_buf *reply,
-                             ra_error *err) {
+int kvs_service_attend_batch(kvs_service *svc, const kvs_caller *who, const uint8_t *req, size_t len,
+                             kvs_emit_fn emit, void *ctx, ra_error *err) {
   atomic_fetch_add(&svc->attend_batches, 1);
   Rakv__AttendBatchRequest *r = rakv__attend_batch_request__unpack(NULL, len, req);
   if (!r) return counted(svc, malformed(err, "AttendBatchRequest", len));
-  const size_t n = r->n_items;
-  uint64_t t0 = ra_clock_now_us();
-  attend_out *outs = calloc(n ? n : 1, sizeof *outs);
-  Rakv__AttendItemReply *items = calloc(n ? n : 1, sizeof *items);
-  Rakv__AttendItemReply **ptrs = calloc(n ? n : 1, sizeof *ptrs);
-  ra_error *errs = calloc(n ? n : 1, sizeof *errs);
-  int rc = RA_OK;
-  if (!outs || !items || !ptrs || !errs) {
-    rc = ra_errorf(err, RA_ENOMEM, "out of memory for a batch of %zu attends", n);
-    goto out;
-  }
-  /* Each item counts as a request of its own (errors included); the message as one more. */
-  for (size_t i = 0; i < n; i++) {
-    Rakv__AttendItemReply *it = &items[i];
-    rakv__attend_item_reply__init(it);
-    int irc = counted(svc, attend(svc, who, r->items[i], &outs[i], &errs[i]));
+  int rc = r->n_items ? RA_OK : ra_errorf(err, RA_EINVAL, "an AttendBatch message of no items");
+  ra_buf out = {0};
+  /* Each item counts as a request of its own (its failure as an error); the message as one more. */
+  for (size_t i = 0; rc == RA_OK && i < r->n_items; i++) {
+    uint64_t t0 = ra_clock_now_us();
+    attend_out o;
+    ra_error e;
+    int irc = counted(svc, attend(svc, who, r->items[i], &o, &e));
+    Rakv__AttendItemReply it = RAKV__ATTEND_ITEM_REPLY__INIT;
     if (irc == RA_OK) {
-      it->reply = &outs[i].msg;
+      it.reply = &o.msg;
     } else {
-      it->code = (uint32_t)ra_status_to_grpc(irc);
-      it->message = errs[i].msg;
+      it.code = (uint32_t)ra_status_to_grpc(irc);
+      it.message = e.msg;
     }
-    ptrs[i] = it;
+    Rakv__AttendBatchReply m = RAKV__ATTEND_BATCH_REPLY__INIT;
+    m.seq = r->seq;
+    m.item = (uint32_t)i;
+    m.result = &it;
+    m.compute_us = ra_clock_now_us() - t0;
+    rc = pack_reply(&m.base, &out, err);
+    attend_out_free(&o);
+    if (rc == RA_OK) rc = emit(ctx, out.data, out.len, err);
   }
-  Rakv__AttendBatchReply m = RAKV__ATTEND_BATCH_REPLY__INIT;
-  m.seq = r->seq;
-  m.n_items = n;
-  m.items = ptrs;
-  m.compute_us = ra_clock_now_us() - t0;
-  rc = pack_reply(&m.base, reply, err);
-out:
-  for (size_t i = 0; outs && i < n; i++) attend_out_free(&outs[i]);
-  free(outs);
-  free(items);
-  free(ptrs);
-  free(errs);
+  ra_buf_free(&out);
   rakv__attend_batch_request__free_unpacked(r, NULL);
   return counted(svc, rc);
 }

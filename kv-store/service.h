@@ -55,10 +55,12 @@ int kvs_service_append(kvs_service *svc, const kvs_caller *who, const uint8_t *r
 int kvs_service_attend(kvs_service *svc, const kvs_caller *who, const uint8_t *req, size_t len, ra_buf *reply,
                        ra_error *err);
 /* AttendBatch: each item is an attend of its own (its session, its checks, counted as a
- * request) answered in the reply's item of the same place with its status; items run in order.
- * Fails as a whole only when the message cannot be parsed or the reply not built. */
-int kvs_service_attend_batch(kvs_service *svc, const kvs_caller *who, const uint8_t *req, size_t len, ra_buf *reply,
-                             ra_error *err);
+ * request), run in order and answered at once: emit gets each item's serialized reply (proto
+ * AttendBatchReply) as soon as it is done. Fails as a whole (nothing more emitted) when the
+ * message cannot be parsed or has no items, a reply cannot be built, or emit fails (its code). */
+typedef int (*kvs_emit_fn)(void *ctx, const uint8_t *data, size_t len, ra_error *err);
+int kvs_service_attend_batch(kvs_service *svc, const kvs_caller *who, const uint8_t *req, size_t len,
+                             kvs_emit_fn emit, void *ctx, ra_error *err);
 /* BuildIndex: builds (layer, q_head)'s index of the kind its params name (over the session's
  * OpenSession IndexParams, over the defaults) on every shard of the kv head held here
  * (kvs_session_build_index). roar needs the q head's prefill queries: `queries` float32

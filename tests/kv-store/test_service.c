@@ -244,7 +244,7 @@ static void test_round_trip(void **state) {
 static void test_garbage_and_truncated(void **state) {
   fx *f = *state;
   static const uint8_t garbage[] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01};
-  unary_fn fns[] = {kvs_service_open_session, kvs_service_append, kvs_service_attend, kvs_service_attend_batch,
+  unary_fn fns[] = {kvs_service_open_session, kvs_service_append, kvs_service_attend,
                     kvs_service_build_index, kvs_service_close_session, kvs_service_stats,
                     kvs_service_health};
   for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
@@ -266,7 +266,7 @@ static void test_garbage_and_truncated(void **state) {
                    RA_EFORMAT);
   expect_msg(f, "chunk 0: KvChunk: malformed");
   Rakv__StatsReply *s = stats(f);
-  assert_int_equal(s->errors, 10);
+  assert_int_equal(s->errors, 9);
   rakv__stats_reply__free_unpacked(s, NULL);
 }
 
@@ -1269,10 +1269,42 @@ static void test_health(void **state) {
 }
 
 
-/* AttendBatch: each item answers as the same Attend alone; a bad item (an unknown session, a q
- * of the wrong size, another tenant's session) fails alone with its status and message while the
- * items around it are answered; an unparsable message fails the call; the stores count items as
- * attend requests and the message as a batch. */
+/* What an AttendBatch call emitted: each item's reply, unpacked. */
+typedef struct emitted {
+  Rakv__AttendBatchReply *r[8];
+  size_t n;
+  int fail_at; /* > 0: the fail_at-th emit fails (a client gone) */
+} emitted;
+
+static int collect(void *ctx, const uint8_t *data, size_t len, ra_error *err) {
+  emitted *e = ctx;
+  if (e->fail_at && (int)e->n + 1 == e->fail_at) return ra_errorf(err, RA_EUNAVAIL, "the client went away");
+  assert_true(e->n < 8);
+  e->r[e->n] = rakv__attend_batch_reply__unpack(NULL, len, data);
+  assert_non_null(e->r[e->n]);
+  e->n++;
+  return RA_OK;
+}
+
+static int call_batch(fx *f, Rakv__AttendBatchRequest *br, emitted *e) {
+  uint8_t *b;
+  size_t n = pack(&br->base, &b);
+  ra_error_clear(&f->err);
+  int rc = kvs_service_attend_batch(f->svc, f->who, b, n, collect, e, &f->err);
+  free(b);
+  return rc;
+}
+
+static void emitted_free(emitted *e) {
+  for (size_t i = 0; i < e->n; i++) rakv__attend_batch_reply__free_unpacked(e->r[i], NULL);
+  e->n = 0;
+}
+
+/* AttendBatch: each item is answered in order, in a reply of its own, as the same Attend alone;
+ * a bad item (an unknown session, a q of the wrong size, another tenant's session) fails alone
+ * with its status and message while the items around it are answered; an unparsable or empty
+ * message fails the call, and so does a reply that cannot be sent (no more items run); the store
+ * counts items as attend requests and the message as a batch. */
 static void test_attend_batch(void **state) {
   fx *f = *state;
   float buf[100 * DIM];
@@ -1301,17 +1333,20 @@ static void test_attend_batch(void **state) {
   br.n_items = 4;
   br.items = items;
   Rakv__StatsReply *s0 = stats(f);
-  assert_int_equal(call(f, kvs_service_attend_batch, &br.base), RA_OK);
-  Rakv__AttendBatchReply *rep = rakv__attend_batch_reply__unpack(NULL, f->reply.len, f->reply.data);
-  assert_non_null(rep);
-  assert_int_equal(rep->seq, 41);
-  assert_int_equal(rep->n_items, 4);
-  assert_int_equal(rep->items[1]->code, 5); /* NOT_FOUND */
-  assert_null(rep->items[1]->reply);
-  assert_int_equal(rep->items[2]->code, 3); /* INVALID_ARGUMENT */
-  assert_non_null(strstr(rep->items[2]->message, "q is"));
+  emitted e = {0};
+  assert_int_equal(call_batch(f, &br, &e), RA_OK);
+  assert_int_equal(e.n, 4);
+  for (size_t k = 0; k < 4; k++) {
+    assert_int_equal(e.r[k]->seq, 41);
+    assert_int_equal(e.r[k]->item, k);
+    assert_non_null(e.r[k]->result);
+  }
+  assert_int_equal(e.r[1]->result->code, 5); /* NOT_FOUND */
+  assert_null(e.r[1]->result->reply);
+  assert_int_equal(e.r[2]->result->code, 3); /* INVALID_ARGUMENT */
+  assert_non_null(strstr(e.r[2]->result->message, "q is"));
   for (int k = 0; k < 4; k += 3) {
-    const Rakv__AttendItemReply *it = rep->items[k];
+    const Rakv__AttendItemReply *it = e.r[k]->result;
     assert_int_equal(it->code, 0);
     assert_non_null(it->reply);
     assert_int_equal(it->reply->seq, 7);
@@ -1324,7 +1359,7 @@ static void test_attend_batch(void **state) {
       assert_memory_equal(b->o.data, a->o.data, DIM * 4);
     }
   }
-  rakv__attend_batch_reply__free_unpacked(rep, NULL);
+  emitted_free(&e);
   Rakv__StatsReply *s1 = stats(f);
   assert_int_equal(s1->attend_requests - s0->attend_requests, 4);
   assert_int_equal(s1->attend_batches - s0->attend_batches, 1);
@@ -1332,25 +1367,30 @@ static void test_attend_batch(void **state) {
   rakv__stats_reply__free_unpacked(s0, NULL);
   rakv__stats_reply__free_unpacked(s1, NULL);
 
+  /* a reply that cannot be sent stops the message: the items after it do not run */
+  e.fail_at = 2;
+  assert_int_equal(call_batch(f, &br, &e), RA_EUNAVAIL);
+  assert_int_equal(e.n, 1);
+  emitted_free(&e);
+  e.fail_at = 0;
   /* another tenant's items are refused one by one */
   f->who = &tenant_b;
   Rakv__AttendRequest *one[1] = {&good};
   br.n_items = 1;
   br.items = one;
-  assert_int_equal(call(f, kvs_service_attend_batch, &br.base), RA_OK);
-  rep = rakv__attend_batch_reply__unpack(NULL, f->reply.len, f->reply.data);
-  assert_int_equal(rep->items[0]->code, 7); /* PERMISSION_DENIED */
-  rakv__attend_batch_reply__free_unpacked(rep, NULL);
+  assert_int_equal(call_batch(f, &br, &e), RA_OK);
+  assert_int_equal(e.n, 1);
+  assert_int_equal(e.r[0]->result->code, 7); /* PERMISSION_DENIED */
+  emitted_free(&e);
   f->who = &tenant_a;
-  /* an empty batch is answered empty; garbage is the call's error */
+  /* an empty batch and garbage are the call's errors */
   br.n_items = 0;
-  assert_int_equal(call(f, kvs_service_attend_batch, &br.base), RA_OK);
-  rep = rakv__attend_batch_reply__unpack(NULL, f->reply.len, f->reply.data);
-  assert_int_equal(rep->n_items, 0);
-  rakv__attend_batch_reply__free_unpacked(rep, NULL);
-  const uint8_t junk[3] = {0xff, 0xff, 0xff};
-  assert_int_equal(kvs_service_attend_batch(f->svc, f->who, junk, sizeof junk, &f->reply, &f->err), RA_EFORMAT);
-  expect_msg(f, "AttendBatchRequest");
+  assert_int_equal(call_batch(f, &br, &e), RA_EINVAL);
+  expect_msg(f, "no items");
+  assert_int_equal(e.n, 0);
+  const uint8_t junk[7] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01};
+  assert_int_equal(kvs_service_attend_batch(f->svc, f->who, junk, sizeof junk, collect, &e, &f->err), RA_EFORMAT);
+  expect_msg(f, "AttendBatchRequest: malformed protobuf (7 bytes)");
   rakv__attend_reply__free_unpacked(alone, NULL);
 }
 
