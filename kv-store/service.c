@@ -615,34 +615,71 @@ int kvs_service_attend(kvs_service *svc, const kvs_caller *who, const uint8_t *r
   return counted(svc, rc);
 }
 
+/* Item i's reply, packed into out. */
+static int batch_item_reply(const Rakv__AttendBatchRequest *r, size_t i, int rc, attend_out *o, const ra_error *e,
+                            uint64_t us, ra_buf *out, ra_error *err) {
+  Rakv__AttendItemReply it = RAKV__ATTEND_ITEM_REPLY__INIT;
+  if (rc == RA_OK) {
+    it.reply = &o->msg;
+  } else {
+    it.code = (uint32_t)ra_status_to_grpc(rc);
+    it.message = (char *)e->msg;
+  }
+  Rakv__AttendBatchReply m = RAKV__ATTEND_BATCH_REPLY__INIT;
+  m.seq = r->seq;
+  m.item = (uint32_t)i;
+  m.result = &it;
+  m.compute_us = us;
+  return pack_reply(&m.base, out, err);
+}
+
 int kvs_service_attend_batch(kvs_service *svc, const kvs_caller *who, const uint8_t *req, size_t len,
                              kvs_emit_fn emit, void *ctx, ra_error *err) {
   atomic_fetch_add(&svc->attend_batches, 1);
   Rakv__AttendBatchRequest *r = rakv__attend_batch_request__unpack(NULL, len, req);
   if (!r) return counted(svc, malformed(err, "AttendBatchRequest", len));
-  int rc = r->n_items ? RA_OK : ra_errorf(err, RA_EINVAL, "an AttendBatch message of no items");
+  const size_t n = r->n_items;
+  const int nt = svc->attend_threads > 0 ? svc->attend_threads : omp_get_max_threads();
+  int rc = n ? RA_OK : ra_errorf(err, RA_EINVAL, "an AttendBatch message of no items");
   ra_buf out = {0};
-  /* Each item counts as a request of its own (its failure as an error); the message as one more. */
-  for (size_t i = 0; rc == RA_OK && i < r->n_items; i++) {
-    uint64_t t0 = ra_clock_now_us();
-    attend_out o;
-    ra_error e;
-    int irc = counted(svc, attend(svc, who, r->items[i], &o, &e));
-    Rakv__AttendItemReply it = RAKV__ATTEND_ITEM_REPLY__INIT;
-    if (irc == RA_OK) {
-      it.reply = &o.msg;
-    } else {
-      it.code = (uint32_t)ra_status_to_grpc(irc);
-      it.message = e.msg;
+  /* Fewer items than threads: one after another, each on all the threads (an item splits into
+   * enough tasks), and each answered as soon as it is done. At least as many: the items
+   * themselves in parallel, one thread each (an item's own parallel regions run on that thread:
+   * nested regions are inactive), so that items of a few tasks each do not leave threads idle,
+   * then answered in order. Each item counts as a request of its own (its failure as an error),
+   * the message as one more. */
+  if (rc == RA_OK && (n < 2 || n < (size_t)nt)) {
+    for (size_t i = 0; rc == RA_OK && i < n; i++) {
+      uint64_t t0 = ra_clock_now_us();
+      attend_out o;
+      ra_error e;
+      int irc = counted(svc, attend(svc, who, r->items[i], &o, &e));
+      rc = batch_item_reply(r, i, irc, &o, &e, ra_clock_now_us() - t0, &out, err);
+      attend_out_free(&o);
+      if (rc == RA_OK) rc = emit(ctx, out.data, out.len, err);
     }
-    Rakv__AttendBatchReply m = RAKV__ATTEND_BATCH_REPLY__INIT;
-    m.seq = r->seq;
-    m.item = (uint32_t)i;
-    m.result = &it;
-    m.compute_us = ra_clock_now_us() - t0;
-    rc = pack_reply(&m.base, &out, err);
-    attend_out_free(&o);
-    if (rc == RA_OK) rc = emit(ctx, out.data, out.len, err);
+  } else if (rc == RA_OK) {
+    attend_out *o = calloc(n, sizeof *o);
+    ra_error *e = calloc(n, sizeof *e);
+    int *irc = calloc(n, sizeof *irc);
+    uint64_t *us = calloc(n, sizeof *us);
+    if (!o || !e || !irc || !us) rc = ra_errorf(err, RA_ENOMEM, "out of memory for a batch of %zu attends", n);
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (rc == RA_OK)
+    for (size_t i = 0; i < n; i++) {
+      if (rc != RA_OK) continue;
+      uint64_t t0 = ra_clock_now_us();
+      irc[i] = counted(svc, attend(svc, who, r->items[i], &o[i], &e[i]));
+      us[i] = ra_clock_now_us() - t0;
+    }
+    for (size_t i = 0; rc == RA_OK && i < n; i++) {
+      rc = batch_item_reply(r, i, irc[i], &o[i], &e[i], us[i], &out, err);
+      if (rc == RA_OK) rc = emit(ctx, out.data, out.len, err);
+    }
+    for (size_t i = 0; o && i < n; i++) attend_out_free(&o[i]);
+    free(o);
+    free(e);
+    free(irc);
+    free(us);
   }
   ra_buf_free(&out);
   rakv__attend_batch_request__free_unpacked(r, NULL);

@@ -35,6 +35,7 @@ typedef struct fx {
   uint8_t id[16];
   ra_buf reply;
   ra_error err;
+  int threads; /* the service's attend threads */
 } fx;
 
 static size_t pack(const ProtobufCMessage *m, uint8_t **out) {
@@ -60,10 +61,11 @@ static void expect_msg(const fx *f, const char *text) {
 
 /* Geometry 2 layers x 4 q heads x 2 kv heads x 16, f32; the session owns layer 1 kv head 0,
  * tokens [0, open). */
-static int fx_open(void **state, uint64_t budget) {
+static int fx_open_threads(void **state, uint64_t budget, int threads) {
   fx *f = calloc(1, sizeof *f);
   f->who = &tenant_a;
-  kvs_service_config cfg = {.memory_budget = budget, .attend_threads = 1};
+  f->threads = threads;
+  kvs_service_config cfg = {.memory_budget = budget, .attend_threads = threads};
   if (kvs_service_create(&cfg, &f->svc, &f->err) != RA_OK) return -1;
   Rakv__Geometry g = RAKV__GEOMETRY__INIT;
   g.n_layers = 2;
@@ -88,7 +90,11 @@ static int fx_open(void **state, uint64_t budget) {
   return 0;
 }
 
+static int fx_open(void **state, uint64_t budget) { return fx_open_threads(state, budget, 1); }
+
 static int fx_setup(void **state) { return fx_open(state, 1 << 20); }
+/* More attend threads than a test's batches have items: AttendBatch runs them one after another. */
+static int fx_setup_threads8(void **state) { return fx_open_threads(state, 1 << 20, 8); }
 /* 50000 rows of 16 f32 (6.4 MB, its growth slack included) leave well under 1 MB free. */
 static int fx_setup_8m(void **state) { return fx_open(state, 8u << 20); }
 /* Room for indexes: a build's estimate includes fixed-size blocks of several MiB. */
@@ -1303,8 +1309,10 @@ static void emitted_free(emitted *e) {
 /* AttendBatch: each item is answered in order, in a reply of its own, as the same Attend alone;
  * a bad item (an unknown session, a q of the wrong size, another tenant's session) fails alone
  * with its status and message while the items around it are answered; an unparsable or empty
- * message fails the call, and so does a reply that cannot be sent (no more items run); the store
- * counts items as attend requests and the message as a batch. */
+ * message fails the call, and so does a reply that cannot be sent; the store counts items as
+ * attend requests and the message as a batch. Run with 1 attend thread (the 4 items in parallel,
+ * then answered) and with 8 (one after another, each answered at once: a failed reply stops the
+ * rest). */
 static void test_attend_batch(void **state) {
   fx *f = *state;
   float buf[100 * DIM];
@@ -1367,10 +1375,16 @@ static void test_attend_batch(void **state) {
   rakv__stats_reply__free_unpacked(s0, NULL);
   rakv__stats_reply__free_unpacked(s1, NULL);
 
-  /* a reply that cannot be sent stops the message: the items after it do not run */
+  /* a reply that cannot be sent stops the message: no reply after it (one after another: the
+   * items after it do not run either) */
   e.fail_at = 2;
+  s0 = stats(f);
   assert_int_equal(call_batch(f, &br, &e), RA_EUNAVAIL);
   assert_int_equal(e.n, 1);
+  s1 = stats(f);
+  assert_int_equal(s1->attend_requests - s0->attend_requests, f->threads > 4 ? 2 : 4);
+  rakv__stats_reply__free_unpacked(s0, NULL);
+  rakv__stats_reply__free_unpacked(s1, NULL);
   emitted_free(&e);
   e.fail_at = 0;
   /* another tenant's items are refused one by one */
@@ -1415,6 +1429,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_attend_memory_charged, fx_setup_8m, fx_teardown),
       cmocka_unit_test_setup_teardown(test_health, fx_setup, fx_teardown),
       cmocka_unit_test_setup_teardown(test_attend_batch, fx_setup, fx_teardown),
+      cmocka_unit_test_setup_teardown(test_attend_batch, fx_setup_threads8, fx_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
