@@ -130,7 +130,8 @@ static const ra_opt rows[] = {
     {"kv-dtype", RA_OPT_ENUM, AT(kv_dtype), .lo = RA_DTYPE_F32, .hi = RA_DTYPE_BF16, .name_of = dtype_name,
      .help = "KV cache dtype", .scope = GEN | DUMP | SERVE | LOGITS | SERVE},
     {"batch", RA_OPT_INT, AT(batch), .lo = 1, .hi = 1L << 20, .meta = "N",
-     .help = "prefill chunk size (serve, full mode: prompt tokens per step over all sequences)",
+     .help = "prefill chunk size (serve: prompt tokens per step over all sequences; offload modes: a prompt's "
+             "prefill in pieces of layers of that much work)",
      .scope = GEN | DUMP | SERVE},
     {"ctx", RA_OPT_INT, AT(ctx), .lo = 1, .hi = 1L << 24, .meta = "N",
      .help = "KV cache tokens (serve: of each sequence, prompt + answer)", .dflt = "prompt + new tokens; serve: 2048", .scope = RUNS},

@@ -44,6 +44,19 @@ typedef struct decode_step {
  * offloaded. */
 #define RA_OFFLOAD_KV_POOL 6
 
+/* A prefill between ra_offload_prefill_begin and its last layer: what the layers share. */
+typedef struct prefill_run {
+  int active;
+  const int32_t *tokens; /* the caller's, [n] */
+  int64_t n, n_q;        /* prompt tokens; roar's sampled queries per layer */
+  int layer;             /* the next layer to run */
+  int synthetic;
+  float *q;              /* roar: the layer's sampled queries [n_q, n_heads, head_dim] (else NULL) */
+  ra_job_pipe *pipe;     /* layers' offload jobs in flight (NULL without stores) */
+  ra_offload_stats s;
+  uint64_t t0;
+} prefill_run;
+
 struct ra_offload {
   const ra_model *m;
   const ra_offload_plan *plan;
@@ -87,6 +100,7 @@ struct ra_offload {
   float *kv_pool[RA_OFFLOAD_KV_POOL];
   size_t kv_pool_cap[RA_OFFLOAD_KV_POOL]; /* floats of each, 0: slot empty */
   int64_t prefill_rows, prefill_ffn; /* the state's step and MLP rows while it prefills */
+  prefill_run pf;          /* the prefill under way (ra_offload_prefill_begin .. its last layer) */
   ra_offload_stats prefill_stats;
   ra_offload_stats *steps; /* [n_steps] recorded decode timings */
   size_t n_steps, steps_cap;
@@ -135,8 +149,15 @@ static void kv_buf_give(ra_offload *o, float *p, size_t n) {
   o->m->be->ops->host_free(o->m->be, p);
 }
 
+static int prefill_finish(ra_offload *o, int rc, ra_offload_stats *stats, ra_error *err);
+
 void ra_offload_free(ra_offload *o) {
   if (!o) return;
+  if (o->pf.active) {
+    ra_error ignored;
+    ra_errorf(&ignored, RA_ECANCELED, "offload: freed during its prefill");
+    (void)prefill_finish(o, RA_ECANCELED, NULL, &ignored);
+  }
   for (int i = 0; i < RA_OFFLOAD_KV_POOL; i++) o->m->be->ops->host_free(o->m->be, o->kv_pool[i]);
   uv_mutex_destroy(&o->kv_pool_lock);
   ra_wave_free(o->wave);
@@ -729,71 +750,30 @@ static void kv_pool_release(ra_offload *o) {
   for (int i = 0; i < RA_OFFLOAD_KV_POOL; i++) o->m->be->ops->host_free(o->m->be, p[i]);
 }
 
-int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offload_stats *stats, ra_error *err) {
+/* Ends the prefill under way: its last layers' jobs and builds waited for (rc: how its layers
+ * went; a store's failure surfaces here at the latest), its buffers freed, the state at the
+ * prompt's end or, on failure, back at position 0. */
+static int prefill_finish(ra_offload *o, int rc, ra_offload_stats *stats, ra_error *err) {
+  prefill_run *pf = &o->pf;
   ra_state *st = o->st;
-  ra_offload_stats s = {0};
-  const int synthetic = o->cfg.synthetic_chunk > 0;
-  if (st->pos != 0) return ra_errorf(err, RA_ESTATE, "offload: prefill after %lld tokens", (long long)st->pos);
-  if (n < 1 || n > o->scratch_k.shape[0])
-    return ra_errorf(err, RA_EINVAL, "offload: a prefill of %lld tokens (at most %lld)", (long long)n,
-                     (long long)o->scratch_k.shape[0]);
-  int rc0 = ra_state_set_max_batch(st, o->prefill_rows, o->prefill_ffn, err);
-  if (rc0) return rc0;
-  uint64_t t0 = uv_hrtime();
-  /* Two layers in flight: layer l at the stores while the device computes l + 1, and l + 1's
-   * job ready behind it (host memory: two layers' offloaded K/V in fp32). */
-  ra_job_pipe *pipe = NULL;
-  o->pipe_append_us = o->pipe_index_us = 0.0;
-  o->n_jobs = 0;
-  /* roar's sampled queries of the layer, reused by every layer (the job copies them) */
-  const int64_t n_q = n < (int64_t)o->cfg.build_queries ? n : (int64_t)o->cfg.build_queries;
-  const size_t q_row = (size_t)o->m->cfg.n_heads * (size_t)o->m->cfg.head_dim;
-  float *q = NULL;
-  int rc = RA_OK;
-  if (o->remote && o->cfg.mode == RA_MODE_ROAR && !(q = malloc((size_t)n_q * q_row * sizeof(float))))
-    rc = ra_errorf(err, RA_ENOMEM, "offload: out of memory for %lld sampled queries", (long long)n_q);
-  if (rc == RA_OK) rc = wave_begin(o, n, err);
-  if (rc == RA_OK && o->remote) rc = ra_job_pipe_start(2, &pipe, err);
-  if (rc == RA_OK && !synthetic) rc = ra_step_begin(st, tokens, n, err);
-  for (int l = 0; l < o->m->cfg.n_layers && rc == RA_OK; l++) {
-    /* The scratch becomes layer l's cache for this step; its ring waits in scratch_k/v. */
-    ra_state_swap_cache(st, l, &o->scratch_k, &o->scratch_v);
-    if (synthetic) {
-      rc = synthetic_layer_qkv(o, tokens, n, l, q, n_q, err);
-    } else {
-      rc = ra_step_layer_qkv(st, l, err);
-      if (rc == RA_OK) rc = ra_step_layer_attend(st, l, err);
-      if (rc == RA_OK && q) rc = pick_queries(o, n, n_q, 0, n, q, err);
-    }
-    if (rc == RA_OK) rc = prefill_offload_layer(o, pipe, l, n, &o->scratch_k, &o->scratch_v, q, n_q, &s, err);
-    ra_state_swap_cache(st, l, &o->scratch_k, &o->scratch_v);
-    if (rc == RA_OK && !synthetic) rc = ra_step_layer_finish(st, l, err);
-    if (rc == RA_OK && o->cfg.progress) {
-      uint64_t b, e;
-      ra_partition_offloaded(o->cfg.n_sink, o->cfg.n_window, (uint64_t)n, &b, &e);
-      if (!o->remote) e = b; /* streaming sends nothing */
-      ra_offload_progress pr = {.layer = l + 1, .n_layers = o->m->cfg.n_layers, .n_tokens = n,
-                                .bytes_offloaded = (uint64_t)(l + 1) * (e - b) * 2 * o->m->cfg.n_kv_heads *
-                                                   ra_dtype_row_bytes(o->cfg.store_dtype, (size_t)o->m->cfg.head_dim),
-                                .index_s = s.index_us / 1e6};
-      o->cfg.progress(o->cfg.progress_ctx, &pr);
-    }
-  }
   /* synthetic: the state is at the last chunk, whose x is still its embedding: its last row's
    * logits, and pos moves past the prompt */
   if (rc == RA_OK) rc = ra_step_end(st, 0, err);
   if (rc == RA_OK) rc = o->m->be->ops->sync(o->m->be, err);
-  /* the last layers' stores and builds; a store's failure surfaces here at the latest */
-  if (pipe) {
+  if (pf->pipe) {
     ra_error perr, berr;
     uint64_t tw = uv_hrtime();
-    int prc = ra_job_pipe_finish(pipe, rc ? &perr : err);
+    int prc = ra_job_pipe_finish(pf->pipe, rc ? &perr : err);
     if (rc == RA_OK) rc = prc;
     int brc = layer_builds_wait(o, 0, rc ? &berr : err);
     if (rc == RA_OK) rc = brc;
-    s.wait_us += (double)(uv_hrtime() - tw) / 1e3;
+    pf->s.wait_us += (double)(uv_hrtime() - tw) / 1e3;
   }
-  free(q);
+  free(pf->q);
+  ra_offload_stats s = pf->s;
+  const int64_t n = pf->n;
+  const uint64_t t0 = pf->t0;
+  memset(pf, 0, sizeof *pf);
   s.append_us += o->pipe_append_us;
   s.index_us += o->pipe_index_us;
   kv_pool_release(o);
@@ -813,6 +793,82 @@ int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offlo
   return RA_OK;
 }
 
+int ra_offload_prefill_begin(ra_offload *o, const int32_t *tokens, int64_t n, ra_error *err) {
+  ra_state *st = o->st;
+  prefill_run *pf = &o->pf;
+  if (pf->active) return ra_errorf(err, RA_ESTATE, "offload: a prefill is under way");
+  if (st->pos != 0) return ra_errorf(err, RA_ESTATE, "offload: prefill after %lld tokens", (long long)st->pos);
+  if (n < 1 || n > o->scratch_k.shape[0])
+    return ra_errorf(err, RA_EINVAL, "offload: a prefill of %lld tokens (at most %lld)", (long long)n,
+                     (long long)o->scratch_k.shape[0]);
+  int rc = ra_state_set_max_batch(st, o->prefill_rows, o->prefill_ffn, err);
+  if (rc) return rc;
+  *pf = (prefill_run){.active = 1, .tokens = tokens, .n = n, .synthetic = o->cfg.synthetic_chunk > 0,
+                      .t0 = uv_hrtime()};
+  o->pipe_append_us = o->pipe_index_us = 0.0;
+  o->n_jobs = 0;
+  /* roar's sampled queries of the layer, reused by every layer (the job copies them) */
+  pf->n_q = n < (int64_t)o->cfg.build_queries ? n : (int64_t)o->cfg.build_queries;
+  const size_t q_row = (size_t)o->m->cfg.n_heads * (size_t)o->m->cfg.head_dim;
+  if (o->remote && o->cfg.mode == RA_MODE_ROAR && !(pf->q = malloc((size_t)pf->n_q * q_row * sizeof(float))))
+    rc = ra_errorf(err, RA_ENOMEM, "offload: out of memory for %lld sampled queries", (long long)pf->n_q);
+  if (rc == RA_OK) rc = wave_begin(o, n, err);
+  /* Two layers in flight: layer l at the stores while the device computes l + 1, and l + 1's
+   * job ready behind it (host memory: two layers' offloaded K/V in fp32). */
+  if (rc == RA_OK && o->remote) rc = ra_job_pipe_start(2, &pf->pipe, err);
+  if (rc == RA_OK && !pf->synthetic) rc = ra_step_begin(st, tokens, n, err);
+  return rc ? prefill_finish(o, rc, NULL, err) : RA_OK;
+}
+
+/* Layer l of the prefill under way. */
+static int prefill_layer(ra_offload *o, int l, ra_error *err) {
+  prefill_run *pf = &o->pf;
+  ra_state *st = o->st;
+  const int64_t n = pf->n;
+  int rc;
+  /* The scratch becomes layer l's cache for this step; its ring waits in scratch_k/v. */
+  ra_state_swap_cache(st, l, &o->scratch_k, &o->scratch_v);
+  if (pf->synthetic) {
+    rc = synthetic_layer_qkv(o, pf->tokens, n, l, pf->q, pf->n_q, err);
+  } else {
+    rc = ra_step_layer_qkv(st, l, err);
+    if (rc == RA_OK) rc = ra_step_layer_attend(st, l, err);
+    if (rc == RA_OK && pf->q) rc = pick_queries(o, n, pf->n_q, 0, n, pf->q, err);
+  }
+  if (rc == RA_OK) rc = prefill_offload_layer(o, pf->pipe, l, n, &o->scratch_k, &o->scratch_v, pf->q, pf->n_q, &pf->s, err);
+  ra_state_swap_cache(st, l, &o->scratch_k, &o->scratch_v);
+  if (rc == RA_OK && !pf->synthetic) rc = ra_step_layer_finish(st, l, err);
+  if (rc == RA_OK && o->cfg.progress) {
+    uint64_t b, e;
+    ra_partition_offloaded(o->cfg.n_sink, o->cfg.n_window, (uint64_t)n, &b, &e);
+    if (!o->remote) e = b; /* streaming sends nothing */
+    ra_offload_progress pr = {.layer = l + 1, .n_layers = o->m->cfg.n_layers, .n_tokens = n,
+                              .bytes_offloaded = (uint64_t)(l + 1) * (e - b) * 2 * o->m->cfg.n_kv_heads *
+                                                 ra_dtype_row_bytes(o->cfg.store_dtype, (size_t)o->m->cfg.head_dim),
+                              .index_s = pf->s.index_us / 1e6};
+    o->cfg.progress(o->cfg.progress_ctx, &pr);
+  }
+  return rc;
+}
+
+int ra_offload_prefill_next(ra_offload *o, int max_layers, int *done, ra_offload_stats *stats, ra_error *err) {
+  *done = 0;
+  prefill_run *pf = &o->pf;
+  if (!pf->active) return ra_errorf(err, RA_ESTATE, "offload: no prefill under way");
+  if (max_layers < 1) return ra_errorf(err, RA_EINVAL, "offload: a prefill piece of %d layers", max_layers);
+  int rc = RA_OK;
+  for (int k = 0; k < max_layers && pf->layer < o->m->cfg.n_layers && rc == RA_OK; k++) rc = prefill_layer(o, pf->layer++, err);
+  if (rc == RA_OK && pf->layer < o->m->cfg.n_layers) return RA_OK;
+  *done = rc == RA_OK;
+  return prefill_finish(o, rc, stats, err);
+}
+
+int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offload_stats *stats, ra_error *err) {
+  int rc = ra_offload_prefill_begin(o, tokens, n, err), done = 0;
+  if (rc == RA_OK) rc = ra_offload_prefill_next(o, o->m->cfg.n_layers, &done, stats, err);
+  return rc;
+}
+
 /* Captured rows [p0, p1) of one layer (host [n, n_kv_heads, head_dim]) into the ring, through the
  * scratch at their own positions so that ring_fill places them as a prefill does. */
 static int seed_ring(ra_offload *o, ra_tensor *ring, ra_tensor *scratch, const float *kv, int64_t p0, int64_t p1,
@@ -828,7 +884,8 @@ int ra_offload_seed(ra_offload *o, const ra_prefill_capture *cap, ra_offload_sta
   const ra_model_config *c = &o->m->cfg;
   ra_offload_stats s = {0};
   int64_t n = cap->n;
-  if (st->pos != 0) return ra_errorf(err, RA_ESTATE, "offload: seed after %lld tokens", (long long)st->pos);
+  if (st->pos != 0 || o->pf.active)
+    return ra_errorf(err, RA_ESTATE, "offload: seed after %lld tokens or during a prefill", (long long)st->pos);
   if (cap->n_layers != c->n_layers || cap->n_heads != c->n_heads || cap->n_kv_heads != c->n_kv_heads ||
       cap->head_dim != c->head_dim || cap->vocab != c->vocab)
     return ra_errorf(err, RA_EINVAL, "offload: the capture is of another model geometry");
@@ -983,7 +1040,7 @@ static int decode_setup_begin(ra_offload *o, decode_step *d, ra_error *err) {
   d->evicted = -1;
   d->t0 = uv_hrtime();
   int64_t n = d->n = o->st->pos; /* the new token's position */
-  if (n == 0) return ra_errorf(err, RA_ESTATE, "offload: decode before prefill");
+  if (n == 0 || o->pf.active) return ra_errorf(err, RA_ESTATE, "offload: decode before its prefill is done");
   int rc = RA_OK;
   int64_t ev = ra_partition_evicted(o->cfg.n_sink, o->cfg.n_window, (uint64_t)n);
   if (ev >= 0 && o->remote && (rc = evict_begin(o, ev, &d->s, err)) == RA_OK) d->evicted = ev;

@@ -17,6 +17,7 @@
 typedef struct seq {
   ra_state *st;   /* full mode */
   ra_offload *off; /* offload modes */
+  int prefilling;  /* offload modes: its prefill is under way (ra_offload_prefill_begin) */
   int32_t *toks;
   size_t n_toks, n_fed, cap;
   ra_sched_req *req;
@@ -459,8 +460,9 @@ static void offload_done(ra_sched *s, seq *q, size_t take, int rc, const ra_erro
   }
 }
 
-/* Offload modes: a new sequence's prefill alone, then one batched decode step of every other
- * running sequence (ra_offload_decode_batch); how many ran. */
+/* Offload modes: the oldest new sequence's prefill advances by a piece of layers (prefill_chunk
+ * tokens' worth; all of them when nobody decodes), then one batched decode step of every running sequence whose
+ * prefill is done (ra_offload_decode_batch); how many ran. */
 static int step_offload(ra_sched *s) {
   enum { MAX = 256 };
   ra_offload *offs[MAX];
@@ -469,23 +471,35 @@ static int step_offload(ra_sched *s) {
   ra_offload_stats stats[MAX];
   seq *who[MAX];
   int n = 0, n_prefill = 0;
-  seq *next;
+  seq *next, *first = NULL;
   for (seq *q = s->running; q; q = next) {
     next = q->next;
-    if (q->n_fed != 0) {
-      if (n < MAX) {
-        offs[n] = q->off;
-        toks[n] = q->toks[q->n_fed];
-        who[n++] = q;
-      }
-      continue;
+    if (q->n_fed == 0) {
+      if (!first) first = q;
+    } else if (n < MAX) {
+      offs[n] = q->off;
+      toks[n] = q->toks[q->n_fed];
+      who[n++] = q;
     }
+  }
+  if (first) {
+    seq *q = first;
     ra_error err;
     ra_error_clear(&err);
     ra_offload_stats st = {0};
-    int rc = ra_offload_prefill(q->off, q->toks, (int64_t)q->n_toks, &st, &err);
-    n_prefill++;
-    offload_done(s, q, q->n_toks, rc, &err, &st);
+    int rc = RA_OK, done = 0;
+    if (!q->prefilling) rc = ra_offload_prefill_begin(q->off, q->toks, (int64_t)q->n_toks, &err);
+    q->prefilling = rc == RA_OK;
+    /* a piece of about prefill_chunk tokens through every layer: a short prompt in one step, a
+     * long one a layer at a time; all of it when nobody waits */
+    const int64_t L = s->cfg.m->cfg.n_layers, want = (s->cfg.prefill_chunk * L + (int64_t)q->n_toks - 1) / (int64_t)q->n_toks;
+    const int layers = n == 0 || want >= L ? (int)L : want < 1 ? 1 : (int)want;
+    if (rc == RA_OK) rc = ra_offload_prefill_next(q->off, layers, &done, &st, &err);
+    n_prefill = 1;
+    if (rc || done) {
+      q->prefilling = 0;
+      offload_done(s, q, q->n_toks, rc, &err, &st);
+    }
   }
   if (n) {
     ra_error err;

@@ -39,7 +39,10 @@ typedef struct ra_sched_config {
   const ra_offload_plan *plan;  /* the stores (offload modes but streaming), else NULL */
   int max_seqs;                 /* sequences running at once; more are refused (429) */
   int64_t max_ctx;              /* prompt + generated tokens of a sequence */
-  int64_t prefill_chunk;        /* full mode: prompt tokens per step, all sequences together */
+  int64_t prefill_chunk;        /* prompt tokens per step: full mode, all sequences together;
+                                   offload modes, a prefill of n tokens runs
+                                   ceil(prefill_chunk * n_layers / n) layers per step (at least one)
+                                   while others decode */
   int max_cached;               /* idle contexts kept; 0: no reuse */
   double cache_ttl_s;           /* an idle context older than this is freed */
   ra_dtype kv_dtype;

@@ -7,6 +7,9 @@ from their first word, and between levels):
   prefill: each prompt with max_tokens 1: the time to first token of C prompts arriving together;
   decode:  each prompt again plus a short suffix, --max-tokens greedy tokens: the server reuses the
            context it just built (usage.cached_tokens), so all C sequences decode together.
+  stall (with --long-prompt-tokens N): the decode phase's streams again, and once they all run, one
+           new prompt of N tokens (max_tokens 1) arrives: its TTFT, and the streams' longest gap
+           between two tokens that spans its prefill, against their median gap.
 Reported per level: the decode phase's aggregate tok/s over the span where all C streams were
 decoding (from the last stream's first token to the first stream's last token) and over the
 whole phase, inter-token p50 / p99, both phases' TTFT p50 / p99, and (offloaded modes) a
@@ -15,7 +18,8 @@ sequence's mean decode step by part over the decode phase, from the server's /me
 step by part (ra_serve_engine_step_seconds_total / ra_serve_engine_steps_total). JSON on stdout
 and --json.
   serve_bench.py --url http://127.0.0.1:8000 --model m [--concurrency 1,4,16,32]
-                 [--prompt-tokens 32768] [--max-tokens 128] [--label TEXT] [--json out.json]"""
+                 [--prompt-tokens 32768] [--max-tokens 128] [--long-prompt-tokens N] [--label TEXT]
+                 [--json out.json]"""
 import argparse
 import http.client
 import json
@@ -58,7 +62,7 @@ def stream(url, model, text, max_tokens, out):
     if r.status != 200:
         out.update(error=f"{r.status} {r.read()[:200]!r}")
         return
-    times, usage = [], None
+    times, usage = out.setdefault("times", []), None  # filled as tokens come (the stall phase watches it)
     for line in r:
         line = line.strip()
         if not line.startswith(b"data: ") or line == b"data: [DONE]":
@@ -71,7 +75,7 @@ def stream(url, model, text, max_tokens, out):
             usage = ev["usage"]
         if ev["choices"] and ev["choices"][0]["text"]:
             times.append(time.perf_counter())
-    out.update(t0=t0, times=times, usage=usage)
+    out.update(t0=t0, usage=usage)
 
 
 def step_parts(url):
@@ -113,17 +117,41 @@ def together(args, texts, max_tokens):
 
 
 def ttft(outs):
-    return [o["times"][0] - o["t0"] for o in outs if o.get("times")]
+    return [o["times"][0] - o["t0"] for o in outs if o.get("times") and "t0" in o]
 
 
-def level(args, n, words):
+def stall(args, prompts, long_words):
+    """The streams of prompts decoding, then a long prompt arriving: its TTFT and the streams' gaps."""
+    outs = [{} for _ in prompts]
+    th = [threading.Thread(target=stream, args=(args.url, args.model, p + " Then:", args.max_tokens, o))
+          for p, o in zip(prompts, outs)]
+    for t in th:
+        t.start()
+    while any(len(o.get("times", [])) < 3 and "error" not in o and "usage" not in o for o in outs):
+        time.sleep(0.005)
+    long = {}
+    t_long = time.perf_counter()
+    stream(args.url, args.model, prompt(f"LONG{len(prompts)}", long_words), 1, long)
+    for t in th:
+        t.join()
+    first = long["times"][0] if long.get("times") else None
+    spans = [b - a for o in outs for a, b in zip(o.get("times", []), o.get("times", [])[1:])
+             if first is not None and b > t_long and a < first]
+    gaps = [b - a for o in outs for a, b in zip(o.get("times", []), o.get("times", [])[1:])]
+    return {"long_prompt_tokens": (long.get("usage") or {}).get("prompt_tokens"),
+            "long_ttft_s": first - t_long if first is not None else None,
+            "max_gap_during_s": max(spans) if spans else None, "gap_p50_s": pct(gaps, 0.5),
+            "errors": [o["error"] for o in outs + [long] if "error" in o][:3]}
+
+
+def level(args, n, words, long_words):
     prompts = [prompt(f"L{n}S{i}", words) for i in range(n)]
     warm = together(args, prompts, 1)
     before = step_parts(args.url)
     outs = together(args, [p + " Go on:" for p in prompts], args.max_tokens)
     after = step_parts(args.url)
     errors = [o["error"] for o in warm + outs if "error" in o]
-    ok = [o for o in outs if o.get("times")]
+    ok = [o for o in outs if o.get("times") and "error" not in o]
     gaps = [b - a for o in ok for a, b in zip(o["times"], o["times"][1:])]
     decoded = sum(len(o["times"]) - 1 for o in ok)
     span = max(o["times"][-1] for o in ok) - min(o["times"][0] for o in ok) if ok else 0
@@ -144,7 +172,8 @@ def level(args, n, words):
             "prefill_ttft_p50_s": pct(ttft_w, 0.5), "prefill_ttft_p99_s": pct(ttft_w, 0.99),
             "reuse_ttft_p50_s": pct(ttft_d, 0.5), "reuse_ttft_p99_s": pct(ttft_d, 0.99),
             "decode_steps": after[1] - before[1], "decode_step_ms": step_ms(before, after),
-            "engine_steps": after[3] - before[3], "engine_step_ms": step_ms(before, after, 2)}
+            "engine_steps": after[3] - before[3], "engine_step_ms": step_ms(before, after, 2),
+            "stall": stall(args, prompts, long_words) if long_words else None}
 
 
 def main():
@@ -154,6 +183,7 @@ def main():
     ap.add_argument("--concurrency", default="1,4,16,32")
     ap.add_argument("--prompt-tokens", type=int, default=32768)
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--long-prompt-tokens", type=int, default=0, help="the stall phase's prompt (0: no stall phase)")
     ap.add_argument("--label", default="", help="recorded as is (e.g. the host, mode and build)")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -165,7 +195,9 @@ def main():
     words = max(1, int(args.prompt_tokens / per_word))
     res = {"label": args.label, "url": args.url, "model": args.model, "prompt_tokens_asked": args.prompt_tokens,
            "max_tokens": args.max_tokens, "tokens_per_word": round(per_word, 3),
-           "levels": [level(args, int(c), words) for c in args.concurrency.split(",")]}
+           "long_prompt_tokens_asked": args.long_prompt_tokens,
+           "levels": [level(args, int(c), words, int(args.long_prompt_tokens / per_word))
+                      for c in args.concurrency.split(",")]}
     text = json.dumps(res, indent=1)
     print(text)
     if args.json:

@@ -1,16 +1,17 @@
 #!/bin/sh
 # bench/serve/serve-modes.sh end to end on a random 2-layer SmolLM2-shaped model: full at 1 and
 # 2 streams, flat at 2 with two real stores; every level completes, and the offloaded level
-# reports a sequence's decode step by part from the server's /metrics (none for full). $1: the
-# bin dir, $2: the tokenizer GGUF.
+# reports a sequence's decode step by part from the server's /metrics (none for full); the stall
+# phase (a 300-token prompt arriving while the streams decode, prefilled in pieces of 64 tokens'
+# worth) reports its TTFT and the streams' gap across it. $1: the bin dir, $2: the tokenizer GGUF.
 set -e
 here=$(cd "$(dirname "$0")" && pwd)
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 STORE_ARGS="--threads 1 --memory-budget 256M" "$here/../../bench/serve/serve-modes.sh" "$out" "$1" \
   "full@1,2 flat:--attn-top-k,8,--sink,16,--window,32@2" -- \
-  --backend cpu --threads 1 --model random:smollm2-135m:2 --tokenizer "$2" --ctx 1024 --max-seqs 2 --max-cached 2 \
-  --- --prompt-tokens 200 --max-tokens 8 >/dev/null 2>&1 || { cat "$out"/*.log >&2; exit 1; }
+  --backend cpu --threads 1 --model random:smollm2-135m:2 --tokenizer "$2" --ctx 1024 --max-seqs 3 --max-cached 3 \
+  --batch 64 --- --prompt-tokens 200 --max-tokens 24 --long-prompt-tokens 300 >/dev/null 2>&1 || { cat "$out"/*.log >&2; exit 1; }
 python3 - "$out" <<'PY'
 import json, sys
 d = sys.argv[1]
@@ -25,6 +26,11 @@ assert [lv["concurrency"] for lv in full["levels"]] == [1, 2]
 assert all(lv["decode_step_ms"] is None for lv in full["levels"]), full
 lv = flat["levels"][0]
 p = lv["decode_step_ms"]
-assert lv["decode_steps"] >= 2 * 7, lv
+assert lv["decode_steps"] >= 2 * 23, lv
 assert p["total"] > 0 and 0 < p["wait"] <= p["total"] and p["store"] > 0, p
+for r in (full, flat):
+    for lv in r["levels"]:
+        st = lv["stall"]
+        assert not st["errors"] and st["long_prompt_tokens"] >= 250, st
+        assert st["long_ttft_s"] > 0 and st["max_gap_during_s"] > 0 and st["gap_p50_s"] > 0, st
 PY

@@ -189,6 +189,29 @@ bmsgs = metric("flat", 'ra_serve_attend_batch_total{kind="messages"}')
 breqs = metric("flat", 'ra_serve_attend_batch_total{kind="requests"}')
 check(bmsgs > 0 and breqs > bmsgs, f"flat: {breqs} requests in {bmsgs} AttendBatch messages")
 
+# --- a long prompt prefills in pieces of layers (--batch 16: about 16 tokens through every layer
+# per step, so 2 layers of a 420-token prompt): a stream already running keeps getting tokens
+# until the long request's own first token
+
+
+def token_times(server, prompt, max_tokens):
+    return [time.time() for _ in server.completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens,
+                                                            temperature=0, stream=True)]
+
+
+gen0 = metric("flat", "ra_serve_generated_tokens_total")
+with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    running = pool.submit(token_times, fl, "1, 2, 3, 4, 5,", 150)
+    deadline = time.time() + 120
+    while metric("flat", "ra_serve_generated_tokens_total") < gen0 + 5 and time.time() < deadline:
+        time.sleep(0.02)
+    t_long = time.time()
+    first_long = token_times(fl, "The capital of France is Paris. " * 60 + "The capital of Italy is", 2)[0]
+    times = running.result()
+between = [t for t in times if t_long < t < first_long]
+check(len(between) >= 8, f"{len(between)} tokens of a running stream during a long prompt's prefill "
+                          f"({first_long - t_long:.1f} s; {len(times)} tokens in all)")
+
 # --- a client that disconnects mid-stream: its sequence stops and the stores free its KV
 
 

@@ -32,7 +32,7 @@ start_serve() { # NAME ARGS...: a server on a free port; its address in $RUN/NAM
 }
 start_serve batch --max-cached 0 --max-seqs 8 --max-body 64K
 start_serve reuse --max-seqs 4
-start_serve flat --mode flat --stores "$STORES" --sink 4 --window 8 --attn-top-k 4096 --max-cached 0 --max-seqs 4
+start_serve flat --mode flat --stores "$STORES" --sink 4 --window 8 --attn-top-k 4096 --max-cached 0 --max-seqs 4 --batch 16
 
 PROM=$(command -v prometheus || true)
 if ! python3 "$HERE/test_gw_serve.py" "$RUN" "$PROM"; then

@@ -10,7 +10,8 @@
  *   - the device buffer of retrieved clusters changes nothing but where they are attended: on
  *     equals off across growth blocks, with hits on a steady decode, under eviction, in f16;
  *   - a batched decode step (one ranking call for the step's wave sequences) equals each
- *     sequence decoding alone. */
+ *     sequence decoding alone, also with its requests in AttendBatch messages;
+ *   - a prefill in pieces of layers, another runtime decoding between them, equals the whole. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -116,9 +117,9 @@ static ra_offload *offload_new(const ra_offload_plan *plan, const ra_offload_con
   return o;
 }
 
-/* AttendBatch messages both stores have answered. */
-static uint64_t store_attend_batches(void) {
-  uint64_t n = 0;
+/* Both stores' Stats, summed. */
+static ra_kvclient_store_stats stores_stats(void) {
+  ra_kvclient_store_stats sum = {0};
   for (int i = 0; i < 2; i++) {
     ra_kvclient *c;
     ra_kvclient_store_stats st;
@@ -126,9 +127,11 @@ static uint64_t store_attend_batches(void) {
     ok(ra_kvclient_connect(F.st[i].addr, NULL, &c, &err), &err);
     ok(ra_kvclient_stats(c, &st, &err), &err);
     ra_kvclient_close(c);
-    n += st.attend_batches;
+    sum.sessions += st.sessions;
+    sum.bytes_used += st.bytes_used;
+    sum.attend_batches += st.attend_batches;
   }
-  return n;
+  return sum;
 }
 
 static void last_logits(ra_state *st, float *out) {
@@ -473,7 +476,7 @@ static void test_decode_batch_equals_alone(void **state) {
   }
   ra_remote_batch *rb;
   ok(ra_remote_batch_new(&rb, &err), &err);
-  uint64_t batches0 = store_attend_batches();
+  uint64_t batches0 = stores_stats().attend_batches;
   ra_batch *b;
   ok(ra_batch_new(F.m, N, N, &b, &err), &err);
   float *want = malloc((size_t)vocab * sizeof *want), *got = malloc((size_t)vocab * sizeof *got);
@@ -514,7 +517,7 @@ static void test_decode_batch_equals_alone(void **state) {
   const uint64_t per_layer = 2 * 2; /* groups x stores: every layer has kv heads at both */
   assert_int_equal(msgs, (uint64_t)STEPS * F.m->cfg.n_layers * per_layer);
   assert_int_equal(reqs, (uint64_t)STEPS * F.m->cfg.n_layers * N * 2);
-  assert_int_equal(store_attend_batches() - batches0, msgs);
+  assert_int_equal(stores_stats().attend_batches - batches0, msgs);
   ra_remote_batch_free(rb);
   for (int i = 0; i < N; i++) ra_offload_free(via[i]);
   ra_wave_buffer_stats bt;
@@ -564,6 +567,71 @@ static void test_decode_batch_equals_alone(void **state) {
   plan_free(&p);
 }
 
+/* ra_offload_prefill_begin / _next: a wave prefill one layer at a time, with another runtime
+ * decoding between the pieces, gives the logits of the whole prefill and decodes as it does; a
+ * decode or a second prefill during it is refused; a runtime freed during its prefill
+ * closes its sessions (the stores free what it sent). */
+static void test_prefill_in_pieces(void **state) {
+  (void)state;
+  enum { STEPS = 12 };
+  const int vocab = F.m->cfg.vocab;
+  plan_of p;
+  plan_make(&p, NULL, SINK, WINDOW);
+  ra_offload_config c;
+  wave_config(&c, &p.plan, 0.15, 0.3, 0, STEPS + 1);
+  ra_error err;
+  ra_offload *whole = offload_new(&p.plan, &c), *pieces = offload_new(&p.plan, &c), *other = offload_new(&p.plan, &c);
+  ok(ra_offload_prefill(other, F.tokens + 7, N_PROMPT, NULL, &err), &err);
+  ok(ra_offload_prefill(whole, F.tokens, N_PROMPT, NULL, &err), &err);
+  ok(ra_offload_prefill_begin(pieces, F.tokens, N_PROMPT, &err), &err);
+  int done = 0, n_pieces = 0;
+  assert_int_equal(ra_offload_prefill_next(pieces, 0, &done, NULL, &err), RA_EINVAL);
+  assert_int_equal(ra_offload_prefill_begin(pieces, F.tokens, N_PROMPT, &err), RA_ESTATE);
+  assert_int_equal(ra_offload_decode(pieces, 1, NULL, &err), RA_ESTATE);
+  ra_offload_stats st;
+  while (!done) {
+    ok(ra_offload_prefill_next(pieces, 1, &done, &st, &err), &err);
+    n_pieces++;
+    ok(ra_offload_decode(other, F.tokens[N_PROMPT + n_pieces], NULL, &err), &err);
+  }
+  assert_int_equal(n_pieces, F.m->cfg.n_layers);
+  assert_true(st.n_offloaded > 0);
+  assert_int_equal(ra_offload_prefill_next(pieces, 1, &done, NULL, &err), RA_ESTATE);
+  float *want = malloc((size_t)vocab * sizeof *want), *got = malloc((size_t)vocab * sizeof *got);
+  assert_non_null(want);
+  assert_non_null(got);
+  double worst = 0;
+  for (int t = 0; t <= STEPS; t++) {
+    if (t > 0) {
+      ok(ra_offload_decode(whole, F.tokens[N_PROMPT + t], NULL, &err), &err);
+      ok(ra_offload_decode(pieces, F.tokens[N_PROMPT + t], NULL, &err), &err);
+    }
+    last_logits(ra_offload_state(whole), want);
+    last_logits(ra_offload_state(pieces), got);
+    for (int v = 0; v < vocab; v++) worst = fmax(worst, fabs((double)want[v] - got[v]));
+  }
+  print_message("prefill in %d pieces (another runtime decoding between them): max |logit diff| %.2e\n", n_pieces,
+                worst);
+  assert_true(worst < 1e-5);
+  /* freed after two layers of its prefill: its sessions close, the stores hold what they held */
+  ra_kvclient_store_stats before = stores_stats();
+  ra_offload *left = offload_new(&p.plan, &c);
+  ok(ra_offload_prefill_begin(left, F.tokens, N_PROMPT, &err), &err);
+  ok(ra_offload_prefill_next(left, 2, &done, NULL, &err), &err);
+  assert_false(done);
+  assert_true(stores_stats().bytes_used > before.bytes_used);
+  ra_offload_free(left);
+  ra_kvclient_store_stats after = stores_stats();
+  assert_int_equal(after.sessions, before.sessions);
+  assert_int_equal(after.bytes_used, before.bytes_used);
+  free(want);
+  free(got);
+  ra_offload_free(whole);
+  ra_offload_free(pieces);
+  ra_offload_free(other);
+  plan_free(&p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_all_retrieved_equals_full),
@@ -576,6 +644,7 @@ int main(void) {
       cmocka_unit_test(test_buffer_evicts_and_splits),
       cmocka_unit_test(test_buffer_int8_stores),
       cmocka_unit_test(test_decode_batch_equals_alone),
+      cmocka_unit_test(test_prefill_in_pieces),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
