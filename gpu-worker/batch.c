@@ -135,7 +135,7 @@ int ra_batch_forward(ra_batch *b, const ra_batch_item *items, int n_items, ra_er
     for (int64_t i = 0, r0 = 0; rc == RA_OK && i < n_items; r0 += items[i].n, i++)
       if (!items[i].attn) rc = item_attend(b, &items[i], r0, l, &n_dec, err);
     for (int i = 0; rc == RA_OK && i < n_items; i++)
-      if (b->flush_at[i]) rc = items[i].attn->flush(items[i].attn->ctx, l, &q, &k, &v, err);
+      if (b->flush_at[i]) rc = items[i].attn->flush(items[i].attn->ctx, l, &q, &k, &v, &att, err);
     if (rc == RA_OK && n_dec > 0)
       rc = op->rope_store_batch(be, &q, &k, &v, b->rope, n_dec, c->n_rot, c->rope_theta, c->rope_style, err);
     if (rc == RA_OK && n_dec > 0) rc = op->attn_decode_batch(be, b->dec, n_dec, 1.0f / sqrtf((float)c->head_dim), err);

@@ -25,14 +25,15 @@ typedef struct ra_batch ra_batch;
 
 /* Items' own attention, instead of RoPE + attention over their caches. Items that point at the
  * same ra_batch_attn form a group (an offloaded runtime's sequences, say): per layer, flush runs
- * once per group with the step's whole q, k, v [T, ...] before RoPE (the group knows its items'
- * rows: they follow from the items before them), and only then end for each item, so that work
- * flush starts (the store requests) proceeds for the whole group while the device attends. end
- * gets the item's index in ra_batch_forward's items and its rows q [n, n_heads, head_dim], and
- * writes its att [n, n_heads, head_dim]. */
+ * once per group with the step's whole q, k, v [T, ...] before RoPE and its att [T, ...] (the
+ * group knows its items' rows: they follow from the items before them; flush may write their
+ * att rows), and only then end for each item, so that work flush starts (the store requests)
+ * proceeds for the whole group while the device attends. end gets the item's index in
+ * ra_batch_forward's items and its rows q [n, n_heads, head_dim], and writes its att
+ * [n, n_heads, head_dim]. */
 typedef struct ra_batch_attn {
   void *ctx;
-  int (*flush)(void *ctx, int layer, ra_tensor *q, ra_tensor *k, ra_tensor *v, ra_error *err);
+  int (*flush)(void *ctx, int layer, ra_tensor *q, ra_tensor *k, ra_tensor *v, ra_tensor *att, ra_error *err);
   int (*end)(void *ctx, int item, int layer, ra_tensor *q, ra_tensor *att, ra_error *err);
 } ra_batch_attn;
 

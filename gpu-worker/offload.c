@@ -38,6 +38,7 @@ typedef struct decode_step {
   int64_t evicted;       /* the position whose appends are in flight, or -1 */
   int rc; /* batched: the sequence's first failure, and its message */
   ra_error err;
+  int ring_done; /* batched: the layer's partial over sink + window is in att1 and dec_ml already */
 } decode_step;
 
 /* Host K/V buffers a prefill reuses: K and V of the two layers in flight and of the one being
@@ -1116,8 +1117,9 @@ static int decode_layer_attend(ra_offload *o, decode_step *d, int l, const ra_te
   ra_state *st = o->st;
   const ra_model_config *c = &o->m->cfg;
   size_t hq = (size_t)c->n_heads * (size_t)c->head_dim;
-  int rc = be->ops->attn_decode(be, q1, &st->k_cache[l], &st->v_cache[l], d->ranges, d->n_ranges, d->scale, att1,
-                                &st->dec_ml, err);
+  int rc = d->ring_done ? RA_OK
+                        : be->ops->attn_decode(be, q1, &st->k_cache[l], &st->v_cache[l], d->ranges, d->n_ranges,
+                                               d->scale, att1, &st->dec_ml, err);
   if (rc == RA_OK && d->est_o) rc = be->ops->attn_merge(be, att1, &st->dec_ml, d->est_o, d->est_ml, err);
   /* wave: the retrieved clusters the device buffer holds (the stores were not asked for them) */
   if (rc == RA_OK && d->sel) {
@@ -1258,6 +1260,8 @@ typedef struct offload_group {
   int *wj;                  /* and their items */
   float *q_host;            /* [select_group, n_heads, head_dim] */
   ra_remote_batch *rb;      /* NULL: each sequence's requests on its own streams */
+  ra_attn_decode_item *dec; /* [n]: the sequences' partials over their rings, */
+  ra_tensor *dq, *datt;     /* [n] each: from their q rows into their att rows */
 } offload_group;
 
 static ra_offload *group_item(const offload_group *g, int j) { return g->os[g->which[j]]; }
@@ -1297,10 +1301,43 @@ static void group_select(offload_group *g, int l, const ra_tensor *q, int j0, in
   }
 }
 
+/* The ring rows a step attends on the device when they are one prefix [0, *m) of the ring (the
+ * sink fills rows [0, S) before the window's rows start at S). */
+static int ring_prefix(const decode_step *d, int64_t *m) {
+  if (d->n_ranges < 1 || d->ranges[0].begin != 0) return 0;
+  if (d->n_ranges == 2 && d->ranges[1].begin != d->ranges[0].end) return 0;
+  *m = d->ranges[d->n_ranges - 1].end;
+  return 1;
+}
+
+/* Every sequence's partial over its ring (sink + window) in one attn_decode_batch, into its att
+ * row and dec_ml: one launch per layer for the group instead of one per sequence, while the
+ * stores work on the requests. */
+static int group_rings(offload_group *g, int l, ra_tensor *q, ra_tensor *att, ra_error *err) {
+  int nd = 0;
+  for (int j = 0; j < g->n; j++) {
+    ra_offload *o = group_item(g, j);
+    decode_step *d = &o->ds;
+    int64_t m;
+    d->ring_done = 0;
+    if (!ring_prefix(d, &m)) continue;
+    g->dq[nd] = ra_tensor_rows(q, j, 1);
+    g->datt[nd] = ra_tensor_rows(att, j, 1);
+    g->dec[nd] = (ra_attn_decode_item){&g->dq[nd], &o->st->k_cache[l], &o->st->v_cache[l], m, &g->datt[nd],
+                                       &o->st->dec_ml};
+    g->wj[nd++] = j;
+  }
+  if (!nd) return RA_OK;
+  ra_backend *be = group_item(g, 0)->m->be;
+  int rc = be->ops->attn_decode_batch(be, g->dec, nd, group_item(g, 0)->ds.scale, err);
+  for (int i = 0; rc == RA_OK && i < nd; i++) group_item(g, g->wj[i])->ds.ring_done = 1;
+  return rc;
+}
+
 /* The group's RoPE and cache rows, then per chunk of select_group sequences: their zones ranked,
  * their q downloaded and their requests sent, so that the stores start on a chunk while the
- * device ranks the next. */
-static int group_flush(void *ctx, int l, ra_tensor *q, ra_tensor *k, ra_tensor *v, ra_error *err) {
+ * device ranks the next; then every sequence's ring attention. */
+static int group_flush(void *ctx, int l, ra_tensor *q, ra_tensor *k, ra_tensor *v, ra_tensor *att, ra_error *err) {
   offload_group *g = ctx;
   const ra_offload *o0 = group_item(g, 0);
   const ra_model_config *c = &o0->m->cfg;
@@ -1330,7 +1367,7 @@ static int group_flush(void *ctx, int l, ra_tensor *q, ra_tensor *k, ra_tensor *
     }
     if (g->rb) ra_remote_batch_send(g->rb);
   }
-  return rc;
+  return rc == RA_OK ? group_rings(g, l, q, att, err) : rc;
 }
 
 static int group_end(void *ctx, int j, int l, ra_tensor *q, ra_tensor *att, ra_error *err) {
@@ -1358,8 +1395,10 @@ int ra_offload_decode_batch(ra_offload *const *os, const int32_t *tokens, int n,
   const ra_tensor *qs[MAX];
   ra_tensor qv[MAX];
   ra_wave_selection sel[MAX];
+  ra_attn_decode_item dec[MAX];
+  ra_tensor dq[MAX], datt[MAX];
   int which[MAX], wj[MAX], n_items = 0;
-  offload_group g = {os, which, 0, rope, ws, qs, qv, sel, wj, NULL, rb};
+  offload_group g = {os, which, 0, rope, ws, qs, qv, sel, wj, NULL, rb, dec, dq, datt};
   const ra_batch_attn attn = {&g, group_flush, group_end};
   for (int i = 1; i < n; i++)
     if (os[i]->m != os[0]->m) return ra_errorf(err, RA_EINVAL, "offload: sequence %d of a batch runs another model", i);

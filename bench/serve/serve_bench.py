@@ -7,9 +7,10 @@ from their first word, and between levels):
   prefill: each prompt with max_tokens 1: the time to first token of C prompts arriving together;
   decode:  each prompt again plus a short suffix, --max-tokens greedy tokens: the server reuses the
            context it just built (usage.cached_tokens), so all C sequences decode together.
-  stall (with --long-prompt-tokens N): the decode phase's streams again, and once they all run, one
-           new prompt of N tokens (max_tokens 1) arrives: its TTFT, and the streams' longest gap
-           between two tokens that spans its prefill, against their median gap.
+  stall (with --long-prompt-tokens N): C streams of new prompts (each prompt plus another suffix,
+           prefilled afresh), and once they all decode, one more prompt of N tokens (max_tokens 1)
+           arrives: its TTFT, and the streams' longest gap between two tokens that spans its
+           prefill, against their median gap (the server needs room for C + 1 sequences).
 Reported per level: the decode phase's aggregate tok/s over the span where all C streams were
 decoding (from the last stream's first token to the first stream's last token) and over the
 whole phase, inter-token p50 / p99, both phases' TTFT p50 / p99, and (offloaded modes) a
