@@ -178,12 +178,13 @@ int ra_offload_decode(ra_offload *o, int32_t token, ra_offload_stats *stats, ra_
  * (batch.h): the dense work over [n, dim] (weights read once per step); per layer, one RoPE op
  * for all, wave's rankings in one backend call (one synchronization for the step's layer, not one
  * per sequence), q in one download, every sequence's store requests sent before any is waited
- * for (the stores work on all sequences at once), then each sequence's device attention (its
- * sink + window), its stores' partial and the merge. A runtime with retrospective correction or an on_attn hook decodes alone
- * (ra_offload_decode) within the call. A sequence's own failure (its store's) fails only it:
- * rcs[i] / errs[i], its position unchanged; each success leaves its logits in its state and its
- * timings in stats[i] (optional). Returns the batch's own failure (the backend's), which is every
- * batched sequence's. b: ra_batch_new with max_items >= n. rb (remote_batch.h; NULL: none): the
+ * for (the stores work on all sequences at once), then every sequence's device attention over
+ * its sink + window in one attn_decode_batch, and each one's stores' partial and the merge. A
+ * runtime with retrospective correction or an on_attn hook decodes alone (ra_offload_decode)
+ * within the call. A sequence's own failure (its store's) fails only it: rcs[i] / errs[i], its
+ * position unchanged; each success leaves its logits in its state and its timings in stats[i]
+ * (optional). Returns the batch's own failure (the backend's), which is every batched
+ * sequence's. b: ra_batch_new with max_items >= n. rb (remote_batch.h; NULL: none): the
  * requests of each group of select_group sequences (in every mode) go to each store as one
  * AttendBatch message per layer instead of one Attend request per sequence. */
 int ra_offload_decode_batch(ra_offload *const *os, const int32_t *tokens, int n, ra_batch *b, ra_remote_batch *rb,
