@@ -39,7 +39,7 @@ typedef struct remote_store {
   size_t req_begin;            /* the request in flight asks heads [req_begin, n_heads) */
   int pending;                 /* a request is in flight */
   ra_kvclient_attend_req req;  /* the request in flight */
-  int batched;                 /* it went through the attend's batch (ticket), not the stream */
+  ra_remote_batch *batch;      /* the request went through this batch (ticket), not the stream */
   ra_remote_batch_ticket ticket;
   ra_kvclient_rows *rows;      /* [n_shards + n_layers * n_kv_heads]: put / append blocks */
   size_t n_rows;               /* blocks staged in rows */
@@ -858,13 +858,13 @@ static int send_pending(ra_remote *r, const float *q, int *resend, ra_error *err
       }
     }
     ra_error e;
-    s->batched = 0;
+    s->batch = NULL;
     if (r->via) {
       /* a request the batch cannot take (its store unreachable to it) goes on the stream */
       ra_kvclient_options opt = store_options(r);
-      s->batched = ra_remote_batch_stage(r->via, s->addr, &opt, &s->session, &s->req, &s->ticket, &e) == RA_OK;
+      if (ra_remote_batch_stage(r->via, s->addr, &opt, &s->session, &s->req, &s->ticket, &e) == RA_OK) s->batch = r->via;
     }
-    if (s->batched || ra_kvclient_attend_send(s->stream, &s->req, &e) == RA_OK) {
+    if (s->batch || ra_kvclient_attend_send(s->stream, &s->req, &e) == RA_OK) {
       s->pending = 1;
       continue;
     }
@@ -916,7 +916,7 @@ static int attend_begin(ra_remote *r, uint32_t layer, const float *q, const ra_r
     remote_store *s = &r->stores[i];
     s->n_heads = 0;
     s->pending = 0;
-    s->batched = 0;
+    s->batch = NULL;
     if (s->slot)
       for (uint32_t h = 0; h < p->n_q_heads; h++) s->slot[h] = -1;
   }
@@ -991,12 +991,12 @@ static int receive_all(ra_remote *r, ra_remote_stats *st, int want_past, ra_erro
       uint64_t compute_us = 0, retro_us = 0;
       ra_error e;
       s->pending = 0;
-      int rc = s->batched ? ra_remote_batch_take(r->via, &s->ticket, &s->session, &s->req, s->parts + s->req_begin,
-                                                 r->cfg.timeout_ms, &compute_us, &e)
-                          : ra_kvclient_attend_recv_retro(s->stream, &s->req, s->parts + s->req_begin, s->rparts,
-                                                          r->cfg.timeout_ms, &compute_us, &retro_us, &e);
-      if (rc != RA_OK && s->batched) r->via = NULL; /* the heads sent again go on the streams */
-      s->batched = 0;
+      int rc = s->batch ? ra_remote_batch_take(s->batch, &s->ticket, &s->session, &s->req, s->parts + s->req_begin,
+                                               r->cfg.timeout_ms, &compute_us, &e)
+                        : ra_kvclient_attend_recv_retro(s->stream, &s->req, s->parts + s->req_begin, s->rparts,
+                                                        r->cfg.timeout_ms, &compute_us, &retro_us, &e);
+      if (rc != RA_OK && s->batch) r->via = NULL; /* the heads sent again go on the streams */
+      s->batch = NULL;
       if (rc == RA_OK) {
         if ((double)compute_us > st->store_us) st->store_us = (double)compute_us;
         if ((double)retro_us > st->retro_us) st->retro_us = (double)retro_us;

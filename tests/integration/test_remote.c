@@ -37,18 +37,22 @@ typedef struct fixture {
   kvdata d;
 } fixture;
 
-/* Store 0 has layer 0 and kv head 2's tokens from 1500 on; store 1 kv heads 0-1 of layers 1-2;
- * store 2 kv head 2 of layers 1-2 up to token 1499. */
-static void fixture_start(fixture *f) {
+/* Three stores and the map `fmt` of their addresses ("%1$s" .. "%3$s"). */
+static void fixture_start_map(fixture *f, const char *fmt) {
   for (int i = 0; i < 3; i++) assert_int_equal(harness_store_start(&f->st[i], NULL), 0);
   char text[512];
-  snprintf(text, sizeof text, "%s 0 * *\n%s 1-2 0-1 *\n%s 1-2 2 0-1499\n%s 1-2 2 1500-\n", f->st[0].addr,
-           f->st[1].addr, f->st[2].addr, f->st[0].addr);
+  snprintf(text, sizeof text, fmt, f->st[0].addr, f->st[1].addr, f->st[2].addr);
   ra_error err;
   ok(ra_shard_map_parse(text, &f->map, &err), &err);
   ok(ra_offload_plan_build(&f->map, N_LAYERS, N_Q, N_KV, SINK, WINDOW, &f->plan, &err), &err);
   ra_kvclient_geometry g = {N_LAYERS, N_Q, N_KV, HD, RA_DTYPE_F16};
   kvdata_make(&f->d, &g, N_TOKENS, 7);
+}
+
+/* Store 0 has layer 0 and kv head 2's tokens from 1500 on; store 1 kv heads 0-1 of layers 1-2;
+ * store 2 kv head 2 of layers 1-2 up to token 1499. */
+static void fixture_start(fixture *f) {
+  fixture_start_map(f, "%1$s 0 * *\n%2$s 1-2 0-1 *\n%3$s 1-2 2 0-1499\n%1$s 1-2 2 1500-\n");
 }
 
 static void fixture_stop(fixture *f) {
@@ -334,6 +338,63 @@ static void test_attends_batched_across_remotes(void **state) {
   fixture_stop(&f);
 }
 
+/* Through a batch with replicas: kv heads 0-1 on stores 0 and 1 (store 0 asked first), kv head 2
+ * on store 2. Store 0 killed: its items fail, it is marked down, and the heads it held go to
+ * store 1 on the remotes' own streams within the same attend, while store 2's items still come
+ * from the batch; every partial stays exact, and the next attends batch without store 0. */
+static void test_batched_attend_fails_over_to_a_replica(void **state) {
+  (void)state;
+  fixture f;
+  memset(&f, 0, sizeof f);
+  fixture_start_map(&f, "%1$s,%2$s * 0-1 *\n%3$s * 2 *\n");
+  ra_remote *r[2];
+  ra_error err;
+  ra_remote_config cfg = {.dtype = RA_DTYPE_F16, .mode = RA_MODE_FULL, .timeout_ms = 3000};
+  for (int i = 0; i < 2; i++) {
+    ok(ra_remote_open(&f.plan, HD, &cfg, &r[i], &err), &err);
+    prefill(r[i], &f, N_TOKENS);
+  }
+  ra_remote_batch *rb;
+  ok(ra_remote_batch_new(&rb, &err), &err);
+  float q[2][N_Q * HD], o[2][N_Q * HD], ml[2][N_Q * 2];
+  double worst = 0;
+  for (int step = 0; step < 3; step++) {
+    if (step == 1) {
+      kill(f.st[0].pid, SIGKILL);
+      waitpid(f.st[0].pid, NULL, 0);
+      f.st[0].pid = 0;
+    }
+    for (uint32_t layer = 0; layer < N_LAYERS; layer++) {
+      for (int i = 0; i < 2; i++) {
+        query_fill(q[i], (uint64_t)(step * 2 + i), layer);
+        ra_remote_attend_via(r[i], rb);
+        ok(ra_remote_attend_begin(r[i], layer, q[i], &err), &err);
+      }
+      ra_remote_batch_send(rb);
+      for (int i = 0; i < 2; i++) {
+        ok(ra_remote_attend_end(r[i], o[i], ml[i], NULL, &err), &err);
+        worst = fmax(worst, layer_error(&f, layer, N_TOKENS, q[i], o[i], ml[i]));
+      }
+    }
+    ra_remote_batch_end_step(rb);
+  }
+  print_message("batched attends across a replica failover: max |err| %.2e\n", worst);
+  assert_true(worst < 1e-4);
+  for (int i = 0; i < 2; i++) {
+    ra_remote_store_report rep;
+    ok(ra_remote_store_state(r[i], 0, &rep), &err);
+    assert_true(rep.down);
+  }
+  /* before the kill both stores per layer, after it store 2 alone (store 1 on the streams in
+   * the failed step, then in the batch) */
+  uint64_t msgs, reqs;
+  ra_remote_batch_counts(rb, &msgs, &reqs);
+  assert_int_equal(msgs, 3 * N_LAYERS * 2);
+  ra_remote_batch_free(rb);
+  for (int i = 0; i < 2; i++) ra_remote_close(r[i]);
+  fixture_stop(&f);
+}
+
 static void test_unreachable_store_is_named_at_open(void **state) {
   ra_shard_map map;
   ra_offload_plan plan;
@@ -400,6 +461,7 @@ int main(void) {
       cmocka_unit_test(test_builds_in_flight_together_and_a_refused_one_is_reported),
       cmocka_unit_test(test_store_killed_mid_decode_fails_fast_and_names_it),
       cmocka_unit_test(test_attends_batched_across_remotes),
+      cmocka_unit_test(test_batched_attend_fails_over_to_a_replica),
       cmocka_unit_test(test_unreachable_store_is_named_at_open),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
