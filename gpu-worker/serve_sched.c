@@ -460,9 +460,10 @@ static void offload_done(ra_sched *s, seq *q, size_t take, int rc, const ra_erro
   }
 }
 
-/* Offload modes: the oldest new sequence's prefill advances by a piece of layers (prefill_chunk
- * tokens' worth; all of them when nobody decodes), then one batched decode step of every running sequence whose
- * prefill is done (ra_offload_decode_batch); how many ran. */
+/* Offload modes: the prefill under way, or else the oldest new sequence's, advances by a piece
+ * of layers (prefill_chunk tokens' worth; all of them when nobody decodes), then one batched
+ * decode step of every running sequence whose prefill is done (ra_offload_decode_batch); how
+ * many ran. */
 static int step_offload(ra_sched *s) {
   enum { MAX = 256 };
   ra_offload *offs[MAX];
@@ -475,7 +476,8 @@ static int step_offload(ra_sched *s) {
   for (seq *q = s->running; q; q = next) {
     next = q->next;
     if (q->n_fed == 0) {
-      if (!first) first = q;
+      /* the one under way, else the oldest (the list runs from the newest) */
+      if (!first || !first->prefilling) first = q;
     } else if (n < MAX) {
       offs[n] = q->off;
       toks[n] = q->toks[q->n_fed];

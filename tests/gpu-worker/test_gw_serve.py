@@ -200,17 +200,21 @@ def token_times(server, prompt, max_tokens):
 
 
 gen0 = metric("flat", "ra_serve_generated_tokens_total")
-with concurrent.futures.ThreadPoolExecutor(1) as pool:
+with concurrent.futures.ThreadPoolExecutor(3) as pool:
     running = pool.submit(token_times, fl, "1, 2, 3, 4, 5,", 150)
     deadline = time.time() + 120
     while metric("flat", "ra_serve_generated_tokens_total") < gen0 + 5 and time.time() < deadline:
         time.sleep(0.02)
     t_long = time.time()
-    first_long = token_times(fl, "The capital of France is Paris. " * 60 + "The capital of Italy is", 2)[0]
-    times = running.result()
-between = [t for t in times if t_long < t < first_long]
+    long_a = pool.submit(token_times, fl, "The capital of France is Paris. " * 60 + "The capital of Italy is", 2)
+    time.sleep(1.0)  # a's prefill is under way (a piece a step); b arrives behind it
+    long_b = pool.submit(token_times, fl, "The capital of Spain is Madrid. " * 60 + "The capital of Peru is", 2)
+    first_a, first_b, times = long_a.result()[0], long_b.result()[0], running.result()
+between = [t for t in times if t_long < t < first_a]
 check(len(between) >= 8, f"{len(between)} tokens of a running stream during a long prompt's prefill "
-                          f"({first_long - t_long:.1f} s; {len(times)} tokens in all)")
+                          f"({first_a - t_long:.1f} s; {len(times)} tokens in all)")
+check(first_a < first_b, f"the prefill under way finishes first ({first_a - t_long:.1f} s, the later one "
+                         f"{first_b - t_long:.1f} s)")
 
 # --- a client that disconnects mid-stream: its sequence stops and the stores free its KV
 
