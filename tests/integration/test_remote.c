@@ -242,6 +242,28 @@ static void test_store_killed_mid_decode_fails_fast_and_names_it(void **state) {
   fixture_stop(&f);
 }
 
+/* One decode step of two remotes' attends through batch rb, every layer: both stage, the batch
+ * is sent, both take their partials; the largest error against direct attention. */
+static double batched_step(ra_remote *r[2], ra_remote_batch *rb, const fixture *f, uint64_t step) {
+  float q[2][N_Q * HD], o[2][N_Q * HD], ml[2][N_Q * 2];
+  ra_error err;
+  double worst = 0;
+  for (uint32_t layer = 0; layer < N_LAYERS; layer++) {
+    for (int i = 0; i < 2; i++) {
+      query_fill(q[i], step * 2 + (uint64_t)i, layer);
+      ra_remote_attend_via(r[i], rb);
+      ok(ra_remote_attend_begin(r[i], layer, q[i], &err), &err);
+    }
+    ra_remote_batch_send(rb);
+    for (int i = 0; i < 2; i++) {
+      ok(ra_remote_attend_end(r[i], o[i], ml[i], NULL, &err), &err);
+      worst = fmax(worst, layer_error(f, layer, N_TOKENS, q[i], o[i], ml[i]));
+    }
+  }
+  ra_remote_batch_end_step(rb);
+  return worst;
+}
+
 /* Two remotes' attends through one batch (remote_batch.h: a batched decode step's): per layer,
  * each store touched gets one AttendBatch message with both remotes' requests, and each remote's
  * merged partial is exact. A store killed then fails both remotes' attends with its address,
@@ -262,21 +284,7 @@ static void test_attends_batched_across_remotes(void **state) {
   ok(ra_remote_batch_new(&rb, &err), &err);
   float q[2][N_Q * HD], o[2][N_Q * HD], ml[2][N_Q * 2];
   double worst = 0;
-  for (int step = 0; step < 3; step++) {
-    for (uint32_t layer = 0; layer < N_LAYERS; layer++) {
-      for (int i = 0; i < 2; i++) {
-        query_fill(q[i], (uint64_t)(step * 2 + i), layer);
-        ra_remote_attend_via(r[i], rb);
-        ok(ra_remote_attend_begin(r[i], layer, q[i], &err), &err);
-      }
-      ra_remote_batch_send(rb);
-      for (int i = 0; i < 2; i++) {
-        ok(ra_remote_attend_end(r[i], o[i], ml[i], NULL, &err), &err);
-        worst = fmax(worst, layer_error(&f, layer, N_TOKENS, q[i], o[i], ml[i]));
-      }
-    }
-    ra_remote_batch_end_step(rb);
-  }
+  for (int step = 0; step < 3; step++) worst = fmax(worst, batched_step(r, rb, &f, (uint64_t)step));
   print_message("two remotes through one batch: max |err| %.2e\n", worst);
   assert_true(worst < 1e-4);
   /* per step: layer 0 at store 0, layers 1 and 2 at all three stores */
@@ -356,7 +364,6 @@ static void test_batched_attend_fails_over_to_a_replica(void **state) {
   }
   ra_remote_batch *rb;
   ok(ra_remote_batch_new(&rb, &err), &err);
-  float q[2][N_Q * HD], o[2][N_Q * HD], ml[2][N_Q * 2];
   double worst = 0;
   for (int step = 0; step < 3; step++) {
     if (step == 1) {
@@ -364,19 +371,7 @@ static void test_batched_attend_fails_over_to_a_replica(void **state) {
       waitpid(f.st[0].pid, NULL, 0);
       f.st[0].pid = 0;
     }
-    for (uint32_t layer = 0; layer < N_LAYERS; layer++) {
-      for (int i = 0; i < 2; i++) {
-        query_fill(q[i], (uint64_t)(step * 2 + i), layer);
-        ra_remote_attend_via(r[i], rb);
-        ok(ra_remote_attend_begin(r[i], layer, q[i], &err), &err);
-      }
-      ra_remote_batch_send(rb);
-      for (int i = 0; i < 2; i++) {
-        ok(ra_remote_attend_end(r[i], o[i], ml[i], NULL, &err), &err);
-        worst = fmax(worst, layer_error(&f, layer, N_TOKENS, q[i], o[i], ml[i]));
-      }
-    }
-    ra_remote_batch_end_step(rb);
+    worst = fmax(worst, batched_step(r, rb, &f, (uint64_t)step));
   }
   print_message("batched attends across a replica failover: max |err| %.2e\n", worst);
   assert_true(worst < 1e-4);
