@@ -1319,19 +1319,18 @@ static int group_rings(offload_group *g, int l, ra_tensor *q, ra_tensor *att, ra
     ra_offload *o = group_item(g, j);
     decode_step *d = &o->ds;
     int64_t m;
-    d->ring_done = 0;
-    if (!ring_prefix(d, &m)) continue;
+    /* a failed launch fails the whole step, so a sequence may count on it already */
+    d->ring_done = ring_prefix(d, &m);
+    if (!d->ring_done) continue;
     g->dq[nd] = ra_tensor_rows(q, j, 1);
     g->datt[nd] = ra_tensor_rows(att, j, 1);
     g->dec[nd] = (ra_attn_decode_item){&g->dq[nd], &o->st->k_cache[l], &o->st->v_cache[l], m, &g->datt[nd],
                                        &o->st->dec_ml};
-    g->wj[nd++] = j;
+    nd++;
   }
   if (!nd) return RA_OK;
   ra_backend *be = group_item(g, 0)->m->be;
-  int rc = be->ops->attn_decode_batch(be, g->dec, nd, group_item(g, 0)->ds.scale, err);
-  for (int i = 0; rc == RA_OK && i < nd; i++) group_item(g, g->wj[i])->ds.ring_done = 1;
-  return rc;
+  return be->ops->attn_decode_batch(be, g->dec, nd, group_item(g, 0)->ds.scale, err);
 }
 
 /* The group's RoPE and cache rows, then per chunk of select_group sequences: their zones ranked,

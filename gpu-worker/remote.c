@@ -78,6 +78,7 @@ struct ra_remote {
   int in_flight;   /* attend_begin sent, attend_end not yet called */
   uint32_t layer;  /* of the attend in flight */
   const ra_remote_wave_sel *sel; /* wave: its selection (the caller's, valid until attend_end) */
+  ra_kvclient_options store_opt; /* the options of every connection to a store */
   ra_remote_batch *via_next; /* ra_remote_attend_via: the next attend's batch */
   ra_remote_batch *via;      /* the attend in flight's batch (NULL: the stores' own streams, and
                                 after a failure: what is sent again goes on them) */
@@ -116,13 +117,6 @@ static int remote_check(const ra_remote *r, ra_error *err) {
 
 static void sleep_ms(unsigned ms) { uv_sleep(ms); }
 
-/* The options of every connection to a store: the caller's security, the remote's deadline. */
-static ra_kvclient_options store_options(const ra_remote *r) {
-  ra_kvclient_options o = r->cfg.client;
-  o.timeout_ms = r->cfg.timeout_ms;
-  o.fail_after_loss = 1; /* a lost store is reconnected on a new channel (store_reconnect) */
-  return o;
-}
 
 /* Connects to store s and reattaches its session (a store restarted from --data-dir, or a
  * connection that broke), retrying for up to cfg.reconnect_ms. s->held gets the rows the store
@@ -134,11 +128,10 @@ static int store_reconnect(ra_remote *r, remote_store *s, ra_error *err) {
   s->client = NULL;
   lanes_close(s);
   uint64_t t0 = uv_hrtime(), limit = (uint64_t)r->cfg.reconnect_ms * 1000000u;
-  ra_kvclient_options opt = store_options(r);
   int rc;
   do {
     int serving = 0;
-    rc = ra_kvclient_connect(s->addr, &opt, &s->client, err);
+    rc = ra_kvclient_connect(s->addr, &r->store_opt, &s->client, err);
     if (rc == RA_OK) rc = ra_kvclient_health(s->client, &serving, err);
     if (rc == RA_OK && !serving) rc = ra_errorf(err, RA_EUNAVAIL, "%s: store is not serving", s->addr);
     if (rc == RA_OK) rc = ra_kvclient_resume_session(s->client, s->session.id, &s->session.geo, &s->session, &s->held, err);
@@ -242,8 +235,7 @@ static int store_open(ra_remote *r, remote_store *s, const ra_remote_session *re
   }
   ra_kvclient_geometry geo = {p->n_layers, p->n_q_heads, p->n_kv_heads, r->head_dim, r->cfg.dtype};
   int serving = 0;
-  ra_kvclient_options opt = store_options(r);
-  int rc = ra_kvclient_connect(s->addr, &opt, &s->client, err);
+  int rc = ra_kvclient_connect(s->addr, &r->store_opt, &s->client, err);
   if (rc == RA_OK) rc = ra_kvclient_health(s->client, &serving, err);
   if (rc == RA_OK && !serving) rc = ra_errorf(err, RA_EUNAVAIL, "%s: store is not serving", s->addr);
   if (rc == RA_OK && resume) {
@@ -309,6 +301,11 @@ int ra_remote_open(const ra_offload_plan *plan, uint32_t head_dim, const ra_remo
   if (!r) return ra_errorf(err, RA_ENOMEM, "remote: out of memory");
   r->plan = plan;
   r->cfg = *cfg;
+  /* every connection to a store: the caller's security, the remote's deadline; a lost store is
+   * reconnected on a new channel (store_reconnect) */
+  r->store_opt = cfg->client;
+  r->store_opt.timeout_ms = cfg->timeout_ms;
+  r->store_opt.fail_after_loss = 1;
   if (r->cfg.timeout_ms <= 0) r->cfg.timeout_ms = 10000;
   r->head_dim = head_dim;
   r->n_stores = plan->n_stores;
@@ -420,8 +417,7 @@ static int lane_client(ra_remote *r, remote_store *s, uint32_t l, ra_kvclient **
     return RA_OK;
   }
   if (!s->lanes[l - 1]) {
-    ra_kvclient_options opt = store_options(r);
-    int rc = ra_kvclient_connect(s->addr, &opt, &s->lanes[l - 1], err);
+    int rc = ra_kvclient_connect(s->addr, &r->store_opt, &s->lanes[l - 1], err);
     if (rc) return rc;
   }
   *out = s->lanes[l - 1];
@@ -624,14 +620,13 @@ static int store_restore(ra_remote *r, size_t i, const char *addr, ra_error *err
   remote_store *s = &r->stores[i];
   const ra_offload_plan *p = r->plan;
   ra_kvclient_geometry geo = s->session.geo;
-  ra_kvclient_options opt = store_options(r);
   ra_kvclient *c = NULL;
   ra_kvclient_session sess;
   ra_kvclient_stream *stream = NULL;
   int serving = 0, opened = 0;
   size_t n_shards = s->plan->n_shards, row_bytes = ra_dtype_row_bytes(geo.dtype, geo.head_dim);
   ra_kvclient_shard *shards = calloc(n_shards, sizeof *shards);
-  int rc = shards ? ra_kvclient_connect(addr, &opt, &c, err) : ra_errorf(err, RA_ENOMEM, "out of memory");
+  int rc = shards ? ra_kvclient_connect(addr, &r->store_opt, &c, err) : ra_errorf(err, RA_ENOMEM, "out of memory");
   if (rc == RA_OK) rc = ra_kvclient_health(c, &serving, err);
   if (rc == RA_OK && !serving) rc = ra_errorf(err, RA_EUNAVAIL, "%s: store is not serving", addr);
   for (size_t k = 0; rc == RA_OK && k < n_shards; k++) {
@@ -861,8 +856,8 @@ static int send_pending(ra_remote *r, const float *q, int *resend, ra_error *err
     s->batch = NULL;
     if (r->via) {
       /* a request the batch cannot take (its store unreachable to it) goes on the stream */
-      ra_kvclient_options opt = store_options(r);
-      if (ra_remote_batch_stage(r->via, s->addr, &opt, &s->session, &s->req, &s->ticket, &e) == RA_OK) s->batch = r->via;
+      if (ra_remote_batch_stage(r->via, s->addr, &r->store_opt, &s->session, &s->req, &s->ticket, &e) == RA_OK)
+        s->batch = r->via;
     }
     if (s->batch || ra_kvclient_attend_send(s->stream, &s->req, &e) == RA_OK) {
       s->pending = 1;

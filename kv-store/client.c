@@ -676,15 +676,17 @@ int ra_kvclient_attend_open(ra_kvclient *c, const ra_kvclient_session *s,
   return RA_OK;
 }
 
+/* A stream's polite end: half-close and collect the OK status (a stream with no reply awaited);
+ * the caller's destroy then cancels it if that failed. */
+static void stream_end(ra_rpc_call *call, ra_buf *rx) {
+  ra_error ignored;
+  if (call && ra_rpc_call_close_send(call, &ignored) == RA_OK && ra_rpc_call_recv(call, rx, 1000, &ignored) == RA_EOF)
+    ra_rpc_call_finish(call, &ignored);
+}
+
 void ra_kvclient_attend_close(ra_kvclient_stream *st) {
   if (!st) return;
-  if (st->call) {
-    ra_error ignored;
-    /* A polite end: half-close and collect the OK status; destroy cancels if that fails. */
-    if (ra_rpc_call_close_send(st->call, &ignored) == RA_OK &&
-        ra_rpc_call_recv(st->call, &st->rx, 1000, &ignored) == RA_EOF)
-      ra_rpc_call_finish(st->call, &ignored);
-  }
+  stream_end(st->call, &st->rx);
   ra_kvclient_attend_abort(st);
 }
 
@@ -867,11 +869,7 @@ static void batch_break(ra_kvclient_batch *b) {
 
 void ra_kvclient_batch_close(ra_kvclient_batch *b) {
   if (!b) return;
-  if (b->call && b->n_flights == 0) {
-    ra_error ignored;
-    if (ra_rpc_call_close_send(b->call, &ignored) == RA_OK && ra_rpc_call_recv(b->call, &b->rx, 1000, &ignored) == RA_EOF)
-      ra_rpc_call_finish(b->call, &ignored);
-  }
+  if (b->n_flights == 0) stream_end(b->call, &b->rx);
   ra_rpc_call_destroy(b->call);
   free(b->items);
   free(b->flights);
