@@ -242,6 +242,19 @@ static void test_store_killed_mid_decode_fails_fast_and_names_it(void **state) {
   fixture_stop(&f);
 }
 
+/* The batched tests' remotes: full mode, f16, a short deadline (a killed store fails fast). */
+static const ra_remote_config pair_cfg = {.dtype = RA_DTYPE_F16, .mode = RA_MODE_FULL, .timeout_ms = 3000};
+
+/* Two remotes of f's plan, each prefilled with every token, and a batch. */
+static void pair_open(const fixture *f, ra_remote *r[2], ra_remote_batch **rb) {
+  ra_error err;
+  for (int i = 0; i < 2; i++) {
+    ok(ra_remote_open(&f->plan, HD, &pair_cfg, &r[i], &err), &err);
+    prefill(r[i], f, N_TOKENS);
+  }
+  ok(ra_remote_batch_new(rb, &err), &err);
+}
+
 /* One decode step of two remotes' attends through batch rb, every layer: both stage, the batch
  * is sent, both take their partials; the largest error against direct attention. */
 static double batched_step(ra_remote *r[2], ra_remote_batch *rb, const fixture *f, uint64_t step) {
@@ -274,14 +287,9 @@ static void test_attends_batched_across_remotes(void **state) {
   memset(&f, 0, sizeof f);
   fixture_start(&f);
   ra_remote *r[2];
-  ra_error err;
-  ra_remote_config cfg = {.dtype = RA_DTYPE_F16, .mode = RA_MODE_FULL, .timeout_ms = 3000};
-  for (int i = 0; i < 2; i++) {
-    ok(ra_remote_open(&f.plan, HD, &cfg, &r[i], &err), &err);
-    prefill(r[i], &f, N_TOKENS);
-  }
   ra_remote_batch *rb;
-  ok(ra_remote_batch_new(&rb, &err), &err);
+  ra_error err;
+  pair_open(&f, r, &rb);
   float q[2][N_Q * HD], o[2][N_Q * HD], ml[2][N_Q * 2];
   double worst = 0;
   for (int step = 0; step < 3; step++) worst = fmax(worst, batched_step(r, rb, &f, (uint64_t)step));
@@ -321,7 +329,7 @@ static void test_attends_batched_across_remotes(void **state) {
   ok(ra_shard_map_parse(text, &map0, &err), &err);
   ok(ra_offload_plan_build(&map0, N_LAYERS, N_Q, N_KV, SINK, WINDOW, &plan0, &err), &err);
   ra_remote *r3;
-  ok(ra_remote_open(&plan0, HD, &cfg, &r3, &err), &err);
+  ok(ra_remote_open(&plan0, HD, &pair_cfg, &r3, &err), &err);
   uint64_t b, e;
   ra_offload_plan_range(&plan0, N_TOKENS, &b, &e);
   float *k = malloc((e - b) * N_KV * HD * sizeof(float)), *v = malloc((e - b) * N_KV * HD * sizeof(float));
@@ -356,14 +364,9 @@ static void test_batched_attend_fails_over_to_a_replica(void **state) {
   memset(&f, 0, sizeof f);
   fixture_start_map(&f, "%1$s,%2$s * 0-1 *\n%3$s * 2 *\n");
   ra_remote *r[2];
-  ra_error err;
-  ra_remote_config cfg = {.dtype = RA_DTYPE_F16, .mode = RA_MODE_FULL, .timeout_ms = 3000};
-  for (int i = 0; i < 2; i++) {
-    ok(ra_remote_open(&f.plan, HD, &cfg, &r[i], &err), &err);
-    prefill(r[i], &f, N_TOKENS);
-  }
   ra_remote_batch *rb;
-  ok(ra_remote_batch_new(&rb, &err), &err);
+  ra_error err;
+  pair_open(&f, r, &rb);
   double worst = 0;
   for (int step = 0; step < 3; step++) {
     if (step == 1) {
@@ -388,6 +391,44 @@ static void test_batched_attend_fails_over_to_a_replica(void **state) {
   ra_remote_batch_free(rb);
   for (int i = 0; i < 2; i++) ra_remote_close(r[i]);
   fixture_stop(&f);
+}
+
+/* Misuse of a batch stream and of a batch is refused with its reason: a recv with no message
+ * in flight, a send of no items, an item with retro queries, a ticket of no sent message. */
+static void test_batch_misuse_is_refused(void **state) {
+  (void)state;
+  harness_store st;
+  assert_int_equal(harness_store_start(&st, NULL), 0);
+  ra_error err;
+  ra_kvclient *c;
+  ok(ra_kvclient_connect(st.addr, NULL, &c, &err), &err);
+  ra_kvclient_batch *b;
+  ok(ra_kvclient_batch_open(c, &b, &err), &err);
+  ra_kvclient_batch_reply *rep;
+  assert_int_equal(ra_kvclient_batch_recv(b, 1000, &rep, &err), RA_ESTATE);
+  assert_null(rep);
+  assert_non_null(strstr(err.msg, "no AttendBatch reply awaited"));
+  assert_int_equal(ra_kvclient_batch_send(b, &err), RA_EINVAL);
+  assert_non_null(strstr(err.msg, "no items"));
+  ra_kvclient_session sess = {.geo = {N_LAYERS, N_Q, N_KV, HD, RA_DTYPE_F16}};
+  uint32_t head = 0;
+  float q[HD] = {0}, q_past[HD] = {0};
+  ra_kvclient_attend_req req = {.q_heads = &head, .n_heads = 1, .q = q, .mode = RA_MODE_FULL, .retro_step = 2,
+                                .retro_window = 1, .n_retro = 1, .retro_q = q_past};
+  size_t item;
+  assert_int_equal(ra_kvclient_batch_add(b, &sess, &req, &item, &err), RA_EINVAL);
+  assert_non_null(strstr(err.msg, "retro"));
+  assert_int_equal(ra_kvclient_batch_staged(b), 0);
+  ra_kvclient_batch_close(b);
+  ra_kvclient_close(c);
+  ra_remote_batch *rb;
+  ok(ra_remote_batch_new(&rb, &err), &err);
+  ra_head_partial part;
+  ra_remote_batch_ticket t = {0, 0, 0};
+  assert_int_equal(ra_remote_batch_take(rb, &t, &sess, &req, &part, 1000, NULL, &err), RA_ESTATE);
+  assert_non_null(strstr(err.msg, "before its message was sent"));
+  ra_remote_batch_free(rb);
+  assert_int_equal(harness_store_stop(&st, 5000), 0);
 }
 
 static void test_unreachable_store_is_named_at_open(void **state) {
@@ -457,6 +498,7 @@ int main(void) {
       cmocka_unit_test(test_store_killed_mid_decode_fails_fast_and_names_it),
       cmocka_unit_test(test_attends_batched_across_remotes),
       cmocka_unit_test(test_batched_attend_fails_over_to_a_replica),
+      cmocka_unit_test(test_batch_misuse_is_refused),
       cmocka_unit_test(test_unreachable_store_is_named_at_open),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
