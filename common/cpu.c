@@ -12,12 +12,25 @@ static int detect(void) {
   int f16c = (c >> 29) & 1;
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
 }
+
+static int detect_avx512(void) {
+  /* __builtin_cpu_supports checks that the OS saves the zmm state too (XGETBV). */
+  return detect() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+}
 #else
 static int detect(void) { return 0; }
+static int detect_avx512(void) { return 0; }
 #endif
 
 int ra_cpu_has_avx2(void) {
   static int cached = -1;
   if (cached < 0) cached = detect();
+  return cached;
+}
+
+int ra_cpu_has_avx512(void) {
+  static int cached = -1;
+  if (cached < 0) cached = detect_avx512();
   return cached;
 }

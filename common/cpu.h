@@ -5,4 +5,7 @@
 /* 1 when AVX2, FMA and F16C are all usable (the kernels in vec.c and half.c need all three). */
 int ra_cpu_has_avx2(void);
 
+/* 1 when AVX-512 F, BW, DQ and VL are usable (and with them ra_cpu_has_avx2's set). */
+int ra_cpu_has_avx512(void);
+
 #endif

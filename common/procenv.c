@@ -17,22 +17,12 @@ const char *ra_procenv_blas_core(const char *current, int has_avx512, int has_av
   return has_avx512 ? "SkylakeX" : has_avx2 ? "Haswell" : NULL;
 }
 
-static int cpu_has_avx512(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-#else
-  return 0;
-#endif
-}
-
 void ra_procenv_apply_defaults(char **argv) {
   int changed = 0;
   if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT"))
     changed |= setenv("OMP_WAIT_POLICY", "passive", 1) == 0;
   if (!getenv("OPENBLAS_CORETYPE")) {
-    const char *core = ra_procenv_blas_core(openblas_get_corename(), cpu_has_avx512(), ra_cpu_has_avx2());
+    const char *core = ra_procenv_blas_core(openblas_get_corename(), ra_cpu_has_avx512(), ra_cpu_has_avx2());
     if (core) changed |= setenv("OPENBLAS_CORETYPE", core, 1) == 0;
   }
   if (changed) execv("/proc/self/exe", argv);

@@ -1,14 +1,37 @@
 #include "vec.h"
 
 #include "cpu.h"
+#include "status.h"
+#include "vec_avx512.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define RA_X86 1
 #endif
+
+/* The kernel sets, in the order each adds to the one before; the set in use is the best this
+ * CPU has unless ra_vec_use_kernels chose a lower one. */
+enum { VEC_PORTABLE, VEC_AVX2, VEC_AVX512, VEC_SETS };
+static const char *const set_names[VEC_SETS] = {"portable", "avx2", "avx512"};
+static atomic_int vec_set = -1;
+
+static int best_set(void) { return ra_cpu_has_avx512() ? VEC_AVX512 : ra_cpu_has_avx2() ? VEC_AVX2 : VEC_PORTABLE; }
+
+static inline int kernel_set(void) {
+  int k = atomic_load_explicit(&vec_set, memory_order_relaxed);
+  if (k < 0) {
+    k = best_set();
+    atomic_store_explicit(&vec_set, k, memory_order_relaxed);
+  }
+  return k;
+}
+
+static inline int has_avx2(void) { return kernel_set() >= VEC_AVX2; }
+static inline int has_avx512(void) { return kernel_set() >= VEC_AVX512; }
 
 static inline size_t row_bytes(ra_dtype t, int dim) { return ra_dtype_row_bytes(t, (size_t)dim); }
 
@@ -427,7 +450,7 @@ RA_AVX2 static size_t first_nonfinite16_avx2(const unsigned char *x, size_t n, u
 
 float ra_vec_exp_sum(float *x, size_t n, float shift) {
 #ifdef RA_X86
-  if (ra_cpu_has_avx2()) return exp_sum_avx2(x, n, shift);
+  if (has_avx2()) return exp_sum_avx2(x, n, shift);
 #endif
   float s = 0.0f;
   for (size_t i = 0; i < n; i++) s += (x[i] = expf(x[i] - shift));
@@ -447,7 +470,7 @@ static void vecmat_portable(const float *x, const float *A, int rows, int cols, 
 void ra_vec_vecmat(const float *x, const float *A, int rows, int cols, float *out) {
   int c = 0;
 #ifdef RA_X86
-  if (ra_cpu_has_avx2()) {
+  if (has_avx2()) {
     for (; c + 64 <= cols; c += 64) vecmat64_avx2(x, A, rows, cols, c, out);
     for (; c + 8 <= cols; c += 8) vecmat8_avx2(x, A, rows, cols, c, out);
   }
@@ -455,11 +478,21 @@ void ra_vec_vecmat(const float *x, const float *A, int rows, int cols, float *ou
   vecmat_portable(x, A, rows, cols, c, out);
 }
 
-const char *ra_vec_kernel_name(void) { return ra_cpu_has_avx2() ? "avx2" : "portable"; }
+const char *ra_vec_kernel_name(void) { return set_names[kernel_set()]; }
+
+int ra_vec_use_kernels(const char *name) {
+  for (int k = 0; k < VEC_SETS; k++)
+    if (strcmp(name, set_names[k]) == 0) {
+      if (k > best_set()) return RA_EUNSUPPORTED;
+      atomic_store_explicit(&vec_set, k, memory_order_relaxed);
+      return RA_OK;
+    }
+  return RA_EINVAL;
+}
 
 float ra_vec_dot(const float *q, const void *row, ra_dtype t, int dim) {
 #ifdef RA_X86
-  if (ra_cpu_has_avx2()) return dot_avx2(q, row, t, dim);
+  if (has_avx2()) return dot_avx2(q, row, t, dim);
 #endif
   return dot_portable(q, row, t, dim);
 }
@@ -491,7 +524,7 @@ void ra_vec_dot_rows(const float *q, const void *rows, ra_dtype t, int dim, cons
 void ra_vec_dot_rows4(const float *q, const void *rows, ra_dtype t, int dim, const uint32_t *ids,
                       size_t n, float *scores) {
 #ifdef RA_X86
-  if (ra_cpu_has_avx2() && dim % 16 == 0) {
+  if (has_avx2() && dim % 16 == 0) {
     size_t bytes = row_bytes(t, dim), i = 0;
     const char *base = rows;
     if (!ids) { /* contiguous rows: the hardware prefetcher follows them */
@@ -519,7 +552,7 @@ void ra_vec_dot_rows4(const float *q, const void *rows, ra_dtype t, int dim, con
 void ra_vec_dot_queries(const float *qs, size_t n, const void *row, ra_dtype t, int dim,
                         float *scores) {
 #ifdef RA_X86
-  if (ra_cpu_has_avx2() && dim % 16 == 0) {
+  if (has_avx2() && dim % 16 == 0) {
     size_t i = 0, d = (size_t)dim;
     for (; i + 4 <= n; i += 4)
       dot4_row(qs + i * d, qs + (i + 1) * d, qs + (i + 2) * d, qs + (i + 3) * d, row, t, dim,
@@ -543,7 +576,7 @@ void ra_vec_dot_queries(const float *qs, size_t n, const void *row, ra_dtype t, 
 
 void ra_vec_axpy(float *acc, float w, const void *row, ra_dtype t, int dim) {
 #ifdef RA_X86
-  if (ra_cpu_has_avx2()) {
+  if (has_avx2()) {
     axpy_avx2(acc, w, row, t, dim);
     return;
   }
@@ -554,7 +587,7 @@ void ra_vec_axpy(float *acc, float w, const void *row, ra_dtype t, int dim) {
 void ra_vec_dot_queries_rows(const float *qs, size_t n_q, const void *const *rows, size_t n, ra_dtype t,
                              int dim, float *scores, size_t lds) {
 #ifdef RA_X86
-  if (ra_cpu_has_avx2() && dim % 16 == 0) {
+  if (has_avx2() && dim % 16 == 0) {
     dot_queries_rows_avx2(qs, n_q, rows, n, t, dim, scores, lds);
     return;
   }
@@ -566,7 +599,11 @@ void ra_vec_dot_queries_rows(const float *qs, size_t n_q, const void *const *row
 void ra_vec_accumulate_rows(float *o, size_t n_out, const float *w, size_t ldw, const void *const *rows,
                             size_t n, ra_dtype t, int dim) {
 #ifdef RA_X86
-  if (ra_cpu_has_avx2() && dim % 16 == 0) {
+  if (has_avx512() && dim % 16 == 0) {
+    ra_vec_avx512_accumulate_rows(o, n_out, w, ldw, rows, n, t, dim);
+    return;
+  }
+  if (has_avx2() && dim % 16 == 0) {
     accumulate_avx2(o, n_out, w, ldw, rows, n, t, dim);
     return;
   }
@@ -598,7 +635,7 @@ void ra_vec_accumulate_rows(float *o, size_t n_out, const float *w, size_t ldw, 
 
 size_t ra_vec_first_nonfinite(const void *x, ra_dtype t, size_t n) {
 #ifdef RA_X86
-  if (ra_cpu_has_avx2() && (t == RA_DTYPE_F16 || t == RA_DTYPE_BF16))
+  if (has_avx2() && (t == RA_DTYPE_F16 || t == RA_DTYPE_BF16))
     return first_nonfinite16_avx2(x, n, t == RA_DTYPE_F16 ? 0x7c00u : 0x7f80u);
 #endif
   switch (t) {

@@ -1,8 +1,9 @@
 /* The inner loops of attention and of every index: an fp32 query against stored key rows in
- * f32, f16, bf16 or int8, and value accumulation. AVX2 + FMA (+ F16C) are picked once at run time,
- * so one binary runs anywhere; other CPUs take the portable path. Rows are row-major [n, dim],
- * ra_dtype_row_bytes(t, dim) apart; an int8 row's values are widened int8 -> int32 -> fp32 and its
- * scale applied once per row (to the dot, or to the accumulation's weight). */
+ * f32, f16, bf16 or int8, and value accumulation. AVX2 + FMA (+ F16C), and AVX-512 for
+ * attention's strips, are picked once at run time, so one binary runs anywhere; other CPUs take
+ * the portable path. Rows are row-major [n, dim], ra_dtype_row_bytes(t, dim) apart; an int8
+ * row's values are widened int8 -> int32 -> fp32 and its scale applied once per row (to the dot,
+ * or to the accumulation's weight). */
 #ifndef RA_VEC_H
 #define RA_VEC_H
 
@@ -66,7 +67,14 @@ size_t ra_vec_first_nonfinite(const void *x, ra_dtype t, size_t n);
 /* Issues a prefetch of one row (all its cache lines). */
 void ra_vec_prefetch_row(const void *rows, ra_dtype t, int dim, uint32_t id);
 
-/* Name of the kernel set chosen on this CPU ("avx2" or "portable"), for benchmark reports. */
+/* Name of the kernel set in use ("avx512", "avx2" or "portable"), for benchmark reports. The
+ * AVX-512 set has its own attention strip kernels (ra_vec_dot_queries_rows,
+ * ra_vec_accumulate_rows) and takes the AVX2 ones elsewhere. */
 const char *ra_vec_kernel_name(void);
+
+/* Uses the kernel set `name` from now on instead of the best this CPU has: for tests of every
+ * set and benchmarks of one against another. Call it before other threads use the kernels.
+ * RA_OK, RA_EUNSUPPORTED (the CPU lacks it) or RA_EINVAL (no such set). */
+int ra_vec_use_kernels(const char *name);
 
 #endif

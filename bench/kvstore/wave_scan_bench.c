@@ -5,7 +5,7 @@
  *
  *   wave-scan-bench [--tokens 130000] [--layers 8] [--kv-heads 4] [--group 4] [--dim 128] [--dtype bf16]
  *                   [--cluster 16] [--select 147] [--lag 512] [--threads 7] [--steps 64]
- *                   [--seed 1] [--json FILE]
+ *                   [--seed 1] [--kernels avx512|avx2|portable] [--json FILE]
  *
  * Each step attends the next layer (rows of `layers` layers stored, so that they come from
  * memory, not cache, as in a decode). Defaults: one of two stores of Llama-3-8B at 128K (8 kv heads dealt over two stores,
@@ -18,6 +18,7 @@
 #include "opts.h"
 #include "procenv.h"
 #include "store.h"
+#include "vec.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,7 +27,7 @@
 typedef struct opts {
   int64_t tokens, layers, kv_heads, group, dim, cluster, select, lag, threads, steps, seed;
   ra_dtype dtype;
-  const char *json;
+  const char *json, *kernels;
 } opts;
 
 static const char *dtype_name(int v) { return ra_dtype_name((ra_dtype)v); }
@@ -46,6 +47,8 @@ static const ra_opt opt_rows[] = {
     {"threads", RA_OPT_INT, AT(threads), .lo = 1, .hi = 1024, .meta = "N", .help = "the attend's threads"},
     {"steps", RA_OPT_INT, AT(steps), .lo = 1, .hi = 100000, .meta = "N", .help = "timed attends"},
     {"seed", RA_OPT_INT, AT(seed), .lo = 0, .hi = INT32_MAX, .meta = "N", .help = "rows, queries and picks"},
+    {"kernels", RA_OPT_STRING, AT(kernels), .meta = "SET",
+     .help = "vector kernels: avx512, avx2 or portable (default: the best this CPU has)"},
     {"json", RA_OPT_STRING, AT(json), .meta = "FILE", .help = "write the JSON there instead of stdout"},
 };
 #undef AT
@@ -60,6 +63,8 @@ static int parse_opts(int argc, char **argv, opts *o) {
   if (ra_opts_parse_args(&set, argc - 1, argv + 1, &err)) why = err.msg;
   else if (o->dim % 16) why = "--dim must be a multiple of 16";
   else if (o->lag >= o->tokens) why = "--lag must be below --tokens";
+  else if (o->kernels && ra_vec_use_kernels(o->kernels) != RA_OK)
+    why = "--kernels: not a kernel set this CPU has (avx512, avx2, portable)";
   if (!why) return 0;
   fprintf(stderr, "wave-scan-bench: %s\nusage: wave-scan-bench [options]\n", why);
   ra_opts_usage(&set, stderr);
@@ -184,11 +189,11 @@ int main(int argc, char **argv) {
       fprintf(f,
               "{\"bench\": \"wave-scan\", \"tokens\": %lld, \"layers\": %lld, \"kv_heads\": %lld, \"group\": %lld, \"dim\": %lld, "
               "\"dtype\": \"%s\", \"cluster\": %lld, \"clusters_per_head\": %u, \"select\": %lld, \"lag\": %lld, "
-              "\"threads\": %lld, \"steps\": %lld, \"rows_per_attend\": %llu, \"median_us\": %.0f, "
+              "\"threads\": %lld, \"kernels\": \"%s\", \"steps\": %lld, \"rows_per_attend\": %llu, \"median_us\": %.0f, "
               "\"p10_us\": %.0f, \"p90_us\": %.0f, \"kv_gb_per_s\": %.2f, \"ns_per_row\": %.1f}\n",
               (long long)o.tokens, (long long)o.layers, (long long)o.kv_heads, (long long)o.group, (long long)o.dim,
               ra_dtype_name(o.dtype), (long long)o.cluster, nc, (long long)o.select, (long long)o.lag,
-              (long long)o.threads, (long long)o.steps, (unsigned long long)rows, med, p10, p90,
+              (long long)o.threads, ra_vec_kernel_name(), (long long)o.steps, (unsigned long long)rows, med, p10, p90,
               bytes / (med * 1e3), med * 1e3 / (double)(rows ? rows : 1));
       if (f != stdout) fclose(f);
     }
