@@ -612,28 +612,48 @@ void ra_state_swap_cache(ra_state *st, int layer, ra_tensor *k, ra_tensor *v) {
 
 void ra_state_reset(ra_state *st) {
   st->pos = 0;
-  st->n = 0;
+  st->n = st->step_rows = st->row0 = 0;
 }
 
 /* ---------- forward ---------- */
+
+/* The cur_* views on the step's rows [r0, r0 + nr) (the MLP's: its first rows, one pass's). */
+static void focus(ra_state *st, int64_t r0, int64_t nr) {
+  st->cur_x = ra_tensor_rows(&st->x, r0, nr);
+  st->cur_xn = ra_tensor_rows(&st->xn, r0, nr);
+  st->cur_q = ra_tensor_rows(&st->q, r0, nr);
+  st->cur_k = ra_tensor_rows(&st->k, r0, nr);
+  st->cur_v = ra_tensor_rows(&st->v, r0, nr);
+  st->cur_att = ra_tensor_rows(&st->att, r0, nr);
+  st->cur_gate = ra_tensor_rows(&st->gate, 0, nr < st->ffn_rows ? nr : st->ffn_rows);
+  st->cur_up = ra_tensor_rows(&st->up, 0, nr < st->ffn_rows ? nr : st->ffn_rows);
+}
 
 int ra_step_begin(ra_state *st, const int32_t *tokens, int64_t n, ra_error *err) {
   if (n < 1 || n > st->max_batch) return ra_errorf(err, RA_EINVAL, "model: step of %lld tokens (max %lld)", (long long)n, (long long)st->max_batch);
   if (st->pos + n > st->n_ctx)
     return ra_errorf(err, RA_EINVAL, "model: context full: %lld + %lld tokens > %lld", (long long)st->pos, (long long)n,
                      (long long)st->n_ctx);
-  st->n = n;
+  st->n = st->step_rows = n;
+  st->row0 = 0;
   st->cache_row = st->pos;
   st->wrap_at = st->wrap_row = 0;
-  st->cur_x = ra_tensor_rows(&st->x, 0, n);
-  st->cur_xn = ra_tensor_rows(&st->xn, 0, n);
-  st->cur_q = ra_tensor_rows(&st->q, 0, n);
-  st->cur_k = ra_tensor_rows(&st->k, 0, n);
-  st->cur_v = ra_tensor_rows(&st->v, 0, n);
-  st->cur_att = ra_tensor_rows(&st->att, 0, n);
-  st->cur_gate = ra_tensor_rows(&st->gate, 0, n < st->ffn_rows ? n : st->ffn_rows);
-  st->cur_up = ra_tensor_rows(&st->up, 0, n < st->ffn_rows ? n : st->ffn_rows);
+  focus(st, 0, n);
   return st->be->ops->get_rows(st->be, &st->m->tok_embd, tokens, n, &st->cur_x, err);
+}
+
+int ra_step_rows(ra_state *st, int64_t r0, int64_t nr, ra_error *err) {
+  if (r0 < 0 || nr < 1 || r0 + nr > st->step_rows)
+    return ra_errorf(err, RA_EINVAL, "model: rows %lld..%lld of a step of %lld", (long long)r0, (long long)(r0 + nr),
+                     (long long)st->step_rows);
+  if (st->wrap_at > 0 && st->wrap_at < st->step_rows && (r0 > 0 || nr < st->step_rows))
+    return ra_errorf(err, RA_EUNSUPPORTED, "model: a step whose ring wraps runs whole");
+  st->pos += r0 - st->row0;
+  st->cache_row += r0 - st->row0;
+  st->row0 = r0;
+  st->n = nr;
+  focus(st, r0, nr);
+  return RA_OK;
 }
 
 int ra_step_layer_qkv(ra_state *st, int l, ra_error *err) {
@@ -717,8 +737,9 @@ int ra_step_layer_finish(ra_state *st, int l, ra_error *err) {
 
 int ra_step_end(ra_state *st, int all_logits, ra_error *err) {
   const ra_model *m = st->m;
-  int64_t rows = all_logits ? st->n : 1;
   int rc;
+  if ((st->row0 != 0 || st->n != st->step_rows) && (rc = ra_step_rows(st, 0, st->step_rows, err))) return rc;
+  int64_t rows = all_logits ? st->n : 1;
   if (rows > st->logits_rows) {
     ra_tensor nl;
     int64_t shape[2] = {rows, m->cfg.vocab};

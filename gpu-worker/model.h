@@ -101,7 +101,9 @@ typedef struct ra_state {
   int64_t n_ctx;     /* cache capacity in tokens */
   int64_t max_batch; /* tokens per step */
   int64_t pos;       /* tokens already in the context */
-  int64_t n;         /* tokens in the current step */
+  int64_t n;         /* tokens in the current step (in its focus: ra_step_rows) */
+  int64_t step_rows; /* tokens ra_step_begin took */
+  int64_t row0;      /* the focus's first row within the step (0: the whole step) */
   int64_t cache_row; /* cache row of the step's first token: pos, unless the caller keeps a ring
                         (set it after ra_step_begin) */
   int64_t wrap_at, wrap_row; /* a ring that wraps inside the step: its tokens from wrap_at on (0 < wrap_at
@@ -142,6 +144,14 @@ int ra_step_begin(ra_state *st, const int32_t *tokens, int64_t n, ra_error *err)
 int ra_step_layer_qkv(ra_state *st, int layer, ra_error *err);
 int ra_step_layer_attend(ra_state *st, int layer, ra_error *err);
 int ra_step_layer_finish(ra_state *st, int layer, ra_error *err);
+/* Narrows the step to its rows [r0, r0 + nr) (of those ra_step_begin took): n, pos, cache_row
+ * and the cur_* views become those rows', so that the three layer calls run a layer over them
+ * alone; (0, all) is the whole step again, and ra_step_end returns to it. A layer run chunk by
+ * chunk in row order computes what it computes over the whole step: its attention is causal,
+ * so a chunk's queries read only rows that earlier chunks put in the cache. This is what lets a
+ * prefill stop within a layer (gpu-worker/offload.c). A step whose ring wraps cannot be
+ * narrowed (RA_EUNSUPPORTED). */
+int ra_step_rows(ra_state *st, int64_t r0, int64_t nr, ra_error *err);
 /* Final norm and logits: of every token of the step when all_logits, else of the last one. */
 int ra_step_end(ra_state *st, int all_logits, ra_error *err);
 

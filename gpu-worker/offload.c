@@ -50,7 +50,8 @@ typedef struct prefill_run {
   int active;
   const int32_t *tokens; /* the caller's, [n] */
   int64_t n, n_q;        /* prompt tokens; roar's sampled queries per layer */
-  int layer;             /* the next layer to run */
+  int layer;             /* the layer under way, or the next to run */
+  int64_t row;           /* its rows [0, row) have run (0: not begun; its scratch not swapped in) */
   int synthetic;
   float *q;              /* roar: the layer's sampled queries [n_q, n_heads, head_dim] (else NULL) */
   ra_job_pipe *pipe;     /* layers' offload jobs in flight (NULL without stores) */
@@ -757,6 +758,8 @@ static void kv_pool_release(ra_offload *o) {
 static int prefill_finish(ra_offload *o, int rc, ra_offload_stats *stats, ra_error *err) {
   prefill_run *pf = &o->pf;
   ra_state *st = o->st;
+  /* a layer left after some of its rows (cancelled, or failed in them) gives the scratch back */
+  if (pf->row > 0) ra_state_swap_cache(st, pf->layer, &o->scratch_k, &o->scratch_v);
   /* synthetic: the state is at the last chunk, whose x is still its embedding: its last row's
    * logits, and pos moves past the prompt */
   if (rc == RA_OK) rc = ra_step_end(st, 0, err);
@@ -780,7 +783,7 @@ static int prefill_finish(ra_offload *o, int rc, ra_offload_stats *stats, ra_err
   kv_pool_release(o);
   state_to_decode_size(o);
   if (rc != RA_OK) {
-    st->pos = st->n = 0; /* a synthetic prefill moves pos chunk by chunk */
+    ra_state_reset(st); /* a synthetic prefill moves pos chunk by chunk; a piece narrows the step */
     return rc;
   }
   if (o->remote) {
@@ -821,44 +824,62 @@ int ra_offload_prefill_begin(ra_offload *o, const int32_t *tokens, int64_t n, ra
   return rc ? prefill_finish(o, rc, NULL, err) : RA_OK;
 }
 
-/* Layer l of the prefill under way. */
-static int prefill_layer(ra_offload *o, int l, ra_error *err) {
+/* Reports layer l's end to the progress callback. */
+static void prefill_progress(ra_offload *o, int l) {
+  const prefill_run *pf = &o->pf;
+  uint64_t b, e;
+  ra_partition_offloaded(o->cfg.n_sink, o->cfg.n_window, (uint64_t)pf->n, &b, &e);
+  if (!o->remote) e = b; /* streaming sends nothing */
+  ra_offload_progress pr = {.layer = l + 1, .n_layers = o->m->cfg.n_layers, .n_tokens = pf->n,
+                            .bytes_offloaded = (uint64_t)(l + 1) * (e - b) * 2 * o->m->cfg.n_kv_heads *
+                                               ra_dtype_row_bytes(o->cfg.store_dtype, (size_t)o->m->cfg.head_dim),
+                            .index_s = pf->s.index_us / 1e6};
+  o->cfg.progress(o->cfg.progress_ctx, &pr);
+}
+
+/* Rows [r0, r0 + nr) of layer l of the prefill under way (a synthetic layer runs whole). The
+ * scratch is layer l's cache from its first rows to its last; after the last rows' attention,
+ * the layer's K/V leave for the stores (before the rows' Wo and MLP, which do not read them). */
+static int prefill_rows(ra_offload *o, int l, int64_t r0, int64_t nr, ra_error *err) {
   prefill_run *pf = &o->pf;
   ra_state *st = o->st;
   const int64_t n = pf->n;
+  const int last = r0 + nr == n;
   int rc;
-  /* The scratch becomes layer l's cache for this step; its ring waits in scratch_k/v. */
-  ra_state_swap_cache(st, l, &o->scratch_k, &o->scratch_v);
+  /* The scratch becomes layer l's cache for its rows; its ring waits in scratch_k/v. */
+  if (r0 == 0) ra_state_swap_cache(st, l, &o->scratch_k, &o->scratch_v);
+  pf->row = r0 + nr;
   if (pf->synthetic) {
     rc = synthetic_layer_qkv(o, pf->tokens, n, l, pf->q, pf->n_q, err);
   } else {
-    rc = ra_step_layer_qkv(st, l, err);
+    rc = ra_step_rows(st, r0, nr, err);
+    if (rc == RA_OK) rc = ra_step_layer_qkv(st, l, err);
     if (rc == RA_OK) rc = ra_step_layer_attend(st, l, err);
-    if (rc == RA_OK && pf->q) rc = pick_queries(o, n, pf->n_q, 0, n, pf->q, err);
+    if (rc == RA_OK && pf->q) rc = pick_queries(o, n, pf->n_q, r0, nr, pf->q, err);
   }
-  if (rc == RA_OK) rc = prefill_offload_layer(o, pf->pipe, l, n, &o->scratch_k, &o->scratch_v, pf->q, pf->n_q, &pf->s, err);
-  ra_state_swap_cache(st, l, &o->scratch_k, &o->scratch_v);
+  if (last) {
+    if (rc == RA_OK)
+      rc = prefill_offload_layer(o, pf->pipe, l, n, &o->scratch_k, &o->scratch_v, pf->q, pf->n_q, &pf->s, err);
+    ra_state_swap_cache(st, l, &o->scratch_k, &o->scratch_v);
+    pf->row = 0;
+    pf->layer = l + 1;
+  }
   if (rc == RA_OK && !pf->synthetic) rc = ra_step_layer_finish(st, l, err);
-  if (rc == RA_OK && o->cfg.progress) {
-    uint64_t b, e;
-    ra_partition_offloaded(o->cfg.n_sink, o->cfg.n_window, (uint64_t)n, &b, &e);
-    if (!o->remote) e = b; /* streaming sends nothing */
-    ra_offload_progress pr = {.layer = l + 1, .n_layers = o->m->cfg.n_layers, .n_tokens = n,
-                              .bytes_offloaded = (uint64_t)(l + 1) * (e - b) * 2 * o->m->cfg.n_kv_heads *
-                                                 ra_dtype_row_bytes(o->cfg.store_dtype, (size_t)o->m->cfg.head_dim),
-                              .index_s = pf->s.index_us / 1e6};
-    o->cfg.progress(o->cfg.progress_ctx, &pr);
-  }
+  if (rc == RA_OK && last && o->cfg.progress) prefill_progress(o, l);
   return rc;
 }
 
-int ra_offload_prefill_next(ra_offload *o, int max_layers, int *done, ra_offload_stats *stats, ra_error *err) {
+int ra_offload_prefill_next(ra_offload *o, int64_t max_rows, int *done, ra_offload_stats *stats, ra_error *err) {
   *done = 0;
   prefill_run *pf = &o->pf;
   if (!pf->active) return ra_errorf(err, RA_ESTATE, "offload: no prefill under way");
-  if (max_layers < 1) return ra_errorf(err, RA_EINVAL, "offload: a prefill piece of %d layers", max_layers);
+  if (max_rows < 1) return ra_errorf(err, RA_EINVAL, "offload: a prefill piece of %lld rows", (long long)max_rows);
   int rc = RA_OK;
-  for (int k = 0; k < max_layers && pf->layer < o->m->cfg.n_layers && rc == RA_OK; k++) rc = prefill_layer(o, pf->layer++, err);
+  for (int64_t left = max_rows; left > 0 && pf->layer < o->m->cfg.n_layers && rc == RA_OK;) {
+    const int64_t rest = pf->n - pf->row, nr = pf->synthetic || rest <= left ? rest : left;
+    rc = prefill_rows(o, pf->layer, pf->row, nr, err);
+    left -= nr;
+  }
   if (rc == RA_OK && pf->layer < o->m->cfg.n_layers) return RA_OK;
   *done = rc == RA_OK;
   return prefill_finish(o, rc, stats, err);
@@ -866,7 +887,7 @@ int ra_offload_prefill_next(ra_offload *o, int max_layers, int *done, ra_offload
 
 int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offload_stats *stats, ra_error *err) {
   int rc = ra_offload_prefill_begin(o, tokens, n, err), done = 0;
-  if (rc == RA_OK) rc = ra_offload_prefill_next(o, o->m->cfg.n_layers, &done, stats, err);
+  if (rc == RA_OK) rc = ra_offload_prefill_next(o, n * o->m->cfg.n_layers, &done, stats, err);
   return rc;
 }
 

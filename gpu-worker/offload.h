@@ -152,15 +152,16 @@ ra_state *ra_offload_state(ra_offload *o);
 /* Prefill of the first n tokens (1 <= n <= max_prompt), in one step, layer by layer. */
 int ra_offload_prefill(ra_offload *o, const int32_t *tokens, int64_t n, ra_offload_stats *stats,
                        ra_error *err);
-/* The same prefill in pieces of layers, so that a server decodes its other sequences between
- * them (a 128K prompt's prefill would otherwise hold every running stream for its whole time):
- * begin checks and starts it (tokens stay the caller's until it ends); each next runs up to
- * max_layers (>= 1) more layers, and the one that runs the last ends it (*done = 1, stats as
- * ra_offload_prefill's). Other runtimes may run in between; this one refuses a decode
+/* The same prefill in pieces, so that a server decodes its other sequences between them (a
+ * 128K prompt's prefill would otherwise hold every running stream for its whole time): begin
+ * checks and starts it (tokens stay the caller's until it ends); each next runs up to max_rows
+ * (>= 1) more rows of layers, layer by layer in token order (a layer over the whole prompt is n
+ * rows; a piece may end within a layer, except a synthetic prefill's, whose layers run whole),
+ * and the one that runs the last ends it (*done = 1, stats as ra_offload_prefill's). Other runtimes may run in between; this one refuses a decode
  * (RA_ESTATE) until it is done. A failure ends it, the runtime back as before begin;
  * ra_offload_free ends one under way. */
 int ra_offload_prefill_begin(ra_offload *o, const int32_t *tokens, int64_t n, ra_error *err);
-int ra_offload_prefill_next(ra_offload *o, int max_layers, int *done, ra_offload_stats *stats, ra_error *err);
+int ra_offload_prefill_next(ra_offload *o, int64_t max_rows, int *done, ra_offload_stats *stats, ra_error *err);
 /* Instead of ra_offload_prefill: the runtime's state after the prefill that `cap` captured
  * (prefill_capture.h), without running the model. Per layer, positions [S, n - W) of the
  * captured K/V go to the stores and, in an index mode, the index is built from the captured

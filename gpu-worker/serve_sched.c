@@ -461,9 +461,9 @@ static void offload_done(ra_sched *s, seq *q, size_t take, int rc, const ra_erro
 }
 
 /* Offload modes: the prefill under way, or else the oldest new sequence's, advances by a piece
- * of layers (prefill_chunk tokens' worth; all of them when nobody decodes), then one batched
- * decode step of every running sequence whose prefill is done (ra_offload_decode_batch); how
- * many ran. */
+ * (prefill_chunk tokens' worth of rows of layers; all of it when nobody decodes), then one
+ * batched decode step of every running sequence whose prefill is done
+ * (ra_offload_decode_batch); how many ran. */
 static int step_offload(ra_sched *s) {
   enum { MAX = 256 };
   ra_offload *offs[MAX];
@@ -492,11 +492,12 @@ static int step_offload(ra_sched *s) {
     int rc = RA_OK, done = 0;
     if (!q->prefilling) rc = ra_offload_prefill_begin(q->off, q->toks, (int64_t)q->n_toks, &err);
     q->prefilling = rc == RA_OK;
-    /* a piece of about prefill_chunk tokens through every layer: a short prompt in one step, a
-     * long one a layer at a time; all of it when nobody waits */
-    const int64_t L = s->cfg.m->cfg.n_layers, want = (s->cfg.prefill_chunk * L + (int64_t)q->n_toks - 1) / (int64_t)q->n_toks;
-    const int layers = n == 0 || want >= L ? (int)L : want < 1 ? 1 : (int)want;
-    if (rc == RA_OK) rc = ra_offload_prefill_next(q->off, layers, &done, &st, &err);
+    /* a piece of prefill_chunk tokens' worth through every layer (rows of layers): a short
+     * prompt in one step, a long one a layer or part of one at a time; all of it when nobody
+     * waits */
+    const int64_t L = s->cfg.m->cfg.n_layers, all = (int64_t)q->n_toks * L;
+    const int64_t rows = n == 0 || s->cfg.prefill_chunk * L >= all ? all : s->cfg.prefill_chunk * L;
+    if (rc == RA_OK) rc = ra_offload_prefill_next(q->off, rows, &done, &st, &err);
     n_prefill = 1;
     if (rc || done) {
       q->prefilling = 0;

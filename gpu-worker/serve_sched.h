@@ -7,9 +7,10 @@
  *     prompt chunks (up to `prefill_chunk` tokens per step in all) go through one batched
  *     forward (batch.h): the weights are read once for the whole step;
  *   - an offload mode: each sequence has its own runtime (offload.h: its device ring and its
- *     store sessions) and is stepped in turn: the prefill of a new prompt (one step), then one
- *     token per step. The weights are read per sequence; batching them across runtimes is not
- *     done.
+ *     store sessions); one prefill advances by a piece (prefill_chunk tokens' worth of rows of
+ *     layers, within a layer for a long prompt) and every decoding sequence's next token goes
+ *     through one batched decode step (ra_offload_decode_batch: the weights read once, the
+ *     ring attention batched, one AttendBatch message per store and layer).
  * then each sequence whose input is consumed samples its next token, and finished sequences
  * leave. A finished sequence's context (its KV, at the stores too) is kept for reuse, up to
  * `max_cached` contexts and `cache_ttl_s` idle, evicted least recently used (its store
@@ -40,8 +41,8 @@ typedef struct ra_sched_config {
   int max_seqs;                 /* sequences running at once; more are refused (429) */
   int64_t max_ctx;              /* prompt + generated tokens of a sequence */
   int64_t prefill_chunk;        /* prompt tokens per step: full mode, all sequences together;
-                                   offload modes, a prefill of n tokens runs
-                                   ceil(prefill_chunk * n_layers / n) layers per step (at least one)
+                                   offload modes, a prefill runs prefill_chunk * n_layers
+                                   rows of layers per step (a layer over n tokens is n rows)
                                    while others decode */
   int max_cached;               /* idle contexts kept; 0: no reuse */
   double cache_ttl_s;           /* an idle context older than this is freed */

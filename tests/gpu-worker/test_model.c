@@ -1,5 +1,5 @@
 /* Forward pass on tiny random models: KV-cached decode equals full recompute, chunked prefill
- * equals one pass, the per-layer API with merged partial attention equals local attention,
+ * equals one pass, so does a step whose layers run in row chunks, the per-layer API with merged partial attention equals local attention,
  * and a safetensors export of a model loads back to the same logits. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -141,6 +141,42 @@ static void test_set_max_batch(void **state) {
   assert_int_equal(st->max_batch, 2);
   assert_int_equal(ra_state_set_max_batch(st, N_TOK, N_TOK, &err), RA_OK);
   assert_logits_of_fresh_state(m, st);
+  ra_state_free(st);
+  ra_model_free(m);
+}
+
+/* A step whose layers run in row chunks (ra_step_rows: 13 rows, then 1, then the rest; the
+ * chunks ending within the MLP's 7-row passes) gives every logit of the whole step; rows
+ * outside the step are refused, and ra_step_end returns to the whole step by itself. */
+static void test_layer_in_row_chunks(void **state) {
+  (void)state;
+  ra_model *m = tiny(0);
+  const size_t V = (size_t)m->cfg.vocab;
+  ra_state *st;
+  ra_error err;
+  assert_int_equal(ra_state_new(m, N_TOK, N_TOK, RA_DTYPE_F32, &st, &err), RA_OK);
+  assert_int_equal(ra_state_set_ffn_rows(st, 7, &err), RA_OK);
+  assert_int_equal(ra_step_begin(st, toks, N_TOK, &err), RA_OK);
+  assert_int_equal(ra_step_rows(st, 30, 11, &err), RA_EINVAL);
+  assert_int_equal(ra_step_rows(st, 0, 0, &err), RA_EINVAL);
+  assert_int_equal(ra_step_rows(st, -1, 2, &err), RA_EINVAL);
+  const int64_t cuts[] = {0, 13, 14, N_TOK};
+  for (int l = 0; l < m->cfg.n_layers; l++)
+    for (int c = 0; c < 3; c++) {
+      assert_int_equal(ra_step_rows(st, cuts[c], cuts[c + 1] - cuts[c], &err), RA_OK);
+      assert_int_equal(st->pos, cuts[c]);
+      assert_int_equal(st->n, cuts[c + 1] - cuts[c]);
+      if (ra_step_layer_qkv(st, l, &err) || ra_step_layer_attend(st, l, &err) || ra_step_layer_finish(st, l, &err))
+        fail_msg("layer %d rows %lld..: %s", l, (long long)cuts[c], err.msg);
+    }
+  assert_int_equal(ra_step_end(st, 1, &err), RA_OK);
+  assert_int_equal(st->pos, N_TOK);
+  assert_int_equal(st->n_logits, N_TOK);
+  float *want = all_logits(m, N_TOK, RA_DTYPE_F32), *got = malloc(N_TOK * V * sizeof *got);
+  assert_int_equal(be->ops->download(be, &st->logits, 0, got, N_TOK * V, NULL), RA_OK);
+  assert_true(max_abs_diff(got, want, N_TOK * V) < 1e-5f);
+  free(want);
+  free(got);
   ra_state_free(st);
   ra_model_free(m);
 }
@@ -361,6 +397,7 @@ int main(void) {
       cmocka_unit_test(test_decode_equals_recompute_llama),
       cmocka_unit_test(test_ffn_in_row_passes),
       cmocka_unit_test(test_set_max_batch),
+      cmocka_unit_test(test_layer_in_row_chunks),
       cmocka_unit_test(test_decode_equals_recompute_qwen2_style),
       cmocka_unit_test(test_layer_api_with_merged_partials),
       cmocka_unit_test(test_f16_cache_and_determinism),

@@ -153,23 +153,35 @@ static void test_pipelined_prefill_flat_equals_full(void **state) {
 
 /* roar per q head, and per kv head (one graph from the group's queries, shared by the group),
  * built from the knn lists alone and with every key's best queries (the default): all build
- * through the pipe and scan a part of the keys at decode. */
+ * through the pipe and scan a part of the keys at decode; so does a prefill in pieces that end
+ * within layers. */
 static void test_pipelined_prefill_builds_roar(void **state) {
   (void)state;
   fixture f;
   fixture_up(&f, NULL);
-  for (int run = 0; run < 4; run++) {
-    const int per_kv = run & 1;
+  for (int run = 0; run < 5; run++) {
+    const int per_kv = run & 1, pieces = run == 4;
     const uint32_t key_top = run < 2 ? 0 : 4;
     ra_offload *o = offload_new(&f, RA_MODE_ROAR, 16, 24, per_kv, key_top); /* a beam short of the ~540 keys */
     ra_offload_stats ps, ds;
     ra_error err;
-    ok(ra_offload_prefill(o, f.tokens, N_PROMPT, &ps, &err), &err);
+    if (pieces) {
+      /* pieces that end within layers: each picks the sampled queries among its own rows */
+      int done = 0, n_pieces = 0;
+      ok(ra_offload_prefill_begin(o, f.tokens, N_PROMPT, &err), &err);
+      while (!done) {
+        ok(ra_offload_prefill_next(o, N_PROMPT / 3 + 5, &done, &ps, &err), &err);
+        n_pieces++;
+      }
+      assert_true(n_pieces > f.m->cfg.n_layers);
+    } else {
+      ok(ra_offload_prefill(o, f.tokens, N_PROMPT, &ps, &err), &err);
+    }
     assert_true(ps.index_us > 0);
     ok(ra_offload_decode(o, f.tokens[N_PROMPT], &ds, &err), &err);
     const uint64_t all = (uint64_t)f.m->cfg.n_layers * (uint64_t)f.m->cfg.n_heads * ds.n_offloaded;
-    print_message("roar %s, key lists of %u: prefill index %.1f ms, decode scanned %llu of %llu keys\n",
-                  per_kv ? "per kv head" : "per q head", key_top, ps.index_us / 1e3, (unsigned long long)ds.n_scanned,
+    print_message("roar %s, key lists of %u%s: prefill index %.1f ms, decode scanned %llu of %llu keys\n",
+                  per_kv ? "per kv head" : "per q head", key_top, pieces ? ", prefill in pieces" : "", ps.index_us / 1e3, (unsigned long long)ds.n_scanned,
                   (unsigned long long)all);
     assert_true(ds.n_scanned > 0 && ds.n_scanned < all);
     ra_offload_free(o);

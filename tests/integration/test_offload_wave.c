@@ -567,10 +567,11 @@ static void test_decode_batch_equals_alone(void **state) {
   plan_free(&p);
 }
 
-/* ra_offload_prefill_begin / _next: a wave prefill one layer at a time, with another runtime
- * decoding between the pieces, gives the logits of the whole prefill and decodes as it does; a
- * decode or a second prefill during it is refused; a runtime freed during its prefill
- * closes its sessions (the stores free what it sent). */
+/* ra_offload_prefill_begin / _next: a wave prefill in pieces of rows that end within layers
+ * and cross from one layer into the next, with another runtime decoding between the pieces,
+ * gives the logits of the whole prefill and decodes as it does; a decode or a second prefill
+ * during it is refused; a runtime freed within a layer of its prefill closes its sessions (the
+ * stores free what it sent). */
 static void test_prefill_in_pieces(void **state) {
   (void)state;
   enum { STEPS = 12 };
@@ -589,12 +590,13 @@ static void test_prefill_in_pieces(void **state) {
   assert_int_equal(ra_offload_prefill_begin(pieces, F.tokens, N_PROMPT, &err), RA_ESTATE);
   assert_int_equal(ra_offload_decode(pieces, 1, NULL, &err), RA_ESTATE);
   ra_offload_stats st;
+  const int64_t piece = N_PROMPT * 2 / 5 + 7, all = (int64_t)N_PROMPT * F.m->cfg.n_layers;
   while (!done) {
-    ok(ra_offload_prefill_next(pieces, 1, &done, &st, &err), &err);
+    ok(ra_offload_prefill_next(pieces, piece, &done, &st, &err), &err);
     n_pieces++;
     ok(ra_offload_decode(other, F.tokens[N_PROMPT + n_pieces], NULL, &err), &err);
   }
-  assert_int_equal(n_pieces, F.m->cfg.n_layers);
+  assert_int_equal(n_pieces, (all + piece - 1) / piece);
   assert_true(st.n_offloaded > 0);
   assert_int_equal(ra_offload_prefill_next(pieces, 1, &done, NULL, &err), RA_ESTATE);
   float *want = malloc((size_t)vocab * sizeof *want), *got = malloc((size_t)vocab * sizeof *got);
@@ -613,11 +615,11 @@ static void test_prefill_in_pieces(void **state) {
   print_message("prefill in %d pieces (another runtime decoding between them): max |logit diff| %.2e\n", n_pieces,
                 worst);
   assert_true(worst < 1e-5);
-  /* freed after two layers of its prefill: its sessions close, the stores hold what they held */
+  /* freed in its third layer: its sessions close, the stores hold what they held */
   ra_kvclient_store_stats before = stores_stats();
   ra_offload *left = offload_new(&p.plan, &c);
   ok(ra_offload_prefill_begin(left, F.tokens, N_PROMPT, &err), &err);
-  ok(ra_offload_prefill_next(left, 2, &done, NULL, &err), &err);
+  ok(ra_offload_prefill_next(left, 2 * N_PROMPT + N_PROMPT / 2, &done, NULL, &err), &err);
   assert_false(done);
   assert_true(stores_stats().bytes_used > before.bytes_used);
   ra_offload_free(left);
