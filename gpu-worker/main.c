@@ -131,7 +131,7 @@ static const ra_opt rows[] = {
      .help = "KV cache dtype", .scope = GEN | DUMP | SERVE | LOGITS | SERVE},
     {"batch", RA_OPT_INT, AT(batch), .lo = 1, .hi = 1L << 20, .meta = "N",
      .help = "prefill chunk size (serve: prompt tokens per step over all sequences; offload modes: a prompt's "
-             "prefill in pieces of layers of that much work)",
+             "prefill in pieces of that much work: N x layers rows of layers, within a layer for a long prompt)",
      .scope = GEN | DUMP | SERVE},
     {"ctx", RA_OPT_INT, AT(ctx), .lo = 1, .hi = 1L << 24, .meta = "N",
      .help = "KV cache tokens (serve: of each sequence, prompt + answer)", .dflt = "prompt + new tokens; serve: 2048", .scope = RUNS},

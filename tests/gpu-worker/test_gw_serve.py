@@ -189,8 +189,8 @@ bmsgs = metric("flat", 'ra_serve_attend_batch_total{kind="messages"}')
 breqs = metric("flat", 'ra_serve_attend_batch_total{kind="requests"}')
 check(bmsgs > 0 and breqs > bmsgs, f"flat: {breqs} requests in {bmsgs} AttendBatch messages")
 
-# --- a long prompt prefills in pieces of layers (--batch 16: about 16 tokens through every layer
-# per step, so 2 layers of a 420-token prompt): a stream already running keeps getting tokens
+# --- a long prompt prefills in pieces (--batch 16: 16 x 30 rows of layers per step, so a piece of
+# a 420-token prompt ends within a layer): a stream already running keeps getting tokens
 # until the long request's own first token
 
 

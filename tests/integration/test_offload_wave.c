@@ -11,7 +11,8 @@
  *     equals off across growth blocks, with hits on a steady decode, under eviction, in f16;
  *   - a batched decode step (one ranking call for the step's wave sequences) equals each
  *     sequence decoding alone, also with its requests in AttendBatch messages;
- *   - a prefill in pieces of layers, another runtime decoding between them, equals the whole. */
+ *   - a prefill in pieces that end within layers, another runtime decoding between them, equals
+ *     the whole. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
