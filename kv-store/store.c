@@ -733,13 +733,23 @@ static int stage_add_shard(kvs_stage *st, kvs_shard *sh) {
 }
 
 /* kvs_session_write (stage NULL: published at once) and kvs_session_stage. */
+/* Where one chunk's rows go in its shard. */
+typedef struct kvs_copy {
+  void *keys, *values;
+} kvs_copy;
+
 static int session_write(kvs_session *s, kvs_stage *stage, const kvs_rows *rows, size_t n_rows,
                          uint64_t *bytes_stored, ra_error *err) {
   if (n_rows == 0) return ra_errorf(err, RA_EINVAL, "no chunks to store");
   if (stage && stage->s && stage->s != s)
     return ra_errorf(err, RA_EINVAL, "a PutKv stream writes one session; this chunk names another");
   kvs_shard **target = malloc(n_rows * sizeof *target);
-  if (!target) return ra_errorf(err, RA_ENOMEM, "out of memory planning %zu chunks", n_rows);
+  kvs_copy *copies = stage ? malloc(n_rows * sizeof *copies) : NULL; /* where a stage's rows go */
+  if (!target || (stage && !copies)) {
+    free(target);
+    free(copies);
+    return ra_errorf(err, RA_ENOMEM, "out of memory planning %zu chunks", n_rows);
+  }
   size_t rb = kvs_row_bytes(&s->geo);
   int rc = RA_OK;
   size_t checked = 0;
@@ -756,21 +766,27 @@ static int session_write(kvs_session *s, kvs_stage *stage, const kvs_rows *rows,
   if (rc) {
     for (size_t i = 0; i < checked; i++) target[i]->pending = 0;
     pthread_rwlock_unlock(&s->lock);
+    free(copies);
     free(target);
     return rc;
   }
   uint64_t total = 0;
+  /* A stage's rows are claimed here and copied after the lock: the shard is its stager's alone
+   * (other writers are refused, so nothing grows or moves it), its staged rows are invisible
+   * until the stream commits, and the stream copies before it commits. PutKv streams of one
+   * session then copy, and fault in their shards' fresh pages, side by side. */
   for (size_t i = 0; i < n_rows; i++) {
     kvs_shard *sh = target[i];
     size_t bytes = rows[i].n * rb, at = (size_t)(sh->n + sh->staged) * rb;
-    memcpy((char *)sh->keys + at, rows[i].keys, bytes);
-    memcpy((char *)sh->values + at, rows[i].values, bytes);
     sh->pending -= rows[i].n;
     total += rows[i].n;
     if (stage) {
+      copies[i] = (kvs_copy){(char *)sh->keys + at, (char *)sh->values + at};
       sh->staged += rows[i].n;
       sh->stager = stage;
     } else {
+      memcpy((char *)sh->keys + at, rows[i].keys, bytes);
+      memcpy((char *)sh->values + at, rows[i].values, bytes);
       shard_publish(s, sh, rows[i].n);
     }
   }
@@ -790,6 +806,11 @@ static int session_write(kvs_session *s, kvs_stage *stage, const kvs_rows *rows,
     kvs_indexer_enqueue(s->store->indexer, target, n_ix);
   }
   pthread_rwlock_unlock(&s->lock);
+  for (size_t i = 0; stage && i < n_rows; i++) {
+    memcpy(copies[i].keys, rows[i].keys, rows[i].n * rb);
+    memcpy(copies[i].values, rows[i].values, rows[i].n * rb);
+  }
+  free(copies);
   free(target);
   if (bytes_stored) *bytes_stored = total * rb * 2;
   return RA_OK;

@@ -11,6 +11,9 @@
  *
  * Concurrency: the registry has a mutex; each session a rwlock (attends read, writes write) and
  * a reference count, so closing a session while an attend runs frees it when the attend ends.
+ * A PutKv stream's rows are claimed under the write lock and copied after it (the shard is the
+ * stream's alone until it commits, and nothing else moves it), so a session's streams copy side
+ * by side.
  *
  * Indexes (store_index.c): a shard may hold search indexes (kv-store/index/index.h) over its
  * keys, ids = rows within the shard: per q head (one per q head of the shard's GQA group and
@@ -92,8 +95,9 @@ typedef struct kvs_shard {
   void *keys;      /* [cap, head_dim] session dtype */
   void *values;    /* [cap, head_dim] session dtype */
   uint64_t pending; /* rows a write in progress will add (write lock held) */
-  /* Rows [n, n + staged) copied by an unfinished PutKv stream (stager): invisible to attends,
-   * builds and the indexer until it commits; other writers of the shard are refused meanwhile. */
+  /* Rows [n, n + staged) claimed and copied by an unfinished PutKv stream (stager): invisible to
+   * attends, builds and the indexer until it commits; other writers of the shard are refused
+   * meanwhile. */
   uint64_t staged;
   const struct kvs_stage *stager;
   /* NULL until the first index of this shard is installed; then
@@ -235,7 +239,8 @@ int kvs_session_write(kvs_session *s, const kvs_rows *rows, size_t n_rows, uint6
 int kvs_session_read(kvs_session *s, uint32_t layer, uint32_t kv_head, uint64_t token_begin, uint64_t n, void *keys,
                      void *values, ra_error *err);
 /* A PutKv stream's writes, all or nothing: stage copies row blocks into their shards as
- * kvs_session_write does (same checks, same budget charge) but leaves them invisible; commit
+ * kvs_session_write does (same checks, same budget charge; the copy outside the session lock)
+ * but leaves them invisible; commit
  * publishes every staged row at once, abort drops them (the shards' capacity stays charged to
  * the session, like any growth). The stage holds a reference to its session; every stage ends
  * with commit or abort. */
