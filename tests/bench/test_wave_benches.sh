@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # wave-scan-bench on a tiny store: the JSON it prints holds the rows the selection implies
 # (select x cluster x kv heads + lag x kv heads); wave-select-bench on the CPU backend times
-# every cluster count asked; bad flags are usage errors (exit 2) for both.
+# every cluster count asked; --kernels names the vector kernels it ran; bad flags are usage errors
+# (exit 2) for both.
 set -euo pipefail
 bin="$1/wave-scan-bench"
 out=$("$bin" --tokens 4096 --layers 2 --kv-heads 2 --group 3 --dim 64 --cluster 16 --select 10 --lag 100 \
@@ -15,7 +16,10 @@ want = 2 * (10 * 16 + 4096 - nc * 16)
 assert d["rows_per_attend"] == want, (d["rows_per_attend"], want)
 assert d["median_us"] > 0 and d["kv_gb_per_s"] > 0, d
 PY
-for bad in "--select 999999" "--dim 72" "--dtype i4" "--threads 0" "--nope 1" "--lag"; do
+# --kernels picks the set it reports; every CPU has the portable one
+out=$("$bin" --tokens 4096 --layers 1 --kv-heads 1 --select 4 --lag 10 --threads 1 --steps 2 --kernels portable)
+python3 -c 'import json, sys; d = json.loads(sys.argv[1]); assert d["kernels"] == "portable", d' "$out"
+for bad in "--select 999999" "--dim 72" "--dtype i4" "--threads 0" "--nope 1" "--lag" "--kernels avx9"; do
   set +e
   # shellcheck disable=SC2086
   "$bin" --tokens 4096 $bad >/dev/null 2>/tmp/wsb-err.$$
