@@ -147,7 +147,8 @@ static void test_set_max_batch(void **state) {
 
 /* A step whose layers run in row chunks (ra_step_rows: 13 rows, then 1, then the rest; the
  * chunks ending within the MLP's 7-row passes) gives every logit of the whole step; rows
- * outside the step are refused, and ra_step_end returns to the whole step by itself. */
+ * outside the step, or a part of a step whose ring wraps, are refused, and ra_step_end returns
+ * to the whole step by itself. */
 static void test_layer_in_row_chunks(void **state) {
   (void)state;
   ra_model *m = tiny(0);
@@ -160,6 +161,12 @@ static void test_layer_in_row_chunks(void **state) {
   assert_int_equal(ra_step_rows(st, 30, 11, &err), RA_EINVAL);
   assert_int_equal(ra_step_rows(st, 0, 0, &err), RA_EINVAL);
   assert_int_equal(ra_step_rows(st, -1, 2, &err), RA_EINVAL);
+  /* a step whose ring wraps (a caller keeping a ring sets wrap_at) runs whole */
+  st->wrap_at = 5;
+  assert_int_equal(ra_step_rows(st, 0, 3, &err), RA_EUNSUPPORTED);
+  assert_non_null(strstr(err.msg, "wraps"));
+  assert_int_equal(ra_step_rows(st, 0, N_TOK, &err), RA_OK);
+  st->wrap_at = 0;
   const int64_t cuts[] = {0, 13, 14, N_TOK};
   for (int l = 0; l < m->cfg.n_layers; l++)
     for (int c = 0; c < 3; c++) {
