@@ -117,7 +117,6 @@ static int remote_check(const ra_remote *r, ra_error *err) {
 
 static void sleep_ms(unsigned ms) { uv_sleep(ms); }
 
-
 /* Connects to store s and reattaches its session (a store restarted from --data-dir, or a
  * connection that broke), retrying for up to cfg.reconnect_ms. s->held gets the rows the store
  * reports. */
