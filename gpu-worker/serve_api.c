@@ -49,6 +49,48 @@ static int get_bool(json_t *o, const char *key, int *out, ra_api_error *e) {
   return 0;
 }
 
+/* What an unsupported parameter may hold and still be honoured: its OpenAI default, or nothing. */
+static int off_or_zero(json_t *v) {
+  return json_is_null(v) || json_is_false(v) || (json_is_number(v) && json_number_value(v) == 0);
+}
+static int empty(json_t *v) {
+  return json_is_null(v) || (json_is_string(v) && json_string_length(v) == 0) ||
+         (json_is_object(v) && json_object_size(v) == 0) || (json_is_array(v) && json_array_size(v) == 0);
+}
+static int one(json_t *v) { return json_is_null(v) || (json_is_integer(v) && json_integer_value(v) == 1); }
+static int plain_text(json_t *v) {
+  const char *t = json_string_value(json_object_get(v, "type"));
+  return json_is_null(v) || (json_is_object(v) && json_object_size(v) == 1 && t && strcmp(t, "text") == 0);
+}
+static int no_tool(json_t *v) {
+  const char *t = json_string_value(v);
+  return json_is_null(v) || (t && (strcmp(t, "none") == 0 || strcmp(t, "auto") == 0));
+}
+
+/* Parameters of the OpenAI API that change the answer and that this server does not implement:
+ * a request that sets one to anything but its default is refused by name, never answered as if
+ * the parameter were not there. */
+static const struct {
+  const char *key;
+  int (*honoured)(json_t *v);
+} unsupported[] = {
+    {"logprobs", off_or_zero},      {"top_logprobs", off_or_zero},  {"frequency_penalty", off_or_zero},
+    {"presence_penalty", off_or_zero}, {"echo", off_or_zero},       {"logit_bias", empty},
+    {"suffix", empty},              {"tools", empty},               {"functions", empty},
+    {"best_of", one},               {"response_format", plain_text}, {"tool_choice", no_tool},
+    {"function_call", no_tool},
+};
+
+static int check_unsupported(json_t *root, ra_api_error *e) {
+  for (size_t i = 0; i < sizeof unsupported / sizeof unsupported[0]; i++) {
+    json_t *v = json_object_get(root, unsupported[i].key);
+    if (v && !unsupported[i].honoured(v))
+      return bad(e, unsupported[i].key, "'%s' is not supported by this server (leave it out or at its default)",
+                 unsupported[i].key);
+  }
+  return 0;
+}
+
 /* A message's content: a string, or an array of {"type": "text", "text": ...} parts, joined. */
 static int content_text(json_t *c, char **out, ra_api_error *e) {
   if (json_is_string(c)) return (*out = strdup(json_string_value(c))) ? 0 : ra_api_error_set(e, 503, "server_error", NULL, "out of memory");
@@ -142,8 +184,7 @@ int ra_api_parse(const char *body, size_t len, ra_api_kind kind, const char *mod
   }
   if (!rc && (x = 0, !(rc = get_num(root, "seed", -9.2e18, 9.2e18, 1, &x, e))))
     p->seed = json_object_get(root, "seed") ? (uint64_t)json_integer_value(json_object_get(root, "seed")) : 0;
-  if (!rc && (x = 1, !(rc = get_num(root, "n", 1, 1, 1, &x, e)))) {
-  }
+  if (!rc && (x = 1, !(rc = get_num(root, "n", 1, 1, 1, &x, e)))) rc = check_unsupported(root, e);
   if (!rc) rc = get_bool(root, "stream", &out->stream, e);
   json_t *so = json_object_get(root, "stream_options");
   if (!rc && so && !json_is_null(so)) {

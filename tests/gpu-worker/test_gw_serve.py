@@ -139,11 +139,26 @@ bad = [
     ("/v1/completions", json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 100000}), 400, None),
     ("/v1/completions", json.dumps({"model": MODEL, "prompt": "x" * 100000}), 413, None),
     ("/v1/nothing", json.dumps({}), 404, None),
+    # parameters that change the answer and are not implemented are refused by name
+    ("/v1/completions", json.dumps({"model": MODEL, "prompt": "x", "logprobs": 2}), 400, "logprobs"),
+    ("/v1/completions", json.dumps({"model": MODEL, "prompt": "x", "frequency_penalty": 0.5}), 400,
+     "frequency_penalty"),
+    ("/v1/completions", json.dumps({"model": MODEL, "prompt": "x", "best_of": 3}), 400, "best_of"),
+    ("/v1/chat/completions", json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                                         "response_format": {"type": "json_object"}}), 400, "response_format"),
+    ("/v1/chat/completions", json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                                         "tools": [{"type": "function", "function": {"name": "f"}}]}), 400, "tools"),
 ]
 for path, body, status, param in bad:
     code, j = curl("batch", path, body)
     check(code == status and isinstance(j, dict) and j["error"]["message"] and j["error"]["type"] and
           (param is None or j["error"]["param"] == param), f"{path} {body[:60]}: {code} {j}")
+# ... and accepted at their defaults
+code, j = curl("batch", "/v1/chat/completions", json.dumps(
+    {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "logprobs": False,
+     "frequency_penalty": 0, "presence_penalty": 0.0, "response_format": {"type": "text"}, "tools": [],
+     "tool_choice": "none", "user": "u"}))
+check(code == 200 and j["choices"][0]["message"]["content"], f"defaults of unsupported parameters: {code} {j}")
 code, j = curl("batch", "/v1/completions", method="GET")
 check(code == 405 and "error" in j, f"GET on a POST route: {code} {j}")
 try:
