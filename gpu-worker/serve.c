@@ -299,6 +299,13 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
   }
   if (get && strcmp(url, "/v1/models") == 0)
     return send_text(s, c, 200, "application/json", ra_api_models_json(s->cfg->model_name, s->started));
+  const int model_route = strncmp(url, "/v1/models/", 11) == 0;
+  if (get && model_route) {
+    if (strcmp(url + 11, s->cfg->model_name) == 0)
+      return send_text(s, c, 200, "application/json", ra_api_model_json(s->cfg->model_name, s->started));
+    ra_api_error_no_model(&e, url + 11, s->cfg->model_name);
+    return send_error(s, c, &e);
+  }
   if (get && strcmp(url, "/health") == 0) {
     char why[400] = "";
     if (atomic_load(&s->draining)) {
@@ -318,7 +325,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     if (ra_metrics_render(s->metrics.reg, &text, &len) != RA_OK) text = NULL;
     return send_text(s, c, 200, "text/plain; version=0.0.4", text);
   }
-  int known = gen_route || strcmp(url, "/v1/models") == 0 || strcmp(url, "/health") == 0 || strcmp(url, "/metrics") == 0;
+  int known = gen_route || model_route || strcmp(url, "/v1/models") == 0 || strcmp(url, "/health") == 0 || strcmp(url, "/metrics") == 0;
   if (known) {
     ra_api_error_set(&e, 405, "invalid_request_error", NULL, "%s is not allowed on %s", method, url);
     return send_error(s, c, &e);

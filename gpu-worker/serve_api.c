@@ -19,6 +19,13 @@ int ra_api_error_set(ra_api_error *e, int status, const char *type, const char *
   return status;
 }
 
+int ra_api_error_no_model(ra_api_error *e, const char *asked, const char *model) {
+  int rc = ra_api_error_set(e, 404, "invalid_request_error", "model", "The model '%.200s' does not exist; this server has '%s'",
+                            asked, model);
+  snprintf(e->code, sizeof e->code, "model_not_found");
+  return rc;
+}
+
 static int bad(ra_api_error *e, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int bad(ra_api_error *e, const char *param, const char *fmt, ...) {
   char msg[400];
@@ -163,11 +170,7 @@ int ra_api_parse(const char *body, size_t len, ra_api_kind kind, const char *mod
   json_t *jm = json_object_get(root, "model");
   if (!json_is_object(root)) rc = bad(e, NULL, "the body must be a JSON object");
   else if (!json_is_string(jm)) rc = bad(e, "model", "'model' must be a string");
-  else if (strcmp(json_string_value(jm), model) != 0) {
-    rc = ra_api_error_set(e, 404, "invalid_request_error", "model", "The model '%.200s' does not exist; this server has '%s'",
-                          json_string_value(jm), model);
-    snprintf(e->code, sizeof e->code, "model_not_found");
-  }
+  else if (strcmp(json_string_value(jm), model) != 0) rc = ra_api_error_no_model(e, json_string_value(jm), model);
   ra_sched_params *p = &out->params;
   p->temperature = 1.0f;
   p->top_p = 1.0f;
@@ -269,7 +272,13 @@ char *ra_api_chunk_json(ra_api_kind kind, const char *id, const char *model, lon
                         (json_int_t)created, "model", model, "choices", choices, "usage", u ? usage_json(u) : json_null()));
 }
 
-char *ra_api_models_json(const char *model, long created) {
-  return dump(json_pack("{s:s, s:[{s:s, s:s, s:I, s:s}]}", "object", "list", "data", "id", model, "object", "model",
-                        "created", (json_int_t)created, "owned_by", "retrieval-attention"));
+static json_t *model_json(const char *model, long created) {
+  return json_pack("{s:s, s:s, s:I, s:s}", "id", model, "object", "model", "created", (json_int_t)created, "owned_by",
+                   "retrieval-attention");
 }
+
+char *ra_api_models_json(const char *model, long created) {
+  return dump(json_pack("{s:s, s:[o]}", "object", "list", "data", model_json(model, created)));
+}
+
+char *ra_api_model_json(const char *model, long created) { return dump(model_json(model, created)); }

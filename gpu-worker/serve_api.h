@@ -39,6 +39,8 @@ void ra_api_request_free(ra_api_request *r);
 /* Fills *e (printf-style message); returns e->status. */
 int ra_api_error_set(ra_api_error *e, int status, const char *type, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
+/* The 404 of a model this server does not have (code model_not_found); returns the status. */
+int ra_api_error_no_model(ra_api_error *e, const char *asked, const char *model);
 /* {"error": {"message", "type", "param", "code"}}, malloc'ed (NULL: out of memory). */
 char *ra_api_error_json(const ra_api_error *e);
 
@@ -51,5 +53,7 @@ char *ra_api_chunk_json(ra_api_kind kind, const char *id, const char *model, lon
                         size_t text_len, const char *finish, int first, const ra_api_usage *u);
 /* GET /v1/models */
 char *ra_api_models_json(const char *model, long created);
+/* GET /v1/models/{model}: the one model's object */
+char *ra_api_model_json(const char *model, long created);
 
 #endif

@@ -56,6 +56,9 @@ def check(cond, what):
 # --- the API's listing, health
 c = client("reuse")
 check([m.id for m in c.models.list().data] == [MODEL], "models")
+check(c.models.retrieve(MODEL).id == MODEL, "models/{id}")
+code, j = curl("reuse", "/v1/models/gpt-4")
+check(code == 404 and j["error"]["code"] == "model_not_found", f"models/gpt-4: {code} {j}")
 check(curl("reuse", "/health") == (200, {"status": "ok"}), "health")
 check(curl("flat", "/health")[0] == 200, "health with stores")
 
