@@ -187,7 +187,8 @@ int ra_api_parse(const char *body, size_t len, ra_api_kind kind, const char *mod
   }
   if (!rc && (x = 0, !(rc = get_num(root, "seed", -9.2e18, 9.2e18, 1, &x, e))))
     p->seed = json_object_get(root, "seed") ? (uint64_t)json_integer_value(json_object_get(root, "seed")) : 0;
-  if (!rc && (x = 1, !(rc = get_num(root, "n", 1, 1, 1, &x, e)))) rc = check_unsupported(root, e);
+  if (!rc) rc = get_num(root, "n", 1, 1, 1, &x, e);
+  if (!rc) rc = check_unsupported(root, e);
   if (!rc) rc = get_bool(root, "stream", &out->stream, e);
   json_t *so = json_object_get(root, "stream_options");
   if (!rc && so && !json_is_null(so)) {
