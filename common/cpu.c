@@ -16,7 +16,8 @@ static int detect(void) {
 static int detect_avx512(void) {
   /* __builtin_cpu_supports checks that the OS saves the zmm state too (XGETBV). */
   return detect() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512vnni");
 }
 #else
 static int detect(void) { return 0; }

@@ -3,6 +3,7 @@
 #include "cpu.h"
 #include "status.h"
 #include "vec_avx512.h"
+#include "vec_i8.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -446,7 +447,27 @@ RA_AVX2 static size_t first_nonfinite16_avx2(const unsigned char *x, size_t n, u
   return n;
 }
 
+RA_AVX2 static float max_avx2(const float *x, size_t n) {
+  size_t i = 8;
+  __m256 m = _mm256_loadu_ps(x);
+  for (; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(x + i));
+  float lanes[8], mx = x[0];
+  _mm256_storeu_ps(lanes, m);
+  for (int k = 0; k < 8; k++) mx = lanes[k] > mx ? lanes[k] : mx;
+  for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+  return mx;
+}
+
 #endif
+
+float ra_vec_max(const float *x, size_t n) {
+#ifdef RA_X86
+  if (has_avx2() && n >= 8) return max_avx2(x, n);
+#endif
+  float mx = x[0];
+  for (size_t i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+  return mx;
+}
 
 float ra_vec_exp_sum(float *x, size_t n, float shift) {
 #ifdef RA_X86
@@ -610,6 +631,51 @@ void ra_vec_accumulate_rows(float *o, size_t n_out, const float *w, size_t ldw, 
 #endif
   for (size_t r = 0; r < n; r++)
     for (size_t j = 0; j < n_out; j++) ra_vec_axpy(o + j * (size_t)dim, w[j * ldw + r], rows[r], t, dim);
+}
+
+void ra_vec_queries_to_i16(const float *qs, size_t n, int dim, int16_t *q16, float *qscale) {
+  const size_t D = (size_t)dim;
+  for (size_t j = 0; j < n; j++) {
+    const float *q = qs + j * D;
+    float mx = 0.0f;
+    for (size_t d = 0; d < D; d++) mx = fabsf(q[d]) > mx ? fabsf(q[d]) : mx;
+    const float inv = mx > 0.0f ? 32767.0f / mx : 0.0f;
+    for (size_t d = 0; d < D; d++) {
+      const long v = lrintf(q[d] * inv);
+      q16[j * D + d] = (int16_t)(v > 32767 ? 32767 : v < -32767 ? -32767 : v);
+    }
+    qscale[j] = mx / 32767.0f;
+  }
+}
+
+void ra_vec_dot_queries_rows_i8(const int16_t *q16, const float *qscale, size_t n_q, const void *const *rows,
+                                size_t n, int dim, float *scores, size_t lds) {
+#ifdef RA_X86
+  if (has_avx512() && dim % 32 == 0) {
+    ra_vec_i8_dot_avx512(q16, qscale, n_q, rows, n, dim, scores, lds);
+    return;
+  }
+  if (has_avx2() && dim % 16 == 0) {
+    ra_vec_i8_dot_avx2(q16, qscale, n_q, rows, n, dim, scores, lds);
+    return;
+  }
+#endif
+  ra_vec_i8_dot_portable(q16, qscale, n_q, rows, n, dim, scores, lds);
+}
+
+void ra_vec_accumulate_rows_i8(float *o, size_t n_out, const float *w, size_t ldw, const void *const *rows,
+                               size_t n, int dim) {
+#ifdef RA_X86
+  if (has_avx512() && dim % 32 == 0) {
+    ra_vec_i8_accumulate_avx512(o, n_out, w, ldw, rows, n, dim);
+    return;
+  }
+  if (has_avx2() && dim % 16 == 0) {
+    ra_vec_i8_accumulate_avx2(o, n_out, w, ldw, rows, n, dim);
+    return;
+  }
+#endif
+  ra_vec_i8_accumulate_portable(o, n_out, w, ldw, rows, n, dim);
 }
 
 /* One pass of OR-reduced exponent tests per 64-element block (vectorized: no branch inside);

@@ -64,6 +64,8 @@ typedef struct wplan {
   size_t rb;
   size_t *members; /* [n_heads] request head indices, grouped by kv head */
   float *qs;       /* [n_sets, n_heads, dim] the members' queries times 1/sqrt(dim), in member order */
+  int16_t *q16;    /* int8 rows: qs rounded for the integer kernels [n_sets, n_heads, dim]; else NULL */
+  float *qscale;   /* [n_sets, n_heads] their scales */
   wgroup *groups;
   size_t n_groups, max_group;
   piece *pieces;
@@ -75,6 +77,8 @@ typedef struct wplan {
 static void plan_free(wplan *p) {
   free(p->members);
   free(p->qs);
+  free(p->q16);
+  free(p->qscale);
   free(p->groups);
   free(p->pieces);
   free(p->tasks);
@@ -163,11 +167,36 @@ typedef struct chosen {
   uint32_t mask;
 } chosen;
 
-static int chosen_cmp(const void *x, const void *y) {
-  const chosen *a = x, *b = y;
-  if (a->span.shard != b->span.shard) return a->span.shard < b->span.shard ? -1 : 1;
-  if (a->span.row != b->span.row) return a->span.row < b->span.row ? -1 : 1;
-  return 0;
+/* A chosen cluster's place: shard, then first row (rows are 32-bit; clusters of a shard never
+ * share a row). */
+static inline uint64_t chosen_key(const chosen *c) { return (uint64_t)c->span.shard << 40 | c->span.row; }
+
+/* Sorts c[0..n) by chosen_key, stably: LSD radix through tmp [n] over the key bytes that differ
+ * between keys. A step's picks are hundreds of clusters per kv head; glibc's qsort through a
+ * comparator made the plan a tenth of a one-thread scan (bench/results/wave-scan/). */
+static void chosen_sort(chosen *c, chosen *tmp, size_t n) {
+  uint64_t any = 0, every = UINT64_MAX;
+  for (size_t i = 0; i < n; i++) {
+    any |= chosen_key(&c[i]);
+    every &= chosen_key(&c[i]);
+  }
+  const uint64_t differ = any ^ every;
+  chosen *src = c, *dst = tmp;
+  for (int shift = 0; shift < 64; shift += 8) {
+    if (!(differ >> shift & 255)) continue;
+    size_t at[256] = {0};
+    for (size_t i = 0; i < n; i++) at[chosen_key(&src[i]) >> shift & 255]++;
+    for (size_t b = 0, sum = 0; b < 256; b++) {
+      const size_t k = at[b];
+      at[b] = sum;
+      sum += k;
+    }
+    for (size_t i = 0; i < n; i++) dst[at[chosen_key(&src[i]) >> shift & 255]++] = src[i];
+    chosen *t = src;
+    src = dst;
+    dst = t;
+  }
+  if (src != c) memcpy(c, src, n * sizeof *c);
 }
 
 /* Appends rows [r0, r1) of sh for the sets of mask, extending the last piece when it continues
@@ -201,8 +230,10 @@ static int plan_rows(wplan *p, wgroup *gr, ra_error *err) {
   const kvs_cluster_dir *d = kvs_session_clusters(p->s, a->layer, gr->kv_head);
   size_t n_all = 0;
   for (size_t set = 0; set < p->n_sets; set++) n_all += gr->n_sel[set];
-  chosen *c = malloc((n_all ? n_all : 1) * sizeof *c);
+  chosen *c = malloc((n_all ? n_all : 1) * 2 * sizeof *c);
   if (!c) return ra_errorf(err, RA_ENOMEM, "out of memory for %zu selected clusters", n_all);
+  for (size_t set = 0; set < p->n_sets; set++)
+    for (size_t i = 0; i < gr->n_sel[set]; i++) kvs_cluster_dir_prefetch(d, gr->sel[set][i]);
   size_t n = 0;
   for (size_t set = 0; set < p->n_sets; set++)
     for (size_t i = 0; i < gr->n_sel[set]; i++, n++) {
@@ -217,11 +248,11 @@ static int plan_rows(wplan *p, wgroup *gr, ra_error *err) {
         return RA_EINVAL;
       }
     }
-  qsort(c, n, sizeof *c, chosen_cmp);
+  chosen_sort(c, c + n_all, n);
   /* one entry per cluster, with every set that names it */
   size_t u = 0;
   for (size_t i = 0; i < n; i++) {
-    if (u > 0 && chosen_cmp(&c[u - 1], &c[i]) == 0) {
+    if (u > 0 && chosen_key(&c[u - 1]) == chosen_key(&c[i])) {
       if (c[u - 1].mask & c[i].mask) {
         const uint32_t id = c[i].id;
         const int set = __builtin_ctz(c[u - 1].mask & c[i].mask);
@@ -330,11 +361,12 @@ static void strip_prefetch(const wplan *p, const scratch *sc, size_t r0, size_t 
 }
 
 /* Folds the rows of strip [r0, r0 + nb) that set `set` attends into its G running partials
- * (o: [G, dim], m, l: [G]): the rows' keys scored against the set's queries qs (Q K^T), the
+ * (o: [G, dim], m, l: [G]): the rows' keys scored against the set's queries (Q K^T; queries q0..
+ * q0 + G of the plan; int8 rows in integer arithmetic, bench/results/wave-scan/), the
  * partials rescaled to the strip's new maxima, then the values accumulated (P V), the strip in
  * L1 throughout. Set 0 comes first and, between its dots, prefetches the task's rows (of n)
  * WAVE_PREFETCH_AHEAD beyond those it scores; the past sets find the rows cached. */
-static void strip_fold(const wplan *p, const float *qs, size_t G, scratch *sc, size_t set, size_t r0, size_t nb,
+static void strip_fold(const wplan *p, size_t q0, size_t G, scratch *sc, size_t set, size_t r0, size_t nb,
                        size_t n, float *o, float *m, float *l) {
   const ra_dtype dt = p->s->geo.dtype;
   const int dim = p->dim;
@@ -351,12 +383,16 @@ static void strip_fold(const wplan *p, const float *qs, size_t G, scratch *sc, s
       const size_t a0 = r0 + b + WAVE_PREFETCH_AHEAD, a1 = a0 + WAVE_PREFETCH_AHEAD;
       strip_prefetch(p, sc, a0 < n ? a0 : n, a1 < n ? a1 : n);
     }
-    ra_vec_dot_queries_rows(qs, G, krows + b, e - b, dt, dim, sc->scores + b, WAVE_STRIP);
+    if (p->q16)
+      ra_vec_dot_queries_rows_i8(p->q16 + q0 * (size_t)dim, p->qscale + q0, G, krows + b, e - b, dim, sc->scores + b,
+                                 WAVE_STRIP);
+    else
+      ra_vec_dot_queries_rows(p->qs + q0 * (size_t)dim, G, krows + b, e - b, dt, dim, sc->scores + b, WAVE_STRIP);
   }
   if (c == 0) return;
   for (size_t j = 0; j < G; j++) {
-    float *z = sc->scores + j * WAVE_STRIP, mx = z[0];
-    for (size_t r = 1; r < c; r++) mx = z[r] > mx ? z[r] : mx;
+    float *z = sc->scores + j * WAVE_STRIP;
+    const float mx = ra_vec_max(z, c);
     if (mx > m[j]) {
       if (l[j] > 0.0f) {
         const float f = expf(m[j] - mx);
@@ -367,7 +403,10 @@ static void strip_fold(const wplan *p, const float *qs, size_t G, scratch *sc, s
     }
     l[j] += ra_vec_exp_sum(z, c, m[j]);
   }
-  ra_vec_accumulate_rows(o, G, sc->scores, WAVE_STRIP, vrows, c, dt, dim);
+  if (p->q16)
+    ra_vec_accumulate_rows_i8(o, G, sc->scores, WAVE_STRIP, vrows, c, dim);
+  else
+    ra_vec_accumulate_rows(o, G, sc->scores, WAVE_STRIP, vrows, c, dt, dim);
 }
 
 /* The task's partials of every set: o [n_sets, G, dim], m and l [n_sets, G] (empty: m -inf, l 0). */
@@ -394,12 +433,12 @@ static void task_run(const wplan *p, const wtask *t, scratch *sc, float *o, floa
     const size_t nb = n - r0 < WAVE_STRIP ? n - r0 : WAVE_STRIP;
     uint32_t any = 0;
     for (size_t r = 0; r < nb; r++) any |= sc->mask[r0 + r];
-    strip_fold(p, p->qs + gr->first * dim, G, sc, 0, r0, nb, n, o, m, l);
+    strip_fold(p, gr->first, G, sc, 0, r0, nb, n, o, m, l);
     if (!(any >> 1)) continue;
     const uint64_t t0 = ra_clock_now_ns();
     for (size_t set = 1; set < p->n_sets; set++)
       if (any >> set & 1u)
-        strip_fold(p, p->qs + (set * nh + gr->first) * dim, G, sc, set, r0, nb, n, o + set * G * dim, m + set * G,
+        strip_fold(p, set * nh + gr->first, G, sc, set, r0, nb, n, o + set * G * dim, m + set * G,
                    l + set * G);
     sc->past_ns += ra_clock_now_ns() - t0;
   }
@@ -529,6 +568,13 @@ int kvs_attend_wave(const kvs_session *s, const kvs_attend_args *a, int n_thread
   p.groups = malloc(a->n_heads * sizeof *p.groups);
   if (!p.members || !p.qs || !p.groups) rc = ra_errorf(err, RA_ENOMEM, "out of memory planning a wave attend");
   if (rc == RA_OK) rc = plan_groups(&p, err);
+  if (rc == RA_OK && s->geo.dtype == RA_DTYPE_I8 && p.dim <= RA_VEC_I8_MAX_DIM) {
+    const size_t nq = p.n_sets * a->n_heads;
+    p.q16 = malloc(nq * (size_t)p.dim * sizeof *p.q16);
+    p.qscale = malloc(nq * sizeof *p.qscale);
+    if (!p.q16 || !p.qscale) rc = ra_errorf(err, RA_ENOMEM, "out of memory planning a wave attend");
+    else ra_vec_queries_to_i16(p.qs, nq, p.dim, p.q16, p.qscale);
+  }
   for (size_t gi = 0; rc == RA_OK && gi < p.n_groups; gi++) rc = plan_rows(&p, &p.groups[gi], err);
   if (rc == RA_OK) rc = plan_tasks(&p, n_threads, err);
   float *o = NULL, *ml = NULL;

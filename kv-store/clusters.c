@@ -36,6 +36,12 @@ int kvs_cluster_dir_find(const kvs_cluster_dir *d, uint32_t id, kvs_cluster_span
   return 1;
 }
 
+void kvs_cluster_dir_prefetch(const kvs_cluster_dir *d, uint32_t id) {
+  if (!d) return;
+  const uint32_t r = run_after(d, id);
+  if (r < d->n_runs && d->runs[r].first_id <= id) __builtin_prefetch(&d->entries[d->runs[r].entry + (id - d->runs[r].first_id)]);
+}
+
 void kvs_session_cluster_stats(const kvs_session *s, uint32_t layer, uint32_t kv_head,
                                kvs_cluster_stats *out) {
   memset(out, 0, sizeof *out);

@@ -91,6 +91,10 @@ const kvs_cluster_dir *kvs_session_clusters(const kvs_session *s, uint32_t layer
                                             uint32_t kv_head);
 /* Cluster `id`'s rows; 0 when d (possibly NULL) does not hold it. */
 int kvs_cluster_dir_find(const kvs_cluster_dir *d, uint32_t id, kvs_cluster_span *out);
+/* Starts loading cluster `id`'s entry into the cache (nothing when d does not hold it): a
+ * decode step's picks scatter over a directory that the scans of the other layers evicted, so
+ * prefetching them all before the finds overlaps their misses. */
+void kvs_cluster_dir_prefetch(const kvs_cluster_dir *d, uint32_t id);
 /* Rows of the kv head's shard-th shard that clusters cover; its lag starts there. */
 static inline uint64_t kvs_cluster_dir_clustered(const kvs_cluster_dir *d, uint32_t shard) {
   return d ? d->clustered[shard] : 0;

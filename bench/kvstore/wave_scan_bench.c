@@ -3,7 +3,7 @@
  * random each step, as a decode's picks scatter over the context) plus `lag` unclustered rows,
  * through kvs_attend as the service calls it.
  *
- *   wave-scan-bench [--tokens 130000] [--layers 8] [--kv-heads 4] [--group 4] [--dim 128] [--dtype bf16]
+ *   wave-scan-bench [--tokens 130000] [--layers 8] [--kv-heads 4] [--group 4] [--dim 128] [--dtype bf16|f16|f32|int8]
  *                   [--cluster 16] [--select 147] [--lag 512] [--threads 7] [--steps 64]
  *                   [--seed 1] [--kernels avx512|avx2|portable] [--json FILE]
  *
@@ -39,7 +39,7 @@ static const ra_opt opt_rows[] = {
     {"kv-heads", RA_OPT_INT, AT(kv_heads), .lo = 1, .hi = 64, .meta = "N", .help = "kv heads of the store"},
     {"group", RA_OPT_INT, AT(group), .lo = 1, .hi = 16, .meta = "N", .help = "q heads per kv head"},
     {"dim", RA_OPT_INT, AT(dim), .lo = 64, .hi = 128, .meta = "N", .help = "head_dim (a multiple of 16)"},
-    {"dtype", RA_OPT_ENUM, AT(dtype), .lo = RA_DTYPE_F32, .hi = RA_DTYPE_BF16, .name_of = dtype_name,
+    {"dtype", RA_OPT_ENUM, AT(dtype), .lo = RA_DTYPE_F32, .hi = RA_DTYPE_I8, .name_of = dtype_name,
      .help = "K/V dtype"},
     {"cluster", RA_OPT_INT, AT(cluster), .lo = 1, .hi = 4096, .meta = "N", .help = "rows per cluster"},
     {"select", RA_OPT_INT, AT(select), .lo = 0, .hi = 1 << 24, .meta = "N", .help = "clusters per kv head a step"},
@@ -86,7 +86,7 @@ static int cmp_u64(const void *a, const void *b) {
 /* Writes rows [0, n) of every kv head (uniform noise) and clusters all but the last `lag` in
  * runs of `cluster`; the cluster count per kv head into *n_clusters. */
 static int fill(kvs_session *s, const opts *o, uint64_t *rng, uint32_t *n_clusters, ra_error *err) {
-  const size_t row = (size_t)o->dim * ra_dtype_size(o->dtype), chunk = 4096;
+  const size_t row = ra_dtype_row_bytes(o->dtype, (size_t)o->dim), chunk = 4096;
   float *f = malloc(chunk * (size_t)o->dim * sizeof *f);
   void *k = malloc(chunk * row), *v = malloc(chunk * row);
   int rc = f && k && v ? RA_OK : ra_errorf(err, RA_ENOMEM, "out of memory for the rows");
@@ -95,8 +95,13 @@ static int fill(kvs_session *s, const opts *o, uint64_t *rng, uint32_t *n_cluste
       const size_t n = (size_t)(o->tokens - r0 < (int64_t)chunk ? o->tokens - r0 : (int64_t)chunk);
       for (size_t i = 0; i < n * (size_t)o->dim; i++)
         f[i] = (float)((double)(rng_next(rng) >> 11) / 9007199254740992.0 - 0.5);
-      ra_dtype_from_fp32_n(o->dtype, f, k, n * (size_t)o->dim);
-      ra_dtype_from_fp32_n(o->dtype, f, v, n * (size_t)o->dim);
+      rc = ra_dtype_rows_from_fp32(o->dtype, f, k, n, (size_t)o->dim, NULL);
+      if (rc == RA_OK) rc = ra_dtype_rows_from_fp32(o->dtype, f, v, n, (size_t)o->dim, NULL);
+      if (rc) {
+        rc = ra_errorf(err, rc, "rows of layer %lld kv head %lld have no %s form", (long long)(lh / o->kv_heads),
+                       (long long)(lh % o->kv_heads), ra_dtype_name(o->dtype));
+        break;
+      }
       kvs_rows r = {.layer = (uint32_t)(lh / o->kv_heads), .kv_head = (uint32_t)(lh % o->kv_heads), .token_begin = (uint64_t)r0, .n = n, .keys = k, .values = v};
       rc = kvs_session_write(s, &r, 1, NULL, err);
     }
@@ -182,7 +187,7 @@ int main(int argc, char **argv) {
   if (rc == RA_OK) {
     qsort(us, (size_t)o.steps, sizeof *us, cmp_u64);
     const double med = (double)us[o.steps / 2], p10 = (double)us[o.steps / 10], p90 = (double)us[o.steps * 9 / 10];
-    const double bytes = (double)rows * 2.0 * (double)o.dim * (double)ra_dtype_size(o.dtype);
+    const double bytes = (double)rows * 2.0 * (double)ra_dtype_row_bytes(o.dtype, (size_t)o.dim);
     FILE *f = o.json ? fopen(o.json, "w") : stdout;
     if (!f) rc = ra_errorf(&err, RA_EIO, "cannot write %s", o.json);
     if (rc == RA_OK) {
