@@ -43,24 +43,51 @@ void ra_vec_i8_dot_portable(const int16_t *q16, const float *qscale, size_t n_q,
   }
 }
 
-void ra_vec_i8_accumulate_portable(float *o, size_t n_out, const float *w, size_t ldw, const void *const *rows,
-                                   size_t n, int dim) {
-  float s[I8_BLOCK];
-  int16_t w16[I8_BLOCK + 1];
+/* A kernel set's P V: its weights' rounding (weights_i16_portable's, vectorized) and its passes
+ * over every dim of nh <= 4 outputs (o [nh, dim] += the int16 weights wp[h] of rows[0..nb) times
+ * the rows, scaled by ws[h]; an output with ws[h] == 0 is left as it is). */
+typedef float (*weights_fn)(const float *w, const float *s, size_t n, int16_t *w16);
+typedef void (*passes_fn)(float *o, int dim, int nh, const int16_t *const *wp, const float *ws,
+                          const void *const *rows, size_t nb);
+
+/* ra_vec_accumulate_rows_i8 in blocks of I8_BLOCK rows and groups of four outputs, each block's
+ * weights rounded once per output. */
+static void accumulate_blocks(float *o, size_t n_out, const float *w, size_t ldw, const void *const *rows, size_t n,
+                              int dim, weights_fn weights, passes_fn passes) {
+  float s[I8_BLOCK], ws[4];
+  int16_t w16[4][I8_BLOCK + 2];
   for (size_t r0 = 0; r0 < n; r0 += I8_BLOCK) {
     const size_t nb = n - r0 < I8_BLOCK ? n - r0 : I8_BLOCK;
     row_scales(rows + r0, nb, dim, s);
-    for (size_t j = 0; j < n_out; j++) {
-      const float ws = weights_i16_portable(w + j * ldw + r0, s, nb, w16);
-      if (ws == 0.0f) continue;
-      float *oj = o + j * (size_t)dim;
-      for (int d = 0; d < dim; d++) {
-        int32_t acc = 0;
-        for (size_t r = 0; r < nb; r++) acc += (int32_t)w16[r] * ((const int8_t *)rows[r0 + r])[d];
-        oj[d] = fmaf(ws, (float)acc, oj[d]);
+    for (size_t j = 0; j < n_out; j += 4) {
+      const int nh = n_out - j < 4 ? (int)(n_out - j) : 4;
+      const int16_t *wp[4];
+      for (int h = 0; h < nh; h++) {
+        ws[h] = weights(w + (j + (size_t)h) * ldw + r0, s, nb, w16[h]);
+        if (ws[h] == 0.0f) memset(w16[h], 0, (nb + 1) * sizeof **w16); /* read by the pass, not added */
+        wp[h] = w16[h];
       }
+      passes(o + j * (size_t)dim, dim, nh, wp, ws, rows + r0, nb);
     }
   }
+}
+
+static void passes_portable(float *o, int dim, int nh, const int16_t *const *wp, const float *ws,
+                            const void *const *rows, size_t nb) {
+  for (int h = 0; h < nh; h++) {
+    if (ws[h] == 0.0f) continue;
+    float *oh = o + (size_t)h * (size_t)dim;
+    for (int d = 0; d < dim; d++) {
+      int32_t acc = 0;
+      for (size_t r = 0; r < nb; r++) acc += (int32_t)wp[h][r] * ((const int8_t *)rows[r])[d];
+      oh[d] = fmaf(ws[h], (float)acc, oh[d]);
+    }
+  }
+}
+
+void ra_vec_i8_accumulate_portable(float *o, size_t n_out, const float *w, size_t ldw, const void *const *rows,
+                                   size_t n, int dim) {
+  accumulate_blocks(o, n_out, w, ldw, rows, n, dim, weights_i16_portable, passes_portable);
 }
 
 #if defined(__x86_64__)
@@ -81,7 +108,7 @@ static inline int32_t weight_pair(const int16_t *w16, size_t p) {
 }
 
 /* weights_i16_portable, eight lanes at a time (the same products and roundings). */
-RA_AVX2 INLINE float weights_i16_avx2(const float *w, const float *s, size_t n, int16_t *w16) {
+RA_AVX2 static float weights_i16_avx2(const float *w, const float *s, size_t n, int16_t *w16) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 vm = _mm256_setzero_ps();
   size_t r = 0;
@@ -171,35 +198,25 @@ RA_AVX2 INLINE void accumulate_pass_avx2(float *o, size_t ldo, int NH, const int
   }
 }
 
-RA_AVX2 void ra_vec_i8_accumulate_avx2(float *o, size_t n_out, const float *w, size_t ldw, const void *const *rows,
-                                       size_t n, int dim) {
-  float s[I8_BLOCK], ws[4];
-  int16_t w16[4][I8_BLOCK + 2];
-  for (size_t r0 = 0; r0 < n; r0 += I8_BLOCK) {
-    const size_t nb = n - r0 < I8_BLOCK ? n - r0 : I8_BLOCK;
-    row_scales(rows + r0, nb, dim, s);
-    for (size_t j = 0; j < n_out; j += 4) {
-      const int NH = n_out - j < 4 ? (int)(n_out - j) : 4;
-      const int16_t *wp[4];
-      for (int h = 0; h < NH; h++) {
-        ws[h] = weights_i16_avx2(w + (j + h) * ldw + r0, s, nb, w16[h]);
-        if (ws[h] == 0.0f) memset(w16[h], 0, (nb + 1) * sizeof **w16);
-        wp[h] = w16[h];
-      }
-      for (int d = 0; d < dim; d += 16) {
-        if (NH == 4) accumulate_pass_avx2(o + j * (size_t)dim, (size_t)dim, 4, wp, ws, rows + r0, nb, d);
-        else if (NH == 3) accumulate_pass_avx2(o + j * (size_t)dim, (size_t)dim, 3, wp, ws, rows + r0, nb, d);
-        else if (NH == 2) accumulate_pass_avx2(o + j * (size_t)dim, (size_t)dim, 2, wp, ws, rows + r0, nb, d);
-        else accumulate_pass_avx2(o + j * (size_t)dim, (size_t)dim, 1, wp, ws, rows + r0, nb, d);
-      }
-    }
+RA_AVX2 static void passes_avx2(float *o, int dim, int nh, const int16_t *const *wp, const float *ws,
+                                const void *const *rows, size_t nb) {
+  for (int d = 0; d < dim; d += 16) {
+    if (nh == 4) accumulate_pass_avx2(o, (size_t)dim, 4, wp, ws, rows, nb, d);
+    else if (nh == 3) accumulate_pass_avx2(o, (size_t)dim, 3, wp, ws, rows, nb, d);
+    else if (nh == 2) accumulate_pass_avx2(o, (size_t)dim, 2, wp, ws, rows, nb, d);
+    else accumulate_pass_avx2(o, (size_t)dim, 1, wp, ws, rows, nb, d);
   }
+}
+
+void ra_vec_i8_accumulate_avx2(float *o, size_t n_out, const float *w, size_t ldw, const void *const *rows, size_t n,
+                               int dim) {
+  accumulate_blocks(o, n_out, w, ldw, rows, n, dim, weights_i16_avx2, passes_avx2);
 }
 
 /* ---- AVX-512 with VNNI: vpdpwssd on 32 int16 lanes ---- */
 
 /* weights_i16_portable, sixteen lanes at a time. */
-RA_AVX512 INLINE float weights_i16_avx512(const float *w, const float *s, size_t n, int16_t *w16) {
+RA_AVX512 static float weights_i16_avx512(const float *w, const float *s, size_t n, int16_t *w16) {
   __m512 vm = _mm512_setzero_ps();
   size_t r = 0;
   for (; r + 16 <= n; r += 16)
@@ -352,38 +369,28 @@ RA_AVX512 INLINE void accumulate_pass_avx512(float *o, size_t ldo, int NH, int N
   }
 }
 
-RA_AVX512 void ra_vec_i8_accumulate_avx512(float *o, size_t n_out, const float *w, size_t ldw, const void *const *rows,
-                                           size_t n, int dim) {
-  float s[I8_BLOCK], ws[4];
-  int16_t w16[4][I8_BLOCK + 2];
-  for (size_t r0 = 0; r0 < n; r0 += I8_BLOCK) {
-    const size_t nb = n - r0 < I8_BLOCK ? n - r0 : I8_BLOCK;
-    row_scales(rows + r0, nb, dim, s);
-    for (size_t j = 0; j < n_out; j += 4) {
-      const int NH = n_out - j < 4 ? (int)(n_out - j) : 4;
-      const int16_t *wp[4];
-      for (int h = 0; h < NH; h++) {
-        ws[h] = weights_i16_avx512(w + (j + h) * ldw + r0, s, nb, w16[h]);
-        if (ws[h] == 0.0f) memset(w16[h], 0, (nb + 1) * sizeof **w16);
-        wp[h] = w16[h];
-      }
-#define PASSES(NH_, NZ_)                                                                                  \
-  for (int d = 0; d < dim; d += 32 * (NZ_))                                                               \
-  accumulate_pass_avx512(o + j * (size_t)dim, (size_t)dim, NH_, NZ_, wp, ws, rows + r0, nb, d)
-      if (dim % 64 == 0) {
-        if (NH == 4) PASSES(4, 2);
-        else if (NH == 3) PASSES(3, 2);
-        else if (NH == 2) PASSES(2, 2);
-        else PASSES(1, 2);
-      } else {
-        if (NH == 4) PASSES(4, 1);
-        else if (NH == 3) PASSES(3, 1);
-        else if (NH == 2) PASSES(2, 1);
-        else PASSES(1, 1);
-      }
+/* 64 dims a pass where dim allows, else 32. */
+RA_AVX512 static void passes_avx512(float *o, int dim, int nh, const int16_t *const *wp, const float *ws,
+                                    const void *const *rows, size_t nb) {
+#define PASSES(NH, NZ)                           \
+  for (int d = 0; d < dim; d += 32 * (NZ))       \
+  accumulate_pass_avx512(o, (size_t)dim, NH, NZ, wp, ws, rows, nb, d)
+#define OUTPUTS(NZ)                \
+  do {                             \
+    if (nh == 4) PASSES(4, NZ);    \
+    else if (nh == 3) PASSES(3, NZ); \
+    else if (nh == 2) PASSES(2, NZ); \
+    else PASSES(1, NZ);            \
+  } while (0)
+  if (dim % 64 == 0) OUTPUTS(2);
+  else OUTPUTS(1);
+#undef OUTPUTS
 #undef PASSES
-    }
-  }
+}
+
+void ra_vec_i8_accumulate_avx512(float *o, size_t n_out, const float *w, size_t ldw, const void *const *rows,
+                                 size_t n, int dim) {
+  accumulate_blocks(o, n_out, w, ldw, rows, n, dim, weights_i16_avx512, passes_avx512);
 }
 
 #endif
