@@ -14,19 +14,29 @@ static inline void row_scales(const void *const *rows, size_t n, int dim, float 
   for (size_t r = 0; r < n; r++) s[r] = ra_i8_row_scale(rows[r], (size_t)dim);
 }
 
-/* w16[r] = rint(w[r] s[r] 32767 / max) for r < n, max the largest |w s|; w16[n] = 0 (the pad of
- * an odd count's last pair). Returns max / 32767, or 0 when every weight is 0 (w16 unwritten). */
-static float weights_i16_portable(const float *w, const float *s, size_t n, int16_t *w16) {
-  float mx = 0.0f;
-  for (size_t r = 0; r < n; r++) {
+/* max(mx, |w[r] s[r]|) over r in [r0, n): the scalar tail of every set's weights maximum. */
+static inline float abs_max_from(const float *w, const float *s, size_t r0, size_t n, float mx) {
+  for (size_t r = r0; r < n; r++) {
     const float a = fabsf(w[r] * s[r]);
     mx = a > mx ? a : mx;
   }
-  if (!(mx > 0.0f)) return 0.0f;
+  return mx;
+}
+
+/* w16[r] = rint(w[r] s[r] 32767 / mx) for r in [r0, n) and w16[n] = 0 (the pad of an odd
+ * count's last pair); returns the weights' scale mx / 32767. */
+static inline float round_from(const float *w, const float *s, size_t r0, size_t n, float mx, int16_t *w16) {
   const float inv = Q16_MAX / mx;
-  for (size_t r = 0; r < n; r++) w16[r] = (int16_t)lrintf(w[r] * s[r] * inv);
+  for (size_t r = r0; r < n; r++) w16[r] = (int16_t)lrintf(w[r] * s[r] * inv);
   w16[n] = 0;
   return mx / Q16_MAX;
+}
+
+/* The int16 weights of w[r] s[r] for r < n against their largest magnitude (round_from); 0
+ * when every weight is 0 (w16 unwritten). */
+static float weights_i16_portable(const float *w, const float *s, size_t n, int16_t *w16) {
+  const float mx = abs_max_from(w, s, 0, n, 0.0f);
+  return mx > 0.0f ? round_from(w, s, 0, n, mx, w16) : 0.0f;
 }
 
 void ra_vec_i8_dot_portable(const int16_t *q16, const float *qscale, size_t n_q, const void *const *rows, size_t n,
@@ -114,23 +124,17 @@ RA_AVX2 static float weights_i16_avx2(const float *w, const float *s, size_t n, 
   size_t r = 0;
   for (; r + 8 <= n; r += 8)
     vm = _mm256_max_ps(vm, _mm256_andnot_ps(sign, _mm256_mul_ps(_mm256_loadu_ps(w + r), _mm256_loadu_ps(s + r))));
-  float lanes[8], mx = 0.0f;
-  _mm256_storeu_ps(lanes, vm);
-  for (int i = 0; i < 8; i++) mx = lanes[i] > mx ? lanes[i] : mx;
-  for (size_t i = r; i < n; i++) {
-    const float a = fabsf(w[i] * s[i]);
-    mx = a > mx ? a : mx;
-  }
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps(vm, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  const float mx = abs_max_from(w, s, r, n, _mm_cvtss_f32(m4));
   if (!(mx > 0.0f)) return 0.0f;
-  const float inv = Q16_MAX / mx;
-  const __m256 vi = _mm256_set1_ps(inv);
+  const __m256 vi = _mm256_set1_ps(Q16_MAX / mx);
   for (r = 0; r + 8 <= n; r += 8) {
     const __m256i x = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(w + r), _mm256_loadu_ps(s + r)), vi));
     _mm_storeu_si128((__m128i *)(w16 + r), _mm_packs_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1)));
   }
-  for (; r < n; r++) w16[r] = (int16_t)lrintf(w[r] * s[r] * inv);
-  w16[n] = 0;
-  return mx / Q16_MAX;
+  return round_from(w, s, r, n, mx, w16);
 }
 
 /* The sums of a, b, c and d's eight int32 lanes as [a, b, c, d]. */
@@ -221,21 +225,14 @@ RA_AVX512 static float weights_i16_avx512(const float *w, const float *s, size_t
   size_t r = 0;
   for (; r + 16 <= n; r += 16)
     vm = _mm512_max_ps(vm, _mm512_abs_ps(_mm512_mul_ps(_mm512_loadu_ps(w + r), _mm512_loadu_ps(s + r))));
-  float mx = _mm512_reduce_max_ps(vm);
-  for (size_t i = r; i < n; i++) {
-    const float a = fabsf(w[i] * s[i]);
-    mx = a > mx ? a : mx;
-  }
+  const float mx = abs_max_from(w, s, r, n, _mm512_reduce_max_ps(vm));
   if (!(mx > 0.0f)) return 0.0f;
-  const float inv = Q16_MAX / mx;
-  const __m512 vi = _mm512_set1_ps(inv);
+  const __m512 vi = _mm512_set1_ps(Q16_MAX / mx);
   for (r = 0; r + 16 <= n; r += 16) {
     const __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(w + r), _mm512_loadu_ps(s + r)), vi));
     _mm256_storeu_si256((__m256i *)(w16 + r), _mm512_cvtepi32_epi16(x));
   }
-  for (; r < n; r++) w16[r] = (int16_t)lrintf(w[r] * s[r] * inv);
-  w16[n] = 0;
-  return mx / Q16_MAX;
+  return round_from(w, s, r, n, mx, w16);
 }
 
 /* The sums of a, b, c and d's sixteen int32 lanes as [a, b, c, d]. */
