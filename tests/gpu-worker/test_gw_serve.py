@@ -243,15 +243,19 @@ def store_used():
 
 
 used0 = store_used()
+gen0 = metric("flat", "ra_serve_generated_tokens_total")
 host, port = addr["flat"].split(":")
 body = json.dumps({"model": MODEL, "prompt": "The capital of France is Paris. " * 4 + "Tell me a long story:",
                    "max_tokens": 500, "temperature": 0, "stream": True}).encode()
 sk = socket.create_connection((host, int(port)))
 sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
            % len(body) + body)
+sk.settimeout(120)
 got = b""
 while got.count(b"data: ") < 3:
-    got += sk.recv(4096)
+    chunk = sk.recv(4096)
+    check(chunk, f"the server closed the stream after {got!r}")
+    got += chunk
 check(metric("flat", "ra_serve_live_sequences") == 1, "the stream is live")
 check(store_used() > used0, f"the stores hold the stream's KV ({store_used()} vs {used0})")
 sk.close()
@@ -260,7 +264,7 @@ while (metric("flat", "ra_serve_live_sequences") or store_used() != used0) and t
     time.sleep(0.2)
 check(metric("flat", "ra_serve_live_sequences") == 0, "the disconnected sequence is still live")
 check(store_used() == used0, f"the stores did not free the KV: {store_used()} vs {used0}")
-gen = metric("flat", "ra_serve_generated_tokens_total")
+gen = metric("flat", "ra_serve_generated_tokens_total") - gen0
 check(gen < 500, f"the sequence ran on after the disconnect ({gen} tokens)")
 # the same for a request without streaming: the server notices the closed socket while it waits
 body = json.dumps({"model": MODEL, "prompt": "The capital of France is Paris. " * 4 + "Tell me a long story:",
