@@ -637,12 +637,16 @@ void ra_vec_queries_to_i16(const float *qs, size_t n, int dim, int16_t *q16, flo
   const size_t D = (size_t)dim;
   for (size_t j = 0; j < n; j++) {
     const float *q = qs + j * D;
+    int16_t *hi = q16 + 2 * j * D, *lo = hi + D;
     float mx = 0.0f;
     for (size_t d = 0; d < D; d++) mx = fabsf(q[d]) > mx ? fabsf(q[d]) : mx;
     const float inv = mx > 0.0f ? 32767.0f / mx : 0.0f;
     for (size_t d = 0; d < D; d++) {
-      const long v = lrintf(q[d] * inv);
-      q16[j * D + d] = (int16_t)(v > 32767 ? 32767 : v < -32767 ? -32767 : v);
+      /* x - rint(x) is exact in fp32 (|x| <= 32767), so lo keeps the next 15 bits */
+      const float x = q[d] * inv, h = rintf(x);
+      const float hc = h > 32767.0f ? 32767.0f : h < -32767.0f ? -32767.0f : h;
+      hi[d] = (int16_t)hc;
+      lo[d] = (int16_t)lrintf((x - hc) * 32768.0f);
     }
     qscale[j] = mx / 32767.0f;
   }
@@ -661,21 +665,6 @@ void ra_vec_dot_queries_rows_i8(const int16_t *q16, const float *qscale, size_t 
   }
 #endif
   ra_vec_i8_dot_portable(q16, qscale, n_q, rows, n, dim, scores, lds);
-}
-
-void ra_vec_accumulate_rows_i8(float *o, size_t n_out, const float *w, size_t ldw, const void *const *rows,
-                               size_t n, int dim) {
-#ifdef RA_X86
-  if (has_avx512() && dim % 32 == 0) {
-    ra_vec_i8_accumulate_avx512(o, n_out, w, ldw, rows, n, dim);
-    return;
-  }
-  if (has_avx2() && dim % 16 == 0) {
-    ra_vec_i8_accumulate_avx2(o, n_out, w, ldw, rows, n, dim);
-    return;
-  }
-#endif
-  ra_vec_i8_accumulate_portable(o, n_out, w, ldw, rows, n, dim);
 }
 
 /* One pass of OR-reduced exponent tests per 64-element block (vectorized: no branch inside);

@@ -3,7 +3,7 @@
  * attention's strips, are picked once at run time, so one binary runs anywhere; other CPUs take
  * the portable path. Rows are row-major [n, dim], ra_dtype_row_bytes(t, dim) apart; an int8
  * row's values are widened int8 -> int32 -> fp32 and its scale applied once per row (to the dot,
- * or to the accumulation's weight), except in the int8 strips below, which stay in integers. */
+ * or to the accumulation's weight), except in the int8 Q K^T below, which stays in integers. */
 #ifndef RA_VEC_H
 #define RA_VEC_H
 
@@ -54,28 +54,25 @@ void ra_vec_dot_queries_rows(const float *qs, size_t n_q, const void *const *row
 void ra_vec_accumulate_rows(float *o, size_t n_out, const float *w, size_t ldw, const void *const *rows,
                             size_t n, ra_dtype t, int dim);
 
-/* int8 rows in integer arithmetic (attention's strips over `--store-dtype int8` rows): the
- * queries and weights rounded to int16 once, every int16 x int8 product summed exactly in int32
- * (AVX-512 VNNI's vpdpwssd, AVX2's vpmaddwd), the scales applied once per row or strip; every
+/* Q K^T over int8 rows in integer arithmetic (attention's strips over `--store-dtype int8`
+ * rows): each query rounded once to two int16 halves, every int16 x int8 product summed exactly
+ * in int32 (AVX-512 VNNI's vpdpwssd, AVX2's vpmaddwd) and the scales applied once per dot, so
+ * that an int8 value is widened to 16 bits once per row, not to fp32 once per query; every
  * kernel set gives the same bits. dim <= RA_VEC_I8_MAX_DIM keeps the sums below 2^31. */
 #define RA_VEC_I8_MAX_DIM 512
 
-/* q16 [n, dim] and qscale [n] with q ~ q16 * qscale: each query of qs [n, dim] rounded against
- * its largest magnitude (qscale = max|q| / 32767, 0 for an all-zero query): each value within
- * qscale / 2, 2^-16 of the largest where the int8 rows hold 2^-8. qs finite. */
+/* q16 [n, 2, dim] and qscale [n]: each query of qs [n, dim] as (hi + lo / 2^15) * qscale, hi
+ * rounded against the query's largest magnitude (qscale = max|q| / 32767, 0 for an all-zero
+ * query) and lo the next 15 bits: each value within fp32's rounding (2^-23) of the largest.
+ * qs finite. */
 void ra_vec_queries_to_i16(const float *qs, size_t n, int dim, int16_t *q16, float *qscale);
 
-/* scores[j * lds + r] = (float)(q16_j . rows[r]) * qscale[j] * scale_r for the n_q queries of
- * ra_vec_queries_to_i16 and n int8 rows at the addresses rows[] (scale_r: the row's). */
+/* scores[j * lds + r] = ((float)S_hi + (float)S_lo / 2^15) * qscale[j] * scale_r for the n_q
+ * queries of ra_vec_queries_to_i16 and n int8 rows at the addresses rows[] (S_hi, S_lo: the
+ * exact sums of query j's halves times the row's values; scale_r: the row's). Within fp32
+ * rounding of the exact dots, as ra_vec_dot_queries_rows. */
 void ra_vec_dot_queries_rows_i8(const int16_t *q16, const float *qscale, size_t n_q, const void *const *rows,
                                 size_t n, int dim, float *scores, size_t lds);
-
-/* o[j] += sum over r < n of w[j * ldw + r] * rows[r] for n int8 rows at the addresses rows[]:
- * per output and block of 256 rows, the weights times their rows' scales rounded to int16
- * against the largest (ws = max / 32767), the sums exact in int32, then o[j] = fma(ws, sum,
- * o[j]). Each term is off by at most ws / 2 times its row's values. */
-void ra_vec_accumulate_rows_i8(float *o, size_t n_out, const float *w, size_t ldw, const void *const *rows,
-                               size_t n, int dim);
 
 /* The largest of x[0..n), n >= 1, x finite: a strip's logits' maximum, eight lanes at a time
  * (the scalar chain was a quarter of the strip's bookkeeping). */

@@ -64,7 +64,7 @@ typedef struct wplan {
   size_t rb;
   size_t *members; /* [n_heads] request head indices, grouped by kv head */
   float *qs;       /* [n_sets, n_heads, dim] the members' queries times 1/sqrt(dim), in member order */
-  int16_t *q16;    /* int8 rows: qs rounded for the integer kernels [n_sets, n_heads, dim]; else NULL */
+  int16_t *q16;    /* int8 rows: qs in int16 halves for Q K^T [n_sets, n_heads, 2, dim]; else NULL */
   float *qscale;   /* [n_sets, n_heads] their scales */
   wgroup *groups;
   size_t n_groups, max_group;
@@ -362,7 +362,7 @@ static void strip_prefetch(const wplan *p, const scratch *sc, size_t r0, size_t 
 
 /* Folds the rows of strip [r0, r0 + nb) that set `set` attends into its G running partials
  * (o: [G, dim], m, l: [G]): the rows' keys scored against the set's queries (Q K^T; queries q0..
- * q0 + G of the plan; int8 rows in integer arithmetic, bench/results/wave-scan/), the
+ * q0 + G of the plan; int8 keys in integer arithmetic, bench/results/wave-scan/), the
  * partials rescaled to the strip's new maxima, then the values accumulated (P V), the strip in
  * L1 throughout. Set 0 comes first and, between its dots, prefetches the task's rows (of n)
  * WAVE_PREFETCH_AHEAD beyond those it scores; the past sets find the rows cached. */
@@ -384,7 +384,7 @@ static void strip_fold(const wplan *p, size_t q0, size_t G, scratch *sc, size_t 
       strip_prefetch(p, sc, a0 < n ? a0 : n, a1 < n ? a1 : n);
     }
     if (p->q16)
-      ra_vec_dot_queries_rows_i8(p->q16 + q0 * (size_t)dim, p->qscale + q0, G, krows + b, e - b, dim, sc->scores + b,
+      ra_vec_dot_queries_rows_i8(p->q16 + 2 * q0 * (size_t)dim, p->qscale + q0, G, krows + b, e - b, dim, sc->scores + b,
                                  WAVE_STRIP);
     else
       ra_vec_dot_queries_rows(p->qs + q0 * (size_t)dim, G, krows + b, e - b, dt, dim, sc->scores + b, WAVE_STRIP);
@@ -403,10 +403,7 @@ static void strip_fold(const wplan *p, size_t q0, size_t G, scratch *sc, size_t 
     }
     l[j] += ra_vec_exp_sum(z, c, m[j]);
   }
-  if (p->q16)
-    ra_vec_accumulate_rows_i8(o, G, sc->scores, WAVE_STRIP, vrows, c, dim);
-  else
-    ra_vec_accumulate_rows(o, G, sc->scores, WAVE_STRIP, vrows, c, dt, dim);
+  ra_vec_accumulate_rows(o, G, sc->scores, WAVE_STRIP, vrows, c, dt, dim);
 }
 
 /* The task's partials of every set: o [n_sets, G, dim], m and l [n_sets, G] (empty: m -inf, l 0). */
@@ -570,7 +567,7 @@ int kvs_attend_wave(const kvs_session *s, const kvs_attend_args *a, int n_thread
   if (rc == RA_OK) rc = plan_groups(&p, err);
   if (rc == RA_OK && s->geo.dtype == RA_DTYPE_I8 && p.dim <= RA_VEC_I8_MAX_DIM) {
     const size_t nq = p.n_sets * a->n_heads;
-    p.q16 = malloc(nq * (size_t)p.dim * sizeof *p.q16);
+    p.q16 = malloc(nq * 2 * (size_t)p.dim * sizeof *p.q16);
     p.qscale = malloc(nq * sizeof *p.qscale);
     if (!p.q16 || !p.qscale) rc = ra_errorf(err, RA_ENOMEM, "out of memory planning a wave attend");
     else ra_vec_queries_to_i16(p.qs, nq, p.dim, p.q16, p.qscale);
