@@ -6,7 +6,7 @@
 int ra_cpu_has_avx2(void);
 
 /* 1 when AVX-512 F, BW, DQ, VL and VNNI are usable (and with them ra_cpu_has_avx2's set): Ice
- * Lake, Cascade Lake and Zen 4 onwards; VNNI is what the int8 strips (vec_i8.c) need. */
+ * Lake, Cascade Lake and Zen 4 onwards; VNNI is what the int8 Q K^T (vec_i8.c) needs. */
 int ra_cpu_has_avx512(void);
 
 #endif
