@@ -447,26 +447,30 @@ RA_AVX2 static size_t first_nonfinite16_avx2(const unsigned char *x, size_t n, u
   return n;
 }
 
-RA_AVX2 static float max_avx2(const float *x, size_t n) {
-  size_t i = 8;
-  __m256 m = _mm256_loadu_ps(x);
-  for (; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(x + i));
-  float lanes[8], mx = x[0];
-  _mm256_storeu_ps(lanes, m);
-  for (int k = 0; k < 8; k++) mx = lanes[k] > mx ? lanes[k] : mx;
+#endif
+
+/* max(mx, x[i..n)). */
+static inline float max_from(const float *x, size_t i, size_t n, float mx) {
   for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
   return mx;
 }
 
+#ifdef RA_X86
+RA_AVX2 static float max_avx2(const float *x, size_t n) {
+  size_t i = 8;
+  __m256 m = _mm256_loadu_ps(x);
+  for (; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(x + i));
+  float lanes[8];
+  _mm256_storeu_ps(lanes, m);
+  return max_from(x, i, n, max_from(lanes, 1, 8, lanes[0]));
+}
 #endif
 
 float ra_vec_max(const float *x, size_t n) {
 #ifdef RA_X86
   if (has_avx2() && n >= 8) return max_avx2(x, n);
 #endif
-  float mx = x[0];
-  for (size_t i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
-  return mx;
+  return max_from(x, 1, n, x[0]);
 }
 
 float ra_vec_exp_sum(float *x, size_t n, float shift) {

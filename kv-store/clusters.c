@@ -26,20 +26,27 @@ static uint32_t run_after(const kvs_cluster_dir *d, uint64_t id) {
   return lo;
 }
 
+/* Cluster id's entry and its run, NULL when d does not hold it. */
+static const kvs_cluster_entry *entry_of(const kvs_cluster_dir *d, uint32_t id, const kvs_cluster_run **run) {
+  if (!d) return NULL;
+  const uint32_t r = run_after(d, id);
+  if (r == d->n_runs || d->runs[r].first_id > id) return NULL;
+  *run = &d->runs[r];
+  return &d->entries[(*run)->entry + (id - (*run)->first_id)];
+}
+
 int kvs_cluster_dir_find(const kvs_cluster_dir *d, uint32_t id, kvs_cluster_span *out) {
-  if (!d) return 0;
-  uint32_t r = run_after(d, id);
-  if (r == d->n_runs || d->runs[r].first_id > id) return 0;
-  const kvs_cluster_run *run = &d->runs[r];
-  const kvs_cluster_entry *e = &d->entries[run->entry + (id - run->first_id)];
+  const kvs_cluster_run *run;
+  const kvs_cluster_entry *e = entry_of(d, id, &run);
+  if (!e) return 0;
   *out = (kvs_cluster_span){.shard = run->shard, .row = e->row, .count = e->count};
   return 1;
 }
 
 void kvs_cluster_dir_prefetch(const kvs_cluster_dir *d, uint32_t id) {
-  if (!d) return;
-  const uint32_t r = run_after(d, id);
-  if (r < d->n_runs && d->runs[r].first_id <= id) __builtin_prefetch(&d->entries[d->runs[r].entry + (id - d->runs[r].first_id)]);
+  const kvs_cluster_run *run;
+  const kvs_cluster_entry *e = entry_of(d, id, &run);
+  if (e) __builtin_prefetch(e);
 }
 
 void kvs_session_cluster_stats(const kvs_session *s, uint32_t layer, uint32_t kv_head,
