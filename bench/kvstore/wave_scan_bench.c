@@ -5,10 +5,11 @@
  *
  *   wave-scan-bench [--tokens 130000] [--layers 8] [--kv-heads 4] [--group 4] [--dim 128] [--dtype bf16|f16|f32|int8]
  *                   [--cluster 16] [--select 147] [--lag 512] [--threads 7] [--steps 64]
- *                   [--seed 1] [--kernels avx512|avx2|portable] [--json FILE]
+ *                   [--seed 1] [--gap-us 0] [--kernels avx512|avx2|portable] [--json FILE]
  *
  * Each step attends the next layer (rows of `layers` layers stored, so that they come from
- * memory, not cache, as in a decode). Defaults: one of two stores of Llama-3-8B at 128K (8 kv heads dealt over two stores,
+ * memory, not cache, as in a decode); --gap-us idles between attends as a decode does while the
+ * device computes the rest of a layer, so that the attend's threads have gone to sleep. Defaults: one of two stores of Llama-3-8B at 128K (8 kv heads dealt over two stores,
  * 4 q heads each, RetroInfer's 1.8 % of 16-token clusters). Reported: the median / p10 / p90 wall
  * time of one attend, the rows it read and the K/V bytes per second. Runs itself again with
  * OMP_WAIT_POLICY=passive, as kv-store/main.c does. Prints JSON. */
@@ -23,9 +24,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct opts {
-  int64_t tokens, layers, kv_heads, group, dim, cluster, select, lag, threads, steps, seed;
+  int64_t tokens, layers, kv_heads, group, dim, cluster, select, lag, threads, steps, seed, gap_us;
   ra_dtype dtype;
   const char *json, *kernels;
 } opts;
@@ -46,6 +48,7 @@ static const ra_opt opt_rows[] = {
     {"lag", RA_OPT_INT, AT(lag), .lo = 0, .hi = 1 << 20, .meta = "N", .help = "unclustered rows per kv head"},
     {"threads", RA_OPT_INT, AT(threads), .lo = 1, .hi = 1024, .meta = "N", .help = "the attend's threads"},
     {"steps", RA_OPT_INT, AT(steps), .lo = 1, .hi = 100000, .meta = "N", .help = "timed attends"},
+    {"gap-us", RA_OPT_INT, AT(gap_us), .lo = 0, .hi = 1000000, .meta = "N", .help = "idle microseconds between attends"},
     {"seed", RA_OPT_INT, AT(seed), .lo = 0, .hi = INT32_MAX, .meta = "N", .help = "rows, queries and picks"},
     {"kernels", RA_OPT_STRING, AT(kernels), .meta = "SET",
      .help = "vector kernels: avx512, avx2 or portable (default: the best this CPU has)"},
@@ -175,6 +178,10 @@ int main(int argc, char **argv) {
                          .wave = {.kv_heads = kvh, .counts = counts, .n_heads = (size_t)o.kv_heads, .ids = ids,
                                   .n_ids = n_sel}};
     kvs_attend_result res;
+    if (o.gap_us) {
+      struct timespec gap = {(time_t)(o.gap_us / 1000000), (long)(o.gap_us % 1000000) * 1000};
+      nanosleep(&gap, NULL);
+    }
     const uint64_t t0 = ra_clock_now_us();
     rc = kvs_attend(s, &a, &res, &err);
     us[step] = ra_clock_now_us() - t0;
@@ -194,11 +201,11 @@ int main(int argc, char **argv) {
       fprintf(f,
               "{\"bench\": \"wave-scan\", \"tokens\": %lld, \"layers\": %lld, \"kv_heads\": %lld, \"group\": %lld, \"dim\": %lld, "
               "\"dtype\": \"%s\", \"cluster\": %lld, \"clusters_per_head\": %u, \"select\": %lld, \"lag\": %lld, "
-              "\"threads\": %lld, \"kernels\": \"%s\", \"steps\": %lld, \"rows_per_attend\": %llu, \"median_us\": %.0f, "
+              "\"threads\": %lld, \"gap_us\": %lld, \"kernels\": \"%s\", \"steps\": %lld, \"rows_per_attend\": %llu, \"median_us\": %.0f, "
               "\"p10_us\": %.0f, \"p90_us\": %.0f, \"kv_gb_per_s\": %.2f, \"ns_per_row\": %.1f}\n",
               (long long)o.tokens, (long long)o.layers, (long long)o.kv_heads, (long long)o.group, (long long)o.dim,
               ra_dtype_name(o.dtype), (long long)o.cluster, nc, (long long)o.select, (long long)o.lag,
-              (long long)o.threads, ra_vec_kernel_name(), (long long)o.steps, (unsigned long long)rows, med, p10, p90,
+              (long long)o.threads, (long long)o.gap_us, ra_vec_kernel_name(), (long long)o.steps, (unsigned long long)rows, med, p10, p90,
               bytes / (med * 1e3), med * 1e3 / (double)(rows ? rows : 1));
       if (f != stdout) fclose(f);
     }
