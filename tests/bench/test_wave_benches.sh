@@ -16,10 +16,16 @@ want = 2 * (10 * 16 + 4096 - nc * 16)
 assert d["rows_per_attend"] == want, (d["rows_per_attend"], want)
 assert d["median_us"] > 0 and d["kv_gb_per_s"] > 0, d
 PY
+# --gap-us idles between attends: 4 attends after 20 ms gaps take at least 80 ms, and the JSON says so
+t0=$(date +%s%N)
+out=$("$bin" --tokens 4096 --layers 1 --kv-heads 1 --select 4 --lag 10 --threads 1 --steps 4 --gap-us 20000)
+t1=$(date +%s%N)
+[ $(( (t1 - t0) / 1000000 )) -ge 80 ] || { echo "--gap-us 20000 x 4 took $(( (t1 - t0) / 1000000 )) ms"; exit 1; }
+python3 -c 'import json, sys; d = json.loads(sys.argv[1]); assert d["gap_us"] == 20000, d' "$out"
 # --kernels picks the set it reports; every CPU has the portable one
 out=$("$bin" --tokens 4096 --layers 1 --kv-heads 1 --select 4 --lag 10 --threads 1 --steps 2 --kernels portable)
 python3 -c 'import json, sys; d = json.loads(sys.argv[1]); assert d["kernels"] == "portable", d' "$out"
-for bad in "--select 999999" "--dim 72" "--dtype i4" "--threads 0" "--nope 1" "--lag" "--kernels avx9"; do
+for bad in "--select 999999" "--dim 72" "--dtype i4" "--threads 0" "--nope 1" "--lag" "--kernels avx9" "--gap-us -1"; do
   set +e
   # shellcheck disable=SC2086
   "$bin" --tokens 4096 $bad >/dev/null 2>/tmp/wsb-err.$$
