@@ -1017,24 +1017,23 @@ extern "C" int ra_backend_cuda_set_pdl(ra_backend *be, int on, ra_error *err) {
   return RA_OK;
 }
 
-namespace {
-/* The measurement setters of one integer field: the value's range, then the backend's kind. */
-int set_field(ra_backend *be, const char *op, int v, int lo, int hi, const char *unit, int cuda_impl::*field,
-              ra_error *err) {
-  if (v < lo || v > hi) return ra_errorf(err, RA_EINVAL, "cuda %s: %d %s (%d to %d)", op, v, unit, lo, hi);
-  if (!be || !be->name || strcmp(be->name, "cuda") != 0) return ra_errorf(err, RA_EINVAL, "cuda %s: not a cuda backend", op);
-  impl_of(be)->*field = v;
-  return RA_OK;
-}
-}  // namespace
-
 extern "C" int ra_backend_cuda_set_gemv_rows(ra_backend *be, int max_rows, ra_error *err) {
-  return set_field(be, "set_gemv_rows", max_rows, 1, RA_CUDA_GEMV_MAX_X, "rows", &cuda_impl::gemv_max_x, err);
+  if (max_rows < 1 || max_rows > RA_CUDA_GEMV_MAX_X)
+    return ra_errorf(err, RA_EINVAL, "cuda set_gemv_rows: %d rows (1 to %d)", max_rows, RA_CUDA_GEMV_MAX_X);
+  if (!be || !be->name || strcmp(be->name, "cuda") != 0)
+    return ra_errorf(err, RA_EINVAL, "cuda set_gemv_rows: not a cuda backend");
+  impl_of(be)->gemv_max_x = max_rows;
+  return RA_OK;
 }
 
 extern "C" int ra_backend_cuda_set_decode_batch_waves(ra_backend *be, int waves, ra_error *err) {
-  return set_field(be, "set_decode_batch_waves", waves, 1, RA_CUDA_DECODE_BATCH_MAX_WAVES, "waves",
-                   &cuda_impl::decode_batch_waves, err);
+  if (waves < 1 || waves > RA_CUDA_DECODE_BATCH_MAX_WAVES)
+    return ra_errorf(err, RA_EINVAL, "cuda set_decode_batch_waves: %d waves (1 to %d)", waves,
+                     RA_CUDA_DECODE_BATCH_MAX_WAVES);
+  if (!be || !be->name || strcmp(be->name, "cuda") != 0)
+    return ra_errorf(err, RA_EINVAL, "cuda set_decode_batch_waves: not a cuda backend");
+  impl_of(be)->decode_batch_waves = waves;
+  return RA_OK;
 }
 
 extern "C" int ra_backend_cuda_set_prefill_kernel(ra_backend *be, int mode, ra_error *err) {
