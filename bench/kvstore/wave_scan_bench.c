@@ -8,9 +8,10 @@
  *                   [--seed 1] [--gap-us 0] [--kernels avx512|avx2|portable] [--json FILE]
  *
  * Each step attends the next layer (rows of `layers` layers stored, so that they come from
- * memory, not cache, as in a decode); --gap-us idles between attends as a decode does while the
- * device computes the rest of a layer, so that the attend's threads have gone to sleep. Defaults: one of two stores of Llama-3-8B at 128K (8 kv heads dealt over two stores,
- * 4 q heads each, RetroInfer's 1.8 % of 16-token clusters). Reported: the median / p10 / p90 wall
+ * memory, not cache, as in a decode); --gap-us idles before each attend as a store does while
+ * the device computes the rest of a layer, so that the attend's threads have gone to sleep.
+ * Defaults: one of two stores of Llama-3-8B at 128K (8 kv heads dealt over two stores, 4 q heads
+ * each, RetroInfer's 1.8 % of 16-token clusters). Reported: the median / p10 / p90 wall
  * time of one attend, the rows it read and the K/V bytes per second. Runs itself again with
  * OMP_WAIT_POLICY=passive, as kv-store/main.c does. Prints JSON. */
 #include "attend.h"
