@@ -119,6 +119,9 @@ typedef struct ra_backend_ops {
   int (*upload)(ra_backend *be, ra_tensor *t, size_t offset, const float *src, size_t n, ra_error *err);
   /* Tensor elements [offset, offset + n) -> host fp32. Synchronizes. */
   int (*download)(ra_backend *be, const ra_tensor *t, size_t offset, float *dst, size_t n, ra_error *err);
+  /* Tensor elements [offset, offset + n) -> host as stored: n * ra_dtype_size(t->dtype) bytes, no
+   * conversion (an offloading prefill's rows already in the stores' dtype). Synchronizes. */
+  int (*download_raw)(ra_backend *be, const ra_tensor *t, size_t offset, void *dst, size_t n, ra_error *err);
   /* Host memory of `bytes` that download fills fastest (CUDA: pinned, so that a 16-bit tensor
    * is widened on the device and copied by DMA, no host core involved; CPU: malloc), for the
    * large buffers an offloading prefill downloads every layer's K/V into. host_free(NULL) is a

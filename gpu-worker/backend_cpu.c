@@ -91,6 +91,14 @@ static int cpu_download(ra_backend *be, const ra_tensor *t, size_t off, float *d
   return RA_OK;
 }
 
+static int cpu_download_raw(ra_backend *be, const ra_tensor *t, size_t off, void *dst, size_t n, ra_error *err) {
+  if (off > ra_tensor_nelem(t) || n > ra_tensor_nelem(t) - off)
+    return ra_errorf(err, RA_EINVAL, "cpu download_raw: [%zu, +%zu) outside %zu elements", off, n, ra_tensor_nelem(t));
+  const size_t es = ra_dtype_size(t->dtype);
+  memcpy(dst, (const char *)t->data + off * es, n * es);
+  return RA_OK;
+}
+
 static int cpu_host_alloc(ra_backend *be, size_t bytes, void **out, ra_error *err) {
   *out = malloc(bytes ? bytes : 1);
   return *out ? RA_OK : ra_errorf(err, RA_ENOMEM, "cpu host_alloc: no memory for %zu bytes", bytes);
@@ -651,6 +659,7 @@ static const ra_backend_ops cpu_ops = {
     .free = cpu_free,
     .upload = cpu_upload,
     .download = cpu_download,
+    .download_raw = cpu_download_raw,
     .host_alloc = cpu_host_alloc,
     .host_free = cpu_host_free,
     .copy = cpu_copy,

@@ -14,11 +14,11 @@ void ra_offload_config_default(ra_offload_config *c) {
   ra_wave_config_default(&c->wave);
 }
 
-/* A host buffer of at least n floats: a pooled one when one is large enough, else a new one
+/* A host buffer of at least n bytes: a pooled one when one is large enough, else a new one
  * from the backend's host_alloc (pinned on CUDA: a layer's download then runs at DMA speed,
  * bench/results/h200/decode-wave/). */
-static float *kv_buf_take(ra_offload *o, size_t n) {
-  float *p = NULL;
+static void *kv_buf_take(ra_offload *o, size_t n) {
+  void *p = NULL;
   uv_mutex_lock(&o->kv_pool_lock);
   for (int i = 0; i < RA_OFFLOAD_KV_POOL && !p; i++)
     if (o->kv_pool_cap[i] >= n) {
@@ -31,11 +31,11 @@ static float *kv_buf_take(ra_offload *o, size_t n) {
   ra_backend *be = o->m->be;
   ra_error err;
   void *q = NULL;
-  return be->ops->host_alloc(be, n * sizeof(float), &q, &err) == RA_OK ? q : NULL;
+  return be->ops->host_alloc(be, n, &q, &err) == RA_OK ? q : NULL;
 }
 
-/* Returns a buffer of n floats from kv_buf_take to the pool (or frees it when the pool is full). */
-static void kv_buf_give(ra_offload *o, float *p, size_t n) {
+/* Returns a buffer of n bytes from kv_buf_take to the pool (or frees it when the pool is full). */
+static void kv_buf_give(ra_offload *o, void *p, size_t n) {
   if (!p) return;
   uv_mutex_lock(&o->kv_pool_lock);
   for (int i = 0; i < RA_OFFLOAD_KV_POOL && p; i++)
@@ -49,6 +49,12 @@ static void kv_buf_give(ra_offload *o, float *p, size_t n) {
 }
 
 static int prefill_finish(ra_offload *o, int rc, ra_offload_stats *stats, ra_error *err);
+
+/* Bytes of n offloaded positions' K (or V) rows on the host, as a layer job holds them. */
+static size_t kv_rows_bytes(const ra_offload *o, int64_t n) {
+  const size_t es = o->wave ? ra_dtype_size(ra_wave_rows_dtype(o->wave)) : sizeof(float);
+  return (size_t)n * o->kv_row * es;
+}
 
 void ra_offload_free(ra_offload *o) {
   if (!o) return;
@@ -245,8 +251,8 @@ typedef struct layer_job {
   ra_offload *o;
   int layer;
   int64_t b, e;          /* offloaded positions [b, e) */
-  const float *k, *v;    /* host [e - b, n_kv_heads, head_dim]; wave: [n_kv_heads, e - b, head_dim],
-                          * each kv head's rows in its cluster order */
+  const void *k, *v;     /* host [e - b, n_kv_heads, head_dim] fp32; wave: [n_kv_heads, e - b, head_dim]
+                          * in ra_wave_rows_dtype, each kv head's rows in its cluster order */
   int own_kv;            /* k, v are the job's (prefill: malloc'ed) or borrowed (seed) */
   ra_wave_puts clusters; /* wave: the layer's PutClusters, sent after its rows */
   /* roar: per q head h, its n_q sampled queries and their top-knn keys among [b, e) */
@@ -264,9 +270,9 @@ static void layer_job_free(void *arg) {
   layer_job *j = arg;
   if (!j) return;
   if (j->own_kv) {
-    const size_t n = (size_t)(j->e - j->b) * j->o->kv_row;
-    kv_buf_give(j->o, (float *)j->k, n);
-    kv_buf_give(j->o, (float *)j->v, n);
+    const size_t n = kv_rows_bytes(j->o, j->e - j->b);
+    kv_buf_give(j->o, (void *)j->k, n);
+    kv_buf_give(j->o, (void *)j->v, n);
   }
   free(j->q);
   free(j->ids);
@@ -435,8 +441,8 @@ static int layer_job_run(void *arg, ra_error *err) {
   ra_offload *o = j->o;
   const ra_model_config *c = &o->m->cfg;
   uint64_t t0 = uv_hrtime();
-  int rc = o->wave ? ra_remote_put_heads(o->remote, (uint32_t)j->layer, j->k, j->v, (uint64_t)j->b,
-                                         (uint64_t)(j->e - j->b), err)
+  int rc = o->wave ? ra_remote_put_heads(o->remote, (uint32_t)j->layer, j->k, j->v, ra_wave_rows_dtype(o->wave),
+                                         (uint64_t)j->b, (uint64_t)(j->e - j->b), err)
                    : ra_remote_put(o->remote, (uint32_t)j->layer, j->k, j->v, (uint64_t)j->b, (uint64_t)(j->e - j->b),
                                    err);
   o->pipe_append_us += (double)(uv_hrtime() - t0) / 1e3;
@@ -478,15 +484,15 @@ static int layer_job_run(void *arg, ra_error *err) {
 /* A job for layer l's offloaded rows [b, e) of k, v (host [.., n_kv_heads, head_dim], row 0 =
  * position b), with the roar kNN computed from q_sample and the layer's keys on the backend, kc
  * (rows [.., n_kv_heads, head_dim], position b at row kc_b). */
-static int layer_job_new(ra_offload *o, int l, int64_t b, int64_t e, const float *k, const float *v, int own_kv,
+static int layer_job_new(ra_offload *o, int l, int64_t b, int64_t e, const void *k, const void *v, int own_kv,
                          const ra_tensor *kc, int64_t kc_b, const float *q_sample, int64_t n_q, layer_job **out,
                          ra_error *err) {
   layer_job *j = calloc(1, sizeof *j);
   if (!j) {
     if (own_kv) {
-      const size_t n = (size_t)(e - b) * o->kv_row;
-      kv_buf_give(o, (float *)k, n);
-      kv_buf_give(o, (float *)v, n);
+      const size_t n = kv_rows_bytes(o, e - b);
+      kv_buf_give(o, (void *)k, n);
+      kv_buf_give(o, (void *)v, n);
     }
     return ra_errorf(err, RA_ENOMEM, "offload: out of memory");
   }
@@ -523,12 +529,12 @@ static int pick_queries(ra_offload *o, int64_t n, int64_t n_q, int64_t c0, int64
  * they are ([e - b, n_kv_heads, head_dim]), or in wave mode clustered on the backend and in each
  * kv head's cluster order ([n_kv_heads, e - b, head_dim]) with the layer's PutClusters in *puts.
  * *download_us += the downloads' time (the rest is wave's clustering). */
-static int offload_rows(ra_offload *o, int l, const ra_tensor *kc, const ra_tensor *vc, int64_t b, int64_t e, float **k,
-                        float **v, ra_wave_puts *puts, double *download_us, ra_error *err) {
+static int offload_rows(ra_offload *o, int l, const ra_tensor *kc, const ra_tensor *vc, int64_t b, int64_t e, void **k,
+                        void **v, ra_wave_puts *puts, double *download_us, ra_error *err) {
   ra_backend *be = o->m->be;
   size_t nf = (size_t)(e - b) * o->kv_row;
-  *k = kv_buf_take(o, nf);
-  *v = kv_buf_take(o, nf);
+  *k = kv_buf_take(o, kv_rows_bytes(o, e - b));
+  *v = kv_buf_take(o, kv_rows_bytes(o, e - b));
   if (!*k || !*v)
     return ra_errorf(err, RA_ENOMEM, "offload: out of memory for %lld tokens of layer %d", (long long)(e - b), l);
   if (o->wave) return ra_wave_prefill_layer(o->wave, l, kc, vc, b, e, *k, *v, puts, download_us, err);
@@ -546,7 +552,7 @@ static int layer_job_of_cache(ra_offload *o, int l, const ra_tensor *kc, const r
                               const float *q, int64_t n_q, layer_job **job, double *rows_us, double *download_us,
                               ra_error *err) {
   uint64_t t0 = uv_hrtime();
-  float *k = NULL, *v = NULL;
+  void *k = NULL, *v = NULL;
   ra_wave_puts puts = {0};
   int rc = offload_rows(o, l, kc, vc, b, e, &k, &v, &puts, download_us, err);
   *rows_us = (double)(uv_hrtime() - t0) / 1e3;
@@ -556,8 +562,8 @@ static int layer_job_of_cache(ra_offload *o, int l, const ra_tensor *kc, const r
   }
   if (rc == RA_OK) (*job)->clusters = puts;
   else ra_wave_puts_free(&puts);
-  kv_buf_give(o, k, (size_t)(e - b) * o->kv_row);
-  kv_buf_give(o, v, (size_t)(e - b) * o->kv_row);
+  kv_buf_give(o, k, kv_rows_bytes(o, e - b));
+  kv_buf_give(o, v, kv_rows_bytes(o, e - b));
   return rc;
 }
 
@@ -639,7 +645,7 @@ static void state_to_decode_size(ra_offload *o) {
  * tokens) go too, or a server's idle sequences would hold them (the pipe is finished). */
 static void kv_pool_release(ra_offload *o) {
   uv_mutex_lock(&o->kv_pool_lock);
-  float *p[RA_OFFLOAD_KV_POOL];
+  void *p[RA_OFFLOAD_KV_POOL];
   for (int i = 0; i < RA_OFFLOAD_KV_POOL; i++) {
     p[i] = o->kv_pool[i];
     o->kv_pool[i] = NULL;

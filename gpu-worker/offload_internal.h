@@ -89,8 +89,8 @@ struct ra_offload {
   /* prefill: host buffers of offloaded layers' K/V handed back by finished layer jobs (the pipe's
    * thread) for the next layers, so that a layer's ~1 GB is not page-faulted in afresh */
   uv_mutex_t kv_pool_lock;
-  float *kv_pool[RA_OFFLOAD_KV_POOL];
-  size_t kv_pool_cap[RA_OFFLOAD_KV_POOL]; /* floats of each, 0: slot empty */
+  void *kv_pool[RA_OFFLOAD_KV_POOL];
+  size_t kv_pool_cap[RA_OFFLOAD_KV_POOL]; /* bytes of each, 0: slot empty */
   int64_t prefill_rows, prefill_ffn; /* the state's step and MLP rows while it prefills */
   prefill_run pf;          /* the prefill under way (ra_offload_prefill_begin .. its last layer) */
   ra_offload_stats prefill_stats;

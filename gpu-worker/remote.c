@@ -373,10 +373,10 @@ typedef struct put_part {
   size_t store;
   uint32_t lane, lanes; /* this part's lane of the store's lanes in the put */
   uint32_t layer;
-  const float *k, *v;
-  int head_major;
+  const void *k, *v;      /* fp32, or (raw) head-major rows in the session dtype */
+  int head_major, raw;
   uint64_t pos0, end;
-  uint8_t *dst;           /* this part's slice */
+  uint8_t *dst;           /* this part's slice (raw: unused, the rows go from k, v as they are) */
   ra_kvclient_rows *rows; /* [the store's shards]: the blocks packed */
   size_t n_rows;
   int rc;
@@ -393,8 +393,8 @@ static int shard_in_put(const remote_store *s, size_t j, uint32_t layer, uint64_
 }
 
 /* The lanes a put of layer's [pos0, end) uses at store s (one per shard it touches, at most
- * RA_REMOTE_PUT_LANES), and the bytes of lane `lane` (K and V; lane < 0: all lanes). Shard j
- * of the layer's touched ones goes to lane (its ordinal mod the lanes). */
+ * RA_REMOTE_PUT_LANES), and the bytes of lane `lane` (K and V; lane < 0: all lanes) in the
+ * session dtype. Shard j of the layer's touched ones goes to lane (its ordinal mod the lanes). */
 static uint32_t put_lanes(const ra_remote *r, const remote_store *s, uint32_t layer, uint64_t pos0, uint64_t end,
                           int lane, size_t *bytes) {
   size_t row_bytes = ra_dtype_row_bytes(r->cfg.dtype, r->head_dim), touched = 0;
@@ -434,6 +434,12 @@ static void put_part_run(void *arg) {
   for (size_t j = 0, ord = 0; j < s->plan->n_shards; j++) {
     if (!shard_in_put(s, j, p->layer, p->pos0, p->end, &b, &e) || ord++ % lanes != p->lane) continue;
     const uint32_t g = s->plan->shards[j].kv_head;
+    if (p->raw) { /* kv head g's rows [b, e) lie together in head-major rows */
+      const size_t at = ((size_t)g * (p->end - p->pos0) + (b - p->pos0)) * row_bytes;
+      p->rows[p->n_rows++] =
+          (ra_kvclient_rows){p->layer, g, b, e - b, (const uint8_t *)p->k + at, (const uint8_t *)p->v + at};
+      continue;
+    }
     uint8_t *kd = dst, *vd = dst + (e - b) * row_bytes;
     if ((p->rc = pack_head(r, p->k, p->head_major, p->end - p->pos0, p->pos0, p->layer, g, b, e, "key", kd,
                            &p->err)) ||
@@ -448,11 +454,16 @@ static void put_part_run(void *arg) {
   if (p->rc == RA_OK) p->rc = ra_kvclient_put_kv(c, &s->session, p->rows, p->n_rows, NULL, &p->err);
 }
 
-static int remote_put(ra_remote *r, uint32_t layer, const float *k, const float *v, int head_major, uint64_t pos0,
-                      uint64_t n, ra_error *err) {
+static int remote_put(ra_remote *r, uint32_t layer, const void *k, const void *v, ra_dtype dt, int head_major,
+                      uint64_t pos0, uint64_t n, ra_error *err) {
   int rc = remote_check(r, err);
   if (rc) return rc;
   if (layer >= r->plan->n_layers) return ra_errorf(err, RA_EINVAL, "remote: layer %u out of range", layer);
+  /* rows already in the session dtype go out as they are: no staging copy, no conversion */
+  const int raw = head_major && dt == r->cfg.dtype && dt != RA_DTYPE_F32;
+  if (!raw && dt != RA_DTYPE_F32)
+    return ra_errorf(err, RA_EINVAL, "remote: rows in %s for a session in %s (fp32 or the session's own)",
+                     ra_dtype_name(dt), ra_dtype_name(r->cfg.dtype));
   /* Every store's shards go out on up to RA_REMOTE_PUT_LANES streams at once, each packed and
    * sent by a thread of its own: the stores ingest in parallel (one stream a store at a time,
    * a 128K-token layer of Llama-3-8B geometry took as long as the layer's compute on the H200),
@@ -465,7 +476,7 @@ static int remote_put(ra_remote *r, uint32_t layer, const float *k, const float 
     const uint32_t lanes = put_lanes(r, &r->stores[i], layer, pos0, pos0 + n, -1, &bytes);
     n_parts += lanes;
     n_shards += lanes * r->stores[i].plan->n_shards; /* a lane packs at most all the store's shards */
-    total += bytes;
+    total += raw ? 0 : bytes;
   }
   put_part *parts = calloc(n_parts + 1, sizeof *parts);
   ra_kvclient_rows *rows = calloc(n_shards + 1, sizeof *rows);
@@ -482,9 +493,9 @@ static int remote_put(ra_remote *r, uint32_t layer, const float *k, const float 
     for (uint32_t l = 0; l < lanes; l++) {
       put_lanes(r, s, layer, pos0, pos0 + n, (int)l, &bytes);
       parts[np++] = (put_part){.r = r, .s = s, .store = i, .lane = l, .lanes = lanes, .layer = layer, .k = k, .v = v,
-                               .head_major = head_major, .pos0 = pos0, .end = pos0 + n, .dst = r->pack + off,
-                               .rows = rows + row0};
-      off += bytes;
+                               .head_major = head_major, .raw = raw, .pos0 = pos0, .end = pos0 + n,
+                               .dst = raw ? NULL : r->pack + off, .rows = rows + row0};
+      off += raw ? 0 : bytes;
       row0 += s->plan->n_shards;
     }
   }
@@ -516,12 +527,12 @@ static int remote_put(ra_remote *r, uint32_t layer, const float *k, const float 
 
 int ra_remote_put(ra_remote *r, uint32_t layer, const float *k, const float *v, uint64_t pos0,
                   uint64_t n, ra_error *err) {
-  return remote_put(r, layer, k, v, 0, pos0, n, err);
+  return remote_put(r, layer, k, v, RA_DTYPE_F32, 0, pos0, n, err);
 }
 
-int ra_remote_put_heads(ra_remote *r, uint32_t layer, const float *k, const float *v, uint64_t pos0,
+int ra_remote_put_heads(ra_remote *r, uint32_t layer, const void *k, const void *v, ra_dtype dt, uint64_t pos0,
                         uint64_t n, ra_error *err) {
-  return remote_put(r, layer, k, v, 1, pos0, n, err);
+  return remote_put(r, layer, k, v, dt, 1, pos0, n, err);
 }
 
 int ra_remote_put_clusters(ra_remote *r, const ra_kvclient_clusters *c, size_t n, ra_error *err) {

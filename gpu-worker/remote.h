@@ -79,9 +79,11 @@ int ra_remote_open(const ra_offload_plan *plan, uint32_t head_dim, const ra_remo
  * owner in the session dtype. */
 int ra_remote_put(ra_remote *r, uint32_t layer, const float *k, const float *v, uint64_t pos0,
                   uint64_t n, ra_error *err);
-/* The same from head-major rows: k, v [n_kv_heads, n, head_dim] fp32, row [g, i] going to kv
- * head g's position pos0 + i (wave mode sends each kv head's rows in its own cluster order). */
-int ra_remote_put_heads(ra_remote *r, uint32_t layer, const float *k, const float *v, uint64_t pos0,
+/* The same from head-major rows: k, v [n_kv_heads, n, head_dim] in dt, row [g, i] going to kv
+ * head g's position pos0 + i (wave mode sends each kv head's rows in its own cluster order). dt:
+ * fp32, converted as ra_remote_put does, or the session dtype, sent as it is (the stores refuse
+ * a non-finite row); any other is RA_EINVAL. */
+int ra_remote_put_heads(ra_remote *r, uint32_t layer, const void *k, const void *v, ra_dtype dt, uint64_t pos0,
                         uint64_t n, ra_error *err);
 
 /* Wave mode: installs clusters at the store owning each request's (layer, kv head, row_begin),

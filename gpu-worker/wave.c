@@ -82,9 +82,9 @@ struct ra_wave {
   int32_t *perm, *counts;       /* [n_kv, max rows], [n_kv, max clusters] */
   int64_t max_rows, max_k;
   uint32_t *perm_u;             /* [max rows] */
-  ra_tensor out_k, out_v;       /* [n_kv, max rows, hd] in kv_dtype (prefill): the cache's rows
-                                 * permuted, so the narrow dtype loses nothing and halves the
-                                 * download of a 16-bit cache */
+  ra_tensor out_k, out_v;       /* [n_kv, max rows, hd] (prefill): the cache's rows permuted, in
+                                 * the stores' dtype when it is 16-bit (they leave the device as
+                                 * the stores keep them), else in kv_dtype, widened on download */
   /* selection */
   int32_t *idx;                 /* [n_kv, cap] */
   ra_tensor est_o, est_ml;      /* [n_heads, hd], [n_heads, 2] */
@@ -355,8 +355,9 @@ int ra_wave_begin(ra_wave *w, int64_t b, int64_t e, int64_t max_end, ra_error *e
     if (rc == RA_OK) rc = ra_tensor_new(w->be, &w->blk_k[l], w->kv_dtype, 3, bs, err);
     if (rc == RA_OK) rc = ra_tensor_new(w->be, &w->blk_v[l], w->kv_dtype, 3, bs, err);
   }
-  if (rc == RA_OK && prefill_rows > 0) rc = ra_tensor_new(w->be, &w->out_k, w->kv_dtype, 3, os, err);
-  if (rc == RA_OK && prefill_rows > 0) rc = ra_tensor_new(w->be, &w->out_v, w->kv_dtype, 3, os, err);
+  const ra_dtype odt = ra_wave_rows_dtype(w) == RA_DTYPE_F32 ? w->kv_dtype : ra_wave_rows_dtype(w);
+  if (rc == RA_OK && prefill_rows > 0) rc = ra_tensor_new(w->be, &w->out_k, odt, 3, os, err);
+  if (rc == RA_OK && prefill_rows > 0) rc = ra_tensor_new(w->be, &w->out_v, odt, 3, os, err);
   w->rows = calloc(tab, sizeof *w->rows);
   if (rc == RA_OK && !w->rows) rc = ra_errorf(err, RA_ENOMEM, "wave: out of memory");
   if (rc == RA_OK && c->buffer > 0) rc = buffer_begin(w, err);
@@ -391,8 +392,21 @@ static int install(ra_wave *w, int l, int64_t p, int64_t c0, int64_t k, int g, u
   return RA_OK;
 }
 
-int ra_wave_prefill_layer(ra_wave *w, int l, const ra_tensor *kc, const ra_tensor *vc, int64_t b, int64_t e, float *k,
-                          float *v, ra_wave_puts *puts, double *download_us, ra_error *err) {
+ra_dtype ra_wave_rows_dtype(const ra_wave *w) {
+  const ra_dtype dt = ra_remote_dtype(w->remote);
+  return dt == RA_DTYPE_F16 || dt == RA_DTYPE_BF16 ? dt : RA_DTYPE_F32;
+}
+
+/* n elements of the permuted rows t from offset off to host dst in ra_wave_rows_dtype: as they
+ * are when t holds that dtype, else widened to fp32. */
+static int rows_download(ra_wave *w, const ra_tensor *t, size_t off, void *dst, size_t n, ra_error *err) {
+  ra_backend *be = w->be;
+  return t->dtype == ra_wave_rows_dtype(w) ? be->ops->download_raw(be, t, off, dst, n, err)
+                                           : be->ops->download(be, t, off, dst, n, err);
+}
+
+int ra_wave_prefill_layer(ra_wave *w, int l, const ra_tensor *kc, const ra_tensor *vc, int64_t b, int64_t e, void *k,
+                          void *v, ra_wave_puts *puts, double *download_us, ra_error *err) {
   *puts = (ra_wave_puts){0};
   if (!w->begun) return ra_errorf(err, RA_ESTATE, "wave: prefill before ra_wave_begin");
   if (e <= b) return RA_OK;
@@ -411,7 +425,8 @@ int ra_wave_prefill_layer(ra_wave *w, int l, const ra_tensor *kc, const ra_tenso
     return ra_errorf(err, RA_ENOMEM, "wave: out of memory");
   }
   ra_wave_cluster_params cp = {.seg_len = c->segment, .cluster_size = c->cluster, .iters = c->iters};
-  const size_t hd = (size_t)w->hd, row = (size_t)(e - b) * hd;
+  /* host rows: [n_kv, e - b, hd] of es bytes each */
+  const size_t hd = (size_t)w->hd, row = (size_t)(e - b) * hd, es = ra_dtype_size(ra_wave_rows_dtype(w));
   uint32_t *cbuf = puts->counts;
   int rc = RA_OK;
   for (int64_t p = b; p < e && rc == RA_OK;) {
@@ -421,14 +436,14 @@ int ra_wave_prefill_layer(ra_wave *w, int l, const ra_tensor *kc, const ra_tenso
     ra_tensor ok_ = w->out_k, ov_ = w->out_v; /* views of n rows per head */
     memcpy(ok_.shape, os, sizeof os);
     memcpy(ov_.shape, os, sizeof os);
-    ok_.nbytes = ov_.nbytes = (size_t)w->n_kv * (size_t)n * hd * ra_dtype_size(w->kv_dtype);
+    ok_.nbytes = ov_.nbytes = (size_t)w->n_kv * (size_t)n * hd * ra_dtype_size(w->out_k.dtype);
     rc = be->ops->cluster_keys(be, kc, vc, p, n, &cp, &w->centroid[l], &w->size[l], &w->vsum[l], c0, &ok_, &ov_,
                                w->perm, w->counts, err);
     for (int g = 0; g < w->n_kv && rc == RA_OK; g++) {
-      float *kd = k + (size_t)g * row + (size_t)(p - b) * hd, *vd = v + (size_t)g * row + (size_t)(p - b) * hd;
+      const size_t at = ((size_t)g * row + (size_t)(p - b) * hd) * es;
       const uint64_t t0 = uv_hrtime();
-      rc = be->ops->download(be, &ok_, (size_t)g * (size_t)n * hd, kd, (size_t)n * hd, err);
-      if (rc == RA_OK) rc = be->ops->download(be, &ov_, (size_t)g * (size_t)n * hd, vd, (size_t)n * hd, err);
+      rc = rows_download(w, &ok_, (size_t)g * (size_t)n * hd, (char *)k + at, (size_t)n * hd, err);
+      if (rc == RA_OK) rc = rows_download(w, &ov_, (size_t)g * (size_t)n * hd, (char *)v + at, (size_t)n * hd, err);
       *download_us += (double)(uv_hrtime() - t0) / 1e3;
       if (rc == RA_OK) rc = install(w, l, p, c0, kk, g, cbuf, &puts->c[puts->n], err);
       if (rc == RA_OK) {

@@ -77,13 +77,17 @@ typedef struct ra_wave_puts {
 } ra_wave_puts;
 void ra_wave_puts_free(ra_wave_puts *p);
 
+/* The dtype of the rows ra_wave_prefill_layer writes: the stores' own when it is f16 or bf16
+ * (no host core converts them, and the download is half of fp32's), else fp32. */
+ra_dtype ra_wave_rows_dtype(const ra_wave *w);
+
 /* Prefill of layer l: clusters rows [b, e) of kc, vc ([.., n_kv_heads, head_dim], row = position)
  * on the backend into the meta-index, and writes them in cluster order to k, v: host
- * [n_kv_heads, e - b, head_dim] fp32, kv head g's i-th row at [g, i] being the row the store
- * holds at position b + i (ra_remote_put_heads). puts: the layer's PutClusters, no perm.
- * *download_us += the time of the rows' downloads (the rest of the call is the clustering). */
-int ra_wave_prefill_layer(ra_wave *w, int l, const ra_tensor *kc, const ra_tensor *vc, int64_t b, int64_t e, float *k,
-                          float *v, ra_wave_puts *puts, double *download_us, ra_error *err);
+ * [n_kv_heads, e - b, head_dim] in ra_wave_rows_dtype, kv head g's i-th row at [g, i] being the
+ * row the store holds at position b + i (ra_remote_put_heads). puts: the layer's PutClusters, no
+ * perm. *download_us += the time of the rows' downloads (the rest of the call is the clustering). */
+int ra_wave_prefill_layer(ra_wave *w, int l, const ra_tensor *kc, const ra_tensor *vc, int64_t b, int64_t e, void *k,
+                          void *v, ra_wave_puts *puts, double *download_us, ra_error *err);
 
 /* Decode, layer l, after q: ranks the clusters (q: [n_heads, head_dim] on the backend, RoPE
  * applied). *sel: per store of the plan, the retrieval zone's cluster ids it holds, for

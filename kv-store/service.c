@@ -274,13 +274,16 @@ int kvs_service_open_session(kvs_service *svc, const kvs_caller *who, const uint
 
 /* Refuses rows [n, head_dim] (geometry's dtype) holding a NaN or an infinity: one such key turns
  * a full-mode partial into the empty one (m = -inf) without an error. */
-static int finite_check(const void *x, const kvs_geometry *g, uint64_t n, const char *what, size_t i,
-                        const char *field, ra_error *err) {
+static int finite_check(const void *x, const kvs_geometry *g, const Rakv__KvChunk *c, size_t i, const char *field,
+                        ra_error *err) {
   if (g->dtype == RA_DTYPE_I8) return RA_OK; /* the store checks int8 rows' scales (ra_dtype_rows_check) */
-  size_t total = (size_t)n * g->head_dim, bad = ra_vec_first_nonfinite(x, g->dtype, total);
+  size_t total = (size_t)c->n_tokens * g->head_dim, bad = ra_vec_first_nonfinite(x, g->dtype, total);
   if (bad == total) return RA_OK;
-  return ra_errorf(err, RA_EINVAL, "%s %zu: %s[%zu][%zu] is not finite (NaN or infinity); nothing stored", what,
-                   i, field, bad / g->head_dim, bad % g->head_dim);
+  return ra_errorf(err, RA_EINVAL,
+                   "chunk %zu: %s[%zu][%zu] (layer %u kv head %u position %llu) is not finite (NaN or infinity); "
+                   "nothing stored",
+                   i, field, bad / g->head_dim, bad % g->head_dim, c->layer, c->kv_head,
+                   (unsigned long long)(c->token_begin + bad / g->head_dim));
 }
 
 /* Checks a chunk's sizes and values against the session and describes it as a row block. */
@@ -298,8 +301,8 @@ static int chunk_rows(const kvs_session *s, const Rakv__KvChunk *c, size_t i, kv
                      "chunk %zu: values are %zu bytes, want %llu (%u tokens x head_dim %u x %s)",
                      i, c->values.len, (unsigned long long)want, c->n_tokens, s->geo.head_dim,
                      ra_dtype_name(s->geo.dtype));
-  int rc = finite_check(c->keys.data, &s->geo, c->n_tokens, "chunk", i, "keys", err);
-  if (rc == RA_OK) rc = finite_check(c->values.data, &s->geo, c->n_tokens, "chunk", i, "values", err);
+  int rc = finite_check(c->keys.data, &s->geo, c, i, "keys", err);
+  if (rc == RA_OK) rc = finite_check(c->values.data, &s->geo, c, i, "values", err);
   if (rc) return rc;
   *out = (kvs_rows){
       .layer = c->layer,

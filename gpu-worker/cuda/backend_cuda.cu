@@ -239,6 +239,19 @@ int cu_download(ra_backend *be, const ra_tensor *t, size_t off, float *dst, size
   return RA_OK;
 }
 
+int cu_download_raw(ra_backend *be, const ra_tensor *t, size_t off, void *dst, size_t n, ra_error *err) {
+  int rc = want_tensor(t, "download_raw", "t", err);
+  if (rc) return rc;
+  if (!range_ok(t, off, n))
+    return ra_errorf(err, RA_EINVAL, "cuda download_raw: [%zu, +%zu) outside %zu elements", off, n, nelem(t));
+  cuda_impl *im = impl_of(be);
+  const size_t es = ra_dtype_size(t->dtype);
+  if (n) CU_TRY("download_raw", cudaMemcpyAsync(dst, (const char *)t->data + off * es, n * es,
+                                                cudaMemcpyDeviceToHost, im->stream));
+  CU_TRY("download_raw", cudaStreamSynchronize(im->stream));
+  return RA_OK;
+}
+
 int cu_host_alloc(ra_backend *be, size_t bytes, void **out, ra_error *err) {
   (void)be;
   *out = nullptr;
@@ -909,6 +922,7 @@ ra_backend_ops make_ops() {
   o.free = cu_free;
   o.upload = cu_upload;
   o.download = cu_download;
+  o.download_raw = cu_download_raw;
   o.host_alloc = cu_host_alloc;
   o.host_free = cu_host_free;
   o.copy = cu_copy;

@@ -54,6 +54,22 @@ static void test_host_alloc(void **state) {
   free(h);
 }
 
+/* download_raw hands the stored bytes over unconverted, and refuses a range past the tensor. */
+static void test_download_raw(void **state) {
+  (void)state;
+  ra_tensor t;
+  float *h = rand_tensor(&t, RA_DTYPE_BF16, 1, (int64_t[]){29}, 11);
+  uint16_t got[26];
+  assert_int_equal(be->ops->download_raw(be, &t, 3, got, 26, NULL), RA_OK);
+  assert_memory_equal(got, (const uint16_t *)t.data + 3, sizeof got);
+  for (int i = 0; i < 26; i++) assert_float_equal(ra_bf16_to_fp32(got[i]), h[3 + i], 0.0f);
+  ra_error err;
+  assert_int_equal(be->ops->download_raw(be, &t, 4, got, 26, &err), RA_EINVAL);
+  assert_non_null(strstr(err.msg, "outside"));
+  ra_tensor_free(&t);
+  free(h);
+}
+
 /* y = x w^T + bias + y against a double-precision reference from the stored values of w and
  * bias, which may be f16 / bf16 (the keys / queries of a half-precision cache in roar's kNN). */
 static void check_matmul(ra_dtype wdt, int64_t n) {
@@ -507,6 +523,7 @@ static void test_attn_decode_batch(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_host_alloc),
+      cmocka_unit_test(test_download_raw),
       cmocka_unit_test(test_matmul),
       cmocka_unit_test(test_rmsnorm_swiglu_get_rows),
       cmocka_unit_test(test_set_rows),

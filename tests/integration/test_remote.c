@@ -17,6 +17,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include "half.h"
 #include "harness.h"
 #include "kvdata.h"
 #include "merge.h"
@@ -155,6 +156,56 @@ static void test_full_mode_matches_direct_attention_through_decode(void **state)
   print_message("full mode after prefill: max |err| %.2e\n", e);
   assert_true(e < 1e-4);
   decode_steps(r, &f, n0, STEPS);
+  ra_remote_close(r);
+  fixture_stop(&f);
+}
+
+/* Head-major rows of layer's positions [b, e) in f16: [N_KV, e - b, HD]. */
+static uint16_t *layer_heads_f16(const kvdata *d, uint32_t layer, uint64_t b, uint64_t e, int values) {
+  uint16_t *x = malloc((e - b) * N_KV * HD * sizeof *x);
+  for (uint32_t g = 0; g < N_KV; g++) {
+    const float *src = (values ? kvdata_v(d, layer, g) : kvdata_k(d, layer, g)) + b * HD;
+    ra_fp32_to_fp16_n(src, x + (size_t)g * (e - b) * HD, (e - b) * HD);
+  }
+  return x;
+}
+
+/* put_heads of rows already in the session dtype sends them as they are: the stores attend as
+ * after an fp32 put. Rows in another 16-bit dtype are refused, and a non-finite f16 row is
+ * refused by its store, naming it, with nothing stored. */
+static void test_put_heads_in_the_session_dtype(void **state) {
+  (void)state;
+  fixture f;
+  memset(&f, 0, sizeof f);
+  fixture_start(&f);
+  ra_remote *r;
+  ra_error err;
+  ra_remote_config cfg = {.dtype = RA_DTYPE_F16, .mode = RA_MODE_FULL, .timeout_ms = 10000};
+  ok(ra_remote_open(&f.plan, HD, &cfg, &r, &err), &err);
+  const uint64_t n0 = N_TOKENS - STEPS;
+  uint64_t b, e;
+  ra_offload_plan_range(&f.plan, n0, &b, &e);
+  for (uint32_t l = 0; l < N_LAYERS; l++) {
+    uint16_t *k = layer_heads_f16(&f.d, l, b, e, 0), *v = layer_heads_f16(&f.d, l, b, e, 1);
+    if (l == 0) assert_int_equal(ra_remote_put_heads(r, l, k, v, RA_DTYPE_BF16, b, e - b, &err), RA_EINVAL);
+    ok(ra_remote_put_heads(r, l, k, v, RA_DTYPE_F16, b, e - b, &err), &err);
+    free(k);
+    free(v);
+  }
+  assert_true(check_context(r, &f, n0, 3) < 1e-4);
+  decode_steps(r, &f, n0, 2);
+  ra_remote_close(r);
+
+  ok(ra_remote_open(&f.plan, HD, &cfg, &r, &err), &err);
+  uint16_t *k = layer_heads_f16(&f.d, 0, b, e, 0), *v = layer_heads_f16(&f.d, 0, b, e, 1);
+  v[(size_t)2 * (e - b) * HD + 5 * HD + 7] = 0x7c00; /* +inf in kv head 2's sixth row */
+  assert_int_not_equal(ra_remote_put_heads(r, 0, k, v, RA_DTYPE_F16, b, e - b, &err), RA_OK);
+  print_message("a non-finite row: %s\n", err.msg);
+  char want[96];
+  snprintf(want, sizeof want, "values[5][7] (layer 0 kv head 2 position %llu) is not finite", (unsigned long long)b + 5);
+  assert_non_null(strstr(err.msg, want));
+  free(k);
+  free(v);
   ra_remote_close(r);
   fixture_stop(&f);
 }
@@ -493,6 +544,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_full_mode_matches_direct_attention_through_decode),
       cmocka_unit_test(test_flat_with_k_covering_everything_equals_full),
+      cmocka_unit_test(test_put_heads_in_the_session_dtype),
       cmocka_unit_test(test_appends_in_flight_together),
       cmocka_unit_test(test_builds_in_flight_together_and_a_refused_one_is_reported),
       cmocka_unit_test(test_store_killed_mid_decode_fails_fast_and_names_it),

@@ -189,7 +189,7 @@ static void test_upload_download(void) {
     pair p;
     const size_t n = ns[i];
     float *h = rand_vec(n, 3.0f), *c = NULL, *g = NULL;
-    void *pin = NULL;
+    void *pin = NULL, *raw = NULL;
     h[0] = 70000.0f; /* overflows f16 */
     h[1] = 1e-9f;    /* f16 subnormal / zero */
     int64_t shape[1] = {(int64_t)n};
@@ -204,7 +204,14 @@ static void test_upload_download(void) {
     TRY("download", desc, g_gpu->ops->host_alloc(g_gpu, (n + 5) * sizeof(float), &pin, &err));
     TRY("download", desc, g_gpu->ops->download(g_gpu, &p.g, 0, (float *)pin + 5, n, &err));
     report("up/download", "bits", bits_differ(c, (float *)pin + 5, n), 0, "%s, into host_alloc memory", desc);
+    /* as stored, from offset 2, into host_alloc memory (the GPU) and malloc'ed (the CPU) */
+    const size_t es = ra_dtype_size(dts[i]);
+    TRY("download_raw", desc, !(raw = malloc((n - 2) * es)) ? ra_errorf(&err, RA_ENOMEM, "no memory") : RA_OK);
+    TRY("download_raw", desc, g_cpu->ops->download_raw(g_cpu, &p.c, 2, raw, n - 2, &err));
+    TRY("download_raw", desc, g_gpu->ops->download_raw(g_gpu, &p.g, 2, pin, n - 2, &err));
+    report("download_raw", "bytes", memcmp(raw, pin, (n - 2) * es) != 0, 0, "%s", desc);
   done:
+    free(raw);
     g_gpu->ops->host_free(g_gpu, pin);
     pair_free(&p);
     free(h);
