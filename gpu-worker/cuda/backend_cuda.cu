@@ -30,6 +30,7 @@ struct cuda_impl {
   int n_sm = 0;
   int cc_major = 0; /* compute capability: PDL needs 9 */
   int gemv_max_x = RA_CUDA_GEMV_MAX_X; /* matmul: rows of x the GEMV takes (ra_backend_cuda_set_gemv_rows) */
+  int mma_max_x = RA_CUDA_MMA_MAX_X;   /* and the tensor-core kernel of a few rows (ra_backend_cuda_set_mma_rows) */
   int decode_batch_waves = RA_CUDA_DECODE_BATCH_WAVES; /* attn_decode_batch's warps (set_decode_batch_waves) */
   size_t mem_bytes = 0;
   char dev_name[256] = {0};
@@ -376,6 +377,27 @@ int cu_set_rows(ra_backend *be, ra_tensor *table, const int32_t *ids, int64_t n,
   return RA_OK;
 }
 
+/* Whether x [n, k] against weights w_i [m_i, k] (i < n_w, of one 16-bit type) take the
+ * tensor-core kernel of a few rows: past the GEMV's rows, up to mma_max_x. */
+bool mma_takes(const cuda_impl *im, int64_t n, int64_t k, int n_w, const ra_tensor *const *w) {
+  if (n <= im->gemv_max_x || n > im->mma_max_x || k % 8 != 0) return false;
+  for (int i = 0; i < n_w; i++)
+    if ((w[i]->dtype != RA_DTYPE_BF16 && w[i]->dtype != RA_DTYPE_F16) || w[i]->dtype != w[0]->dtype ||
+        !aligned16(w[i]->data))
+      return false;
+  return true;
+}
+
+/* The argument block of ra_cuda_gemm_rows for x [n, k] in w_dtype; the caller adds the weights. */
+ra_cuda_gemv_args mma_args(const cuda_impl *im, int64_t n, int64_t k, int w_dtype) {
+  ra_cuda_gemv_args a = {};
+  a.n_x = (int)n;
+  a.k = k;
+  a.w_dtype = w_dtype;
+  a.n_sm = im->n_sm;
+  return a;
+}
+
 /* y [n, m] = xb W^T (+ bias) (+ y) through cuBLAS, xb [n, k] already in W's dtype (the 16-bit
  * types; F32 with an F32 W). Column-major: y^T [m, n] = W [k, m]^T xb^T [k, n]; a bias is put
  * into y first and then accumulated with beta = 1. */
@@ -428,6 +450,18 @@ int cu_matmul(ra_backend *be, const ra_tensor *x, const ra_tensor *w, const ra_t
     if ((rc = grow(&im->xconv, (size_t)n * (size_t)k * 2, "matmul", err))) return rc;
     CU_TRY("matmul", ra_cuda_convert(im->stream, im->xconv.p, w->dtype, x->data, RA_DTYPE_F32, (size_t)n * (size_t)k));
     xb = im->xconv.p;
+  }
+  /* a batched step (up to RA_CUDA_MMA_MAX_X tokens): the tensor-core kernel of a few rows */
+  if (mma_takes(im, n, k, 1, &w)) {
+    ra_cuda_gemv_args a = mma_args(im, n, k, w->dtype);
+    a.w[0] = w->data;
+    a.bias[0] = bp;
+    a.bias_dtype[0] = bdt;
+    a.y[0] = (float *)y->data;
+    a.m[0] = m;
+    a.accumulate = accumulate;
+    CU_TRY("matmul", ra_cuda_gemm_rows(im->stream, &a, xb));
+    return RA_OK;
   }
   return blas_matmul(im, "matmul", xb, n, k, w, bias, (float *)y->data, accumulate, err);
 }
@@ -550,6 +584,18 @@ int cu_norm_matmul(ra_backend *be, const ra_tensor *x, const ra_tensor *norm_w, 
   cuda_impl *im = impl_of(be);
   if (n_out >= 1 && n_out <= 3 && gemm_inputs_ok(im, x, norm_w, n_out, w, bias, y)) {
     int rc = norm_to_xconv(im, "norm_matmul", x, norm_w, eps, w[0]->dtype, err);
+    if (rc == RA_OK && mma_takes(im, n_rows(x), last_dim(x), n_out, w)) {
+      ra_cuda_gemv_args a = mma_args(im, n_rows(x), last_dim(x), w[0]->dtype);
+      for (int i = 0; i < n_out; i++) {
+        a.w[i] = w[i]->data;
+        a.bias[i] = bias && bias[i] ? bias[i]->data : nullptr;
+        a.bias_dtype[i] = bias && bias[i] ? bias[i]->dtype : RA_DTYPE_F32;
+        a.y[i] = (float *)y[i]->data;
+        a.m[i] = n_rows(w[i]);
+      }
+      CU_TRY("norm_matmul", ra_cuda_gemm_rows(im->stream, &a, im->xconv.p));
+      return RA_OK;
+    }
     for (int i = 0; rc == RA_OK && i < n_out; i++)
       rc = blas_matmul(im, "norm_matmul", im->xconv.p, n_rows(x), last_dim(x), w[i], bias ? bias[i] : nullptr,
                        (float *)y[i]->data, 0, err);
@@ -585,6 +631,16 @@ int cu_norm_swiglu(ra_backend *be, const ra_tensor *x, const ra_tensor *norm_w, 
   ra_tensor *ys[2] = {out, up};
   if (gemm_inputs_ok(im, x, norm_w, 2, ws, nullptr, ys) && nelem(up) == nelem(out)) {
     int rc = norm_to_xconv(im, "norm_swiglu", x, norm_w, eps, w_gate->dtype, err);
+    if (rc == RA_OK && mma_takes(im, n_rows(x), last_dim(x), 2, ws)) {
+      ra_cuda_gemv_args a = mma_args(im, n_rows(x), last_dim(x), w_gate->dtype);
+      a.w[0] = w_gate->data;
+      a.w[1] = w_up->data;
+      a.y[0] = (float *)out->data;
+      a.m[0] = a.m[1] = n_rows(w_gate);
+      a.swiglu = 1;
+      CU_TRY("norm_swiglu", ra_cuda_gemm_rows(im->stream, &a, im->xconv.p));
+      return RA_OK;
+    }
     if (rc == RA_OK) rc = blas_matmul(im, "norm_swiglu", im->xconv.p, n_rows(x), last_dim(x), w_gate, nullptr,
                                       (float *)out->data, 0, err);
     if (rc == RA_OK) rc = blas_matmul(im, "norm_swiglu", im->xconv.p, n_rows(x), last_dim(x), w_up, nullptr,
@@ -1031,23 +1087,28 @@ extern "C" int ra_backend_cuda_set_pdl(ra_backend *be, int on, ra_error *err) {
   return RA_OK;
 }
 
-extern "C" int ra_backend_cuda_set_gemv_rows(ra_backend *be, int max_rows, ra_error *err) {
-  if (max_rows < 1 || max_rows > RA_CUDA_GEMV_MAX_X)
-    return ra_errorf(err, RA_EINVAL, "cuda set_gemv_rows: %d rows (1 to %d)", max_rows, RA_CUDA_GEMV_MAX_X);
-  if (!be || !be->name || strcmp(be->name, "cuda") != 0)
-    return ra_errorf(err, RA_EINVAL, "cuda set_gemv_rows: not a cuda backend");
-  impl_of(be)->gemv_max_x = max_rows;
+namespace {
+/* The measurement setters of one integer field: the value's range, then the backend's kind. */
+int set_field(ra_backend *be, const char *op, int v, int lo, int hi, const char *unit, int cuda_impl::*field,
+              ra_error *err) {
+  if (v < lo || v > hi) return ra_errorf(err, RA_EINVAL, "cuda %s: %d %s (%d to %d)", op, v, unit, lo, hi);
+  if (!be || !be->name || strcmp(be->name, "cuda") != 0) return ra_errorf(err, RA_EINVAL, "cuda %s: not a cuda backend", op);
+  impl_of(be)->*field = v;
   return RA_OK;
+}
+}  // namespace
+
+extern "C" int ra_backend_cuda_set_gemv_rows(ra_backend *be, int max_rows, ra_error *err) {
+  return set_field(be, "set_gemv_rows", max_rows, 1, RA_CUDA_GEMV_MAX_X, "rows", &cuda_impl::gemv_max_x, err);
+}
+
+extern "C" int ra_backend_cuda_set_mma_rows(ra_backend *be, int max_rows, ra_error *err) {
+  return set_field(be, "set_mma_rows", max_rows, 0, RA_CUDA_MMA_MAX_X, "rows", &cuda_impl::mma_max_x, err);
 }
 
 extern "C" int ra_backend_cuda_set_decode_batch_waves(ra_backend *be, int waves, ra_error *err) {
-  if (waves < 1 || waves > RA_CUDA_DECODE_BATCH_MAX_WAVES)
-    return ra_errorf(err, RA_EINVAL, "cuda set_decode_batch_waves: %d waves (1 to %d)", waves,
-                     RA_CUDA_DECODE_BATCH_MAX_WAVES);
-  if (!be || !be->name || strcmp(be->name, "cuda") != 0)
-    return ra_errorf(err, RA_EINVAL, "cuda set_decode_batch_waves: not a cuda backend");
-  impl_of(be)->decode_batch_waves = waves;
-  return RA_OK;
+  return set_field(be, "set_decode_batch_waves", waves, 1, RA_CUDA_DECODE_BATCH_MAX_WAVES, "waves",
+                   &cuda_impl::decode_batch_waves, err);
 }
 
 extern "C" int ra_backend_cuda_set_prefill_kernel(ra_backend *be, int mode, ra_error *err) {

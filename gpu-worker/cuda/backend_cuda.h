@@ -7,7 +7,9 @@
  *   - load_weight keeps matrices as BF16 (GGUF quant types are dequantized on the device);
  *     1-row weights (norms, biases) stay F32 since element-wise ops read them at full precision.
  *   - matmul: up to RA_CUDA_GEMV_MAX_X tokens (a decode step) run a bandwidth-bound GEMV over
- *     the weights; more tokens go to cublasGemmEx with BF16 inputs and FP32 accumulation.
+ *     the weights; up to RA_CUDA_MMA_MAX_X (a batched step) a bandwidth-bound mma.sync kernel
+ *     with x rounded to BF16; more tokens go to cublasGemmEx with BF16 inputs and FP32
+ *     accumulation.
  *   - attn_prefill is a flash-attention kernel on tensor cores (BF16 operands for a BF16 cache,
  *     F16 otherwise; FP32 accumulation and softmax) for head_dim 64 and 128: warpgroup MMA
  *     (wgmma) on sm_90 for BF16/F16 caches, mma.sync elsewhere and for F32 caches; other head
@@ -22,8 +24,10 @@
 extern "C" {
 #endif
 
-/* Rows of x that matmul's GEMV takes; more go to cuBLAS (bench/results/h200/gemv-rows/). */
+/* Rows of x that matmul's GEMV takes (bench/results/h200/gemv-rows/); up to RA_CUDA_MMA_MAX_X
+ * take the tensor-core kernel of a few rows; more go to cuBLAS. */
 #define RA_CUDA_GEMV_MAX_X 3
+#define RA_CUDA_MMA_MAX_X 16
 
 /* Creates the CUDA backend on cfg->device (0 when cfg is NULL). RA_EUNAVAIL when there is no
  * usable device (no driver, no GPU, bad ordinal); err says which. */
@@ -41,6 +45,11 @@ int ra_backend_cuda_set_pdl(ra_backend *be, int on, ra_error *err);
 /* Rows of x up to which matmul takes the GEMV (1 .. RA_CUDA_GEMV_MAX_X, the default); more go to
  * cuBLAS. For measuring one path against the other. */
 int ra_backend_cuda_set_gemv_rows(ra_backend *be, int max_rows, ra_error *err);
+
+/* Rows of x up to which matmul and the fused norm + matmul ops take the tensor-core kernel of a
+ * few rows (RA_CUDA_MMA_MAX_X, the default; 0: none) past the GEMV's; more go to cuBLAS. For
+ * measuring one path against the other. */
+int ra_backend_cuda_set_mma_rows(ra_backend *be, int max_rows, ra_error *err);
 
 /* attn_decode_batch of several sequences splits each one's tokens so that the launch holds about
  * `waves` x (resident warps per SM x SMs) warps in all (bench/results/h200/decode-batch/). For

@@ -16,6 +16,7 @@
  *
  * Operands: mma.sync m16n8k16 with fp32 accumulation, BF16 for a BF16 cache (Q and P rounded
  * to BF16), F16 for F16 and F32 caches (an F32 cache is converted while it is staged). */
+#include "cuda_mma.cuh"
 #include "ra_cuda.cuh"
 
 #include <math.h>
@@ -37,36 +38,6 @@ template <int D> constexpr size_t smem_bytes() {
   return (size_t)(kRows + 4 * kBK) * ld_smem<D>() * 2; /* Q, then K and V of 2 stages */
 }
 
-/* The operand type's two primitives: a pair of floats rounded into one 32-bit register, and
- * C += A B on one m16n8k16 tile (A 4, B 2 registers of packed pairs; C 4 floats). */
-#define RA_MMA_16816(T)                                                                                        \
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." T "." T ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, " \
-               "{%0,%1,%2,%3};\n"                                                                             \
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                               \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
-template <typename MT> struct mma_traits {
-  static __device__ __forceinline__ uint32_t pack(float x, float y) {
-    if constexpr (std::is_same<MT, __half>::value) {
-      __half2 h = __floats2half2_rn(x, y);
-      return *(uint32_t *)&h;
-    } else {
-      __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-      return *(uint32_t *)&h;
-    }
-  }
-  static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    if constexpr (std::is_same<MT, __half>::value)
-      RA_MMA_16816("f16");
-    else
-      RA_MMA_16816("bf16");
-  }
-  /* two n8 tiles: c0 += A B0, c1 += A B1 with b = an ldmatrix x4 of B0 (b[0..1]), B1 (b[2..3]) */
-  static __device__ __forceinline__ void mma_n16(float c0[4], float c1[4], const uint32_t a[4], const uint32_t b[4]) {
-    mma(c0, a, b[0], b[1]);
-    mma(c1, a, b[2], b[3]);
-  }
-};
-#undef RA_MMA_16816
 
 __device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
@@ -119,11 +90,11 @@ __device__ __forceinline__ void stage_tile(const KT *__restrict__ kh, const KT *
         ra_cuda_load8(kp + off, f);
         uint32_t *u = (uint32_t *)&ku;
 #pragma unroll
-        for (int j = 0; j < 4; j++) u[j] = mma_traits<MT>::pack(f[2 * j], f[2 * j + 1]);
+        for (int j = 0; j < 4; j++) u[j] = ra_mma_traits<MT>::pack(f[2 * j], f[2 * j + 1]);
         ra_cuda_load8(vp + off, f);
         u = (uint32_t *)&vu;
 #pragma unroll
-        for (int j = 0; j < 4; j++) u[j] = mma_traits<MT>::pack(f[2 * j], f[2 * j + 1]);
+        for (int j = 0; j < 4; j++) u[j] = ra_mma_traits<MT>::pack(f[2 * j], f[2 * j + 1]);
       }
       *(uint4 *)(Ks + (t0 + i * RSTEP) * LD + c) = ku;
       *(uint4 *)(Vs + (t0 + i * RSTEP) * LD + c) = vu;
@@ -160,8 +131,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
     if (pl < np) v = __ldg((const float4 *)(q + ((i0 + pl) * hq + (int64_t)kvh * G + r % G) * D + c));
     uint2 u;
-    u.x = mma_traits<MT>::pack(v.x, v.y);
-    u.y = mma_traits<MT>::pack(v.z, v.w);
+    u.x = ra_mma_traits<MT>::pack(v.x, v.y);
+    u.y = ra_mma_traits<MT>::pack(v.z, v.w);
     *(uint2 *)(Qs + r * LD + c) = u;
   }
 
@@ -218,7 +189,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         uint32_t b[4];
         ldsm_x4(b, smem_addr(Ks + j * 16 * LD + kk * 16 + k_off));
 #pragma unroll
-        for (int mt = 0; mt < kMT; mt++) mma_traits<MT>::mma_n16(s[mt][2 * j], s[mt][2 * j + 1], qf[mt], b);
+        for (int mt = 0; mt < kMT; mt++) ra_mma_traits<MT>::mma_n16(s[mt][2 * j], s[mt][2 * j + 1], qf[mt], b);
       }
     }
 
@@ -264,8 +235,8 @@ __global__ void __launch_bounds__(kThreads, 2)
         const float p2 = ex2(s[mt][j][2] - mb[1]), p3 = ex2(s[mt][j][3] - mb[1]);
         ls[0] += p0 + p1;
         ls[1] += p2 + p3;
-        pa[mt][j / 2][(j & 1) * 2] = mma_traits<MT>::pack(p0, p1);
-        pa[mt][j / 2][(j & 1) * 2 + 1] = mma_traits<MT>::pack(p2, p3);
+        pa[mt][j / 2][(j & 1) * 2] = ra_mma_traits<MT>::pack(p0, p1);
+        pa[mt][j / 2][(j & 1) * 2 + 1] = ra_mma_traits<MT>::pack(p2, p3);
       }
       l[mt][0] = l[mt][0] * alpha[0] + ls[0];
       l[mt][1] = l[mt][1] * alpha[1] + ls[1];
@@ -288,7 +259,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         uint32_t b[4];
         ldsm_x4_t(b, smem_addr(Vs + kt * 16 * LD + j * 16 + v_off));
 #pragma unroll
-        for (int mt = 0; mt < kMT; mt++) mma_traits<MT>::mma_n16(o[mt][2 * j], o[mt][2 * j + 1], pa[mt][kt], b);
+        for (int mt = 0; mt < kMT; mt++) ra_mma_traits<MT>::mma_n16(o[mt][2 * j], o[mt][2 * j + 1], pa[mt][kt], b);
       }
     }
   };

@@ -200,6 +200,11 @@ cudaError_t ra_cuda_gemv_fused(cudaStream_t s, const ra_cuda_gemv_args *a);
  * (checked by the caller). */
 cudaError_t ra_cuda_gemv(cudaStream_t s, int n_sm, const void *w, int w_dtype, const float *x, int n_x,
                          const void *bias, int bias_dtype, float *y, int64_t m, int64_t k, int accumulate);
+/* The fused GEMV's plain, segmented and swiglu forms (no norm) for x of 1 <= n_x <=
+ * RA_CUDA_MMA_MAX_X rows on tensor cores (cuda_gemm_rows.cu): xh [n_x, k] of w_dtype (x rounded
+ * to the weights' type, as cuBLAS takes it), y_s [n_x, m_s]; a->x is not read. Needs k % 8 == 0
+ * and 16-byte aligned w and xh (checked by the caller). */
+cudaError_t ra_cuda_gemm_rows(cudaStream_t s, const ra_cuda_gemv_args *a, const void *xh);
 /* y = x / sqrt(mean(x^2) + eps) * w.  x, y: [n, d] F32 (may alias), w: [d] of w_dtype */
 cudaError_t ra_cuda_rmsnorm(cudaStream_t s, const float *x, const void *w, int w_dtype, float eps, float *y, int64_t n,
                             int64_t d);

@@ -8,10 +8,10 @@
  *              B caches) over its time
  *   attention  attn_decode_batch of the B sequences over one layer's caches, alone, per --waves
  *   matmul     a layer's seven matmuls with x of B rows, alone (the GEMV up to
- *              RA_CUDA_GEMV_MAX_X rows, cuBLAS above)
+ *              RA_CUDA_GEMV_MAX_X rows, the tensor-core kernel up to --mma-rows, cuBLAS above)
  *
  * Usage: cuda-batch-bench [--batches 1,4,16] [--waves 1,2,4,8] [--ctx 32768] [--steps 20]
- *                         [--warmup 3] [--layers 32] [--device 0] [--json FILE]
+ *                         [--warmup 3] [--layers 32] [--mma-rows 16] [--device 0] [--json FILE]
  * Exit 0 on success, 1 on an error, 2 on bad options, 77 without a CUDA device. */
 #include "backend.h"
 #include "backend_cuda.h"
@@ -31,7 +31,7 @@ enum { MAX_LIST = 8, MAX_B = 32 };
 typedef struct opts {
   int64_t batches[MAX_LIST], waves[MAX_LIST];
   int n_batches, n_waves;
-  int64_t ctx, steps, warmup, layers, device;
+  int64_t ctx, steps, warmup, layers, mma_rows, device;
   const char *json;
 } opts;
 
@@ -55,6 +55,8 @@ static const ra_opt opt_rows[] = {
     {"steps", RA_OPT_INT, AT(steps), .lo = 5, .hi = 10000, .meta = "N", .help = "timed steps per setting"},
     {"warmup", RA_OPT_INT, AT(warmup), .lo = 1, .hi = 1000, .meta = "N", .help = "untimed steps first"},
     {"layers", RA_OPT_INT, AT(layers), .lo = 1, .hi = 32, .meta = "N", .help = "layers of the model"},
+    {"mma-rows", RA_OPT_INT, AT(mma_rows), .lo = 0, .hi = RA_CUDA_MMA_MAX_X, .meta = "N",
+     .help = "rows of x up to which matmuls take the tensor-core kernel (0: cuBLAS past the GEMV)"},
     {"device", RA_OPT_INT, AT(device), .lo = 0, .hi = 1024, .meta = "N", .help = "CUDA device"},
     {"json", RA_OPT_STRING, AT(json), .meta = "FILE", .help = "also write the JSON there"},
 };
@@ -62,7 +64,7 @@ static const ra_opt opt_rows[] = {
 
 static int parse_opts(int argc, char **argv, opts *o) {
   *o = (opts){.batches = {1, 4, 16}, .n_batches = 3, .waves = {1, 2, 4, 8}, .n_waves = 4, .ctx = 32768,
-              .steps = 20, .warmup = 3, .layers = 32};
+              .steps = 20, .warmup = 3, .layers = 32, .mma_rows = RA_CUDA_MMA_MAX_X};
   ra_opts_table t = {opt_rows, RA_OPTS_COUNT(opt_rows), o, NULL};
   ra_opts_set set = {&t, 1, NULL, 0};
   ra_error err;
@@ -253,8 +255,10 @@ static void write_json(FILE *f, const bench *bn, const char *dev, const step_res
           "  \"model\": {\"geometry\": \"llama3-8b\", \"weights\": \"random BF16\", \"n_layers\": %d, \"kv_dtype\": "
           "\"bf16\"},\n  \"context\": %lld,\n  \"kv_cache\": \"random data of the right shape, no real prefill\",\n"
           "  \"path\": \"ra_batch_forward (serve's full-mode step), one token per sequence\",\n"
-          "  \"warmup_steps\": %lld,\n  \"timed_steps\": %lld,\n  \"default_waves\": %d,\n  \"steps\": [\n",
-          c->n_layers, (long long)o->ctx, (long long)o->warmup, (long long)o->steps, RA_CUDA_DECODE_BATCH_WAVES);
+          "  \"warmup_steps\": %lld,\n  \"timed_steps\": %lld,\n  \"default_waves\": %d,\n  \"mma_rows\": %lld,\n"
+          "  \"steps\": [\n",
+          c->n_layers, (long long)o->ctx, (long long)o->warmup, (long long)o->steps, RA_CUDA_DECODE_BATCH_WAVES,
+          (long long)o->mma_rows);
   for (int i = 0; i < n_res; i++) {
     const step_result *r = &res[i];
     fprintf(f,
@@ -268,7 +272,8 @@ static void write_json(FILE *f, const bench *bn, const char *dev, const step_res
   fprintf(f, "  ],\n  \"matmul\": [\n");
   for (int i = 0; i < o->n_batches; i++)
     fprintf(f, "    {\"rows\": %lld, \"path\": \"%s\", \"layer_us\": %.2f, \"gbps\": %.1f}%s\n",
-            (long long)o->batches[i], o->batches[i] <= RA_CUDA_GEMV_MAX_X ? "gemv" : "cublas", mm_us[i],
+            (long long)o->batches[i],
+            o->batches[i] <= RA_CUDA_GEMV_MAX_X ? "gemv" : o->batches[i] <= o->mma_rows ? "mma" : "cublas", mm_us[i],
             mm_bytes / (mm_us[i] * 1e-6) / 1e9, i + 1 < o->n_batches ? "," : "");
   fprintf(f, "  ]\n}\n");
 }
@@ -292,6 +297,11 @@ int main(int argc, char **argv) {
   }
   char dev[256];
   ra_backend_cuda_device_info(bn.be, dev, sizeof dev, NULL, NULL, NULL);
+  if ((rc = ra_backend_cuda_set_mma_rows(bn.be, (int)o.mma_rows, &err))) {
+    fprintf(stderr, "cuda-batch-bench: %s\n", err.msg);
+    ra_backend_destroy(bn.be);
+    return 1;
+  }
   ra_model_config mc;
   ra_model *m = NULL;
   step_result res[MAX_LIST * MAX_LIST];

@@ -11,10 +11,11 @@
  *            tokens/s.
  *            Each context runs twice: kernels launched the plain way, then with programmatic
  *            dependent launch (the backend's default on sm_90), and reports both.
- *   rows     a layer's seven matmuls with x of 1..8 rows (a decode step of several tokens: retro's
- *            corrected rows, a serve step's sequences): us per layer through the GEMV (up to
- *            RA_CUDA_GEMV_MAX_X rows) and through cuBLAS (ra_backend_cuda_set_gemv_rows 1), and
- *            each path's GB/s of weights.
+ *   rows     a layer's seven matmuls with x of 1..16 rows (a decode step of several tokens:
+ *            retro's corrected rows, a serve step's sequences): us per layer through the GEMV (up
+ *            to RA_CUDA_GEMV_MAX_X rows), the tensor-core kernel of a few rows (up to
+ *            RA_CUDA_MMA_MAX_X) and cuBLAS (set_gemv_rows 1, set_mma_rows 0), and each path's
+ *            GB/s of weights.
  *   kernels  every GEMV shape of a step and attn_decode at 8K / 32K alone (us, GB/s); each
  *            decode result's other_ms is the step time these do not explain (small kernels,
  *            launch gaps). It can be negative: inside a step each kernel overlaps its
@@ -56,14 +57,14 @@ typedef struct prefill_result {
   double seconds, tok_per_s, first_chunk_ms, last_chunk_ms;
 } prefill_result;
 
-enum { N_GEMV = 8, N_CTX = 2, N_ROWS = 8 };
+enum { N_GEMV = 8, N_CTX = 2, N_ROWS = RA_CUDA_MMA_MAX_X };
 static const char *const kGemvNames[N_GEMV] = {"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "output"};
 
 typedef struct kernel_times {
   int64_t gemv_m[N_GEMV], gemv_k[N_GEMV];
   double gemv_bytes[N_GEMV], gemv_us[N_GEMV];
   /* the layer's matmuls with x [n, k] at [n - 1]: through the GEMV (0 past its rows), cuBLAS */
-  double rows_gemv_us[N_ROWS], rows_blas_us[N_ROWS], layer_bytes;
+  double rows_gemv_us[N_ROWS], rows_mma_us[N_ROWS], rows_blas_us[N_ROWS], layer_bytes;
   int64_t attn_ctx[N_CTX];
   double attn_bytes[N_CTX], attn_us[N_CTX];
   double attn1_us[N_CTX]; /* the same bytes as one kv head (4 q heads) of 8x the tokens */
@@ -220,7 +221,7 @@ static int run_kernels(ra_backend *be, const ra_model *m, ra_cuda_timer *tm, ker
     goto done;
   kt->layer_bytes = 0.0;
   for (int n = 1; n <= N_ROWS; n++) {
-    kt->rows_gemv_us[n - 1] = kt->rows_blas_us[n - 1] = 0.0;
+    kt->rows_gemv_us[n - 1] = kt->rows_mma_us[n - 1] = kt->rows_blas_us[n - 1] = 0.0;
     for (int i = 0; i < N_GEMV; i++) {
       /* views of the shared buffers with this matrix's shapes */
       ra_tensor xv = x, yv = y;
@@ -233,12 +234,16 @@ static int run_kernels(ra_backend *be, const ra_model *m, ra_cuda_timer *tm, ker
       double us;
       if (n > 1 && i == N_GEMV - 1) break; /* the output matrix: the last token's logits only */
       if (n > 1) {
-        if (n <= RA_CUDA_GEMV_MAX_X) {
-          if ((rc = ra_bench_time_op(tm, be, gemv_op, &g, &us, err))) goto done;
+        /* the default path: the GEMV up to its rows, then the mma kernel */
+        if ((rc = ra_bench_time_op(tm, be, gemv_op, &g, &us, err))) goto done;
+        if (n <= RA_CUDA_GEMV_MAX_X)
           kt->rows_gemv_us[n - 1] += us;
-        }
-        if ((rc = ra_backend_cuda_set_gemv_rows(be, 1, err)) == RA_OK) rc = ra_bench_time_op(tm, be, gemv_op, &g, &us, err);
+        else
+          kt->rows_mma_us[n - 1] += us;
+        if ((rc = ra_backend_cuda_set_gemv_rows(be, 1, err)) == RA_OK) rc = ra_backend_cuda_set_mma_rows(be, 0, err);
+        if (rc == RA_OK) rc = ra_bench_time_op(tm, be, gemv_op, &g, &us, err);
         if (rc == RA_OK) rc = ra_backend_cuda_set_gemv_rows(be, RA_CUDA_GEMV_MAX_X, err);
+        if (rc == RA_OK) rc = ra_backend_cuda_set_mma_rows(be, RA_CUDA_MMA_MAX_X, err);
         if (rc) goto done;
         kt->rows_blas_us[n - 1] += us;
         continue;
@@ -327,11 +332,15 @@ static void write_json(FILE *f, const opts *o, const char *dev, int n_sm, const 
             (long long)pf->ctx, pf->chunk, pf->seconds, pf->tok_per_s, pf->first_chunk_ms, pf->last_chunk_ms);
   fprintf(f, "  \"rows\": [\n");
   for (int n = 1; n <= N_ROWS; n++) {
-    const double g = kt->rows_gemv_us[n - 1], b = kt->rows_blas_us[n - 1], one = kt->rows_gemv_us[0];
+    const double g = kt->rows_gemv_us[n - 1], t = kt->rows_mma_us[n - 1], b = kt->rows_blas_us[n - 1],
+                 one = kt->rows_gemv_us[0];
     fprintf(f, "    {\"rows\": %d", n);
     if (g > 0)
       fprintf(f, ", \"gemv_layer_us\": %.2f, \"gemv_vs_one_row\": %.3f, \"gemv_gbps\": %.1f", g, g / one,
               kt->layer_bytes / (g * 1e-6) / 1e9);
+    if (t > 0)
+      fprintf(f, ", \"mma_layer_us\": %.2f, \"mma_vs_one_row\": %.3f, \"mma_gbps\": %.1f", t, t / one,
+              kt->layer_bytes / (t * 1e-6) / 1e9);
     if (b > 0)
       fprintf(f, ", \"cublas_layer_us\": %.2f, \"cublas_vs_one_row\": %.3f, \"cublas_gbps\": %.1f", b, b / one,
               kt->layer_bytes / (b * 1e-6) / 1e9);

@@ -473,8 +473,9 @@ static void test_matmul_case(const mm_case *mc) {
     }
   /* which CUDA path ran decides the bound (see the top of the file) */
   int gemv = n <= RA_CUDA_GEMV_MAX_X && mc->wkind != W_F32 && k % 8 == 0;
+  int mma = !gemv && n <= RA_CUDA_MMA_MAX_X && mc->wkind != W_F32 && k % 8 == 0;
   double tol = (gemv || mc->wkind == W_F32) ? 1e-4 : mc->wkind == W_F16 ? 0x1p-10 : 0x1p-8;
-  report("matmul", "rel_dot", worst, tol, "%s%s", desc, gemv ? " [gemv]" : " [cublas]");
+  report("matmul", "rel_dot", worst, tol, "%s%s", desc, gemv ? " [gemv]" : mma ? " [mma]" : " [cublas]");
 done:
   ra_tensor_free(&wc);
   ra_tensor_free(&wg);
@@ -501,7 +502,11 @@ static void test_matmul(void) {
       /* GEMV of 2-3 rows of x (odd m: a short last unit), then cuBLAS past them */
       {2, 4096, 1024, 1, 1, W_LOADED},  {3, 576, 1536, 0, 0, W_LOADED},   {4, 14336, 64, 1, 0, W_LOADED},
       {4, 512, 9001, 1, 1, W_LOADED},   {3, 1536, 301, 0, 1, W_F16},      {2, 20480, 40, 0, 0, W_LOADED},
-      {2, 576, 193, 1, 1, W_LOADED},    {5, 4096, 1024, 1, 1, W_LOADED},
+      {2, 576, 193, 1, 1, W_LOADED},
+      /* the tensor-core kernel of 4-16 rows: one and two n8 tiles of x, 16- and 32-row weight
+       * tiles (odd m: a short last tile), k not a multiple of 32, then cuBLAS past 16 */
+      {5, 4096, 1024, 1, 1, W_LOADED},  {8, 584, 301, 1, 1, W_LOADED},   {9, 1536, 16392, 0, 0, W_F16},
+      {16, 14336, 520, 1, 0, W_LOADED}, {12, 576, 193, 0, 1, W_F16},     {16, 512, 9001, 1, 1, W_LOADED},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_matmul_case(&cases[i]);
 }
@@ -653,6 +658,11 @@ static int weight_pair(int f16, int64_t m, int64_t k, float scale, ra_tensor *wc
   return rc;
 }
 
+/* The path a fused norm + matmul op of n rows takes on CUDA. */
+static const char *gemm_path(int64_t n) {
+  return n == 1 ? " [fused]" : n <= RA_CUDA_GEMV_MAX_X ? " [sequence]" : n <= RA_CUDA_MMA_MAX_X ? " [mma]" : " [gemm]";
+}
+
 static void test_norm_matmul(void) {
   ra_error err;
   const struct {
@@ -662,7 +672,8 @@ static void test_norm_matmul(void) {
       {1, 4096, {4096, 1024, 1024}, 3, 0, 0}, {1, 576, {576, 192, 192}, 3, 1, 0}, {1, 256, {40, 0, 0}, 1, 1, 1},
       {1, 20480, {16, 8, 0}, 2, 0, 0} /* x beyond shared memory: the sequence */,
       {3, 256, {64, 32, 32}, 3, 1, 0} /* GEMV rows: the sequence */,
-      {16, 4096, {4096, 1024, 1024}, 3, 0, 0} /* serve's 16 sequences: norm into the GEMM's input */,
+      {16, 4096, {4096, 1024, 1024}, 3, 0, 0} /* serve's 16 sequences: norm into the mma kernel's input */,
+      {5, 584, {576, 197, 192}, 3, 1, 1} /* the mma kernel: segments off its tiles, F16, biases */,
       {37, 576, {576, 192, 192}, 3, 1, 1} /* prefill rows, F16, biases */,
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -710,9 +721,9 @@ static void test_norm_matmul(void) {
     for (int o = 0; o < no; o++) {
       TRY("norm_matmul", desc, fetch_pair(&py[o], &c, &g, &err));
       /* one row: the fused GEMV (fp32 x); 2-3: the sequence's GEMVs; more: the norm written in the
-       * weights' type into cuBLAS (x rounded to BF16/FP16) */
+       * weights' type into the mma kernel (up to 16 rows) or cuBLAS (x rounded to BF16/FP16) */
       report("norm_matmul", "rel", max_rel(c, g, (size_t)(n * cases[i].m[o])), n == 1 ? 1e-4 : 0x1p-8, "y%d %s%s", o,
-             desc, n == 1 ? " [fused]" : n <= RA_CUDA_GEMV_MAX_X ? " [sequence]" : " [gemm]");
+             desc, gemm_path(n));
       free(c);
       free(g);
       c = g = NULL;
@@ -740,7 +751,8 @@ static void test_norm_swiglu(void) {
     int64_t n, k, ffn;
     int f16;
   } cases[] = {{1, 4096, 14336, 0}, {1, 576, 1536, 1}, {2, 576, 1536, 0} /* GEMV rows: the sequence */,
-               {16, 4096, 14336, 0} /* norm into the GEMM's input */, {37, 576, 1536, 1}};
+               {16, 4096, 14336, 0} /* norm into the mma kernel's input */,
+               {6, 576, 1537, 1} /* the mma kernel, a short last tile */, {37, 576, 1536, 1}};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     int64_t n = cases[i].n, k = cases[i].k, f = cases[i].ffn;
     char desc[112];
@@ -769,8 +781,7 @@ static void test_norm_swiglu(void) {
     TRY("norm_swiglu", desc, g_cpu->ops->norm_swiglu(g_cpu, &px.c, &pn.c, 1e-5f, &pxn.c, &gc, &uc, &pu.c, &po.c, &err));
     TRY("norm_swiglu", desc, g_gpu->ops->norm_swiglu(g_gpu, &px.g, &pn.g, 1e-5f, &pxn.g, &gg, &ug, &pu.g, &po.g, &err));
     TRY("norm_swiglu", desc, fetch_pair(&po, &c, &g, &err));
-    report("norm_swiglu", "rel", max_rel(c, g, (size_t)(n * f)), n == 1 ? 1e-4 : 0x1p-8, "%s%s", desc,
-           n == 1 ? " [fused]" : n <= RA_CUDA_GEMV_MAX_X ? " [sequence]" : " [gemm]");
+    report("norm_swiglu", "rel", max_rel(c, g, (size_t)(n * f)), n == 1 ? 1e-4 : 0x1p-8, "%s%s", desc, gemm_path(n));
   done:
     ra_tensor_free(&gc);
     ra_tensor_free(&gg);
