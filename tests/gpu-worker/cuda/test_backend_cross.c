@@ -209,7 +209,8 @@ static void test_upload_download(void) {
     TRY("download_raw", desc, !(raw = malloc((n - 2) * es)) ? ra_errorf(&err, RA_ENOMEM, "no memory") : RA_OK);
     TRY("download_raw", desc, g_cpu->ops->download_raw(g_cpu, &p.c, 2, raw, n - 2, &err));
     TRY("download_raw", desc, g_gpu->ops->download_raw(g_gpu, &p.g, 2, pin, n - 2, &err));
-    report("download_raw", "bytes", memcmp(raw, pin, (n - 2) * es) != 0, 0, "%s", desc);
+    report("download_raw", "bytes", memcmp(raw, pin, (n - 2) * es) != 0, 0, "%s n=%zu, from element 2",
+           dt_name(dts[i]), n);
   done:
     free(raw);
     g_gpu->ops->host_free(g_gpu, pin);
