@@ -49,7 +49,7 @@ typedef struct opts {
   const char *stores, *shard_map, *save_context, *context, *spare_stores;
   const char *listen, *ready_file, *model_name; /* serve */
   int max_seqs, max_cached, max_conns, drain_ms, attend_batch;
-  uint64_t max_body;
+  uint64_t max_body, kv_budget;
   double cache_ttl;
   const char *store_tls_ca, *store_tls_cert, *store_tls_key, *auth_token_file;
   ra_offload_config off; /* mode == RA_MODE_FULL: no offload */
@@ -248,6 +248,10 @@ static const ra_opt rows[] = {
      .scope = SERVE},
     {"max-cached", RA_OPT_INT, AT(max_cached), .lo = 0, .hi = 4096, .meta = "N",
      .help = "serve: finished contexts kept for reuse by a request that extends them (LRU); 0: no reuse",
+     .scope = SERVE},
+    {"kv-budget", RA_OPT_SIZE, AT(kv_budget), .ulo = 0, .uhi = 1ull << 50, .meta = "BYTES",
+     .help = "serve: device memory the contexts may hold (K/M/G); a request that finds none waits for a "
+             "running one to end; 0: all the device has",
      .scope = SERVE},
     {"cache-ttl", RA_OPT_FLOAT, AT(cache_ttl), .flo = 0, .fhi = 1e9, .meta = "S",
      .help = "serve: seconds a finished context is kept", .scope = SERVE},
@@ -790,7 +794,7 @@ static int cmd_serve(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_err
       .max_conns = o->max_conns, .drain_timeout_ms = o->drain_ms, .weight_bytes = weight_bytes(m),
       .sched = {.m = m, .tok = tok, .off = o->off, .plan = with_stores ? &plan : NULL, .max_seqs = o->max_seqs,
                 .max_ctx = o->ctx ? o->ctx : 2048, .prefill_chunk = o->batch, .max_cached = o->max_cached,
-                .cache_ttl_s = o->cache_ttl, .kv_dtype = o->kv_dtype, .top_k = o->top_k,
+                .kv_budget = (size_t)o->kv_budget, .cache_ttl_s = o->cache_ttl, .kv_dtype = o->kv_dtype, .top_k = o->top_k,
                 .attend_batch = o->attend_batch}};
   rc = ra_serve_run(&sc, err);
   ra_offload_plan_free(&plan);

@@ -58,6 +58,10 @@ struct ra_sched {
   pthread_cond_t cv, idle_cv;
   int stop, draining, n_live;
   ra_sched_req *queue, *queue_tail; /* submitted, not yet joined */
+  ra_sched_req *waiting, *waiting_tail; /* joined while no fresh context fitted: retried, in
+                                         * order, once a context is freed (the engine's own) */
+  int freed;                        /* a context was freed since the waiting ones last tried */
+  size_t ctx_bytes;                 /* device bytes of a fresh context, once one was made */
   seq *running, *cached;            /* lists */
   double step_end;                  /* when the last step that ran sequences ended; 0 after an idle wait */
   double forward_s, logits_s;       /* the current step's time launching its forward, waiting for topk_rows */
@@ -273,6 +277,40 @@ static void live_release(ra_sched *s) {
   pthread_mutex_unlock(&s->mu);
 }
 
+/* Device bytes of the running and cached contexts. */
+static size_t contexts_bytes(const ra_sched *s) {
+  size_t b = 0;
+  for (const seq *q = s->running; q; q = q->next) b += seq_kv_bytes(q);
+  for (const seq *q = s->cached; q; q = q->next) b += seq_kv_bytes(q);
+  return b;
+}
+
+/* A fresh context within the device memory for contexts (cfg.kv_budget; the device's own
+ * memory otherwise): idle cached contexts are freed for it, least recently used first. RA_ENOMEM
+ * when it does not fit beside the running ones. */
+static int seq_fresh(ra_sched *s, seq **out, ra_error *err) {
+  /* an idle context goes first to make room for a fresh one, LRU */
+  cache_evict(s, s->cfg.max_cached - 1 > 0 ? s->cfg.max_cached - 1 : 0, ra_clock_now_s());
+  for (;;) {
+    const size_t used = contexts_bytes(s);
+    int rc = RA_OK;
+    if (s->cfg.kv_budget && s->ctx_bytes && used + s->ctx_bytes > s->cfg.kv_budget)
+      rc = ra_errorf(err, RA_ENOMEM, "serve: a context takes %zu bytes of device memory, %zu of the --kv-budget %zu "
+                     "are held", s->ctx_bytes, used, s->cfg.kv_budget);
+    if (rc == RA_OK) rc = seq_new(s, out, err);
+    if (rc == RA_OK && !s->ctx_bytes) {
+      s->ctx_bytes = seq_kv_bytes(*out);
+      if (s->cfg.kv_budget && used + s->ctx_bytes > s->cfg.kv_budget) {
+        seq_free(*out);
+        *out = NULL;
+        continue; /* now that its size is known */
+      }
+    }
+    if (rc != RA_ENOMEM || !s->cached) return rc;
+    cache_evict(s, s->n_cached - 1, ra_clock_now_s()); /* one more idle context, and again */
+  }
+}
+
 /* ---------- the engine ---------- */
 
 /* A new request becomes a running sequence. */
@@ -281,11 +319,14 @@ static void join(ra_sched *s, ra_sched_req *r) {
   ra_error_clear(&err);
   size_t used = 0;
   seq *q = cache_take(s, r->prompt, r->n_prompt, &used);
-  int rc = RA_OK;
-  if (!q) {
-    /* a fresh context needs room: the least recently used idle ones go first */
-    cache_evict(s, s->cfg.max_cached - 1 > 0 ? s->cfg.max_cached - 1 : 0, ra_clock_now_s());
-    rc = seq_new(s, &q, &err);
+  int rc = q ? RA_OK : seq_fresh(s, &q, &err);
+  if (rc == RA_ENOMEM && s->running) {
+    /* the device holds no more contexts now: the request waits for a running one to end */
+    r->next = NULL;
+    if (s->waiting_tail) s->waiting_tail->next = r;
+    else s->waiting = r;
+    s->waiting_tail = r;
+    return;
   }
   size_t need = r->n_prompt + (size_t)r->p.max_tokens + 1;
   if (rc == RA_OK && need > q->cap) {
@@ -322,6 +363,7 @@ static void leave(ra_sched *s, seq *q, const char *finish, int code, const char 
   q->next = NULL;
   ra_sched_req *r = q->req;
   int cancelled = req_cancelled(r);
+  s->freed = 1;
   live_release(s);
   req_finish(r, finish, code, msg);
   seq_retire(s, q, code == RA_OK && !cancelled);
@@ -526,7 +568,7 @@ static void *engine(void *arg) {
   ra_sched *s = arg;
   for (;;) {
     pthread_mutex_lock(&s->mu);
-    while (!s->stop && !s->queue && !s->running) {
+    while (!s->stop && !s->queue && !s->running && !s->waiting) {
       struct timespec ts;
       clock_gettime(CLOCK_REALTIME, &ts);
       ts.tv_sec += 1;
@@ -538,6 +580,28 @@ static void *engine(void *arg) {
     s->queue = s->queue_tail = NULL;
     int stop = s->stop;
     pthread_mutex_unlock(&s->mu);
+    /* the waiting go first, in order, when a context was freed (or none runs: then one that
+     * does not fit alone fails); a cancelled one leaves now */
+    if (s->waiting && (s->freed || !s->running || stop)) {
+      s->waiting_tail->next = joining;
+      joining = s->waiting;
+      s->waiting = s->waiting_tail = NULL;
+      s->freed = 0;
+    } else {
+      for (ra_sched_req **pr = &s->waiting; *pr;) {
+        ra_sched_req *r = *pr;
+        if (!req_cancelled(r)) {
+          pr = &r->next;
+          continue;
+        }
+        *pr = r->next;
+        live_release(s);
+        req_finish(r, NULL, RA_ECANCELED, "serve: the client went away");
+        req_unref(r);
+      }
+      s->waiting_tail = NULL;
+      for (ra_sched_req *r = s->waiting; r; r = r->next) s->waiting_tail = r;
+    }
     while (joining) {
       ra_sched_req *r = joining;
       joining = r->next;
@@ -601,6 +665,17 @@ int ra_sched_new(const ra_sched_config *cfg, ra_sched **out, ra_error *err) {
                       cfg->max_seqs, &s->batch, err);
   if (rc == RA_OK && cfg->attend_batch && ra_mode_uses_stores(cfg->off.mode))
     rc = ra_remote_batch_new(&s->attend_batch, err);
+  if (rc == RA_OK && cfg->kv_budget && cfg->off.mode == RA_MODE_FULL) {
+    /* a budget that holds no context is refused here, not at every request (an offload
+     * context's size is known at its first, without reaching the stores now) */
+    seq *q = NULL;
+    rc = seq_new(s, &q, err);
+    if (rc == RA_OK) s->ctx_bytes = seq_kv_bytes(q);
+    seq_free(q);
+    if (rc == RA_OK && s->ctx_bytes > cfg->kv_budget)
+      rc = ra_errorf(err, RA_EINVAL, "serve: --kv-budget %zu bytes holds no context: one of %lld tokens takes %zu",
+                     cfg->kv_budget, (long long)cfg->max_ctx, s->ctx_bytes);
+  }
   if (rc) {
     ra_remote_batch_free(s->attend_batch);
     ra_batch_free(s->batch);

@@ -18,7 +18,9 @@
  * the prompt (at most the prompt minus its last token, which is fed again for its logits);
  * offload modes take a cached context only when all of it is a prefix of the prompt (the
  * stores' shards cannot be truncated), and feed the rest one token per step. Only finished
- * contexts are shared, never a running one. */
+ * contexts are shared, never a running one. A request whose fresh context finds no device
+ * memory (the device's, or `kv_budget`) after the idle contexts are freed waits, in order, until
+ * a running sequence ends, rather than failing. */
 #ifndef RA_SERVE_SCHED_H
 #define RA_SERVE_SCHED_H
 
@@ -45,6 +47,10 @@ typedef struct ra_sched_config {
                                    rows of layers per step (a layer over n tokens is n rows)
                                    while others decode */
   int max_cached;               /* idle contexts kept; 0: no reuse */
+  size_t kv_budget;             /* device bytes the contexts (running and cached) may hold; 0:
+                                   the device's memory. A request whose fresh context does not
+                                   fit waits for a running sequence to end; one that fits in no
+                                   case fails (503) */
   double cache_ttl_s;           /* an idle context older than this is freed */
   ra_dtype kv_dtype;
   int top_k;                    /* candidates when sampling */

@@ -14,7 +14,7 @@ import urllib.request
 import openai
 
 RUN, PROM = sys.argv[1], sys.argv[2]
-addr = {n: open(f"{RUN}/{n}.addr").read().strip() for n in ("batch", "reuse", "flat")}
+addr = {n: open(f"{RUN}/{n}.addr").read().strip() for n in ("batch", "budget", "reuse", "flat")}
 MODEL = "smollm2"
 
 
@@ -128,6 +128,18 @@ for p, x, y in zip(prompts, alone, together):
     check(x == y and len(x) > 10, f"batched {y!r} != alone {x!r} ({p})")
 check(metric("batch", 'ra_serve_batch_sequences_bucket{le="4"}') < metric("batch", "ra_serve_batch_sequences_count"),
       "no step had more than 4 sequences")
+
+# --- a device memory budget of two contexts: four concurrent streams all finish, two at a time
+# (the others wait for a context, they do not fail), each with what it returns alone
+bu = client("budget")
+with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    within = list(pool.map(lambda p: ask(p, bu), prompts[:4]))
+for p, x, y in zip(prompts, alone, within):
+    check(x == y, f"within the budget {y!r} != alone {x!r} ({p})")
+steps = metric("budget", "ra_serve_batch_sequences_count")
+check(metric("budget", 'ra_serve_batch_sequences_bucket{le="2"}') == steps > 0, "a step ran more than 2 sequences")
+check(metric("budget", 'ra_serve_batch_sequences_bucket{le="1"}') < steps, "no step ran 2 sequences")
+check(metric("budget", 'ra_serve_requests_total{status="200"}') >= 4, "budget: requests failed")
 
 # --- malformed requests: JSON errors, and the server stays up
 bad = [

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gpu-worker serve end to end on the CPU backend with SmolLM2 and two real kv-stores on
-# loopback: three servers (full attention without context reuse, full attention with it, flat
-# over the stores), driven by Python's openai client, curl and a raw socket
+# loopback: four servers (full attention without context reuse, the same within a device
+# memory budget of two contexts, full attention with reuse, flat over the stores), driven by Python's openai client, curl and a raw socket
 # (test_gw_serve.py), and scraped by a real Prometheus when its binary is installed.
 #   test_gw_serve.sh GPU_WORKER KV_STORE MODEL
 set -euo pipefail
@@ -31,12 +31,21 @@ start_serve() { # NAME ARGS...: a server on a free port; its address in $RUN/NAM
   return 1
 }
 start_serve batch --max-cached 0 --max-seqs 8 --max-body 64K
+# --kv-budget: one that holds no context is refused at startup, naming a context's size; a
+# server whose budget holds two contexts runs four requests two at a time (test_gw_serve.py)
+rc=0
+"$GW" serve --backend cpu --threads 1 --model "$MODEL" --listen 127.0.0.1:0 --ctx 1024 --kv-budget 1M \
+  >"$RUN/nobudget.log" 2>&1 || rc=$?
+CTX_BYTES=$(sed -n 's/.*holds no context: one of 1024 tokens takes \([0-9]*\).*/\1/p' "$RUN/nobudget.log")
+[ "$rc" -ne 0 ] && [ -n "$CTX_BYTES" ] ||
+  { echo "FAIL: serve --kv-budget 1M: exit $rc, $(cat "$RUN/nobudget.log")" >&2; exit 1; }
+start_serve budget --max-cached 0 --max-seqs 8 --kv-budget $((CTX_BYTES * 5 / 2))
 start_serve reuse --max-seqs 4
 start_serve flat --mode flat --stores "$STORES" --sink 4 --window 8 --attn-top-k 4096 --max-cached 0 --max-seqs 4 --batch 16
 
 PROM=$(command -v prometheus || true)
 if ! python3 "$HERE/test_gw_serve.py" "$RUN" "$PROM"; then
-  for n in batch reuse flat; do echo "--- serve $n log:" >&2; tail -20 "$RUN/$n.log" >&2; done
+  for n in batch budget reuse flat; do echo "--- serve $n log:" >&2; tail -20 "$RUN/$n.log" >&2; done
   exit 1
 fi
 
