@@ -30,7 +30,7 @@ struct cuda_impl {
   int n_sm = 0;
   int cc_major = 0; /* compute capability: PDL needs 9 */
   int gemv_max_x = RA_CUDA_GEMV_MAX_X; /* matmul: rows of x the GEMV takes (ra_backend_cuda_set_gemv_rows) */
-  int mma_max_x = RA_CUDA_MMA_MAX_X;   /* and the tensor-core kernel of a few rows (ra_backend_cuda_set_mma_rows) */
+  int mma_max_x = RA_CUDA_MMA_DEFAULT_X;   /* and the tensor-core kernel of a few rows (ra_backend_cuda_set_mma_rows) */
   int decode_batch_waves = RA_CUDA_DECODE_BATCH_WAVES; /* attn_decode_batch's warps (set_decode_batch_waves) */
   size_t mem_bytes = 0;
   char dev_name[256] = {0};

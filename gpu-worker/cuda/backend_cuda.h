@@ -25,9 +25,12 @@ extern "C" {
 #endif
 
 /* Rows of x that matmul's GEMV takes (bench/results/h200/gemv-rows/); up to RA_CUDA_MMA_MAX_X
- * take the tensor-core kernel of a few rows; more go to cuBLAS. */
+ * can take the tensor-core kernel of a few rows, up to RA_CUDA_MMA_DEFAULT_X do by default (on
+ * the H200 it streams the weights faster than cuBLAS up to 10 rows, ties at 11 and trails from
+ * 12: gemv-rows/cuda-bench-057e4e6.json); more go to cuBLAS. */
 #define RA_CUDA_GEMV_MAX_X 3
 #define RA_CUDA_MMA_MAX_X 16
+#define RA_CUDA_MMA_DEFAULT_X 10
 
 /* Creates the CUDA backend on cfg->device (0 when cfg is NULL). RA_EUNAVAIL when there is no
  * usable device (no driver, no GPU, bad ordinal); err says which. */
@@ -47,7 +50,8 @@ int ra_backend_cuda_set_pdl(ra_backend *be, int on, ra_error *err);
 int ra_backend_cuda_set_gemv_rows(ra_backend *be, int max_rows, ra_error *err);
 
 /* Rows of x up to which matmul and the fused norm + matmul ops take the tensor-core kernel of a
- * few rows (RA_CUDA_MMA_MAX_X, the default; 0: none) past the GEMV's; more go to cuBLAS. For
+ * few rows (up to RA_CUDA_MMA_MAX_X; RA_CUDA_MMA_DEFAULT_X by default; 0: none) past the GEMV's;
+ * more go to cuBLAS. For
  * measuring one path against the other. */
 int ra_backend_cuda_set_mma_rows(ra_backend *be, int max_rows, ra_error *err);
 

@@ -11,7 +11,7 @@
  *              RA_CUDA_GEMV_MAX_X rows, the tensor-core kernel up to --mma-rows, cuBLAS above)
  *
  * Usage: cuda-batch-bench [--batches 1,4,16] [--waves 1,2,4,8] [--ctx 32768] [--steps 20]
- *                         [--warmup 3] [--layers 32] [--mma-rows 16] [--device 0] [--json FILE]
+ *                         [--warmup 3] [--layers 32] [--mma-rows 10] [--device 0] [--json FILE]
  * Exit 0 on success, 1 on an error, 2 on bad options, 77 without a CUDA device. */
 #include "backend.h"
 #include "backend_cuda.h"
@@ -64,7 +64,7 @@ static const ra_opt opt_rows[] = {
 
 static int parse_opts(int argc, char **argv, opts *o) {
   *o = (opts){.batches = {1, 4, 16}, .n_batches = 3, .waves = {1, 2, 4, 8}, .n_waves = 4, .ctx = 32768,
-              .steps = 20, .warmup = 3, .layers = 32, .mma_rows = RA_CUDA_MMA_MAX_X};
+              .steps = 20, .warmup = 3, .layers = 32, .mma_rows = RA_CUDA_MMA_DEFAULT_X};
   ra_opts_table t = {opt_rows, RA_OPTS_COUNT(opt_rows), o, NULL};
   ra_opts_set set = {&t, 1, NULL, 0};
   ra_error err;

@@ -1697,6 +1697,12 @@ int main(int argc, char **argv) {
     printf("FAIL: cuda backend: %s\n", err.msg);
     return 1;
   }
+  /* every row count the tensor-core kernel can take goes to it here, past its default */
+  if ((rc = ra_backend_cuda_set_mma_rows(g_gpu, RA_CUDA_MMA_MAX_X, &err)) != RA_OK) {
+    printf("FAIL: cuda backend: %s\n", err.msg);
+    ra_backend_destroy(g_gpu);
+    return 1;
+  }
   if ((rc = ra_backend_cpu_create(&cfg, &g_cpu, &err)) != RA_OK) {
     printf("FAIL: cpu backend: %s\n", err.msg);
     ra_backend_destroy(g_gpu);
