@@ -642,7 +642,7 @@ static void state_to_decode_size(ra_offload *o) {
 }
 
 /* After a prefill (done or failed): its pooled host buffers (six layers' K or V, pinned on CUDA: 0.8 GB at 32K
- * tokens) go too, or a server's idle sequences would hold them (the pipe is finished). */
+ * tokens in fp32, half in wave's 16-bit rows) go too, or a server's idle sequences would hold them (the pipe is finished). */
 static void kv_pool_release(ra_offload *o) {
   uv_mutex_lock(&o->kv_pool_lock);
   void *p[RA_OFFLOAD_KV_POOL];
@@ -721,7 +721,7 @@ int ra_offload_prefill_begin(ra_offload *o, const int32_t *tokens, int64_t n, ra
     rc = ra_errorf(err, RA_ENOMEM, "offload: out of memory for %lld sampled queries", (long long)pf->n_q);
   if (rc == RA_OK) rc = wave_begin(o, n, err);
   /* Two layers in flight: layer l at the stores while the device computes l + 1, and l + 1's
-   * job ready behind it (host memory: two layers' offloaded K/V in fp32). */
+   * job ready behind it (host memory: two layers' offloaded K/V, fp32 or wave's 16-bit rows). */
   if (rc == RA_OK && o->remote) rc = ra_job_pipe_start(2, &pf->pipe, err);
   if (rc == RA_OK && !pf->synthetic) rc = ra_step_begin(st, tokens, n, err);
   return rc ? prefill_finish(o, rc, NULL, err) : RA_OK;

@@ -196,12 +196,17 @@ static int seq_new(ra_sched *s, seq **out, ra_error *err) {
   return RA_OK;
 }
 
+/* Device bytes of the running and cached contexts. */
+static size_t contexts_bytes(const ra_sched *s) {
+  size_t b = 0;
+  for (const seq *q = s->running; q; q = q->next) b += seq_kv_bytes(q);
+  for (const seq *q = s->cached; q; q = q->next) b += seq_kv_bytes(q);
+  return b;
+}
+
 static void metrics_contexts(ra_sched *s) {
   ra_serve_metrics *m = s->cfg.metrics;
-  size_t kv = 0;
-  for (seq *q = s->running; q; q = q->next) kv += seq_kv_bytes(q);
-  for (seq *q = s->cached; q; q = q->next) kv += seq_kv_bytes(q);
-  ra_metric_set(m->device_bytes, "kind=\"kv\"", (double)kv);
+  ra_metric_set(m->device_bytes, "kind=\"kv\"", (double)contexts_bytes(s));
   ra_metric_set(m->cached_seqs, NULL, s->n_cached);
   pthread_mutex_lock(&s->mu);
   ra_metric_set(m->live_seqs, NULL, s->n_live);
@@ -275,14 +280,6 @@ static void live_release(ra_sched *s) {
   s->n_live--;
   pthread_cond_broadcast(&s->idle_cv);
   pthread_mutex_unlock(&s->mu);
-}
-
-/* Device bytes of the running and cached contexts. */
-static size_t contexts_bytes(const ra_sched *s) {
-  size_t b = 0;
-  for (const seq *q = s->running; q; q = q->next) b += seq_kv_bytes(q);
-  for (const seq *q = s->cached; q; q = q->next) b += seq_kv_bytes(q);
-  return b;
 }
 
 /* A fresh context within the device memory for contexts (cfg.kv_budget; the device's own
