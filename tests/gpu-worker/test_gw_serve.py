@@ -53,6 +53,33 @@ def check(cond, what):
         raise AssertionError(what)
 
 
+def post_raw(name, payload):
+    """A socket that sent POST /v1/completions with payload, for a client that goes away."""
+    host, port = addr[name].split(":")
+    body = json.dumps(payload).encode()
+    sk = socket.create_connection((host, int(port)))
+    sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    sk.settimeout(120)
+    return sk
+
+
+def read_events(sk, n):
+    """Reads a stream until it has sent n events."""
+    got = b""
+    while got.count(b"data: ") < n:
+        chunk = sk.recv(4096)
+        check(chunk, f"the server closed the stream after {got!r}")
+        got += chunk
+
+
+def wait_metric(name, series, want, timeout=30):
+    deadline = time.time() + timeout
+    while metric(name, series) != want and time.time() < deadline:
+        time.sleep(0.1)
+    return metric(name, series)
+
+
 # --- the API's listing, health
 c = client("reuse")
 check([m.id for m in c.models.list().data] == [MODEL], "models")
@@ -140,6 +167,21 @@ steps = metric("budget", "ra_serve_batch_sequences_count")
 check(metric("budget", 'ra_serve_batch_sequences_bucket{le="2"}') == steps > 0, "a step ran more than 2 sequences")
 check(metric("budget", 'ra_serve_batch_sequences_bucket{le="1"}') < steps, "no step ran 2 sequences")
 check(metric("budget", 'ra_serve_requests_total{status="200"}') >= 4, "budget: requests failed")
+# a request waiting for a context whose client goes away leaves the wait; the running ones go on
+story = {"model": MODEL, "prompt": "Tell me a long story:", "max_tokens": 400, "temperature": 0}
+running = [post_raw("budget", dict(story, stream=True)) for _ in range(2)]
+for sk in running:
+    read_events(sk, 3)
+waiter = post_raw("budget", story)
+check(wait_metric("budget", "ra_serve_live_sequences", 3) == 3, "the third request is not waiting")
+time.sleep(0.5)
+check(metric("budget", "ra_serve_live_sequences") == 3, "the waiting request ended on its own")
+waiter.close()
+check(wait_metric("budget", "ra_serve_live_sequences", 2, timeout=5) == 2, "the request that went away still waits")
+read_events(running[0], 2)  # the running ones still stream
+for sk in running:
+    sk.close()
+check(wait_metric("budget", "ra_serve_live_sequences", 0) == 0, "the running streams outlived their clients")
 
 # --- malformed requests: JSON errors, and the server stays up
 bad = [
@@ -256,18 +298,10 @@ def store_used():
 
 used0 = store_used()
 gen0 = metric("flat", "ra_serve_generated_tokens_total")
-host, port = addr["flat"].split(":")
-body = json.dumps({"model": MODEL, "prompt": "The capital of France is Paris. " * 4 + "Tell me a long story:",
-                   "max_tokens": 500, "temperature": 0, "stream": True}).encode()
-sk = socket.create_connection((host, int(port)))
-sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-           % len(body) + body)
-sk.settimeout(120)
-got = b""
-while got.count(b"data: ") < 3:
-    chunk = sk.recv(4096)
-    check(chunk, f"the server closed the stream after {got!r}")
-    got += chunk
+long_story = {"model": MODEL, "prompt": "The capital of France is Paris. " * 4 + "Tell me a long story:",
+              "max_tokens": 500, "temperature": 0}
+sk = post_raw("flat", dict(long_story, stream=True))
+read_events(sk, 3)
 check(metric("flat", "ra_serve_live_sequences") == 1, "the stream is live")
 check(store_used() > used0, f"the stores hold the stream's KV ({store_used()} vs {used0})")
 sk.close()
@@ -279,12 +313,8 @@ check(store_used() == used0, f"the stores did not free the KV: {store_used()} vs
 gen = metric("flat", "ra_serve_generated_tokens_total") - gen0
 check(gen < 500, f"the sequence ran on after the disconnect ({gen} tokens)")
 # the same for a request without streaming: the server notices the closed socket while it waits
-body = json.dumps({"model": MODEL, "prompt": "The capital of France is Paris. " * 4 + "Tell me a long story:",
-                   "max_tokens": 500, "temperature": 0}).encode()
 gen0 = metric("flat", "ra_serve_generated_tokens_total")
-sk = socket.create_connection((host, int(port)))
-sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-           % len(body) + body)
+sk = post_raw("flat", long_story)
 deadline = time.time() + 30
 while metric("flat", "ra_serve_live_sequences") == 0 and time.time() < deadline:
     time.sleep(0.05)
