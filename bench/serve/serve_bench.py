@@ -16,7 +16,9 @@ decoding (from the last stream's first token to the first stream's last token) a
 whole phase, inter-token p50 / p99, both phases' TTFT p50 / p99, and (offloaded modes) a
 sequence's mean decode step by part over the decode phase, from the server's /metrics
 (ra_serve_decode_step_seconds_total / ra_serve_store_wait_seconds_count), and the engine's mean
-step by part (ra_serve_engine_step_seconds_total / ra_serve_engine_steps_total). JSON on stdout
+step by part (ra_serve_engine_step_seconds_total / ra_serve_engine_steps_total) over the whole
+phase and over the steps where all C streams were decoding (the counters read once every stream
+has its second token and again when the first stream is two tokens from its end). JSON on stdout
 and --json.
   serve_bench.py --url http://127.0.0.1:8000 --model m [--concurrency 1,4,16,32]
                  [--prompt-tokens 32768] [--max-tokens 128] [--long-prompt-tokens N] [--label TEXT]
@@ -107,14 +109,35 @@ def step_ms(before, after, at=0):
     return {p: round((after[at][p] - before[at].get(p, 0.0)) / steps * 1e3, 3) for p in after[at]}
 
 
-def together(args, texts, max_tokens):
+def together(args, texts, max_tokens, watch=None):
+    """The streams of texts at once; watch(outs), if given, runs beside them."""
     outs = [{} for _ in texts]
     th = [threading.Thread(target=stream, args=(args.url, args.model, t, max_tokens, o)) for t, o in zip(texts, outs)]
     for t in th:
         t.start()
+    if watch:
+        watch(outs)
     for t in th:
         t.join()
     return outs
+
+
+def all_running(url, max_tokens, window):
+    """A watch for together(): the step counters once every stream has its second token, and
+    again when the first one is two tokens from its end (or ended), into window["a"], ["b"]."""
+    def done(o):
+        return "t0" in o or "error" in o
+
+    def watch(outs):
+        while not all(len(o.get("times", ())) >= 2 or done(o) for o in outs):
+            time.sleep(0.002)
+        if any(done(o) for o in outs):
+            return
+        window["a"] = step_parts(url)
+        while not any(len(o.get("times", ())) >= max_tokens - 2 or done(o) for o in outs):
+            time.sleep(0.002)
+        window["b"] = step_parts(url)
+    return watch
 
 
 def ttft(outs):
@@ -148,8 +171,9 @@ def stall(args, prompts, long_words):
 def level(args, n, words, long_words):
     prompts = [prompt(f"L{n}S{i}", words) for i in range(n)]
     warm = together(args, prompts, 1)
-    before = step_parts(args.url)
-    outs = together(args, [p + " Go on:" for p in prompts], args.max_tokens)
+    before, window = step_parts(args.url), {}
+    outs = together(args, [p + " Go on:" for p in prompts], args.max_tokens,
+                    all_running(args.url, args.max_tokens, window))
     after = step_parts(args.url)
     errors = [o["error"] for o in warm + outs if "error" in o]
     ok = [o for o in outs if o.get("times") and "error" not in o]
@@ -174,6 +198,8 @@ def level(args, n, words, long_words):
             "reuse_ttft_p50_s": pct(ttft_d, 0.5), "reuse_ttft_p99_s": pct(ttft_d, 0.99),
             "decode_steps": after[1] - before[1], "decode_step_ms": step_ms(before, after),
             "engine_steps": after[3] - before[3], "engine_step_ms": step_ms(before, after, 2),
+            "engine_steps_all_running": window["b"][3] - window["a"][3] if "b" in window else None,
+            "engine_step_ms_all_running": step_ms(window["a"], window["b"], 2) if "b" in window else None,
             "stall": stall(args, prompts, long_words) if long_words else None}
 
 

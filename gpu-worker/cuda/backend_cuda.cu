@@ -148,11 +148,18 @@ void cu_free(ra_backend *be, ra_tensor *t) {
 
 int range_ok(const ra_tensor *t, size_t off, size_t n) { return off <= nelem(t) && n <= nelem(t) - off; }
 
-int cu_upload(ra_backend *be, ra_tensor *t, size_t off, const float *src, size_t n, ra_error *err) {
-  int rc = want_tensor(t, "upload", "t", err);
+/* t a device tensor that holds elements [off, off + n): the host copies' common check */
+int check_span(const ra_tensor *t, size_t off, size_t n, const char *op, ra_error *err) {
+  int rc = want_tensor(t, op, "t", err);
   if (rc) return rc;
   if (!range_ok(t, off, n))
-    return ra_errorf(err, RA_EINVAL, "cuda upload: [%zu, +%zu) outside %zu elements", off, n, nelem(t));
+    return ra_errorf(err, RA_EINVAL, "cuda %s: [%zu, +%zu) outside %zu elements", op, off, n, nelem(t));
+  return RA_OK;
+}
+
+int cu_upload(ra_backend *be, ra_tensor *t, size_t off, const float *src, size_t n, ra_error *err) {
+  int rc = check_span(t, off, n, "upload", err);
+  if (rc) return rc;
   if (n == 0) return RA_OK;
   cuda_impl *im = impl_of(be);
   size_t es = ra_dtype_size(t->dtype);
@@ -191,10 +198,8 @@ void widen_parallel(ra_dtype dt, const void *src, float *dst, size_t n) {
 }
 
 int cu_download(ra_backend *be, const ra_tensor *t, size_t off, float *dst, size_t n, ra_error *err) {
-  int rc = want_tensor(t, "download", "t", err);
+  int rc = check_span(t, off, n, "download", err);
   if (rc) return rc;
-  if (!range_ok(t, off, n))
-    return ra_errorf(err, RA_EINVAL, "cuda download: [%zu, +%zu) outside %zu elements", off, n, nelem(t));
   cuda_impl *im = impl_of(be);
   if (n == 0) {
     CU_TRY("download", cudaStreamSynchronize(im->stream));
@@ -241,10 +246,8 @@ int cu_download(ra_backend *be, const ra_tensor *t, size_t off, float *dst, size
 }
 
 int cu_download_raw(ra_backend *be, const ra_tensor *t, size_t off, void *dst, size_t n, ra_error *err) {
-  int rc = want_tensor(t, "download_raw", "t", err);
+  int rc = check_span(t, off, n, "download_raw", err);
   if (rc) return rc;
-  if (!range_ok(t, off, n))
-    return ra_errorf(err, RA_EINVAL, "cuda download_raw: [%zu, +%zu) outside %zu elements", off, n, nelem(t));
   cuda_impl *im = impl_of(be);
   const size_t es = ra_dtype_size(t->dtype);
   if (n) CU_TRY("download_raw", cudaMemcpyAsync(dst, (const char *)t->data + off * es, n * es,

@@ -1,7 +1,8 @@
 #!/bin/sh
 # bench/serve/serve-modes.sh end to end on a random 2-layer SmolLM2-shaped model: full at 1 and
 # 2 streams, flat at 2 with two real stores; every level completes, and the offloaded level
-# reports a sequence's decode step by part from the server's /metrics (none for full); the stall
+# reports a sequence's decode step by part from the server's /metrics (none for full), full the
+# engine's step while all its streams decode; the stall
 # phase (a 300-token prompt arriving while the streams decode, prefilled in pieces of 64 tokens'
 # worth) reports its TTFT and the streams' gap across it. $1: the bin dir, $2: the tokenizer GGUF.
 set -e
@@ -24,6 +25,11 @@ for r in (full, flat):
         assert lv["decode_tok_s"] > 0, lv
 assert [lv["concurrency"] for lv in full["levels"]] == [1, 2]
 assert all(lv["decode_step_ms"] is None for lv in full["levels"]), full
+# the engine's steps while every stream decodes: 24 tokens leave ~19 steps between the second
+# token and the first stream's 22nd
+for lv in full["levels"]:
+    e = lv["engine_step_ms_all_running"]
+    assert lv["engine_steps_all_running"] >= 10 and e["step"] > 0 and e["forward"] > 0, lv
 lv = flat["levels"][0]
 p = lv["decode_step_ms"]
 assert lv["decode_steps"] >= 2 * 23, lv
