@@ -142,6 +142,17 @@ static void decode_steps(ra_remote *r, const fixture *f, uint64_t n0, int steps)
   }
 }
 
+/* The fixture's stores, a remote of cfg over them, and N_TOKENS tokens put. */
+static ra_remote *fixture_open_prefilled(fixture *f, const ra_remote_config *cfg) {
+  memset(f, 0, sizeof *f);
+  fixture_start(f);
+  ra_remote *r;
+  ra_error err;
+  ok(ra_remote_open(&f->plan, HD, cfg, &r, &err), &err);
+  prefill(r, f, N_TOKENS);
+  return r;
+}
+
 static void test_full_mode_matches_direct_attention_through_decode(void **state) {
   fixture f;
   memset(&f, 0, sizeof f);
@@ -244,13 +255,7 @@ static void test_appends_in_flight_together(void **state) {
 /* With k at least the offloaded count, exact top-k keeps every token: flat equals full. */
 static void test_flat_with_k_covering_everything_equals_full(void **state) {
   fixture f;
-  memset(&f, 0, sizeof f);
-  fixture_start(&f);
-  ra_remote *r;
-  ra_error err;
-  ra_remote_config cfg = {.dtype = RA_DTYPE_F16, .mode = RA_MODE_FLAT, .top_k = N_TOKENS};
-  ok(ra_remote_open(&f.plan, HD, &cfg, &r, &err), &err);
-  prefill(r, &f, N_TOKENS);
+  ra_remote *r = fixture_open_prefilled(&f, &(ra_remote_config){.dtype = RA_DTYPE_F16, .mode = RA_MODE_FLAT, .top_k = N_TOKENS});
   double e = check_context(r, &f, N_TOKENS, 2);
   print_message("flat k=%d: max |err| %.2e\n", N_TOKENS, e);
   assert_true(e < 1e-4);
@@ -260,13 +265,8 @@ static void test_flat_with_k_covering_everything_equals_full(void **state) {
 
 static void test_store_killed_mid_decode_fails_fast_and_names_it(void **state) {
   fixture f;
-  memset(&f, 0, sizeof f);
-  fixture_start(&f);
-  ra_remote *r;
+  ra_remote *r = fixture_open_prefilled(&f, &(ra_remote_config){.dtype = RA_DTYPE_F16, .mode = RA_MODE_FULL, .timeout_ms = 3000});
   ra_error err;
-  ra_remote_config cfg = {.dtype = RA_DTYPE_F16, .mode = RA_MODE_FULL, .timeout_ms = 3000};
-  ok(ra_remote_open(&f.plan, HD, &cfg, &r, &err), &err);
-  prefill(r, &f, N_TOKENS);
   assert_true(check_context(r, &f, N_TOKENS, 3) < 1e-4);
   kill(f.st[1].pid, SIGKILL);
   waitpid(f.st[1].pid, NULL, 0);
@@ -501,13 +501,8 @@ static void test_unreachable_store_is_named_at_open(void **state) {
  * store's reason, after the other builds in flight were collected, and stops the remote. */
 static void test_builds_in_flight_together_and_a_refused_one_is_reported(void **state) {
   fixture f;
-  memset(&f, 0, sizeof f);
-  fixture_start(&f);
-  ra_remote *r;
+  ra_remote *r = fixture_open_prefilled(&f, &(ra_remote_config){.dtype = RA_DTYPE_F16, .mode = RA_MODE_ROAR, .top_k = 50});
   ra_error err;
-  ra_remote_config cfg = {.dtype = RA_DTYPE_F16, .mode = RA_MODE_ROAR, .top_k = 50};
-  ok(ra_remote_open(&f.plan, HD, &cfg, &r, &err), &err);
-  prefill(r, &f, N_TOKENS);
   enum { NQ = 32 };
   static float qs[NQ * HD];
   /* layer 1's heads: the kv head split by token range makes two stores build one head */
