@@ -53,6 +53,8 @@ struct ra_sched {
   int vocab, k_max;
   int32_t *ids;
   float *vals;
+  ra_tensor picks; /* [max_seqs, vocab] when the model's output is wider than the tokenizer's
+                    * vocabulary: the rows' sampled columns, gathered for one topk_rows */
   pthread_t thread;
   pthread_mutex_t mu;
   pthread_cond_t cv, idle_cv;
@@ -406,19 +408,18 @@ static void sample_rows(ra_sched *s, seq *const *who, int n, const ra_tensor *lo
   ra_error err;
   int k = 1;
   for (int i = 0; i < n; i++) k = seq_k(s, who[i]) > k ? seq_k(s, who[i]) : k;
-  ra_tensor lr = ra_tensor_rows(logits, row0, n);
   /* the rows' first `vocab` columns: a padded vocabulary's tail is never sampled; such rows are
-   * not contiguous, so they take one call each */
-  const int whole = s->vocab == logits->shape[1];
+   * not contiguous, so they are gathered first (copies on the device, one wait for all) */
+  ra_tensor rows = ra_tensor_rows(logits, row0, n), picks = {0};
   int rc = RA_OK;
   double t0 = ra_clock_now_s();
-  if (whole) rc = be->ops->topk_rows(be, &lr, k, s->ids, s->vals, &err);
-  for (int i = 0; !whole && rc == RA_OK && i < n; i++) {
-    ra_tensor one = ra_tensor_rows(logits, row0 + i, 1);
-    one.shape[1] = s->vocab;
-    one.nbytes = (size_t)s->vocab * sizeof(float);
-    rc = be->ops->topk_rows(be, &one, k, s->ids + (size_t)i * (size_t)k, s->vals + (size_t)i * (size_t)k, &err);
+  if (s->vocab != logits->shape[1]) {
+    picks = ra_tensor_rows(&s->picks, 0, n);
+    for (int i = 0; rc == RA_OK && i < n; i++)
+      rc = be->ops->copy(be, &picks, (size_t)i * (size_t)s->vocab, logits,
+                         (size_t)(row0 + i) * (size_t)logits->shape[1], (size_t)s->vocab, &err);
   }
+  if (rc == RA_OK) rc = be->ops->topk_rows(be, picks.data ? &picks : &rows, k, s->ids, s->vals, &err);
   s->logits_s += ra_clock_now_s() - t0;
   for (int i = 0; i < n; i++) {
     if (rc) leave(s, who[i], NULL, rc, err.msg);
@@ -641,6 +642,16 @@ static void *engine(void *arg) {
 
 /* ---------- API ---------- */
 
+/* What ra_sched_new made before its engine started, and s. */
+static void sched_release(ra_sched *s) {
+  ra_remote_batch_free(s->attend_batch);
+  ra_batch_free(s->batch);
+  ra_tensor_free(&s->picks);
+  free(s->ids);
+  free(s->vals);
+  free(s);
+}
+
 int ra_sched_new(const ra_sched_config *cfg, ra_sched **out, ra_error *err) {
   if (cfg->max_seqs < 1 || cfg->max_seqs > 256 || cfg->max_ctx < 2 || cfg->prefill_chunk < 1 || cfg->top_k < 1)
     return ra_errorf(err, RA_EINVAL, "serve: max sequences %d (1..256), context %lld, chunk %lld, top-k %d",
@@ -662,6 +673,8 @@ int ra_sched_new(const ra_sched_config *cfg, ra_sched **out, ra_error *err) {
                       cfg->max_seqs, &s->batch, err);
   if (rc == RA_OK && cfg->attend_batch && ra_mode_uses_stores(cfg->off.mode))
     rc = ra_remote_batch_new(&s->attend_batch, err);
+  if (rc == RA_OK && s->vocab < cfg->m->cfg.vocab)
+    rc = ra_tensor_new(cfg->m->be, &s->picks, RA_DTYPE_F32, 2, (int64_t[2]){cfg->max_seqs, s->vocab}, err);
   if (rc == RA_OK && cfg->kv_budget && cfg->off.mode == RA_MODE_FULL) {
     /* a budget that holds no context is refused here, not at every request (an offload
      * context's size is known at its first, without reaching the stores now) */
@@ -674,22 +687,17 @@ int ra_sched_new(const ra_sched_config *cfg, ra_sched **out, ra_error *err) {
                      cfg->kv_budget, (long long)cfg->max_ctx, s->ctx_bytes);
   }
   if (rc) {
-    ra_remote_batch_free(s->attend_batch);
-    ra_batch_free(s->batch);
-    free(s->ids);
-    free(s->vals);
-    free(s);
+    sched_release(s);
     return rc;
   }
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->cv, NULL);
   pthread_cond_init(&s->idle_cv, NULL);
   if (pthread_create(&s->thread, NULL, engine, s) != 0) {
-    ra_remote_batch_free(s->attend_batch);
-    ra_batch_free(s->batch);
-    free(s->ids);
-    free(s->vals);
-    free(s);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    pthread_cond_destroy(&s->idle_cv);
+    sched_release(s);
     return ra_errorf(err, RA_ENOMEM, "serve: cannot start the engine thread");
   }
   *out = s;
@@ -704,14 +712,10 @@ void ra_sched_free(ra_sched *s) {
   pthread_mutex_unlock(&s->mu);
   pthread_join(s->thread, NULL);
   cache_evict(s, 0, 1e300);
-  ra_remote_batch_free(s->attend_batch);
-  ra_batch_free(s->batch);
-  free(s->ids);
-  free(s->vals);
   pthread_mutex_destroy(&s->mu);
   pthread_cond_destroy(&s->cv);
   pthread_cond_destroy(&s->idle_cv);
-  free(s);
+  sched_release(s);
 }
 
 int ra_sched_submit(ra_sched *s, const int32_t *prompt, size_t n_prompt, const ra_sched_params *p, ra_sched_req **out,

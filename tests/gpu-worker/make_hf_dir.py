@@ -4,7 +4,11 @@ config.json, model-0000N-of-0000S.safetensors + model.safetensors.index.json (F3
 dequantized values), tokenizer.json (made with the `tokenizers` package) and
 tokenizer_config.json (with the chat template).
 
-    make_hf_dir.py MODEL.gguf OUT_DIR [--shards N]
+    make_hf_dir.py MODEL.gguf OUT_DIR [--shards N] [--pad-vocab N]
+
+--pad-vocab N pads the vocabulary past the tokenizer's by N rows, as many checkpoints ship it
+(vocab_size a multiple of 64 or 128): their output rows are large random values (seeded), so
+that a pick over every logit would choose one of ids the tokenizer cannot decode.
 
 The GGUF converter permutes q/k rows for adjacent-pair RoPE; they are permuted back here, so the
 directory holds what transformers' checkpoint holds (rotate_half RoPE)."""
@@ -84,6 +88,7 @@ def main():
     ap.add_argument("gguf")
     ap.add_argument("out")
     ap.add_argument("--shards", type=int, default=2)
+    ap.add_argument("--pad-vocab", type=int, default=0)
     a = ap.parse_args()
     r = GGUFReader(a.gguf)
     arch = field(r, "general.architecture")
@@ -103,6 +108,16 @@ def main():
             w = unpermute(w, n_kv)
         tensors.append((hf_name(t.name), w))
     tied = not any(n == "lm_head.weight" for n, _ in tensors)
+    if a.pad_vocab:
+        rng = np.random.default_rng(7)
+        for i, (n, w) in enumerate(tensors):
+            if n == "lm_head.weight" or (tied and n == "model.embed_tokens.weight"):
+                pad = rng.normal(0.0, 1.0, (a.pad_vocab, w.shape[1])).astype(np.float32)
+            elif n == "model.embed_tokens.weight":
+                pad = np.zeros((a.pad_vocab, w.shape[1]), np.float32)
+            else:
+                continue
+            tensors[i] = (n, np.concatenate([w, pad]))
 
     per = (len(tensors) + a.shards - 1) // a.shards
     weight_map, total = {}, 0
@@ -116,7 +131,7 @@ def main():
     with open(os.path.join(a.out, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
 
-    vocab_size = int(field(r, "llama.vocab_size", 0)) or len(field(r, "tokenizer.ggml.tokens"))
+    vocab_size = (int(field(r, "llama.vocab_size", 0)) or len(field(r, "tokenizer.ggml.tokens"))) + a.pad_vocab
     config = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "hidden_size": int(field(r, "llama.embedding_length")),

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """--model DIR with a Hugging Face directory as shipped, built from the SmolLM2 GGUF by
 make_hf_dir.py (2 safetensors shards + index, tokenizer.json, tokenizer_config.json): the same
-token ids, greedy tokens and logits as the GGUF.
+token ids, greedy tokens and logits as the GGUF. A directory whose vocabulary is padded past the
+tokenizer's, with padding rows that would win every pick: generate and serve (two requests in
+one batch) pick among the tokenizer's ids and answer as the GGUF does.
 
 Tolerance: the CPU backend dequantizes the GGUF's Q4_1/Q8_0 weights to f32 at load and the
 directory holds exactly those f32 values, so only the RoPE layout differs (the GGUF's permuted
@@ -13,6 +15,9 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
+import urllib.request
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -54,6 +59,41 @@ def logits(gw, model, prompt, work, tag):
     return np.load(out)
 
 
+def serve_chats(gw, model, prompts, work):
+    """One serve on the CPU backend, the prompts' chat completions sent at once (greedy, 40
+    tokens): their texts."""
+    ready = os.path.join(work, "serve.addr")
+    log = open(os.path.join(work, "serve.log"), "w")
+    p = subprocess.Popen([gw, "serve", "--backend", "cpu", "--threads", "2", "--model", model, "--model-name", "m",
+                          "--listen", "127.0.0.1:0", "--ready-file", ready, "--ctx", "1024"], stdout=log, stderr=log)
+    try:
+        for _ in range(600):
+            if os.path.exists(ready) and os.path.getsize(ready) > 0:
+                break
+            if p.poll() is not None:
+                sys.exit(f"FAIL: serve exited {p.returncode}: {open(log.name).read()}")
+            time.sleep(0.1)
+        url = f"http://{open(ready).read().strip()}/v1/chat/completions"
+        texts = [None] * len(prompts)
+
+        def ask(i):
+            body = json.dumps({"model": "m", "messages": [{"role": "user", "content": prompts[i]}], "max_tokens": 40,
+                               "temperature": 0}).encode()
+            req = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=240) as r:
+                texts[i] = json.load(r)["choices"][0]["message"]["content"]
+        th = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+        for t in th:
+            t.start()
+        for t in th:
+            t.join()
+        return texts
+    finally:
+        p.terminate()
+        p.wait(timeout=60)
+        log.close()
+
+
 def main():
     gw, gguf, work = sys.argv[1:4]
     shutil.rmtree(work, ignore_errors=True)
@@ -80,6 +120,21 @@ def main():
     lg, lh = logits(gw, gguf, prompt, work, "gguf"), logits(gw, hf, prompt, work, "hf")
     diff = float(np.abs(lg - lh).max()) if lg.shape == lh.shape else float("inf")
     check(lg.shape == lh.shape and diff < LOGIT_TOL, f"logits {lh.shape} within {LOGIT_TOL} of the GGUF's (max {diff:.2e})")
+
+    # the vocabulary padded by 64 rows that outscore every real one: picks stay among the
+    # tokenizer's ids, in generate and in a serve step of two sequences
+    pad = os.path.join(work, "hf_pad")
+    subprocess.run([sys.executable, os.path.join(HERE, "make_hf_dir.py"), gguf, pad, "--shards", "2", "--pad-vocab",
+                    "64"], check=True)
+    lp, n = logits(gw, pad, prompt, work, "pad"), lg.shape[1]
+    check(lp.shape == (lg.shape[0], n + 64) and bool((lp[:, n:].max(1) > lp[:, :n].max(1)).all()),
+          f"the padding's logits {lp.shape} outscore the tokenizer's ids")
+    gp = generate(gw, pad, prompt, work, "pad")
+    check(gp["tokens"] == gg["tokens"], "padded vocabulary: greedy tokens equal the GGUF's")
+    other = "Name three rivers of Europe."
+    go = generate(gw, gguf, other, work, "other")
+    texts = serve_chats(gw, pad, [prompt, other], work)
+    check(texts == [gg["text"], go["text"]], f"padded vocabulary: serve answers as generate does: {texts!r}")
 
     # a directory whose tokenizer is of a kind the runtime does not implement is refused, naming it
     bad = os.path.join(work, "bad_pre")
