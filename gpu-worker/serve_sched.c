@@ -410,16 +410,18 @@ static void sample_rows(ra_sched *s, seq *const *who, int n, const ra_tensor *lo
   for (int i = 0; i < n; i++) k = seq_k(s, who[i]) > k ? seq_k(s, who[i]) : k;
   /* the rows' first `vocab` columns: a padded vocabulary's tail is never sampled; such rows are
    * not contiguous, so they are gathered first (copies on the device, one wait for all) */
-  ra_tensor rows = ra_tensor_rows(logits, row0, n), picks = {0};
+  ra_tensor rows = ra_tensor_rows(logits, row0, n), picks;
+  const ra_tensor *x = &rows;
   int rc = RA_OK;
   double t0 = ra_clock_now_s();
   if (s->vocab != logits->shape[1]) {
     picks = ra_tensor_rows(&s->picks, 0, n);
+    x = &picks;
     for (int i = 0; rc == RA_OK && i < n; i++)
       rc = be->ops->copy(be, &picks, (size_t)i * (size_t)s->vocab, logits,
                          (size_t)(row0 + i) * (size_t)logits->shape[1], (size_t)s->vocab, &err);
   }
-  if (rc == RA_OK) rc = be->ops->topk_rows(be, picks.data ? &picks : &rows, k, s->ids, s->vals, &err);
+  if (rc == RA_OK) rc = be->ops->topk_rows(be, x, k, s->ids, s->vals, &err);
   s->logits_s += ra_clock_now_s() - t0;
   for (int i = 0; i < n; i++) {
     if (rc) leave(s, who[i], NULL, rc, err.msg);

@@ -8,7 +8,7 @@ tokenizer_config.json (with the chat template).
 
 --pad-vocab N pads the vocabulary past the tokenizer's by N rows, as many checkpoints ship it
 (vocab_size a multiple of 64 or 128): their output rows are large random values (seeded), so
-that a pick over every logit would choose one of ids the tokenizer cannot decode.
+that a pick over every logit would choose an id the tokenizer cannot decode.
 
 The GGUF converter permutes q/k rows for adjacent-pair RoPE; they are permuted back here, so the
 directory holds what transformers' checkpoint holds (rotate_half RoPE)."""

@@ -73,6 +73,8 @@ def serve_chats(gw, model, prompts, work):
             if p.poll() is not None:
                 sys.exit(f"FAIL: serve exited {p.returncode}: {open(log.name).read()}")
             time.sleep(0.1)
+        else:
+            sys.exit(f"FAIL: serve not ready after 60 s: {open(log.name).read()}")
         url = f"http://{open(ready).read().strip()}/v1/chat/completions"
         texts = [None] * len(prompts)
 
