@@ -307,6 +307,17 @@ static double config_diff(const ra_offload_plan *plan, const ra_offload_config *
   return worst;
 }
 
+/* Zones of `retrieve` / `estimate`: the largest |logit difference| over `steps` steps between
+ * ranking ahead from layer 1 and each layer's own ranking; *ahead: the ahead config. */
+static double ahead_against_own(const ra_offload_plan *plan, double retrieve, double estimate, int steps,
+                                ra_offload_config *ahead) {
+  ra_offload_config own;
+  wave_config(&own, plan, retrieve, estimate, 0, steps);
+  *ahead = own;
+  ahead->wave.ahead = 1;
+  return config_diff(plan, &own, ahead, steps);
+}
+
 static void test_ahead_all_retrieved_equals_full(void **state) {
   (void)state;
   plan_of p;
@@ -331,11 +342,8 @@ static void test_ahead_estimates_with_own_q(void **state) {
   enum { STEPS = 4 };
   plan_of p;
   plan_make(&p, NULL, SINK, WINDOW);
-  ra_offload_config own, ahead;
-  wave_config(&own, &p.plan, 0.0, 1.0, 0, STEPS);
-  ahead = own;
-  ahead.wave.ahead = 1;
-  double worst = config_diff(&p.plan, &own, &ahead, STEPS);
+  ra_offload_config ahead;
+  double worst = ahead_against_own(&p.plan, 0.0, 1.0, STEPS, &ahead);
   print_message("every cluster estimated: ranked ahead against its own ranking, max |logit diff| %.2e\n", worst);
   assert_true(worst < 1e-5);
   plan_free(&p);
@@ -346,15 +354,12 @@ static void test_ahead_picks_other_clusters(void **state) {
   enum { STEPS = 6 };
   plan_of p;
   plan_make(&p, NULL, SINK, WINDOW);
-  ra_offload_config own, ahead;
-  wave_config(&own, &p.plan, 0.1, 0.2, 0, STEPS);
-  ahead = own;
-  ahead.wave.ahead = 1;
-  double moved = config_diff(&p.plan, &own, &ahead, STEPS);
+  ra_offload_config ahead;
+  double moved = ahead_against_own(&p.plan, 0.1, 0.2, STEPS, &ahead);
   ra_offload *o = offload_new(&p.plan, &ahead);
   double ahead_full = against_full(o, STEPS, 1);
   ra_offload_free(o);
-  ra_offload_config stream = own;
+  ra_offload_config stream = ahead;
   stream.mode = RA_MODE_STREAMING;
   o = offload_new(NULL, &stream);
   double dropped = against_full(o, STEPS, 1);
