@@ -226,10 +226,6 @@ static const ra_opt rows[] = {
     {"wave-buffer", RA_OPT_INT, AT(off.wave.buffer), .lo = 0, .hi = 1L << 20, .meta = "N",
      .help = "wave: device buffer of recently retrieved clusters per layer and kv head, in clusters of "
              "--wave-cluster rows (0: off)", .scope = RUNS},
-    {"select-ahead", RA_OPT_INT, AT(off.wave.ahead), .lo = 0, .hi = 1 << 16, .meta = "L",
-     .help = "wave: layers from L on have their clusters ranked a layer early, from a query predicted from "
-             "the previous layer's input, while that layer's stores work (0: off)",
-     .scope = GEN},
     {"synthetic-prefill", RA_OPT_FLAG, AT(synthetic),
      .help = "benchmarks: the stores get KV computed from the token embeddings alone, --batch tokens at a "
              "time, no attention or MLP; the offload, index builds and decode are real",
@@ -341,13 +337,10 @@ static int opts_check(opts *o, const ra_opts_set *s) {
   if (o->off.retro_window && o->off.wave.buffer > 0)
     return usage_error(s->scope, "--retro takes no --wave-buffer (the clusters the device attends from it would not be "
                        "supplemented to past steps)");
-  if (o->off.retro_window && o->off.wave.ahead)
-    return usage_error(s->scope, "--retro takes no --select-ahead (its past steps' lists follow each layer's own "
-                       "ranking)");
   if (o->off.retro_window >= o->off.n_window)
     return usage_error(s->scope, "--retro %u must be below --window %u", o->off.retro_window, o->off.n_window);
   static const char *const wave_only[] = {"retrieve", "retrieve-min", "estimate", "wave-segment", "wave-cluster", "wave-iters",
-                                          "wave-block", "wave-buffer", "select-ahead"};
+                                          "wave-block", "wave-buffer"};
   for (size_t i = 0; i < RA_OPTS_COUNT(wave_only); i++)
     if (ra_opts_given(s, wave_only[i]) && o->off.mode != RA_MODE_WAVE)
       return usage_error(s->scope, "--%s is for --mode wave, not %s", wave_only[i], mode);
@@ -491,10 +484,9 @@ static void json_write_buffer(FILE *f, uint64_t hits, uint64_t misses, uint64_t 
 /* buffer: with wave's buffer counts */
 static void json_write_stats(FILE *f, const ra_offload_stats *s, int buffer) {
   fprintf(f, "{\"total_us\": %.1f, \"wait_us\": %.1f, \"store_us\": %.1f, \"append_us\": %.1f, \"download_us\": %.1f, "
-             "\"index_us\": %.1f, \"select_us\": %.1f, \"ahead_us\": %.1f, \"merge_us\": %.1f, \"n_scanned\": %llu, "
-             "\"n_offloaded\": %llu, \"retro_past\": %u, \"retro_rows\": %llu, \"retro_us\": %.1f, \"retro_store_us\": %.1f",
-          s->total_us, s->wait_us, s->store_us, s->append_us, s->download_us, s->index_us, s->select_us, s->ahead_us,
-          s->merge_us,
+             "\"index_us\": %.1f, \"select_us\": %.1f, \"merge_us\": %.1f, \"n_scanned\": %llu, \"n_offloaded\": %llu, "
+             "\"retro_past\": %u, \"retro_rows\": %llu, \"retro_us\": %.1f, \"retro_store_us\": %.1f",
+          s->total_us, s->wait_us, s->store_us, s->append_us, s->download_us, s->index_us, s->select_us, s->merge_us,
           (unsigned long long)s->n_scanned, (unsigned long long)s->n_offloaded, s->retro_past,
           (unsigned long long)s->retro_rows, s->retro_us, s->retro_store_us);
   if (buffer) json_write_buffer(f, s->buffer_hits, s->buffer_misses, s->buffer_rows, s->fetch_us);
@@ -645,9 +637,9 @@ static int cmd_generate(const opts *o, ra_model *m, const ra_tokenizer *tok, ra_
           const ra_wave_config *wc = &o->off.wave;
           if (o->off.mode == RA_MODE_WAVE) {
             fprintf(f, ", \"wave\": {\"retrieve\": %g, \"retrieve_min\": %lld, \"estimate\": %g, \"segment\": %lld, "
-                       "\"cluster\": %lld, \"iters\": %d, \"block\": %lld, \"buffer\": %lld, \"ahead\": %d",
+                       "\"cluster\": %lld, \"iters\": %d, \"block\": %lld, \"buffer\": %lld",
                     wc->retrieve, (long long)wc->retrieve_min, wc->estimate, (long long)wc->segment,
-                    (long long)wc->cluster, wc->iters, (long long)wc->block, (long long)wc->buffer, wc->ahead);
+                    (long long)wc->cluster, wc->iters, (long long)wc->block, (long long)wc->buffer);
             /* the decode's totals */
             ra_wave_buffer_stats bt;
             ra_wave_buffer_totals(ra_offload_wave(off), &bt);

@@ -691,18 +691,6 @@ int ra_step_layer_qkv(ra_state *st, int l, ra_error *err) {
   return rc ? ra_error_wrap(err, "layer %d", l) : RA_OK;
 }
 
-int ra_step_predict_q(ra_state *st, int l, ra_tensor *q, ra_error *err) {
-  const ra_model_config *c = &st->m->cfg;
-  if (l < 0 || l >= c->n_layers)
-    return ra_errorf(err, RA_EINVAL, "model: no layer %d to predict q for (%d layers)", l, c->n_layers);
-  const ra_layer_weights *w = &st->m->layers[l];
-  const ra_tensor *ws[1] = {&w->wq}, *bs[1] = {c->qkv_bias ? &w->bq : NULL};
-  ra_tensor *ys[1] = {q};
-  int rc = st->be->ops->norm_matmul(st->be, &st->cur_x, &w->attn_norm, c->norm_eps, &st->cur_xn, 1, ws, bs, ys, err);
-  if (rc == RA_OK) rc = st->be->ops->rope(st->be, q, st->pos, c->n_rot, c->rope_theta, c->rope_style, err);
-  return rc ? ra_error_wrap(err, "layer %d: predicted q", l) : RA_OK;
-}
-
 int ra_step_layer_attend(ra_state *st, int l, ra_error *err) {
   const ra_model_config *c = &st->m->cfg;
   float scale = 1.0f / sqrtf((float)c->head_dim);

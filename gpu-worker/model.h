@@ -144,11 +144,6 @@ int ra_step_begin(ra_state *st, const int32_t *tokens, int64_t n, ra_error *err)
 int ra_step_layer_qkv(ra_state *st, int layer, ra_error *err);
 int ra_step_layer_attend(ra_state *st, int layer, ra_error *err);
 int ra_step_layer_finish(ra_state *st, int layer, ra_error *err);
-/* Layer `layer`'s q for the step's rows predicted from the residual x as it is now (the input of
- * an earlier layer): rmsnorm(x) with that layer's norm, its Wq (+ bias), RoPE at the step's
- * positions, into q [n, n_heads, hd] F32. Nothing else of the state changes but its xn scratch;
- * the caches are not touched. Wave mode ranks a layer's clusters from it a layer early. */
-int ra_step_predict_q(ra_state *st, int layer, ra_tensor *q, ra_error *err);
 /* Narrows the step to its rows [r0, r0 + nr) (of those ra_step_begin took): n, pos, cache_row
  * and the cur_* views become those rows', so that the three layer calls run a layer over them
  * alone; (0, all) is the whole step again, and ra_step_end returns to it. A layer run chunk by

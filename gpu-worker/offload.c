@@ -70,7 +70,6 @@ void ra_offload_free(ra_offload *o) {
   ra_tensor_free(&o->scratch_k);
   ra_tensor_free(&o->scratch_v);
   ra_tensor_free(&o->rem_o);
-  ra_tensor_free(&o->q_ahead);
   ra_tensor_free(&o->rem_ml);
   ra_tensor_free(&o->q_pick);
   free(o->q_pick_rows);
@@ -158,9 +157,6 @@ int ra_offload_new(const ra_model *m, const ra_offload_plan *plan, const ra_offl
   if (rc == RA_OK) rc = ra_tensor_new(m->be, &o->scratch_v, cfg->kv_dtype, 3, scratch_shape, err);
   if (rc == RA_OK) rc = ra_tensor_new(m->be, &o->rem_o, RA_DTYPE_F32, 2, o_shape, err);
   if (rc == RA_OK) rc = ra_tensor_new(m->be, &o->rem_ml, RA_DTYPE_F32, 2, ml_shape, err);
-  int64_t q1_shape[3] = {1, c->n_heads, c->head_dim};
-  if (rc == RA_OK && cfg->mode == RA_MODE_WAVE && cfg->wave.ahead)
-    rc = ra_tensor_new(m->be, &o->q_ahead, RA_DTYPE_F32, 3, q1_shape, err);
   if (rc == RA_OK && cfg->mode == RA_MODE_ROAR) {
     int64_t n_q = (int64_t)cfg->build_queries < max_prompt ? (int64_t)cfg->build_queries : max_prompt;
     int64_t pick_shape[2] = {n_q, (int64_t)c->n_heads * c->head_dim};

@@ -126,8 +126,6 @@ typedef struct ra_offload_stats {
                         * (batched: the sequence's share of the layers' ranking calls),
                         * with the selection's host lists */
   double merge_us;     /* decode: the stores' partial (and wave's estimate) uploaded and merged */
-  double ahead_us;     /* decode, wave with ahead: the next layers' predicted q and their ranking,
-                        * run while the stores work (in total_us only where it outlasts them) */
   uint64_t n_scanned;  /* keys the stores scored, all layers and heads */
   uint64_t retro_rows; /* retro: rows the past queries' supplementary partials attended over */
   uint32_t retro_past; /* retro: past steps corrected (and recomputed through the layers) */

@@ -158,12 +158,14 @@ static int decode_layer_send(ra_offload *o, decode_step *d, int l, const ra_tens
   return rc == RA_OK ? decode_layer_request(o, d, l, err) : rc;
 }
 
-/* Layer l: the device's own partial over sink + window (and wave's estimate and buffer) into
- * att1 [1, n_heads, hd]. */
-static int decode_layer_local(ra_offload *o, decode_step *d, int l, const ra_tensor *q1, ra_tensor *att1,
-                              ra_error *err) {
+/* Layer l: the device's own partial over sink + window (and wave's estimate and buffer), then the
+ * stores' merged partial waited for and merged in: att1 [1, n_heads, hd]. */
+static int decode_layer_attend(ra_offload *o, decode_step *d, int l, const ra_tensor *q1, ra_tensor *att1,
+                               int sync_first, ra_error *err) {
   ra_backend *be = o->m->be;
   ra_state *st = o->st;
+  const ra_model_config *c = &o->m->cfg;
+  size_t hq = (size_t)c->n_heads * (size_t)c->head_dim;
   int rc = d->ring_done ? RA_OK
                         : be->ops->attn_decode(be, q1, &st->k_cache[l], &st->v_cache[l], d->ranges, d->n_ranges,
                                                d->scale, att1, &st->dec_ml, err);
@@ -174,29 +176,7 @@ static int decode_layer_local(ra_offload *o, decode_step *d, int l, const ra_ten
     rc = ra_wave_attend_buffer(o->wave, l, q1, d->scale, &buf_o, &buf_ml, err);
     if (rc == RA_OK && buf_o) rc = be->ops->attn_merge(be, att1, &st->dec_ml, buf_o, buf_ml, err);
   }
-  return rc;
-}
-
-/* Wave with --select-ahead, during layer l - 1 while its stores work: layer l's clusters ranked
- * for a q predicted from layer l - 1's input (the residual before layer l - 1 changes it). */
-static int decode_layer_ahead(ra_offload *o, decode_step *d, int l, ra_error *err) {
-  if (!o->wave || !d->remote || o->cfg.wave.ahead < 1 || l < o->cfg.wave.ahead || l >= o->m->cfg.n_layers)
-    return RA_OK;
-  uint64_t ts = uv_hrtime();
-  int rc = ra_step_predict_q(o->st, l, &o->q_ahead, err);
-  if (rc == RA_OK) rc = ra_wave_rank_ahead(o->wave, l, &o->q_ahead, d->scale, err);
-  d->s.ahead_us += (double)(uv_hrtime() - ts) / 1e3;
-  return rc;
-}
-
-/* Layer l, after decode_layer_local: the stores' merged partial waited for and merged into att1. */
-static int decode_layer_remote(ra_offload *o, decode_step *d, int l, ra_tensor *att1, int sync_first, ra_error *err) {
-  ra_backend *be = o->m->be;
-  ra_state *st = o->st;
-  const ra_model_config *c = &o->m->cfg;
-  size_t hq = (size_t)c->n_heads * (size_t)c->head_dim;
-  int rc = RA_OK;
-  if (d->remote) {
+  if (rc == RA_OK && d->remote) {
     /* alone, the wait is timed from the device's own partial on; in a batch the device keeps
      * working on the other sequences while this one's replies are awaited */
     if (sync_first) rc = be->ops->sync(be, err);
@@ -283,9 +263,7 @@ int ra_offload_decode(ra_offload *o, int32_t token, ra_offload_stats *stats, ra_
     rc = ra_step_layer_qkv(st, l, err);
     ra_tensor q1 = ra_tensor_rows(&st->cur_q, P, 1), att1 = ra_tensor_rows(&st->cur_att, P, 1);
     if (rc == RA_OK) rc = decode_layer_send(o, d, l, &q1, err);
-    if (rc == RA_OK) rc = decode_layer_local(o, d, l, &q1, &att1, err);
-    if (rc == RA_OK) rc = decode_layer_ahead(o, d, l + 1, err);
-    if (rc == RA_OK) rc = decode_layer_remote(o, d, l, &att1, 1, err);
+    if (rc == RA_OK) rc = decode_layer_attend(o, d, l, &q1, &att1, 1, err);
     if (rc == RA_OK && retro) {
       uint64_t tr = uv_hrtime();
       retro_merge(o, l, step, P, d->remote);
@@ -440,14 +418,6 @@ static int group_flush(void *ctx, int l, ra_tensor *q, ra_tensor *k, ra_tensor *
   return rc == RA_OK ? group_rings(g, l, q, att, err) : rc;
 }
 
-/* A batched step's layer l of one sequence: its device partial, then its stores' merged in
- * without waiting for the device (it works on the other sequences meanwhile). */
-static int decode_layer_attend(ra_offload *o, decode_step *d, int l, const ra_tensor *q1, ra_tensor *att1,
-                               ra_error *err) {
-  int rc = decode_layer_local(o, d, l, q1, att1, err);
-  return rc ? rc : decode_layer_remote(o, d, l, att1, 0, err);
-}
-
 static int group_end(void *ctx, int j, int l, ra_tensor *q, ra_tensor *att, ra_error *err) {
   ra_offload *o = group_item(ctx, j);
   decode_step *d = &o->ds;
@@ -455,17 +425,13 @@ static int group_end(void *ctx, int j, int l, ra_tensor *q, ra_tensor *att, ra_e
     d->remote = 0;
     d->sel = NULL;
     d->est_o = d->est_ml = NULL;
-    return decode_layer_attend(o, d, l, q, att, err);
+    return decode_layer_attend(o, d, l, q, att, 0, err);
   }
-  d->rc = decode_layer_attend(o, d, l, q, att, &d->err);
+  d->rc = decode_layer_attend(o, d, l, q, att, 0, &d->err);
   return RA_OK;
 }
 
-/* Sequences a batched step decodes one at a time: retro's, a hook's, and wave's ranking ahead
- * (whose prediction waits inside the sequence's own layer for its stores). */
-static int batchable(const ra_offload *o) {
-  return o->cfg.retro_window == 0 && !o->cfg.on_attn && !(o->wave && o->cfg.wave.ahead);
-}
+static int batchable(const ra_offload *o) { return o->cfg.retro_window == 0 && !o->cfg.on_attn; }
 
 int ra_offload_decode_batch(ra_offload *const *os, const int32_t *tokens, int n, ra_batch *b, ra_remote_batch *rb,
                             int *rcs, ra_error *errs, ra_offload_stats *stats, ra_error *err) {

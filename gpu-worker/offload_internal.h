@@ -59,7 +59,6 @@ struct ra_offload {
   ra_remote *remote;      /* NULL in streaming mode */
   ra_wave *wave;          /* wave mode's meta-index and growth block (NULL in other modes) */
   ra_tensor rem_o;        /* [n_heads, head_dim]: the stores' merged partial, on the backend */
-  ra_tensor q_ahead;      /* [1, n_heads, head_dim]: wave's predicted q of the next layer (ahead) */
   ra_tensor rem_ml;       /* [n_heads, 2] */
   ra_tensor q_pick;       /* roar: [build_queries, n_heads * head_dim], the sampled prefill
                            * queries gathered on the device: only they cross to the host (the whole

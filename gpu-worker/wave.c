@@ -32,7 +32,6 @@ int ra_wave_config_check(const ra_wave_config *c, ra_error *err) {
                      (long long)c->segment, (long long)c->cluster);
   if (c->buffer < 0)
     return ra_errorf(err, RA_EINVAL, "wave: a buffer of %lld clusters", (long long)c->buffer);
-  if (c->ahead < 0) return ra_errorf(err, RA_EINVAL, "wave: ranking ahead from layer %d", c->ahead);
   if (c->block < c->cluster)
     return ra_errorf(err, RA_EINVAL, "wave: a growth block of %lld rows is smaller than a cluster (%lld)",
                      (long long)c->block, (long long)c->cluster);
@@ -88,9 +87,6 @@ struct ra_wave {
                                  * the stores keep them), else in kv_dtype, widened on download */
   /* selection */
   int32_t *idx;                 /* [n_kv, cap] */
-  int32_t *ahead_idx;           /* [n_kv, cap]: ra_wave_rank_ahead's ranking of layer ahead_l (-1: none) */
-  int ahead_l;
-  int64_t ahead_nc;             /* the clusters it ranked */
   ra_tensor est_o, est_ml;      /* [n_heads, hd], [n_heads, 2] */
   ra_remote_wave_sel *sel;      /* [n_stores] */
   uint32_t *sel_heads, *sel_counts, *sel_ids; /* [n_stores, n_kv], [n_stores, n_kv], [n_stores, n_kv * cap] */
@@ -173,11 +169,10 @@ static void meta_free(ra_wave *w) {
   ra_tensor_free(&w->out_k);
   ra_tensor_free(&w->out_v);
   free(w->idx);
-  free(w->ahead_idx);
   free(w->sel_heads);
   free(w->sel_counts);
   free(w->sel_ids);
-  w->sid = w->idx = w->ahead_idx = NULL;
+  w->sid = w->idx = NULL;
   w->owner = NULL;
   w->perm = w->counts = NULL;
   w->perm_u = w->sel_heads = w->sel_counts = w->sel_ids = NULL;
@@ -209,17 +204,11 @@ int ra_wave_new(ra_backend *be, const ra_offload_plan *plan, ra_remote *remote, 
   if (retro_window && cfg->buffer > 0)
     return ra_errorf(err, RA_EINVAL, "wave: retro takes no device buffer (the clusters it attends would not be "
                      "supplemented to past steps)");
-  if (cfg->ahead >= n_layers)
-    return ra_errorf(err, RA_EINVAL, "wave: ranking ahead from layer %d, of a model of %d layers", cfg->ahead,
-                     n_layers);
-  if (retro_window && cfg->ahead)
-    return ra_errorf(err, RA_EINVAL, "wave: retro does not rank ahead (its past steps' lists follow each layer's "
-                     "own ranking)");
   if (plan->n_stores > UINT16_MAX) return ra_errorf(err, RA_EINVAL, "wave: %zu stores", plan->n_stores);
   ra_wave *w = calloc(1, sizeof *w);
   if (!w) return ra_errorf(err, RA_ENOMEM, "wave: out of memory");
   *w = (ra_wave){.be = be, .plan = plan, .remote = remote, .cfg = *cfg, .n_layers = n_layers, .n_heads = n_heads,
-                 .n_kv = n_kv_heads, .hd = head_dim, .kv_dtype = kv_dtype, .retro_w = retro_window, .ahead_l = -1};
+                 .n_kv = n_kv_heads, .hd = head_dim, .kv_dtype = kv_dtype, .retro_w = retro_window};
   w->centroid = calloc((size_t)n_layers, sizeof *w->centroid);
   w->vsum = calloc((size_t)n_layers, sizeof *w->vsum);
   w->size = calloc((size_t)n_layers, sizeof *w->size);
@@ -349,14 +338,12 @@ int ra_wave_begin(ra_wave *w, int64_t b, int64_t e, int64_t max_end, ra_error *e
   w->perm_u = malloc((size_t)max_rows * sizeof *w->perm_u);
   w->counts = malloc(nkv * (size_t)max_k * sizeof *w->counts);
   w->idx = malloc(nkv * (size_t)cap * sizeof *w->idx);
-  w->ahead_idx = w->cfg.ahead ? malloc(nkv * (size_t)cap * sizeof *w->ahead_idx) : NULL;
-  w->ahead_l = -1;
   w->sel_heads = malloc(ns * nkv * sizeof *w->sel_heads);
   w->sel_counts = malloc(ns * nkv * sizeof *w->sel_counts);
   w->sel_ids = malloc(ns * nkv * (size_t)cap * sizeof *w->sel_ids);
   int rc = RA_OK;
   if (!w->sid || !w->owner || !w->perm || !w->perm_u || !w->counts || !w->idx || !w->sel_heads || !w->sel_counts ||
-      !w->sel_ids || (w->cfg.ahead && !w->ahead_idx))
+      !w->sel_ids)
     rc = ra_errorf(err, RA_ENOMEM, "wave: out of memory for a meta-index of %lld clusters", (long long)cap);
   if (rc == RA_OK) memset(w->sid, 0xff, tab * sizeof *w->sid);
   int64_t cs[3] = {w->n_kv, cap, w->hd}, ss[2] = {w->n_kv, cap}, bs[3] = {c->block, w->n_kv, w->hd};
@@ -602,13 +589,6 @@ static void retro_select_finish(ra_wave *w, uint32_t n_past) {
   }
 }
 
-/* The zones' sizes, in clusters, of a layer of nc clusters. */
-static void zone_sizes(const ra_wave *w, int64_t nc, int64_t *r, int64_t *e) {
-  *r = ra_wave_retrieve_clusters(&w->cfg, nc);
-  *e = ra_wave_budget_clusters(w->cfg.estimate, nc, w->cfg.cluster);
-  if (*e > nc - *r) *e = nc - *r;
-}
-
 /* A selection's first half, before the ranking: the buffer's admissions of layer l's last step
  * installed, the selection emptied, the zones' sizes. *it: the ranking's arguments; *run = 0
  * when no zone holds a cluster (nothing to rank: the selection stays empty). */
@@ -622,8 +602,9 @@ static int select_begin(ra_wave *w, int l, const ra_tensor *q, uint64_t step, ui
     for (size_t s = 0; s < ns; s++) w->adm[(size_t)l * ns + s].n_heads = w->adm[(size_t)l * ns + s].n_ids = 0;
   }
   const int64_t nc = w->begun ? w->n_clusters[l] : 0;
-  int64_t r, e;
-  zone_sizes(w, nc, &r, &e);
+  const int64_t r = ra_wave_retrieve_clusters(&w->cfg, nc);
+  int64_t e = ra_wave_budget_clusters(w->cfg.estimate, nc, w->cfg.cluster);
+  if (e > nc - r) e = nc - r;
   for (size_t s = 0; s < ns; s++) w->sel[s] = (ra_remote_wave_sel){0};
   if (w->retro && (step == 0 || n_past > w->retro_w || n_past >= step))
     return ra_errorf(err, RA_EINVAL, "wave: retro step %llu with %u past steps (window %u)", (unsigned long long)step,
@@ -696,40 +677,6 @@ static void select_outputs(ra_wave *w, const ra_wave_select_item *it, int run, r
   out->est_ml = run && it->e ? &w->est_ml : NULL;
 }
 
-int ra_wave_rank_ahead(ra_wave *w, int l, const ra_tensor *qhat, float scale, ra_error *err) {
-  w->ahead_l = -1;
-  if (!w->ahead_idx || l < 1 || l >= w->n_layers)
-    return ra_errorf(err, RA_EINVAL, "wave: ranking layer %d ahead (%s)", l,
-                     w->ahead_idx ? "layers 1 and up only" : "not configured");
-  const int64_t nc = w->begun ? w->n_clusters[l] : 0;
-  int64_t r, e;
-  zone_sizes(w, nc, &r, &e);
-  if (r + e < 1) return RA_OK;
-  int rc = w->be->ops->wave_select(w->be, qhat, &w->centroid[l], &w->size[l], nc, scale, (int)r, (int)e, w->ahead_idx,
-                                   NULL, NULL, NULL, err);
-  if (rc) return rc;
-  w->ahead_l = l;
-  w->ahead_nc = nc;
-  return RA_OK;
-}
-
-/* Layer l's ranking into w->idx: the one ra_wave_rank_ahead made for it (the estimate then with
- * the layer's own q), else the layer's own in one call with its estimate. */
-static int select_rank(ra_wave *w, int l, ra_wave_select_item *it, float scale, ra_error *err) {
-  const int ahead = w->ahead_l == l && w->ahead_nc == it->n_clusters;
-  w->ahead_l = -1;
-  if (!ahead)
-    return w->be->ops->wave_select(w->be, it->q, it->centroid, it->size, it->n_clusters, scale, it->r, it->e, it->idx,
-                                   it->vsum, it->o, it->ml, err);
-  int32_t *t = w->idx;
-  w->idx = w->ahead_idx;
-  w->ahead_idx = t;
-  it->idx = w->idx;
-  if (!it->e) return RA_OK;
-  return w->be->ops->wave_estimate(w->be, it->q, it->centroid, it->size, it->vsum, it->n_clusters, w->idx + it->r,
-                                   it->e, it->r + it->e, scale, it->o, it->ml, err);
-}
-
 int ra_wave_select(ra_wave *w, int l, const ra_tensor *q, float scale, uint64_t step, uint32_t n_past,
                    const ra_remote_wave_sel **sel, const ra_tensor **est_o, const ra_tensor **est_ml, ra_error *err) {
   if (!w->retro) step = 0, n_past = 0;
@@ -737,7 +684,9 @@ int ra_wave_select(ra_wave *w, int l, const ra_tensor *q, float scale, uint64_t 
   int run;
   ra_wave_selection out;
   int rc = select_begin(w, l, q, step, n_past, &it, &run, err);
-  if (rc == RA_OK && run) rc = select_rank(w, l, &it, scale, err);
+  if (rc == RA_OK && run)
+    rc = w->be->ops->wave_select(w->be, it.q, it.centroid, it.size, it.n_clusters, scale, it.r, it.e, it.idx, it.vsum,
+                                 it.o, it.ml, err);
   if (rc) return rc;
   if (run) select_end(w, l, &it, step, n_past);
   select_outputs(w, &it, run, &out);

@@ -43,10 +43,6 @@ typedef struct ra_wave_config {
   int64_t block;    /* decode-time growth block, rows (default 1024) */
   int64_t buffer;   /* device buffer per (layer, kv head), in clusters of `cluster` rows (0: off,
                        the default; wave_buffer.h) */
-  int ahead;        /* layers from `ahead` on (>= 1; 0: off, the default) have their clusters ranked
-                       one layer early, from a query predicted from the previous layer's input
-                       (ra_wave_rank_ahead), so that the ranking is off the stores' critical path;
-                       their zones' partials still use the layer's own q */
 } ra_wave_config;
 
 void ra_wave_config_default(ra_wave_config *c);
@@ -104,13 +100,6 @@ int ra_wave_prefill_layer(ra_wave *w, int l, const ra_tensor *kc, const ra_tenso
  * Without retro both are ignored. */
 int ra_wave_select(ra_wave *w, int l, const ra_tensor *q, float scale, uint64_t step, uint32_t n_past,
                    const ra_remote_wave_sel **sel, const ra_tensor **est_o, const ra_tensor **est_ml, ra_error *err);
-
-/* Decode, during layer l - 1 (l >= 1), before ra_wave_select of layer l: ranks layer l's clusters
- * for qhat ([n_heads, head_dim] on the backend, RoPE applied), a prediction of layer l's q
- * (ra_step_predict_q). That layer's ra_wave_select then takes this ranking for its zones instead
- * of ranking its own q, and computes the estimation zone's partial with its own q
- * (wave_estimate). The selection lists of the layer in flight are not touched. */
-int ra_wave_rank_ahead(ra_wave *w, int l, const ra_tensor *qhat, float scale, ra_error *err);
 
 /* One sequence's selection of a step's layer: ra_wave_select's outputs. */
 typedef struct ra_wave_selection {

@@ -27,8 +27,6 @@ static void usage(FILE *f) {
         "                             --retro W (flat, ivf, kgraph, roar, wave), e.g. full,flat,flat+retro2\n"
         "  --sink N (128) --window N (512) --top-k K (100) --ef N --nprobe N (store defaults)\n"
         "  --knn-nq N (100) --build-queries N (1024)\n"
-        "  --select-ahead L (0)       wave: layers from L on ranked a layer early (gpu-worker's --select-ahead)\n"
-        "  --retrieve-min N (1024)    wave: the retrieval zone's floor in tokens (gpu-worker's --retrieve-min)\n"
         "  --fidelity-prompt N (2048; 0: skip) --fidelity-tokens N (64)\n"
         "  --fidelity-text corpus|generated (corpus: the license text after the prompt; generated: full\n"
         "                             attention's own greedy continuation, forced in every mode)\n"
@@ -120,7 +118,7 @@ static int print_samples(const ra_tokenizer *tok, const ra_acc_corpus *corpus, c
 int main(int argc, char **argv) {
   const char *model = NULL, *out = NULL, *backend = "cpu", *stores = NULL, *shard_map = NULL;
   const char *corpus_dir = "/usr/share/common-licenses", *report_from = NULL, *fidelity_from = NULL;
-  uint32_t threads = 0, fid_prompt = 2048, fid_forced = 64, samples = 1, print_prompts = 0, ahead = 0, retrieve_min = UINT32_MAX;
+  uint32_t threads = 0, fid_prompt = 2048, fid_forced = 64, samples = 1, print_prompts = 0;
   uint64_t seed = 1;
   int fid_generated = 0;
   ra_acc_config cfg = {0};
@@ -152,8 +150,6 @@ int main(int argc, char **argv) {
                     : strcmp(a, "--fidelity-tokens") == 0 ? &fid_forced
                     : strcmp(a, "--samples") == 0         ? &samples
                     : strcmp(a, "--print-prompts") == 0   ? &print_prompts
-                    : strcmp(a, "--select-ahead") == 0    ? &ahead
-                    : strcmp(a, "--retrieve-min") == 0    ? &retrieve_min
                                                           : NULL;
     if (u32) {
       if (parse_u32(v, u32) != 0) return bad("%s: not a non-negative integer: %s", a, v);
@@ -191,9 +187,6 @@ int main(int argc, char **argv) {
     }
   }
   if (!model || !out) return bad("--model and --out are required");
-  if (ahead > INT32_MAX) return bad("--select-ahead: a layer number: %u", ahead);
-  cfg.off.wave.ahead = (int)ahead;
-  if (retrieve_min != UINT32_MAX) cfg.off.wave.retrieve_min = retrieve_min;
   if (samples < 1) return bad("--samples must be >= 1");
   if (cfg.n_modes < 1 || cfg.modes[0] != RA_MODE_FULL || cfg.retro[0])
     return bad("--modes must start with full (the reference)");

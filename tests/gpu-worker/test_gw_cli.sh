@@ -30,10 +30,6 @@ expect "bad --wave-cluster 0: must be 1 to" generate --model m --mode wave --sto
 expect "bad --wave-iters 0: must be 1 to 1000" generate --model m --mode wave --stores a:1 --wave-iters 0
 expect "a growth block of 32 rows is smaller than a cluster (64)" generate --model m --mode wave --stores a:1 --wave-cluster 64 --wave-block 32
 expect "a segment of 8 rows is smaller than a cluster (16)" generate --model m --mode wave --stores a:1 --wave-segment 8
-expect "--select-ahead is for --mode wave, not flat" generate --model m --mode flat --stores a:1 --select-ahead 2
-expect "bad --select-ahead -1" generate --model m --mode wave --stores a:1 --select-ahead -1
-expect "--retro takes no --select-ahead" generate --model m --mode wave --stores a:1 --select-ahead 2 --retro 2
-expect "--select-ahead is a generate option, not serve" serve --model m --mode wave --stores a:1 --select-ahead 2
 expect "--synthetic-prefill fills kv-stores: it needs a --mode other than full" generate --model m --synthetic-prefill
 expect "--synthetic-prefill is a generate option, not dump-qk" dump-qk --model m --synthetic-prefill
 expect "--mode is a generate/serve option, not dump-qk" dump-qk --model m --mode flat

@@ -12,12 +12,7 @@
  *   - a batched decode step (one ranking call for the step's wave sequences) equals each
  *     sequence decoding alone, also with its requests in AttendBatch messages;
  *   - a prefill in pieces that end within layers, another runtime decoding between them, equals
- *     the whole;
- *   - ranking ahead (each layer's clusters picked from a q predicted from the previous layer's
- *     input) changes which clusters are picked, never the q their partials use: with every
- *     cluster retrieved it is full attention, with every cluster estimated it equals ranking
- *     with the layer's own q, and with partial zones it picks other clusters yet stays closer to
- *     full attention than dropping the middle. */
+ *     the whole. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -273,123 +268,6 @@ static void test_all_estimated_scans_only_the_lag(void **state) {
   ra_offload_free(o);
   print_message("every cluster estimated: max |logit diff| from full %.2e (streaming: %.2e)\n", est, dropped);
   assert_true(est < dropped);
-  plan_free(&p);
-}
-
-/* Prefills o and decodes n_decode teacher-forced tokens; each step's last logits into
- * out [n_decode + 1, vocab]. */
-static void decode_logits(ra_offload *o, int n_decode, float *out) {
-  ra_error err;
-  ok(ra_offload_prefill(o, F.tokens, N_PROMPT, NULL, &err), &err);
-  for (int t = 0; t <= n_decode; t++) {
-    if (t > 0) ok(ra_offload_decode(o, F.tokens[N_PROMPT + t - 1], NULL, &err), &err);
-    last_logits(ra_offload_state(o), out + (size_t)t * (size_t)F.m->cfg.vocab);
-  }
-}
-
-/* Largest |logit difference| between runs of config a and b over n_decode steps. */
-static double config_diff(const ra_offload_plan *plan, const ra_offload_config *a, const ra_offload_config *b,
-                          int n_decode) {
-  const size_t n = (size_t)(n_decode + 1) * (size_t)F.m->cfg.vocab;
-  float *la = malloc(n * sizeof *la), *lb = malloc(n * sizeof *lb);
-  assert_non_null(la);
-  assert_non_null(lb);
-  ra_offload *o = offload_new(plan, a);
-  decode_logits(o, n_decode, la);
-  ra_offload_free(o);
-  o = offload_new(plan, b);
-  decode_logits(o, n_decode, lb);
-  ra_offload_free(o);
-  double worst = 0;
-  for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs((double)la[i] - lb[i]));
-  free(la);
-  free(lb);
-  return worst;
-}
-
-/* Zones of `retrieve` / `estimate`: the largest |logit difference| over `steps` steps between
- * ranking ahead from layer 1 and each layer's own ranking; *ahead: the ahead config. */
-static double ahead_against_own(const ra_offload_plan *plan, double retrieve, double estimate, int steps,
-                                ra_offload_config *ahead) {
-  ra_offload_config own;
-  wave_config(&own, plan, retrieve, estimate, 0, steps);
-  *ahead = own;
-  ahead->wave.ahead = 1;
-  return config_diff(plan, &own, ahead, steps);
-}
-
-static void test_ahead_all_retrieved_equals_full(void **state) {
-  (void)state;
-  plan_of p;
-  plan_make(&p, NULL, SINK, WINDOW);
-  ra_offload_config c;
-  wave_config(&c, &p.plan, 1.0, 0.0, 0, 4);
-  c.wave.ahead = 1;
-  ra_offload *o = offload_new(&p.plan, &c);
-  double worst = against_full(o, 4, 1);
-  print_message("wave ranked ahead, every cluster retrieved: max |logit diff| from full %.2e\n", worst);
-  assert_true(worst < 1e-3);
-  assert_scanned(o, all_rows);
-  size_t n_steps;
-  const ra_offload_stats *s = ra_offload_step_stats(o, &n_steps);
-  assert_true(n_steps == 4 && s[0].ahead_us > 0);
-  ra_offload_free(o);
-  plan_free(&p);
-}
-
-static void test_ahead_estimates_with_own_q(void **state) {
-  (void)state;
-  enum { STEPS = 4 };
-  plan_of p;
-  plan_make(&p, NULL, SINK, WINDOW);
-  ra_offload_config ahead;
-  double worst = ahead_against_own(&p.plan, 0.0, 1.0, STEPS, &ahead);
-  print_message("every cluster estimated: ranked ahead against its own ranking, max |logit diff| %.2e\n", worst);
-  assert_true(worst < 1e-5);
-  plan_free(&p);
-}
-
-static void test_ahead_picks_other_clusters(void **state) {
-  (void)state;
-  enum { STEPS = 6 };
-  plan_of p;
-  plan_make(&p, NULL, SINK, WINDOW);
-  ra_offload_config ahead;
-  double moved = ahead_against_own(&p.plan, 0.1, 0.2, STEPS, &ahead);
-  ra_offload *o = offload_new(&p.plan, &ahead);
-  double ahead_full = against_full(o, STEPS, 1);
-  ra_offload_free(o);
-  ra_offload_config stream = ahead;
-  stream.mode = RA_MODE_STREAMING;
-  o = offload_new(NULL, &stream);
-  double dropped = against_full(o, STEPS, 1);
-  ra_offload_free(o);
-  print_message("zones of 10 %% / 20 %%: ranked ahead against its own ranking %.2e; from full: ahead %.2e, "
-                "streaming %.2e\n", moved, ahead_full, dropped);
-  assert_true(moved > 1e-4);
-  assert_true(ahead_full < dropped);
-  plan_free(&p);
-}
-
-static void test_ahead_refuses_bad_configs(void **state) {
-  (void)state;
-  plan_of p;
-  plan_make(&p, NULL, SINK, WINDOW);
-  ra_offload_config c;
-  wave_config(&c, &p.plan, 0.1, 0.2, 0, 4);
-  ra_offload *o = NULL;
-  ra_error err;
-  c.wave.ahead = F.m->cfg.n_layers;
-  assert_int_equal(ra_offload_new(F.m, &p.plan, &c, &o, &err), RA_EINVAL);
-  assert_non_null(strstr(err.msg, "of a model of 4 layers"));
-  c.wave.ahead = 1;
-  c.retro_window = 2;
-  assert_int_equal(ra_offload_new(F.m, &p.plan, &c, &o, &err), RA_EINVAL);
-  assert_non_null(strstr(err.msg, "retro does not rank ahead"));
-  c.retro_window = 0;
-  c.wave.ahead = -1;
-  assert_int_equal(ra_offload_new(F.m, &p.plan, &c, &o, &err), RA_EINVAL);
-  assert_null(o);
   plan_free(&p);
 }
 
@@ -770,10 +648,6 @@ int main(void) {
       cmocka_unit_test(test_buffer_int8_stores),
       cmocka_unit_test(test_decode_batch_equals_alone),
       cmocka_unit_test(test_prefill_in_pieces),
-      cmocka_unit_test(test_ahead_all_retrieved_equals_full),
-      cmocka_unit_test(test_ahead_estimates_with_own_q),
-      cmocka_unit_test(test_ahead_picks_other_clusters),
-      cmocka_unit_test(test_ahead_refuses_bad_configs),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
