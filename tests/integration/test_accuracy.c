@@ -24,6 +24,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "parts.h"
 #include "report.h"
 #include "runner.h"
 #include "smol_fixture.h"
@@ -297,15 +298,15 @@ static void test_longgen_wave_retro_exact_with_every_cluster_then_corrects(void 
   ra_acc_sample_free(&s);
 }
 
-int main(void) {
-  /* RA_TEST_FILTER: only the tests whose names match (cmocka's pattern), e.g. "*longgen*" */
-  if (getenv("RA_TEST_FILTER")) cmocka_set_test_filter(getenv("RA_TEST_FILTER"));
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_seeded_runtime_decodes_like_direct_prefill),
-      cmocka_unit_test(test_passkey_subset_roar_matches_full_streaming_fails),
-      cmocka_unit_test(test_fidelity_streaming_worse_than_flat),
-      cmocka_unit_test(test_longgen_retro_exact_with_every_key_then_corrects),
-      cmocka_unit_test(test_longgen_wave_retro_exact_with_every_cluster_then_corrects),
-  };
-  return cmocka_run_group_tests(tests, setup, teardown);
+int main(int argc, char **argv) {
+  static const struct CMUnitTest seeded[] = {cmocka_unit_test(test_seeded_runtime_decodes_like_direct_prefill)};
+  static const struct CMUnitTest passkey[] = {cmocka_unit_test(test_passkey_subset_roar_matches_full_streaming_fails)};
+  static const struct CMUnitTest fidelity[] = {cmocka_unit_test(test_fidelity_streaming_worse_than_flat)};
+  static const struct CMUnitTest retro[] = {cmocka_unit_test(test_longgen_retro_exact_with_every_key_then_corrects)};
+  static const struct CMUnitTest wave_retro[] = {
+      cmocka_unit_test(test_longgen_wave_retro_exact_with_every_cluster_then_corrects)};
+  static const test_part parts[] = {TEST_PART("seeded", seeded), TEST_PART("passkey", passkey),
+                                    TEST_PART("fidelity", fidelity), TEST_PART("retro", retro),
+                                    TEST_PART("wave-retro", wave_retro)};
+  return test_parts_run(parts, sizeof parts / sizeof parts[0], argc, argv, setup, teardown);
 }

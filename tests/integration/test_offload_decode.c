@@ -14,7 +14,7 @@
  *     attended (flat k = all) and in wave at its default budgets, and the stores hold about
  *     (head_dim + 4) / (2 head_dim) of f16's bytes per token (Stats);
  *   - a store killed mid-decode stops the step with an error naming it.
- * RA_TEST_FILTER (a cmocka pattern, e.g. "test_int8*") runs a subset. */
+ * The tests run in parts (parts.h): needle, agreement, wave, int8, kill. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -31,6 +31,7 @@
 #include "client.h"
 #include "generate.h"
 #include "offload.h"
+#include "parts.h"
 #include "smol_fixture.h"
 
 /* The needle runs with a small sink and window (most of the prompt in the stores); the
@@ -166,13 +167,22 @@ static int32_t *needle_prompt(size_t *n) {
   return ids;
 }
 
+/* Full attention's answer to the needle prompt, computed once per process. */
+static size_t needle_full(const int32_t *ids, size_t n, int32_t *out) {
+  static int32_t full[16];
+  static size_t n_full;
+  if (n_full == 0) n_full = answer(RA_MODE_FULL, ids, n, 8, full);
+  memcpy(out, full, n_full * sizeof *out);
+  return n_full;
+}
+
 static void test_needle_answer_matches_full(void **state) {
   size_t n;
   int32_t *ids = needle_prompt(&n);
   print_message("needle prompt: %zu tokens, %zu offloaded\n", n, n - SINK - WINDOW);
   assert_true(n > 1500);
   int32_t full[16], flat[16], roar[16], wave[16];
-  size_t nf = answer(RA_MODE_FULL, ids, n, 8, full);
+  size_t nf = needle_full(ids, n, full);
   size_t nl = answer(RA_MODE_FLAT, ids, n, 8, flat);
   size_t nr = answer(RA_MODE_ROAR, ids, n, 8, roar);
   size_t nw = answer(RA_MODE_WAVE, ids, n, 8, wave);
@@ -328,7 +338,7 @@ static void test_int8_needle_answers_as_f16(void **state) {
   size_t n;
   int32_t *ids = needle_prompt(&n);
   int32_t full[16], got[16];
-  size_t nf = answer(RA_MODE_FULL, ids, n, 8, full);
+  size_t nf = needle_full(ids, n, full);
   print_tokens("full", full, nf);
   assert_true(nf > 0);
   static const struct {
@@ -401,16 +411,17 @@ static void test_store_killed_mid_decode_names_it(void **state) {
   free(ids);
 }
 
-int main(void) {
-  const struct CMUnitTest tests[] = {
+int main(int argc, char **argv) {
+  static const struct CMUnitTest needle[] = {
       cmocka_unit_test(test_needle_answer_matches_full),
-      cmocka_unit_test(test_teacher_forced_agreement_and_exact_flat),
-      cmocka_unit_test(test_teacher_forced_wave_vs_flat_at_equal_keys),
       cmocka_unit_test(test_int8_needle_answers_as_f16),
-      cmocka_unit_test(test_int8_teacher_forced_vs_f16),
-      cmocka_unit_test(test_store_killed_mid_decode_names_it), /* last: it kills a store */
   };
-  const char *filter = getenv("RA_TEST_FILTER");
-  if (filter) cmocka_set_test_filter(filter);
-  return cmocka_run_group_tests(tests, setup, teardown);
+  static const struct CMUnitTest forced_agreement[] = {cmocka_unit_test(test_teacher_forced_agreement_and_exact_flat)};
+  static const struct CMUnitTest wave[] = {cmocka_unit_test(test_teacher_forced_wave_vs_flat_at_equal_keys)};
+  static const struct CMUnitTest int8[] = {cmocka_unit_test(test_int8_teacher_forced_vs_f16)};
+  static const struct CMUnitTest kill[] = {cmocka_unit_test(test_store_killed_mid_decode_names_it)};
+  static const test_part parts[] = {TEST_PART("needle", needle), TEST_PART("agreement", forced_agreement),
+                                    TEST_PART("wave", wave), TEST_PART("int8", int8),
+                                    TEST_PART("kill", kill)}; /* last: it kills a store */
+  return test_parts_run(parts, sizeof parts / sizeof parts[0], argc, argv, setup, teardown);
 }
