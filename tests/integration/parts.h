@@ -22,7 +22,7 @@ typedef struct test_part {
 
 /* Runs the part argv[1] names, or every part without one, each with setup / teardown around it.
  * Returns the number of failed tests (cmocka's convention), or 2 with a message naming the parts
- * when argv[1] names none. */
+ * when argv[1] names none or RA_TEST_PARTS (set by ctest) lists other parts than these. */
 int test_parts_run(const test_part *parts, size_t n_parts, int argc, char **argv, CMFixtureFunction setup,
                    CMFixtureFunction teardown);
 
